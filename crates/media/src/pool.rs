@@ -1,0 +1,986 @@
+//! NVM and FAM pools: files mapped `MAP_SHARED`, with a checksummed 4 KiB header at offset 0 and
+//! a data area after it.
+//!
+//! On-disk layout (little-endian), version [`POOL_VERSION`]:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `TMEMPOOL` |
+//! | 8 | 4 | version |
+//! | 12 | 4 | kind (1 = NVM, 2 = FAM) |
+//! | 16 | 8 | header size (4096) |
+//! | 24 | 8 | pool size (whole file) |
+//! | 32 | 8 | data offset (4096) |
+//! | 40 | 8 | data size |
+//! | 48 | 16 | uuid |
+//! | 64 | 8 | creation time, ns since the Unix epoch |
+//! | 72 | 8 | flags (bit 0: group shared) |
+//! | 80 | 32 | tag, NUL-padded UTF-8 |
+//! | 112 | 4 | CRC-32 of the 4096-byte header with this field zeroed |
+//! | 116.. | | zero |
+//!
+//! Nothing in the header (or anywhere in a pool written by this crate) is a virtual address.
+
+use crate::crash::PowerDomain;
+use crate::delay::{busy_wait_ns, DelayCell, DelayModel};
+use crate::error::{parent_dir, MediaError, Result};
+use crate::persist::{self, PersistMethod};
+use crate::stats::DeviceStats;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::panic::Location;
+use std::path::{Path, PathBuf};
+
+/// Magic at offset 0 of every pool file.
+pub const POOL_MAGIC: [u8; 8] = *b"TMEMPOOL";
+/// The pool format version this build reads and writes.
+pub const POOL_VERSION: u32 = 1;
+/// Size of the header, which is also the offset of the data area.
+pub const HEADER_SIZE: u64 = 4096;
+/// Maximum length of a pool tag in bytes.
+pub const TAG_MAX: usize = 32;
+/// Byte offset of the checksum field in the header.
+pub const CHECKSUM_OFFSET: u64 = 112;
+/// Header flag: the pool was created group-shared (mode 0660).
+pub const FLAG_GROUP_SHARED: u64 = 1;
+/// Environment variable naming the default pool directory.
+pub const DIR_ENV: &str = "TIERMEM_DIR";
+/// Default pool directory when `TIERMEM_DIR` is unset.
+pub const DEFAULT_DIR: &str = "/dev/shm/tiermem";
+
+const MAP_SYNC: libc::c_int = 0x80000;
+const HUGETLBFS_MAGIC: libc::c_long = 0x958458f6;
+
+/// What a pool emulates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum PoolKind {
+    /// Byte-addressable non-volatile memory local to one host.
+    #[default]
+    Nvm,
+    /// Fabric-attached memory shared by processes and hosts.
+    Fam,
+}
+
+impl PoolKind {
+    /// The delay model experiments should use for this kind (`nvmm` for NVM, `pcm-fam` for FAM).
+    /// Pools never apply it by default: the default delay is none.
+    pub fn suggested_delay(self) -> DelayModel {
+        match self {
+            PoolKind::Nvm => DelayModel::NVMM,
+            PoolKind::Fam => DelayModel::PCM_FAM,
+        }
+    }
+
+    fn to_raw(self) -> u32 {
+        match self {
+            PoolKind::Nvm => 1,
+            PoolKind::Fam => 2,
+        }
+    }
+
+    fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(PoolKind::Nvm),
+            2 => Some(PoolKind::Fam),
+            _ => None,
+        }
+    }
+}
+
+/// The directory pools go to by default: `$TIERMEM_DIR`, else `/dev/shm/tiermem`.
+pub fn default_dir() -> PathBuf {
+    match std::env::var_os(DIR_ENV) {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => PathBuf::from(DEFAULT_DIR),
+    }
+}
+
+/// Make sure [`default_dir`] exists, creating it (mode 0755, parents included) if needed, and
+/// return it. Errors if it exists but is not a directory.
+pub fn ensure_default_dir() -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = default_dir();
+    if !dir.is_dir() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&dir)
+            .map_err(|e| MediaError::from_io("create directory", &dir, e))?;
+    }
+    Ok(dir)
+}
+
+/// Options for [`Pool::create`].
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    /// Total file size in bytes, header included: a multiple of the page size, at least two
+    /// pages. Default 64 MiB.
+    pub size: u64,
+    /// What the pool emulates. Default NVM.
+    pub kind: PoolKind,
+    /// Create the file 0660 instead of 0600 (enforced regardless of umask).
+    pub group_shared: bool,
+    /// Delay model; `None` means `TIERMEM_DELAY`, else no delay.
+    pub delay: Option<DelayModel>,
+    /// Subsystem label stored in the header, at most 32 bytes of UTF-8.
+    pub tag: String,
+    /// Attach the pool to this crash-model domain.
+    pub domain: Option<PowerDomain>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            size: 64 << 20,
+            kind: PoolKind::Nvm,
+            group_shared: false,
+            delay: None,
+            tag: String::new(),
+            domain: None,
+        }
+    }
+}
+
+impl PoolOptions {
+    /// Default options with the given total size.
+    pub fn new(size: u64) -> Self {
+        PoolOptions {
+            size,
+            ..Self::default()
+        }
+    }
+    /// Set the kind.
+    pub fn kind(mut self, kind: PoolKind) -> Self {
+        self.kind = kind;
+        self
+    }
+    /// Set group sharing (mode 0660).
+    pub fn group_shared(mut self, yes: bool) -> Self {
+        self.group_shared = yes;
+        self
+    }
+    /// Set the delay model.
+    pub fn delay(mut self, d: DelayModel) -> Self {
+        self.delay = Some(d);
+        self
+    }
+    /// Set the tag.
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.tag = tag.into();
+        self
+    }
+    /// Attach to a crash-model domain.
+    pub fn domain(mut self, d: &PowerDomain) -> Self {
+        self.domain = Some(d.clone());
+        self
+    }
+}
+
+/// Options for [`Pool::open`].
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Delay model; `None` means `TIERMEM_DELAY`, else no delay.
+    pub delay: Option<DelayModel>,
+    /// Attach the pool to this crash-model domain.
+    pub domain: Option<PowerDomain>,
+    /// Map read-write (default) or read-only; mutating calls on a read-only pool fail with
+    /// [`MediaError::ReadOnly`].
+    pub writable: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            delay: None,
+            domain: None,
+            writable: true,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Set the delay model.
+    pub fn delay(mut self, d: DelayModel) -> Self {
+        self.delay = Some(d);
+        self
+    }
+    /// Attach to a crash-model domain.
+    pub fn domain(mut self, d: &PowerDomain) -> Self {
+        self.domain = Some(d.clone());
+        self
+    }
+    /// Read-write or read-only.
+    pub fn writable(mut self, yes: bool) -> Self {
+        self.writable = yes;
+        self
+    }
+}
+
+/// A decoded pool header (a plain copy; changing it changes nothing on disk).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolHeader {
+    /// Format version.
+    pub version: u32,
+    /// Pool kind.
+    pub kind: PoolKind,
+    /// Header size in bytes.
+    pub header_size: u64,
+    /// Whole file size in bytes.
+    pub pool_size: u64,
+    /// File offset of the data area.
+    pub data_offset: u64,
+    /// Size of the data area.
+    pub data_size: u64,
+    /// Random identity assigned at creation.
+    pub uuid: [u8; 16],
+    /// Creation time in ns since the Unix epoch.
+    pub created_unix_ns: u64,
+    /// Flags (`FLAG_GROUP_SHARED`).
+    pub flags: u64,
+    /// Subsystem label.
+    pub tag: String,
+    /// Stored CRC-32.
+    pub checksum: u32,
+}
+
+impl PoolHeader {
+    /// Encode into a full header page, computing and storing the checksum.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; HEADER_SIZE as usize];
+        b[0..8].copy_from_slice(&POOL_MAGIC);
+        b[8..12].copy_from_slice(&self.version.to_le_bytes());
+        b[12..16].copy_from_slice(&self.kind.to_raw().to_le_bytes());
+        b[16..24].copy_from_slice(&self.header_size.to_le_bytes());
+        b[24..32].copy_from_slice(&self.pool_size.to_le_bytes());
+        b[32..40].copy_from_slice(&self.data_offset.to_le_bytes());
+        b[40..48].copy_from_slice(&self.data_size.to_le_bytes());
+        b[48..64].copy_from_slice(&self.uuid);
+        b[64..72].copy_from_slice(&self.created_unix_ns.to_le_bytes());
+        b[72..80].copy_from_slice(&self.flags.to_le_bytes());
+        let t = self.tag.as_bytes();
+        let n = t.len().min(TAG_MAX);
+        b[80..80 + n].copy_from_slice(&t[..n]);
+        let c = crc32fast::hash(&b);
+        b[112..116].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    /// Decode and validate a header page read from `path`: magic, version, checksum and layout.
+    /// Does not compare against the file size (see [`Pool::open`]).
+    pub fn decode(path: &Path, b: &[u8]) -> Result<PoolHeader> {
+        let not_a_pool = |reason: &str| MediaError::NotAPool {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        };
+        if b.len() < HEADER_SIZE as usize {
+            return Err(not_a_pool(&format!(
+                "file is {} bytes, smaller than the {HEADER_SIZE}-byte header",
+                b.len()
+            )));
+        }
+        if b[0..8] != POOL_MAGIC {
+            return Err(not_a_pool("bad magic (expected \"TMEMPOOL\" at offset 0)"));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        let version = u32_at(8);
+        if version != POOL_VERSION {
+            return Err(MediaError::VersionMismatch {
+                path: path.to_path_buf(),
+                found: version,
+                supported: POOL_VERSION,
+            });
+        }
+        let stored = u32_at(112);
+        let mut copy = b[..HEADER_SIZE as usize].to_vec();
+        copy[112..116].fill(0);
+        let computed = crc32fast::hash(&copy);
+        if stored != computed {
+            return Err(MediaError::Corrupt {
+                path: path.to_path_buf(),
+                offset: CHECKSUM_OFFSET,
+                stored,
+                computed,
+            });
+        }
+        let kind = PoolKind::from_raw(u32_at(12))
+            .ok_or_else(|| not_a_pool(&format!("unknown pool kind {}", u32_at(12))))?;
+        let tag_raw = &b[80..112];
+        let tag_len = tag_raw.iter().position(|&c| c == 0).unwrap_or(TAG_MAX);
+        let tag = std::str::from_utf8(&tag_raw[..tag_len])
+            .map_err(|_| not_a_pool("tag is not UTF-8"))?
+            .to_string();
+        let h = PoolHeader {
+            version,
+            kind,
+            header_size: u64_at(16),
+            pool_size: u64_at(24),
+            data_offset: u64_at(32),
+            data_size: u64_at(40),
+            uuid: b[48..64].try_into().expect("16 bytes"),
+            created_unix_ns: u64_at(64),
+            flags: u64_at(72),
+            tag,
+            checksum: stored,
+        };
+        if h.header_size != HEADER_SIZE
+            || h.data_offset != HEADER_SIZE
+            || h.data_offset.checked_add(h.data_size) != Some(h.pool_size)
+        {
+            return Err(not_a_pool(&format!(
+                "inconsistent layout (header {} bytes, data at {} for {} bytes, pool {} bytes)",
+                h.header_size, h.data_offset, h.data_size, h.pool_size
+            )));
+        }
+        Ok(h)
+    }
+}
+
+/// A mapped NVM or FAM pool. Send + Sync: all methods take `&self`; concurrent writers to
+/// overlapping ranges race as they would on real memory (the caller must order them).
+pub struct Pool {
+    path: PathBuf,
+    fd: OwnedFd,
+    map: *mut u8,
+    map_len: usize,
+    header: PoolHeader,
+    method: PersistMethod,
+    writable: bool,
+    delay: DelayCell,
+    stats: DeviceStats,
+    domain: Option<(PowerDomain, u64, u64)>,
+}
+
+// SAFETY: the raw mapping pointer is owned by the Pool for its whole life and only unmapped in
+// Drop; all shared-state mutation goes through atomics (stats, delay) or the domain's mutex.
+// Accesses to the mapped bytes are the caller's to order, exactly like shared memory.
+unsafe impl Send for Pool {}
+// SAFETY: see above.
+unsafe impl Sync for Pool {}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("path", &self.path)
+            .field("kind", &self.header.kind)
+            .field("data_len", &self.header.data_size)
+            .field("method", &self.method)
+            .field("writable", &self.writable)
+            .finish()
+    }
+}
+
+fn cpath(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        MediaError::InvalidArgument(format!("path {} contains a NUL byte", path.display()))
+    })
+}
+
+fn last_err() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+fn getrandom16() -> [u8; 16] {
+    let mut u = [0u8; 16];
+    let mut got = 0;
+    while got < 16 {
+        // SAFETY: writing at most 16 - got bytes into the remaining part of `u`.
+        let n = unsafe { libc::getrandom(u.as_mut_ptr().add(got) as *mut _, 16 - got, 0) };
+        if n > 0 {
+            got += n as usize;
+        } else if last_err().raw_os_error() != Some(libc::EINTR) {
+            // getrandom cannot fail on Linux ≥ 3.17 except EINTR; fall back to time + pid.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let x = t ^ ((std::process::id() as u128) << 64);
+            return x.to_le_bytes();
+        }
+    }
+    u
+}
+
+/// Map `len` bytes of `fd` shared, preferring a synchronous DAX mapping. Returns the mapping and
+/// the persist method for it.
+fn map_file(
+    fd: RawFd,
+    len: usize,
+    writable: bool,
+    path: &Path,
+) -> Result<(*mut u8, PersistMethod)> {
+    let prot = if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: mapping a file descriptor we own; the result is checked against MAP_FAILED.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED_VALIDATE | MAP_SYNC,
+            fd,
+            0,
+        )
+    };
+    if p != libc::MAP_FAILED {
+        return Ok((p as *mut u8, PersistMethod::DaxSync));
+    }
+    let e = last_err();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => {}
+        _ => return Err(MediaError::from_io("mmap", path, e)),
+    }
+    // SAFETY: as above, without MAP_SYNC.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(MediaError::from_io("mmap", path, last_err()));
+    }
+    // SAFETY: zeroed statfs is a valid out-buffer.
+    let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open, sf is a valid out-pointer.
+    let rc = unsafe { libc::fstatfs(fd, &mut sf) };
+    let method = if rc == 0 && (sf.f_type == libc::TMPFS_MAGIC || sf.f_type == HUGETLBFS_MAGIC) {
+        PersistMethod::CacheFlush
+    } else {
+        PersistMethod::Msync
+    };
+    Ok((p as *mut u8, method))
+}
+
+/// Removes a half-created file unless disarmed.
+struct RemoveOnDrop<'a>(Option<&'a Path>);
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn available_bytes(fd: RawFd) -> Option<u64> {
+    // SAFETY: zeroed statvfs is a valid out-buffer.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open, sv a valid out-pointer.
+    if unsafe { libc::fstatvfs(fd, &mut sv) } == 0 {
+        Some(sv.f_bavail as u64 * sv.f_frsize as u64)
+    } else {
+        None
+    }
+}
+
+impl Pool {
+    /// Create a new pool file at `path` and map it.
+    ///
+    /// Checks, in order: tag length, size (a page multiple of at least two pages), that the
+    /// directory exists ([`MediaError::MissingDirectory`]; the default directory is created only
+    /// by [`ensure_default_dir`]), exclusive creation ([`MediaError::AlreadyExists`]), free space
+    /// (statvfs, then posix_fallocate; [`MediaError::NoSpace`], and the partial file is removed).
+    /// The file gets mode 0600 (0660 if `group_shared`) regardless of umask. The header is
+    /// written and persisted (plus fsync on block-backed files) before this returns; on failure
+    /// no file is left behind.
+    #[track_caller]
+    pub fn create(path: impl AsRef<Path>, opts: &PoolOptions) -> Result<Pool> {
+        let caller = Location::caller();
+        let path = path.as_ref();
+        if opts.tag.len() > TAG_MAX {
+            return Err(MediaError::InvalidArgument(format!(
+                "pool tag {:?} is {} bytes; at most {TAG_MAX} are allowed",
+                opts.tag,
+                opts.tag.len()
+            )));
+        }
+        if opts.tag.contains('\0') {
+            return Err(MediaError::InvalidArgument(
+                "pool tag must not contain NUL".into(),
+            ));
+        }
+        let page = persist::page_size() as u64;
+        if opts.size % page != 0 {
+            return Err(MediaError::InvalidSize {
+                size: opts.size,
+                reason: format!("pool size must be a multiple of the {page}-byte page size"),
+            });
+        }
+        if opts.size < 2 * page || opts.size < 2 * HEADER_SIZE {
+            return Err(MediaError::InvalidSize { size: opts.size, reason: format!("pool size must be at least two pages ({} bytes): one header page and one data page", 2 * page) });
+        }
+        if opts.size > isize::MAX as u64 {
+            return Err(MediaError::InvalidSize {
+                size: opts.size,
+                reason: "pool size exceeds the address space".into(),
+            });
+        }
+        let dir = parent_dir(path);
+        if !dir.is_dir() {
+            return Err(MediaError::MissingDirectory { path: dir });
+        }
+        let delay = match opts.delay {
+            Some(d) => d,
+            None => DelayModel::from_env()?,
+        };
+        let c = cpath(path)?;
+        let mode: libc::mode_t = if opts.group_shared { 0o660 } else { 0o600 };
+        // SAFETY: c is a valid NUL-terminated path; the returned fd is checked.
+        let raw = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        };
+        if raw < 0 {
+            return Err(MediaError::from_io("create", path, last_err()));
+        }
+        // SAFETY: raw is a freshly opened descriptor we exclusively own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mut cleanup = RemoveOnDrop(Some(path));
+        // SAFETY: fd is open.
+        if unsafe { libc::fchmod(fd.as_raw_fd(), mode) } != 0 {
+            return Err(MediaError::from_io("fchmod", path, last_err()));
+        }
+        let available = available_bytes(fd.as_raw_fd());
+        if let Some(avail) = available {
+            if opts.size > avail {
+                return Err(MediaError::NoSpace {
+                    path: path.to_path_buf(),
+                    requested: opts.size,
+                    available: avail,
+                });
+            }
+        }
+        // SAFETY: fd is open; posix_fallocate returns an errno value instead of setting errno.
+        let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, opts.size as libc::off_t) };
+        match rc {
+            0 => {}
+            libc::ENOSPC | libc::EFBIG => {
+                return Err(MediaError::NoSpace {
+                    path: path.to_path_buf(),
+                    requested: opts.size,
+                    available: available_bytes(fd.as_raw_fd()).or(available).unwrap_or(0),
+                })
+            }
+            libc::EOPNOTSUPP | libc::EINVAL => {
+                // File system without fallocate: size the file sparsely instead.
+                // SAFETY: fd is open.
+                if unsafe { libc::ftruncate(fd.as_raw_fd(), opts.size as libc::off_t) } != 0 {
+                    return Err(MediaError::from_io("ftruncate", path, last_err()));
+                }
+            }
+            e => {
+                return Err(MediaError::from_io(
+                    "posix_fallocate",
+                    path,
+                    std::io::Error::from_raw_os_error(e),
+                ))
+            }
+        }
+        let (map, method) = map_file(fd.as_raw_fd(), opts.size as usize, true, path)?;
+        let header = PoolHeader {
+            version: POOL_VERSION,
+            kind: opts.kind,
+            header_size: HEADER_SIZE,
+            pool_size: opts.size,
+            data_offset: HEADER_SIZE,
+            data_size: opts.size - HEADER_SIZE,
+            uuid: getrandom16(),
+            created_unix_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+            flags: if opts.group_shared {
+                FLAG_GROUP_SHARED
+            } else {
+                0
+            },
+            tag: opts.tag.clone(),
+            checksum: 0,
+        };
+        let mut pool = Pool {
+            path: path.to_path_buf(),
+            fd,
+            map,
+            map_len: opts.size as usize,
+            header,
+            method,
+            writable: true,
+            delay: DelayCell::new(delay),
+            stats: DeviceStats::new(),
+            domain: None,
+        };
+        if let Some(d) = &opts.domain {
+            let (id, h) = d.attach(path, map, pool.map_len);
+            pool.domain = Some((d.clone(), id, h));
+        }
+        let bytes = pool.header.encode();
+        pool.header.checksum = u32::from_le_bytes(bytes[112..116].try_into().expect("4 bytes"));
+        // SAFETY: the mapping is at least HEADER_SIZE bytes long; bytes is a separate Vec.
+        unsafe { persist::nt_copy_nofence(pool.map, bytes.as_ptr(), bytes.len()) };
+        pool.note_stores(0, HEADER_SIZE);
+        pool.persist_file_range(0, HEADER_SIZE, caller)?;
+        if pool.method == PersistMethod::Msync {
+            // SAFETY: fd is open.
+            if unsafe { libc::fsync(pool.fd.as_raw_fd()) } != 0 {
+                return Err(MediaError::from_io("fsync", path, last_err()));
+            }
+            if let Ok(dirf) = std::fs::File::open(&dir) {
+                let _ = dirf.sync_all();
+            }
+        }
+        cleanup.0 = None;
+        Ok(pool)
+    }
+
+    /// Open and validate an existing pool, then map it.
+    ///
+    /// Errors: [`MediaError::NotFound`]/[`MediaError::MissingDirectory`],
+    /// [`MediaError::PermissionDenied`], [`MediaError::NotAPool`] (not a regular file, smaller
+    /// than the header, bad magic, bad layout), [`MediaError::VersionMismatch`],
+    /// [`MediaError::Corrupt`] (checksum), [`MediaError::SizeMismatch`] (header size ≠ file
+    /// size), [`MediaError::InvalidDelayModel`] (bad `TIERMEM_DELAY`).
+    pub fn open(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Pool> {
+        let path = path.as_ref();
+        let c = cpath(path)?;
+        let flags = if opts.writable {
+            libc::O_RDWR
+        } else {
+            libc::O_RDONLY
+        };
+        // SAFETY: c is a valid NUL-terminated path; the returned fd is checked.
+        let raw = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+        if raw < 0 {
+            let e = last_err();
+            if e.raw_os_error() == Some(libc::EISDIR) {
+                return Err(MediaError::NotAPool {
+                    path: path.to_path_buf(),
+                    reason: "it is a directory".into(),
+                });
+            }
+            return Err(MediaError::from_io("open", path, e));
+        }
+        // SAFETY: raw is a freshly opened descriptor we exclusively own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let file = std::fs::File::from(fd);
+        let meta = file
+            .metadata()
+            .map_err(|e| MediaError::from_io("fstat", path, e))?;
+        if !meta.file_type().is_file() {
+            return Err(MediaError::NotAPool {
+                path: path.to_path_buf(),
+                reason: "not a regular file".into(),
+            });
+        }
+        let file_size = meta.len();
+        if file_size < HEADER_SIZE {
+            return Err(MediaError::NotAPool {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "file is {file_size} bytes, smaller than the {HEADER_SIZE}-byte header"
+                ),
+            });
+        }
+        let mut hbuf = vec![0u8; HEADER_SIZE as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut hbuf, 0)
+            .map_err(|e| MediaError::from_io("read header", path, e))?;
+        let header = PoolHeader::decode(path, &hbuf)?;
+        if header.pool_size != file_size {
+            return Err(MediaError::SizeMismatch {
+                path: path.to_path_buf(),
+                header_size: header.pool_size,
+                file_size,
+            });
+        }
+        if header.pool_size > isize::MAX as u64 {
+            return Err(MediaError::NotAPool {
+                path: path.to_path_buf(),
+                reason: "pool size exceeds the address space".into(),
+            });
+        }
+        let delay = match opts.delay {
+            Some(d) => d,
+            None => DelayModel::from_env()?,
+        };
+        let fd = OwnedFd::from(file);
+        let (map, method) = map_file(
+            fd.as_raw_fd(),
+            header.pool_size as usize,
+            opts.writable,
+            path,
+        )?;
+        let mut pool = Pool {
+            path: path.to_path_buf(),
+            fd,
+            map,
+            map_len: header.pool_size as usize,
+            header,
+            method,
+            writable: opts.writable,
+            delay: DelayCell::new(delay),
+            stats: DeviceStats::new(),
+            domain: None,
+        };
+        if let Some(d) = &opts.domain {
+            let (id, h) = d.attach(path, map, pool.map_len);
+            pool.domain = Some((d.clone(), id, h));
+        }
+        Ok(pool)
+    }
+
+    /// Remove the pool file at `path` after checking that it is a tiermem pool (regular file
+    /// with the pool magic; a corrupt or version-mismatched pool can still be removed). Refuses
+    /// other files with [`MediaError::NotAPool`].
+    pub fn remove(path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|e| MediaError::from_io("open", path, e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| MediaError::from_io("fstat", path, e))?;
+        if !meta.file_type().is_file() {
+            return Err(MediaError::NotAPool {
+                path: path.to_path_buf(),
+                reason: "not a regular file".into(),
+            });
+        }
+        let mut magic = [0u8; 8];
+        if meta.len() < 8
+            || std::os::unix::fs::FileExt::read_exact_at(&file, &mut magic, 0).is_err()
+            || magic != POOL_MAGIC
+        {
+            return Err(MediaError::NotAPool {
+                path: path.to_path_buf(),
+                reason: "bad magic; refusing to remove it".into(),
+            });
+        }
+        std::fs::remove_file(path).map_err(|e| MediaError::from_io("remove", path, e))
+    }
+
+    // ---- accessors ---------------------------------------------------------------------------
+
+    /// Start of the data area (just after the header) in this process's mapping. Valid for
+    /// [`Pool::data_len`] bytes while the pool lives; never store it persistently. Writes through
+    /// it are durable only after [`Pool::persist`] (or flush + fence) of the range, and are
+    /// charged no delay unless the caller uses [`Pool::charge_write`].
+    pub fn data_ptr(&self) -> *mut u8 {
+        // SAFETY: the mapping is at least HEADER_SIZE + one page long.
+        unsafe { self.map.add(HEADER_SIZE as usize) }
+    }
+    /// Length of the data area in bytes.
+    pub fn data_len(&self) -> usize {
+        self.header.data_size as usize
+    }
+    /// The pool's kind (from the header).
+    pub fn kind(&self) -> PoolKind {
+        self.header.kind
+    }
+    /// The path the pool was created or opened with.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    /// The pool's uuid (from the header).
+    pub fn uuid(&self) -> [u8; 16] {
+        self.header.uuid
+    }
+    /// The pool's tag (from the header).
+    pub fn tag(&self) -> &str {
+        &self.header.tag
+    }
+    /// A copy of the decoded header.
+    pub fn header(&self) -> PoolHeader {
+        self.header.clone()
+    }
+    /// How this mapping persists data (detected at map time).
+    pub fn medium(&self) -> PersistMethod {
+        self.method
+    }
+    /// Same as [`Pool::medium`].
+    pub fn persist_method(&self) -> PersistMethod {
+        self.method
+    }
+    /// True when mapped read-write.
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+    /// The open file descriptor of the pool file (owned by the pool).
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+    /// The id of this pool in its crash-model domain, if attached.
+    pub fn domain_id(&self) -> Option<u64> {
+        self.domain.as_ref().map(|(_, id, _)| *id)
+    }
+    /// The current delay model.
+    pub fn delay(&self) -> DelayModel {
+        self.delay.get()
+    }
+    /// Replace the delay model (takes effect for subsequent accesses, from any thread).
+    pub fn set_delay(&self, d: DelayModel) {
+        self.delay.set(d)
+    }
+    /// The access counters.
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    // ---- access ------------------------------------------------------------------------------
+
+    fn check(&self, off: u64, len: usize) -> Result<()> {
+        let end = off.checked_add(len as u64);
+        match end {
+            Some(e) if e <= self.header.data_size => Ok(()),
+            _ => Err(MediaError::OutOfBounds {
+                offset: off,
+                len: len as u64,
+                limit: self.header.data_size,
+                what: "pool data area",
+            }),
+        }
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(MediaError::ReadOnly {
+                path: self.path.clone(),
+            })
+        }
+    }
+
+    fn note_stores(&self, file_off: u64, len: u64) {
+        if let Some((d, id, _)) = &self.domain {
+            d.note_flush(*id, file_off, len);
+        }
+    }
+
+    fn persist_file_range(
+        &self,
+        file_off: u64,
+        len: u64,
+        caller: &'static Location<'static>,
+    ) -> Result<()> {
+        // SAFETY: callers bounds-check [file_off, file_off + len) against the mapping.
+        unsafe {
+            self.method
+                .persist(self.map.add(file_off as usize), len as usize)
+        }
+        .map_err(|e| MediaError::from_io("msync", &self.path, e))?;
+        self.stats.record_persist();
+        if let Some((d, id, _)) = &self.domain {
+            d.note_flush(*id, file_off, len);
+            d.note_fence(*id, caller);
+        }
+        Ok(())
+    }
+
+    /// Copy `buf.len()` bytes at data offset `off` into `buf`, then charge the read delay and
+    /// count the read. Out-of-range requests fail with [`MediaError::OutOfBounds`].
+    pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(off, buf.len())?;
+        // SAFETY: bounds-checked range of the live mapping; buf is a distinct Rust buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.data_ptr().add(off as usize),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        self.charge_read(buf.len() as u64);
+        Ok(())
+    }
+
+    /// Store `data` at data offset `off` with non-temporal stores (the unaligned edges with
+    /// ordinary stores and a cache-line write-back), then charge the write delay and count the
+    /// write. The data is **not** guaranteed durable — and the crash model does not make it
+    /// durable — until a later [`Pool::fence`], [`Pool::persist`] or [`Pool::write_persist`]
+    /// (for msync-backed pools, [`Pool::persist`] of the range).
+    pub fn write(&self, off: u64, data: &[u8]) -> Result<()> {
+        self.check_writable()?;
+        self.check(off, data.len())?;
+        // SAFETY: bounds-checked range of the live, writable mapping; data is a distinct buffer.
+        unsafe {
+            persist::nt_copy_nofence(self.data_ptr().add(off as usize), data.as_ptr(), data.len())
+        };
+        self.note_stores(HEADER_SIZE + off, data.len() as u64);
+        self.charge_write(data.len() as u64);
+        Ok(())
+    }
+
+    /// [`Pool::write`] followed by [`Pool::persist`] of the same range: durable on return.
+    #[track_caller]
+    pub fn write_persist(&self, off: u64, data: &[u8]) -> Result<()> {
+        let caller = Location::caller();
+        self.write(off, data)?;
+        self.persist_file_range(HEADER_SIZE + off, data.len() as u64, caller)
+    }
+
+    /// Make data range `[off, off + len)` durable: write back its cache lines and fence
+    /// (CacheFlush, DaxSync) or msync it (Msync). Covers stores made through [`Pool::data_ptr`]
+    /// too.
+    #[track_caller]
+    pub fn persist(&self, off: u64, len: usize) -> Result<()> {
+        let caller = Location::caller();
+        self.check_writable()?;
+        self.check(off, len)?;
+        self.persist_file_range(HEADER_SIZE + off, len as u64, caller)
+    }
+
+    /// Write back the cache lines of data range `[off, off + len)` without fencing; a later
+    /// [`Pool::fence`] makes them durable. On msync-backed pools this msyncs the range (durable
+    /// at once, and recorded by the crash model as flush + fence).
+    #[track_caller]
+    pub fn flush(&self, off: u64, len: usize) -> Result<()> {
+        let caller = Location::caller();
+        self.check_writable()?;
+        self.check(off, len)?;
+        let file_off = HEADER_SIZE + off;
+        if self.method == PersistMethod::Msync {
+            return self.persist_file_range(file_off, len as u64, caller);
+        }
+        // SAFETY: bounds-checked range of the live mapping.
+        unsafe { persist::flush_lines(self.map.add(file_off as usize), len) };
+        self.note_stores(file_off, len as u64);
+        Ok(())
+    }
+
+    /// Store fence: every earlier flush and non-temporal store (on any pool — the fence is
+    /// CPU-wide) becomes durable.
+    #[track_caller]
+    pub fn fence(&self) {
+        let caller = Location::caller();
+        persist::fence();
+        self.stats.record_fence();
+        if let Some((d, id, _)) = &self.domain {
+            d.note_fence(*id, caller);
+        }
+    }
+
+    /// Charge the read delay for `bytes` bytes (busy-wait) and count one read; for callers that
+    /// access [`Pool::data_ptr`] directly.
+    pub fn charge_read(&self, bytes: u64) {
+        let d = self.delay.get().read_delay_ns(bytes);
+        busy_wait_ns(d);
+        self.stats.record_read(bytes, d);
+    }
+
+    /// Charge the write delay for `bytes` bytes (busy-wait) and count one write; for callers
+    /// that access [`Pool::data_ptr`] directly.
+    pub fn charge_write(&self, bytes: u64) {
+        let d = self.delay.get().write_delay_ns(bytes);
+        busy_wait_ns(d);
+        self.stats.record_write(bytes, d);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Some((d, id, h)) = &self.domain {
+            d.detach(*id, *h);
+        }
+        // SAFETY: unmapping exactly the mapping created in create/open; no references into it
+        // outlive the Pool (data_ptr users are bound by its documented lifetime).
+        unsafe { libc::munmap(self.map as *mut libc::c_void, self.map_len) };
+    }
+}
