@@ -1,1 +1,26 @@
+//! `libtiermem`: the C ABI of tiermem.
+//!
+//! Conventions (also in the generated `tiermem.h`):
+//! - fallible functions return `0` on success or a negative errno-style code; the message of the
+//!   last error on the calling thread is [`tiermem_last_error`];
+//! - handles are opaque pointers, owned by the caller until the matching close/destroy call;
+//! - no function panics across the ABI: panics are caught and reported as `-EIO`.
+//!
+//! The exported functions take raw pointers from C and are not `unsafe fn`: C cannot see Rust's
+//! `unsafe`, each function documents the pointer contract its C caller must keep, and Rust code
+//! uses the `tiermem-media` / `tiermem-fault` crates instead of this ABI.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+mod error;
+mod fault;
+mod media;
+
+pub use error::*;
+pub use fault::*;
+pub use media::*;
+
+/// The library's version as a NUL-terminated string ("MAJOR.MINOR.PATCH"); static storage.
+#[no_mangle]
+pub extern "C" fn tiermem_version() -> *const libc::c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
