@@ -1,1 +1,87 @@
-fn main() {}
+//! `tiermem`: the command-line front end of the tiermem toolkit.
+//!
+//! Every subsystem has a subcommand here; the foundation provides `doctor` (what this machine can
+//! do and what it costs), `pool` (emulated NVM/FAM pools), `bench` (side-by-side benchmarks) and
+//! `tour` (the quick-start job: doctor plus a short walk through the media and fault layers).
+
+mod bench;
+mod doctor;
+mod machine;
+mod plot;
+mod pool_cmd;
+mod stats;
+mod tour;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Top-level command line.
+#[derive(Parser)]
+#[command(
+    name = "tiermem",
+    version,
+    about = "Tiered, persistent and pooled memory in user space"
+)]
+struct Cli {
+    /// Delay model for every device this command opens without an explicit one (same as
+    /// TIERMEM_DELAY): none, pcm-fam, nvmm, ethernet-10g, or e.g. read=1us,write=1us,bw=2GB/s.
+    #[arg(long, global = true, value_name = "MODEL")]
+    delay: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Report the kernel features tiermem uses and measure this machine's fault and copy costs.
+    Doctor {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Fewer samples (faster, noisier).
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Create, inspect and remove emulated NVM / FAM pools.
+    Pool {
+        #[command(subcommand)]
+        action: pool_cmd::PoolCommand,
+    },
+    /// Benchmarks that run their baseline side by side and print the ratio.
+    Bench {
+        #[command(subcommand)]
+        which: bench::BenchCommand,
+    },
+    /// The quick-start job: doctor, then a short tour of the media and fault layers.
+    Tour {
+        /// Directory for the demo pools (default: $TIERMEM_DIR or /dev/shm/tiermem).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(model) = &cli.delay {
+        if let Err(e) = model.parse::<tiermem_media::DelayModel>() {
+            eprintln!("tiermem: error: --delay: {e}");
+            return ExitCode::FAILURE;
+        }
+        // Still single-threaded here: nothing else reads the environment concurrently.
+        std::env::set_var("TIERMEM_DELAY", model);
+    }
+    let result = match cli.command {
+        Command::Doctor { json, quick } => doctor::run(json, quick),
+        Command::Pool { action } => pool_cmd::run(action),
+        Command::Bench { which } => bench::run(which),
+        Command::Tour { dir } => tour::run(dir),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tiermem: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! `tiermem bench <name>`: benchmarks that run their baseline side by side in the same run and
+//! print medians and ratios, the delay model in force and the machine they ran on.
+
+mod fault;
+mod media;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+/// Options every benchmark takes.
+#[derive(Args, Clone)]
+pub struct BenchOpts {
+    /// Small sizes and few repetitions: finishes in seconds.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object (for machines) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the benchmark's chart (SVG) to this file, where it has one.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+/// The benchmarks.
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Copy bandwidth into a pool under each delay preset, and how exactly the injected delay
+    /// matches the model at 4 KB and 2 MB transfers.
+    Media(BenchOpts),
+    /// Fault resolution costs per mode, and written-page scans (PAGEMAP_SCAN against mprotect).
+    Fault(BenchOpts),
+}
+
+/// Run one benchmark.
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Media(o) => media::run(o),
+        BenchCommand::Fault(o) => fault::run(o),
+    }
+}
+
+/// Print progress for long work on stderr (never into --json output).
+pub fn progress(json: bool, msg: &str) {
+    if !json {
+        eprintln!("  … {msg}");
+    } else {
+        let _ = json;
+    }
+}

@@ -1,0 +1,255 @@
+//! `tiermem doctor`: which kernel features tiermem relies on are present, and what the basic
+//! operations cost on this machine (the floor every subsystem's performance is judged against).
+
+use crate::machine;
+use crate::stats::P50P99;
+use anyhow::Result;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use tiermem_fault::{probe, probe_features, sys, Pagemap};
+use tiermem_media::{persist, PersistMethod, Pool, PoolOptions};
+
+/// The JSON report (`tiermem doctor --json`).
+#[derive(Serialize)]
+pub struct DoctorReport {
+    pub kernel: String,
+    pub machine: machine::Machine,
+    pub features: BTreeMap<&'static str, bool>,
+    pub costs_us: BTreeMap<&'static str, P50P99>,
+    pub copy_gbps: f64,
+    /// Human-readable notes on anything missing or degraded.
+    pub notes: Vec<String>,
+}
+
+/// Detect features; never fails (a probe that cannot run reports `false` and a note).
+pub fn features(notes: &mut Vec<String>) -> BTreeMap<&'static str, bool> {
+    let mut f = BTreeMap::new();
+    match probe_features() {
+        Ok(u) => {
+            f.insert("userfaultfd", true);
+            f.insert("uffd_sigbus", u.sigbus);
+            f.insert("uffd_wp", u.wp);
+            f.insert("uffd_wp_async", u.wp_async);
+            f.insert("uffd_wp_unpopulated", u.wp_unpopulated);
+            f.insert("uffd_wp_shmem", u.wp_hugetlbfs_shmem);
+            f.insert("uffd_missing_shmem", u.missing_shmem);
+            f.insert("uffd_minor_shmem", u.minor_shmem);
+            f.insert("uffd_move", u.move_);
+            f.insert("uffd_event_fork", u.event_fork);
+            f.insert("uffd_event_remap", u.event_remap);
+            f.insert("uffd_event_remove", u.event_remove);
+            f.insert("uffd_event_unmap", u.event_unmap);
+            f.insert("uffd_thread_id", u.thread_id);
+        }
+        Err(e) => {
+            f.insert("userfaultfd", false);
+            notes.push(format!("userfaultfd unavailable: {e}"));
+        }
+    }
+    f.insert("pagemap_scan", pagemap_scan_works());
+    f.insert("io_uring", io_uring_works());
+    let dax = dax_mounts();
+    f.insert("dax_mount", !dax.is_empty());
+    if !dax.is_empty() {
+        notes.push(format!("DAX mounts: {}", dax.join(", ")));
+    }
+    f.insert("map_sync_in_tiermem_dir", map_sync_in_default_dir(notes));
+    let cpu = persist::cpu_features();
+    f.insert("clwb", cpu.clwb);
+    f.insert("clflushopt", cpu.clflushopt);
+    f.insert("avx2", cpu.avx2);
+    f.insert("avx512f", cpu.avx512f);
+    f.insert("invariant_tsc", cpu.invariant_tsc);
+    let v1 = std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .map(|s| s.split_whitespace().any(|c| c == "memory"))
+        .unwrap_or(false);
+    f.insert("memcg_v1", v1);
+    f.insert("memcg_v2", v2);
+    let swap = std::fs::read_to_string("/proc/swaps")
+        .map(|s| s.lines().count() > 1)
+        .unwrap_or(false);
+    f.insert("swap_enabled", swap);
+    f
+}
+
+/// One PAGEMAP_SCAN ioctl over a page of our own memory: does the kernel know the ioctl?
+fn pagemap_scan_works() -> bool {
+    let Ok(pm) = Pagemap::open() else {
+        return false;
+    };
+    let page = vec![1u8; 2 * sys::PAGE_SIZE];
+    let start = (page.as_ptr() as u64 + sys::PAGE_SIZE as u64 - 1) & !(sys::PAGE_SIZE as u64 - 1);
+    let mut out = [sys::PageRegion::default(); 4];
+    let mut arg = sys::PmScanArg {
+        start,
+        end: start + sys::PAGE_SIZE as u64,
+        vec: out.as_mut_ptr() as u64,
+        vec_len: out.len() as u64,
+        category_mask: 0,
+        return_mask: sys::PAGE_IS_PRESENT,
+        category_anyof_mask: sys::PAGE_IS_PRESENT,
+        ..Default::default()
+    };
+    pm.scan(&mut arg).is_ok()
+}
+
+/// io_uring_setup with one entry: the real test (the sysctl alone does not say about seccomp).
+fn io_uring_works() -> bool {
+    let mut params = [0u8; 120];
+    // SAFETY: io_uring_setup(entries, params) with a zeroed 120-byte io_uring_params; the returned
+    // fd (if any) is closed immediately.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
+    if fd >= 0 {
+        // SAFETY: fd was just returned to us.
+        unsafe { libc::close(fd as i32) };
+        true
+    } else {
+        false
+    }
+}
+
+/// Mount points whose options say DAX (pmem / CXL file systems mounted with -o dax).
+fn dax_mounts() -> Vec<String> {
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (_dev, mnt, _fs, opts) = (it.next()?, it.next()?, it.next()?, it.next()?);
+            opts.split(',')
+                .any(|o| o == "dax" || o == "dax=always")
+                .then(|| mnt.to_string())
+        })
+        .collect()
+}
+
+/// Create a tiny pool in the default directory and see whether it mapped with MAP_SYNC.
+fn map_sync_in_default_dir(notes: &mut Vec<String>) -> bool {
+    let dir = match tiermem_media::ensure_default_dir() {
+        Ok(d) => d,
+        Err(e) => {
+            notes.push(format!("default pool directory unusable: {e}"));
+            return false;
+        }
+    };
+    let path = dir.join(format!(".doctor-{}.pool", std::process::id()));
+    let r = Pool::create(&path, &PoolOptions::new(2 << 20).tag("doctor"));
+    let out = match &r {
+        Ok(p) => {
+            notes.push(format!(
+                "pools in {} persist with {:?}",
+                dir.display(),
+                p.persist_method()
+            ));
+            p.persist_method() == PersistMethod::DaxSync
+        }
+        Err(e) => {
+            notes.push(format!("cannot create a pool in {}: {e}", dir.display()));
+            false
+        }
+    };
+    drop(r);
+    let _ = std::fs::remove_file(&path);
+    out
+}
+
+/// Measure the floor of this machine.
+pub fn measure(quick: bool, notes: &mut Vec<String>) -> (BTreeMap<&'static str, P50P99>, f64) {
+    let n = if quick { 400 } else { 2000 };
+    let mut costs = BTreeMap::new();
+    type Probe = fn(usize) -> tiermem_fault::Result<Vec<f64>>;
+    let probes: [(&'static str, Probe, usize); 7] = [
+        ("first_touch", probe::first_touch_ns, n),
+        ("mprotect_fault", probe::mprotect_fault_ns, n),
+        ("uffd_in_thread", probe::uffd_in_thread_ns, n),
+        ("uffd_handler_thread", probe::uffd_handler_thread_ns, n),
+        (
+            "uffd_handler_thread_spin",
+            |p| probe::uffd_handler_thread_spin_ns(p, 200),
+            n,
+        ),
+        (
+            "uffd_wp_async_first_write",
+            probe::write_fault_wp_async_ns,
+            n,
+        ),
+        ("memcpy_4k", probe::memcpy_4k_ns, n * 5),
+    ];
+    for (name, f, count) in probes {
+        match f(count) {
+            Ok(samples) => {
+                costs.insert(name, P50P99::from_ns_as_us(&samples));
+            }
+            Err(e) => notes.push(format!("{name}: not measured: {e}")),
+        }
+    }
+    let gbps = match probe::copy_gbps(if quick { 64 << 20 } else { 256 << 20 }) {
+        Ok(g) => (g * 100.0).round() / 100.0,
+        Err(e) => {
+            notes.push(format!("copy bandwidth not measured: {e}"));
+            f64::NAN
+        }
+    };
+    (costs, gbps)
+}
+
+/// Build the whole report.
+pub fn report(quick: bool) -> DoctorReport {
+    let mut notes = Vec::new();
+    let features = features(&mut notes);
+    let (costs_us, copy_gbps) = measure(quick, &mut notes);
+    let m = machine::describe();
+    DoctorReport {
+        kernel: m.kernel.clone(),
+        machine: m,
+        features,
+        costs_us,
+        copy_gbps,
+        notes,
+    }
+}
+
+/// Print the report as a table (or JSON).
+pub fn print(r: &DoctorReport, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+        return Ok(());
+    }
+    println!("tiermem doctor");
+    println!("machine: {}\n", r.machine.one_line());
+    println!("features");
+    for (k, v) in &r.features {
+        println!("  {:<26} {}", k, if *v { "yes" } else { "no" });
+    }
+    println!("\ncosts on this machine (µs)          p50      p99   floor (DESIGN.md)");
+    let floor = |k: &str| match k {
+        "first_touch" => "1.2 / 2.7",
+        "mprotect_fault" => "3.1 / 3.7",
+        "uffd_in_thread" => "2.2 / 4.0",
+        "uffd_handler_thread" => "70-80 / 110-140",
+        "uffd_wp_async_first_write" => "~0.8",
+        "memcpy_4k" => "0.34 / 0.75",
+        _ => "",
+    };
+    for (k, v) in &r.costs_us {
+        println!("  {:<30} {:>8.2} {:>8.2}   {}", k, v.p50, v.p99, floor(k));
+    }
+    println!(
+        "  {:<30} {:>8.2} GB/s        12.6",
+        "copy bandwidth (one core)", r.copy_gbps
+    );
+    if !r.notes.is_empty() {
+        println!("\nnotes");
+        for n in &r.notes {
+            println!("  - {n}");
+        }
+    }
+    Ok(())
+}
+
+/// `tiermem doctor [--json] [--quick]`.
+pub fn run(json: bool, quick: bool) -> Result<()> {
+    let r = report(quick);
+    print(&r, json)
+}

@@ -1,0 +1,165 @@
+//! Minimal SVG charts for benchmark results (no dependencies): cumulative distributions of
+//! latency samples on a logarithmic time axis.
+
+use std::fmt::Write;
+
+/// One curve: a label and its samples (any unit; the axis label says which).
+pub struct Series<'a> {
+    pub label: &'a str,
+    pub samples: &'a [f64],
+}
+
+const COLORS: [&str; 6] = [
+    "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02",
+];
+
+/// Render the empirical CDF of each series as an SVG document (x: log10 scale).
+pub fn cdf_svg(title: &str, x_label: &str, series: &[Series<'_>]) -> String {
+    let (w, h) = (860.0, 480.0);
+    let (left, right, top, bottom) = (70.0, 250.0, 40.0, 60.0);
+    let pw = w - left - right;
+    let ph = h - top - bottom;
+    let all = series
+        .iter()
+        .flat_map(|s| s.samples.iter().copied())
+        .filter(|x| *x > 0.0);
+    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+    for x in all {
+        lo = lo.min(x);
+        hi = hi.max(x);
+    }
+    if !lo.is_finite() || hi <= 0.0 {
+        lo = 1.0;
+        hi = 10.0;
+    }
+    let (llo, lhi) = (
+        lo.log10().floor(),
+        hi.log10().ceil().max(lo.log10().floor() + 1.0),
+    );
+    let xmap = |x: f64| left + (x.max(lo).log10() - llo) / (lhi - llo) * pw;
+    let ymap = |q: f64| top + (1.0 - q) * ph;
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="24" font-size="15" text-anchor="middle">{}</text>
+"#,
+        left + pw / 2.0,
+        esc(title)
+    );
+    // Grid: decades on x, quartiles on y.
+    let mut d = llo;
+    while d <= lhi + 1e-9 {
+        let x = left + (d - llo) / (lhi - llo) * pw;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            top + ph,
+            top + ph + 16.0,
+            fmt_decade(d)
+        );
+        d += 1.0;
+    }
+    for q in [0.0, 0.25, 0.5, 0.75, 0.9, 0.99] {
+        let y = ymap(q);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{q}</text>"##,
+            left + pw,
+            left - 6.0,
+            y + 4.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="18" y="{:.1}" transform="rotate(-90 18 {:.1})" text-anchor="middle">fraction of samples ≤ x</text>"#,
+        left + pw / 2.0,
+        h - 18.0,
+        esc(x_label),
+        top + ph / 2.0,
+        top + ph / 2.0
+    );
+    for (i, ser) in series.iter().enumerate() {
+        let mut v: Vec<f64> = ser.samples.iter().copied().filter(|x| *x > 0.0).collect();
+        if v.is_empty() {
+            continue;
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len() as f64;
+        let step = (v.len() / 400).max(1);
+        let mut pts = String::new();
+        for (k, x) in v
+            .iter()
+            .enumerate()
+            .step_by(step)
+            .chain(std::iter::once((v.len() - 1, &v[v.len() - 1])))
+        {
+            let _ = write!(pts, "{:.1},{:.1} ", xmap(*x), ymap((k + 1) as f64 / n));
+        }
+        let c = COLORS[i % COLORS.len()];
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{pts}"/>"#
+        );
+        let ly = top + 10.0 + i as f64 * 20.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{c}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            w - right + 15.0,
+            w - right + 40.0,
+            w - right + 46.0,
+            ly + 4.0,
+            esc(ser.label)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn fmt_decade(d: f64) -> String {
+    let v = 10f64.powf(d);
+    if v >= 1.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}
+
+fn esc(t: &str) -> String {
+    t.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cdf_has_one_polyline_per_nonempty_series() {
+        let a = [1.0, 2.0, 3.0];
+        let b = [10.0, 20.0];
+        let svg = cdf_svg(
+            "t <x>",
+            "µs",
+            &[
+                Series {
+                    label: "a",
+                    samples: &a,
+                },
+                Series {
+                    label: "b",
+                    samples: &b,
+                },
+                Series {
+                    label: "empty",
+                    samples: &[],
+                },
+            ],
+        );
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert!(svg.contains("t &lt;x&gt;"));
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    }
+}

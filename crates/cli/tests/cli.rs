@@ -1,0 +1,200 @@
+//! Integration tests that run the real `tiermem` binary the way a user would.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn tiermem(args: &[&str], dir: &std::path::Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(args)
+        .env("TIERMEM_DIR", dir)
+        .output()
+        .expect("run tiermem")
+}
+
+fn json(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "tiermem failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d =
+        PathBuf::from("/dev/shm").join(format!("tiermem-clitest-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn finite_positive(v: &Value, what: &str) -> f64 {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x.is_finite() && x > 0.0, "{what} = {x}");
+    x
+}
+
+#[test]
+fn doctor_json_reports_every_key() {
+    let dir = scratch("doctor");
+    let v = json(&tiermem(&["doctor", "--json", "--quick"], &dir));
+    assert!(v["kernel"].as_str().is_some_and(|k| !k.is_empty()));
+    let features = v["features"].as_object().expect("features object");
+    for k in [
+        "userfaultfd",
+        "pagemap_scan",
+        "io_uring",
+        "dax_mount",
+        "clwb",
+        "clflushopt",
+        "memcg_v1",
+        "swap_enabled",
+    ] {
+        assert!(
+            features.get(k).is_some_and(Value::is_boolean),
+            "feature {k} missing"
+        );
+    }
+    assert_eq!(
+        features["userfaultfd"], true,
+        "the suite runs as root on a kernel with userfaultfd"
+    );
+    for k in [
+        "first_touch",
+        "mprotect_fault",
+        "uffd_in_thread",
+        "uffd_handler_thread",
+        "memcpy_4k",
+    ] {
+        let c = &v["costs_us"][k];
+        let p50 = finite_positive(&c["p50"], &format!("{k}.p50"));
+        let p99 = finite_positive(&c["p99"], &format!("{k}.p99"));
+        assert!(p99 >= p50, "{k}: p99 {p99} < p50 {p50}");
+    }
+    finite_positive(&v["copy_gbps"], "copy_gbps");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pool_create_info_rm_round_trip() {
+    let dir = scratch("pool");
+    let out = tiermem(
+        &[
+            "pool", "create", "p1", "--size", "8MiB", "--kind", "fam", "--tag", "t1",
+        ],
+        &dir,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.join("p1");
+    let meta = std::fs::metadata(&path).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(meta.len(), 8 << 20);
+    let v = json(&tiermem(&["pool", "info", "p1", "--json"], &dir));
+    assert_eq!(v["kind"], "fam");
+    assert_eq!(v["tag"], "t1");
+    assert_eq!(v["pool_size"], 8u64 << 20);
+    // Creating it again must fail and leave it intact.
+    let again = tiermem(&["pool", "create", "p1", "--size", "4MiB"], &dir);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 8 << 20);
+    let rm = tiermem(&["pool", "rm", "p1"], &dir);
+    assert!(rm.status.success());
+    assert!(!path.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pool_commands_give_clear_errors_on_bad_input() {
+    let dir = scratch("bad");
+    let junk = dir.join("junk");
+    std::fs::write(&junk, vec![0x5au8; 16384]).unwrap();
+    for args in [
+        vec!["pool", "info", junk.to_str().unwrap()],
+        vec!["pool", "rm", junk.to_str().unwrap()],
+    ] {
+        let out = tiermem(&args, &dir);
+        assert!(!out.status.success(), "{args:?} succeeded on a random file");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("not a tiermem pool"), "{args:?}: {err}");
+    }
+    assert!(
+        junk.exists(),
+        "rm must not delete a file that is not a pool"
+    );
+    let missing = tiermem(
+        &[
+            "pool",
+            "create",
+            "/nonexistent-dir-tiermem/p",
+            "--size",
+            "4MiB",
+        ],
+        &dir,
+    );
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("does not exist"));
+    let bad_size = tiermem(&["pool", "create", "p2", "--size", "12Q"], &dir);
+    assert!(!bad_size.status.success());
+    assert!(String::from_utf8_lossy(&bad_size.stderr).contains("unknown size unit"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_media_quick_json_has_the_headline_key() {
+    let dir = scratch("bmedia");
+    let v = json(&tiermem(&["bench", "media", "--quick", "--json"], &dir));
+    finite_positive(&v["delay_model_error_pct"], "delay_model_error_pct");
+    let acc = v["accuracy"].as_array().unwrap();
+    assert_eq!(acc.len(), 6, "3 presets × 2 sizes");
+    assert_eq!(v["bandwidth"].as_array().unwrap().len(), 4);
+    // The directory holds no leftover benchmark pool.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_fault_quick_json_reports_scan_1gib_ms() {
+    let dir = scratch("bfault");
+    let v = json(&tiermem(&["bench", "fault", "--quick", "--json"], &dir));
+    finite_positive(&v["scan_1gib_ms"], "scan_1gib_ms");
+    finite_positive(
+        &v["mprotect_over_pagemap_scan"],
+        "mprotect_over_pagemap_scan",
+    );
+    assert_eq!(v["faults"].as_array().unwrap().len(), 5);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tour_runs_and_cleans_up() {
+    let dir = scratch("tour");
+    let out = tiermem(&["tour", "--dir", dir.to_str().unwrap()], &dir);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("tour finished"));
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "the tour left files behind"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
