@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Quick start, command 1: set up, build, then run tiermem's main job on the embedded default devices
+# (emulated NVM/FAM pools under /dev/shm/tiermem; no hardware needed).
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+exec "$TIERMEM_ROOT/target/release/tiermem" tour "$@"

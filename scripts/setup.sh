@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# tiermem set-up: installs what the build and the tests need on a fresh Debian 12 machine (as root),
+# then builds the workspace in release mode. Idempotent: a second run only rebuilds what changed.
+#
+# Sourced by scripts/demo.sh and scripts/test.sh; safe to run on its own.
+set -euo pipefail
+
+TIERMEM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export TIERMEM_ROOT
+
+log() { printf '\033[1m[tiermem setup]\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31m[tiermem setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  die "run as root: tiermem registers userfaultfd ranges, mounts test namespaces and installs packages"
+fi
+
+# Debian packages the build and the tests use. Later subsystems add theirs here, in one place.
+APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procps)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Rust toolchain: the one rustup installed (~/.cargo/bin), or rustup fetched now, or Debian's.
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+if ! command -v cargo >/dev/null 2>&1; then
+  log "no Rust toolchain found: installing rustup (stable, minimal profile)"
+  if curl -sSf --max-time 60 https://sh.rustup.rs -o /tmp/rustup-init.sh; then
+    sh /tmp/rustup-init.sh -y --profile minimal --component rustfmt,clippy >/dev/null
+    . "$HOME/.cargo/env"
+  else
+    log "rustup unreachable: falling back to Debian's rustc/cargo"
+    apt-get install -y -qq --no-install-recommends rustc cargo >/dev/null
+  fi
+fi
+rust_minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
+[ "$rust_minor" -ge 80 ] || die "rustc 1.$rust_minor is too old: tiermem needs Rust >= 1.80 (install rustup: https://rustup.rs)"
+
+cd "$TIERMEM_ROOT"
+log "building the workspace (release)"
+cargo build --release --workspace --quiet
+export PATH="$TIERMEM_ROOT/target/release:$PATH"
+log "built: $TIERMEM_ROOT/target/release/tiermem, libtiermem.so, crates/capi/include/tiermem.h"

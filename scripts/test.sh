@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Quick start, command 2: set up, build, then run the whole test suite: unit, integration and crash
+# tests of every crate, the C ABI example, and an install check (make install to a prefix, then a
+# C program built with pkg-config against it). Runs as root: the fault engine needs userfaultfd.
+set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+cd "$TIERMEM_ROOT"
+log "running the test suite"
+start=$(date +%s)
+logf=$(mktemp /tmp/tiermem-test.XXXXXX.log)
+cargo test --release --workspace --no-fail-fast 2>&1 | tee "$logf"
+status=${PIPESTATUS[0]}
+passed=$(grep -Eo '[0-9]+ passed' "$logf" | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' "$logf" | awk '{s+=$1} END {print s+0}')
+
+log "install check: make install PREFIX=<tmp>, then build examples/c/tour.c with pkg-config"
+prefix=$(mktemp -d /tmp/tiermem-prefix.XXXXXX)
+if make -s install PREFIX="$prefix" >/dev/null &&
+   cc -std=c11 -D_GNU_SOURCE -Wall -Werror examples/c/tour.c \
+      $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs tiermem) -o "$prefix/tour" &&
+   mkdir -p "$prefix/pools" &&
+   LD_LIBRARY_PATH="$prefix/lib" "$prefix/tour" "$prefix/pools" >/dev/null &&
+   "$prefix/bin/tiermem" --version >/dev/null; then
+  echo "install check ... ok"
+  passed=$((passed + 1))
+else
+  echo "install check ... FAILED"
+  failed=$((failed + 1))
+  status=1
+fi
+rm -rf "$prefix" "$logf"
+
+log "suite finished in $(( $(date +%s) - start )) s"
+echo "tiermem: $passed passed, $failed failed"
+exit "$status"
