@@ -176,7 +176,7 @@ fn bench_fault_quick_json_reports_scan_1gib_ms() {
         &v["mprotect_over_pagemap_scan"],
         "mprotect_over_pagemap_scan",
     );
-    assert_eq!(v["faults"].as_array().unwrap().len(), 5);
+    assert_eq!(v["faults"].as_array().unwrap().len(), 6);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

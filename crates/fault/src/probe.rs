@@ -129,6 +129,143 @@ pub fn uffd_handler_thread_spin_ns(pages: usize, spin_us: u32) -> Result<Vec<f64
     uffd_ns(pages, Resolution::HandlerThread { spin_us })
 }
 
+/// userfaultfd descriptor and source page of [`uffd_sigbus_bare_ns`]'s child (its signal handler
+/// cannot take arguments).
+static BARE_UFFD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static BARE_SRC: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+extern "C" fn bare_sigbus(_sig: i32, info: *mut libc::siginfo_t, _uc: *mut libc::c_void) {
+    use std::sync::atomic::Ordering::Relaxed;
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let addr = unsafe { (*info).si_addr() } as u64 & !(PAGE_SIZE as u64 - 1);
+    let mut c = crate::sys::UffdioCopy {
+        dst: addr,
+        src: BARE_SRC.load(Relaxed) as u64,
+        len: PAGE_SIZE as u64,
+        mode: 0,
+        copy: 0,
+    };
+    // SAFETY: one UFFDIO_COPY ioctl on the child's own userfaultfd with a valid uffdio_copy.
+    unsafe {
+        libc::ioctl(
+            BARE_UFFD.load(Relaxed),
+            crate::sys::UFFDIO_COPY as libc::c_ulong,
+            &mut c,
+        )
+    };
+}
+
+/// The bare mechanism in-thread resolution stands on, without the engine: a forked child with its
+/// own userfaultfd (UFFD_FEATURE_SIGBUS) and a minimal SIGBUS handler that does one UFFDIO_COPY,
+/// ns per first write. The difference to [`uffd_in_thread_ns`] is what the engine adds (region
+/// lookup, classification, dispatch, accounting); this is the floor of the mode on this machine.
+pub fn uffd_sigbus_bare_ns(pages: usize) -> Result<Vec<f64>> {
+    if pages == 0 {
+        return Err(Error::InvalidArgument("no pages to measure".into()));
+    }
+    let region = Map::anon(pages * PAGE_SIZE, false)?;
+    let src = Map::anon(PAGE_SIZE, true)?;
+    // Results travel back through a shared mapping: the child writes, the parent reads after
+    // waitpid. Everything is allocated before fork, so the child never allocates or locks.
+    let out_len = (pages * 8).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+    // SAFETY: a fresh shared anonymous mapping; checked below.
+    let out = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            out_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if out == libc::MAP_FAILED {
+        return Err(Error::last("mmap"));
+    }
+    let out = out as *mut f64;
+    // SAFETY: fork; the child runs only async-signal-safe code (syscalls, stores) and _exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        // SAFETY: unmapping our own mapping.
+        unsafe { libc::munmap(out.cast(), out_len) };
+        return Err(Error::last("fork"));
+    }
+    if pid == 0 {
+        // SAFETY: child side: raw syscalls on memory it owns; never returns.
+        unsafe {
+            let code = bare_child(region.ptr, pages, src.ptr, out);
+            libc::_exit(code);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    // SAFETY: the child has exited; `out` holds `pages` f64 values it wrote.
+    let v = unsafe { std::slice::from_raw_parts(out, pages) }.to_vec();
+    // SAFETY: unmapping our own mapping.
+    unsafe { libc::munmap(out.cast(), out_len) };
+    if !ok {
+        return Err(Error::Verification(format!(
+            "bare SIGBUS probe child failed (wait status {status:#x}): userfaultfd with \
+             UFFD_FEATURE_SIGBUS unavailable?"
+        )));
+    }
+    Ok(v)
+}
+
+/// Child side of [`uffd_sigbus_bare_ns`]: returns the exit code.
+///
+/// # Safety
+/// Call only in a freshly forked child; `region` (unpopulated), `src` and `out` must be mappings
+/// of `pages` pages, one page and `pages` f64 values.
+unsafe fn bare_child(region: *mut u8, pages: usize, src: *mut u8, out: *mut f64) -> i32 {
+    use crate::sys::{UffdioApi, UffdioRange, UffdioRegister, UFFDIO_API, UFFDIO_REGISTER};
+    use std::sync::atomic::Ordering::Relaxed;
+    // SAFETY (whole body): raw syscalls with valid arguments on memory this child owns.
+    unsafe {
+        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32;
+        if fd < 0 {
+            return 2;
+        }
+        let mut api = UffdioApi {
+            api: crate::sys::UFFD_API,
+            features: crate::sys::UFFD_FEATURE_SIGBUS,
+            ioctls: 0,
+        };
+        if libc::ioctl(fd, UFFDIO_API as libc::c_ulong, &mut api) != 0 {
+            return 3;
+        }
+        let mut reg = UffdioRegister {
+            range: UffdioRange {
+                start: region as u64,
+                len: (pages * PAGE_SIZE) as u64,
+            },
+            mode: crate::sys::UFFDIO_REGISTER_MODE_MISSING,
+            ioctls: 0,
+        };
+        if libc::ioctl(fd, UFFDIO_REGISTER as libc::c_ulong, &mut reg) != 0 {
+            return 4;
+        }
+        BARE_UFFD.store(fd, Relaxed);
+        BARE_SRC.store(src as usize, Relaxed);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = bare_sigbus as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
+            return 5;
+        }
+        for i in 0..pages {
+            let p = region.add(i * PAGE_SIZE);
+            let t0 = Instant::now();
+            touch(p);
+            *out.add(i) = t0.elapsed().as_nanos() as f64;
+        }
+        0
+    }
+}
+
 /// First write to a read-only page whose SIGSEGV handler mprotects it back (the tracker's
 /// mprotect fallback), ns per access.
 pub fn mprotect_fault_ns(pages: usize) -> Result<Vec<f64>> {

@@ -37,18 +37,22 @@ struct Report {
     mprotect_over_pagemap_scan: f64,
 }
 
+const BARE: &str = "bare SIGBUS + UFFDIO_COPY (no engine)";
+const IN_THREAD: &str = "engine, in-thread (SIGBUS)";
+
 pub fn run(o: BenchOpts) -> Result<()> {
     let pages = if o.quick { 500 } else { 5000 };
     let rounds = if o.quick { 5 } else { 21 };
     type Probe = fn(usize) -> tiermem_fault::Result<Vec<f64>>;
-    let paths: [(&'static str, Probe); 5] = [
+    let paths: [(&'static str, Probe); 6] = [
         ("kernel first touch (baseline)", probe::first_touch_ns),
-        ("uffd in-thread (SIGBUS)", probe::uffd_in_thread_ns),
-        ("uffd handler thread, spinning", |p| {
+        (BARE, probe::uffd_sigbus_bare_ns),
+        (IN_THREAD, probe::uffd_in_thread_ns),
+        ("engine, handler thread, spinning", |p| {
             probe::uffd_handler_thread_spin_ns(p, 200)
         }),
         (
-            "uffd handler thread, blocking",
+            "engine, handler thread, blocking",
             probe::uffd_handler_thread_ns,
         ),
         ("mprotect + SIGSEGV", probe::mprotect_fault_ns),
@@ -145,12 +149,12 @@ pub fn run(o: BenchOpts) -> Result<()> {
         report.delay_model
     );
     println!(
-        "{:<34} {:>9} {:>9} {:>14}",
+        "{:<40} {:>9} {:>9} {:>14}",
         "fault path", "p50 µs", "p99 µs", "p50 / kernel"
     );
     for r in &report.faults {
         println!(
-            "{:<34} {:>9.2} {:>9.2} {:>13.2}×",
+            "{:<40} {:>9.2} {:>9.2} {:>13.2}×",
             r.path, r.p50_us, r.p99_us, r.p50_over_kernel_first_touch
         );
     }
@@ -162,6 +166,19 @@ pub fn run(o: BenchOpts) -> Result<()> {
         println!(
             "{:<14} {:>7} MiB {:>14} {:>16.3}",
             r.method, r.region_mib, r.written_pages, r.median_scan_ms
+        );
+    }
+    let p50 = |path: &str| {
+        report
+            .faults
+            .iter()
+            .find(|r| r.path == path)
+            .map(|r| r.p50_us)
+    };
+    if let (Some(engine), Some(bare)) = (p50(IN_THREAD), p50(BARE)) {
+        println!(
+            "\nthe engine's in-thread path costs {:+.2} µs against the bare mechanism at p50",
+            engine - bare
         );
     }
     println!(
