@@ -745,30 +745,32 @@ impl Uffd {
         Ok(())
     }
 
-    /// `UFFDIO_COPY` of `len` bytes from `src` to `dst`. Returns the bytes actually copied (pages
-    /// that already existed are skipped and not counted). `mode`: `UFFDIO_COPY_MODE_*`.
-    /// Async-signal-safe.
-    pub fn copy(&self, dst: usize, src: usize, len: usize, mode: u64) -> Result<usize, i32> {
+    /// The loop shared by the range-filling ioctls (COPY, ZEROPAGE, CONTINUE, MOVE).
+    ///
+    /// `op(done)` issues the ioctl for the remaining range `[done, len)` and returns the ioctl's
+    /// result, the progress the kernel reported in the struct (bytes done by this call, or a
+    /// negative errno) and `errno` read right after the call. On partial progress the loop
+    /// continues after it; `EEXIST` on the first remaining page skips that page (a page that is
+    /// already present is success, but not counted as filled); `EAGAIN` is retried unless this
+    /// context defers it to its caller; any other error is returned. Returns the bytes the
+    /// kernel filled. Async-signal-safe (no allocation, no locks).
+    #[inline]
+    fn fill_range(
+        &self,
+        len: usize,
+        mut op: impl FnMut(usize) -> (libc::c_int, i64, i32),
+    ) -> Result<usize, i32> {
         let mut done = 0usize;
-        let mut copied = 0usize;
+        let mut filled = 0usize;
         let mut spins = 0;
         while done < len {
-            let mut c = UffdioCopy {
-                dst: (dst + done) as u64,
-                src: (src + done) as u64,
-                len: (len - done) as u64,
-                mode,
-                copy: 0,
-            };
-            // SAFETY: valid fd and a properly sized uffdio_copy; the kernel validates addresses.
-            let r = unsafe { libc::ioctl(self.fd(), UFFDIO_COPY as libc::c_ulong, &mut c) };
+            let (r, progress, e) = op(done);
             if r >= 0 {
-                return Ok(copied + (len - done));
+                return Ok(filled + (len - done));
             }
-            let e = errno();
-            if c.copy > 0 {
-                done += c.copy as usize;
-                copied += c.copy as usize;
+            if progress > 0 {
+                done += progress as usize;
+                filled += progress as usize;
                 continue;
             }
             if e == libc::EEXIST {
@@ -781,16 +783,31 @@ impl Uffd {
             }
             return Err(e);
         }
-        Ok(copied)
+        Ok(filled)
+    }
+
+    /// `UFFDIO_COPY` of `len` bytes from `src` to `dst`. Returns the bytes actually copied (pages
+    /// that already existed are skipped and not counted). `mode`: `UFFDIO_COPY_MODE_*`.
+    /// Async-signal-safe.
+    pub fn copy(&self, dst: usize, src: usize, len: usize, mode: u64) -> Result<usize, i32> {
+        self.fill_range(len, |done| {
+            let mut c = UffdioCopy {
+                dst: (dst + done) as u64,
+                src: (src + done) as u64,
+                len: (len - done) as u64,
+                mode,
+                copy: 0,
+            };
+            // SAFETY: valid fd and a properly sized uffdio_copy; the kernel validates addresses.
+            let r = unsafe { libc::ioctl(self.fd(), UFFDIO_COPY as libc::c_ulong, &mut c) };
+            (r, c.copy, if r < 0 { errno() } else { 0 })
+        })
     }
 
     /// `UFFDIO_ZEROPAGE` over `[start, start+len)`; returns bytes zero-mapped (existing pages
     /// skipped). Async-signal-safe.
     pub fn zeropage(&self, start: usize, len: usize, mode: u64) -> Result<usize, i32> {
-        let mut done = 0usize;
-        let mut mapped = 0usize;
-        let mut spins = 0;
-        while done < len {
+        self.fill_range(len, |done| {
             let mut z = UffdioZeropage {
                 range: UffdioRange {
                     start: (start + done) as u64,
@@ -801,34 +818,14 @@ impl Uffd {
             };
             // SAFETY: valid fd and a properly sized uffdio_zeropage.
             let r = unsafe { libc::ioctl(self.fd(), UFFDIO_ZEROPAGE as libc::c_ulong, &mut z) };
-            if r >= 0 {
-                return Ok(mapped + (len - done));
-            }
-            let e = errno();
-            if z.zeropage > 0 {
-                done += z.zeropage as usize;
-                mapped += z.zeropage as usize;
-                continue;
-            }
-            if e == libc::EEXIST {
-                done += PAGE_SIZE;
-                continue;
-            }
-            if (e != libc::EAGAIN || self.retry_eagain) && retry_eagain(e, &mut spins) {
-                continue;
-            }
-            return Err(e);
-        }
-        Ok(mapped)
+            (r, z.zeropage, if r < 0 { errno() } else { 0 })
+        })
     }
 
     /// `UFFDIO_CONTINUE` over `[start, start+len)` (minor faults: map the page-cache page);
     /// returns bytes mapped (already-mapped pages skipped). Async-signal-safe.
     pub fn cont(&self, start: usize, len: usize, mode: u64) -> Result<usize, i32> {
-        let mut done = 0usize;
-        let mut mapped = 0usize;
-        let mut spins = 0;
-        while done < len {
+        self.fill_range(len, |done| {
             let mut c = UffdioContinue {
                 range: UffdioRange {
                     start: (start + done) as u64,
@@ -839,35 +836,15 @@ impl Uffd {
             };
             // SAFETY: valid fd and a properly sized uffdio_continue.
             let r = unsafe { libc::ioctl(self.fd(), UFFDIO_CONTINUE as libc::c_ulong, &mut c) };
-            if r >= 0 {
-                return Ok(mapped + (len - done));
-            }
-            let e = errno();
-            if c.mapped > 0 {
-                done += c.mapped as usize;
-                mapped += c.mapped as usize;
-                continue;
-            }
-            if e == libc::EEXIST {
-                done += PAGE_SIZE;
-                continue;
-            }
-            if (e != libc::EAGAIN || self.retry_eagain) && retry_eagain(e, &mut spins) {
-                continue;
-            }
-            return Err(e);
-        }
-        Ok(mapped)
+            (r, c.mapped, if r < 0 { errno() } else { 0 })
+        })
     }
 
     /// `UFFDIO_MOVE` of `len` bytes of anonymous private memory from `src` (same address space)
     /// to `dst`; returns bytes moved (destination pages that already existed are skipped, their
     /// source stays in place). Async-signal-safe.
     pub fn move_pages(&self, dst: usize, src: usize, len: usize, mode: u64) -> Result<usize, i32> {
-        let mut done = 0usize;
-        let mut moved = 0usize;
-        let mut spins = 0;
-        while done < len {
+        self.fill_range(len, |done| {
             let mut m = UffdioMove {
                 dst: (dst + done) as u64,
                 src: (src + done) as u64,
@@ -877,25 +854,8 @@ impl Uffd {
             };
             // SAFETY: valid fd and a properly sized uffdio_move.
             let r = unsafe { libc::ioctl(self.fd(), UFFDIO_MOVE as libc::c_ulong, &mut m) };
-            if r >= 0 {
-                return Ok(moved + (len - done));
-            }
-            let e = errno();
-            if m.moved > 0 {
-                done += m.moved as usize;
-                moved += m.moved as usize;
-                continue;
-            }
-            if e == libc::EEXIST {
-                done += PAGE_SIZE;
-                continue;
-            }
-            if (e != libc::EAGAIN || self.retry_eagain) && retry_eagain(e, &mut spins) {
-                continue;
-            }
-            return Err(e);
-        }
-        Ok(moved)
+            (r, m.moved, if r < 0 { errno() } else { 0 })
+        })
     }
 
     /// `UFFDIO_WRITEPROTECT`: `protect` sets (true) or clears (false) uffd write protection on the
