@@ -16,7 +16,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages the build and the tests use. Later subsystems add theirs here, in one place.
-APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procps)
+APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procps
+  libpmemobj-dev)  # libpmemobj-dev: PMDK, the baseline of `tiermem bench vnvm` (crates/pmdk)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
