@@ -1,0 +1,115 @@
+//! The DRAM cache of a private region: a memfd mapped twice, read-only for the application and
+//! writable for vnvm.
+
+use crate::error::{io_err, Result};
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+/// Two views of one memfd.
+pub(crate) struct DramCache {
+    _fd: OwnedFd,
+    pub rview: *mut u8,
+    pub wview: *mut u8,
+    pub map_len: usize,
+}
+
+// SAFETY: the mappings are owned by the DramCache and unmapped only in Drop; concurrent access
+// to their bytes is ordered by vnvm's locks (writers) or is a racy read the API documents.
+unsafe impl Send for DramCache {}
+// SAFETY: see above.
+unsafe impl Sync for DramCache {}
+
+impl DramCache {
+    /// Create a cache of `map_len` bytes (a multiple of the OS page size) filled with the first
+    /// `fill_len` bytes of `file`.
+    pub fn new(path: &Path, file: &File, map_len: usize, fill_len: usize) -> Result<DramCache> {
+        let name = c"tiermem-vnvm";
+        // SAFETY: name is a valid C string; the result is checked.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io_err(
+                "memfd_create",
+                path,
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: raw is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: fd is open.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), map_len as libc::off_t) } != 0 {
+            return Err(io_err(
+                "ftruncate memfd",
+                path,
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let map = |prot| {
+            // SAFETY: mapping an fd we own with a checked result.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    map_len,
+                    prot,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                Err(io_err("mmap memfd", path, std::io::Error::last_os_error()))
+            } else {
+                Ok(p as *mut u8)
+            }
+        };
+        let wview = map(libc::PROT_READ | libc::PROT_WRITE)?;
+        let rview = match map(libc::PROT_READ) {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: unmapping the mapping made just above.
+                unsafe { libc::munmap(wview as *mut _, map_len) };
+                return Err(e);
+            }
+        };
+        let dc = DramCache {
+            _fd: fd,
+            rview,
+            wview,
+            map_len,
+        };
+        let mut done = 0usize;
+        while done < fill_len {
+            // SAFETY: wview + done .. + (fill_len - done) lies in the writable mapping.
+            let n = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    dc.wview.add(done) as *mut libc::c_void,
+                    fill_len - done,
+                    done as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(io_err("read backing file", path, e));
+            }
+            if n == 0 {
+                break;
+            }
+            done += n as usize;
+        }
+        Ok(dc)
+    }
+}
+
+impl Drop for DramCache {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the two mappings made in new().
+        unsafe {
+            libc::munmap(self.rview as *mut _, self.map_len);
+            libc::munmap(self.wview as *mut _, self.map_len);
+        }
+    }
+}

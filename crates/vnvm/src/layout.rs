@@ -1,0 +1,495 @@
+//! Persistent layout of a vnvm instance (format version [`FORMAT_VERSION`]).
+//!
+//! Everything is little-endian and addressed by pool *data offsets* and page *indices*; nothing
+//! persistent holds a virtual address.
+//!
+//! `meta.pool` data area:
+//!
+//! | offset | size | contents |
+//! |---|---|---|
+//! | 0 | 256 | superblock: magic `VNVMSUPR`, version, page size, log pages, cache pages, max files, max domains, log objects, CRC-32 at 252 |
+//! | 256 | 8 | state word: [`STATE_CLEAN`] or [`STATE_RUNNING`] (8-byte atomic update) |
+//! | 512 | 64 × domains | committed-list word per log domain: head index + 1 (low 32 bits), tail index + 1 (high 32 bits); 0 = empty |
+//! | files_off | 512 × max files | file records |
+//! | cache_obj_off | 16 × cache pages | cache page objects: a packed 8-byte word (file id, page index, dirty) and an 8-byte mask of the page's valid chunks (chunk = page size / 64) |
+//! | logobj_off | 64 × log objects | log objects |
+//!
+//! `log.pool` data area: log pages of `page_size` bytes: header `{used: u32, next: u32 (page
+//! index + 1, 0 = last), tid: u64}` then entries `{len: u32, file_id: u32, offset: u64,
+//! data[len]}` each 8-byte aligned. `cache.pool` data area: cache pages.
+//!
+//! The committed list of a domain is a FIFO of log objects; each log object stores the index of
+//! its predecessor (`prev`), written before the commit fence, so linking a transaction is one
+//! 8-byte atomic store of the (head, tail) word plus its persist, and popping the head is one
+//! such store. Recovery walks `prev` from the tail back to the head. This is the order of the
+//! thesis' Fig. 2.10 folded into one word: an object is in the list exactly when the word says so.
+
+pub const SB_MAGIC: [u8; 8] = *b"VNVMSUPR";
+pub const FORMAT_VERSION: u32 = 1;
+pub const SB_SIZE: usize = 256;
+pub const SB_CRC_OFF: usize = 252;
+pub const STATE_OFF: u64 = 256;
+pub const STATE_CLEAN: u64 = 0x434c_4541_4e00_0001; // "CLEAN" tag
+pub const STATE_RUNNING: u64 = 0x5255_4e4e_0000_0002; // "RUNN" tag
+pub const DOMAIN_OFF: u64 = 512;
+pub const DOMAIN_STRIDE: u64 = 64;
+pub const MAX_DOMAINS: u32 = 64;
+pub const FILE_REC_SIZE: u64 = 512;
+pub const FILE_MAGIC: u64 = 0x5245_4c49_464d_4e56; // "VNMFILER"
+pub const FILE_PATH_MAX: usize = 480;
+pub const LOGOBJ_SIZE: u64 = 64;
+pub const LOGOBJ_MAGIC: u32 = 0x4a42_4f4c; // "LOBJ"
+pub const LOG_HDR: usize = 16;
+pub const ENTRY_HDR: usize = 16;
+pub const CACHE_DIRTY: u64 = 1 << 63;
+pub const CACHE_OBJ_SIZE: u64 = 16;
+/// Page indices of backing files must fit 40 bits.
+pub const MAX_FILE_PAGE: u64 = (1 << 40) - 1;
+
+/// Geometry of an instance, stored in the superblock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub page_size: u32,
+    pub log_pages: u32,
+    pub cache_pages: u32,
+    pub max_files: u32,
+    pub max_domains: u32,
+    pub log_objs: u32,
+}
+
+fn align(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+impl Geometry {
+    pub fn files_off(&self) -> u64 {
+        align(DOMAIN_OFF + DOMAIN_STRIDE * self.max_domains as u64, 4096)
+    }
+    pub fn file_off(&self, id: u32) -> u64 {
+        self.files_off() + FILE_REC_SIZE * id as u64
+    }
+    pub fn cache_obj_off(&self) -> u64 {
+        self.files_off() + FILE_REC_SIZE * self.max_files as u64
+    }
+    pub fn cache_word_off(&self, page: u32) -> u64 {
+        self.cache_obj_off() + CACHE_OBJ_SIZE * page as u64
+    }
+    /// The valid-chunk mask of a cache page object.
+    pub fn cache_mask_off(&self, page: u32) -> u64 {
+        self.cache_word_off(page) + 8
+    }
+    /// Bytes per valid-mask bit.
+    pub fn chunk(&self) -> u64 {
+        self.page_size as u64 / 64
+    }
+    pub fn logobj_base(&self) -> u64 {
+        align(
+            self.cache_obj_off() + CACHE_OBJ_SIZE * self.cache_pages as u64,
+            64,
+        )
+    }
+    pub fn logobj_off(&self, idx: u32) -> u64 {
+        self.logobj_base() + LOGOBJ_SIZE * idx as u64
+    }
+    pub fn domain_off(&self, d: u32) -> u64 {
+        DOMAIN_OFF + DOMAIN_STRIDE * d as u64
+    }
+    /// Data bytes `meta.pool` needs.
+    pub fn meta_len(&self) -> u64 {
+        align(
+            self.logobj_base() + LOGOBJ_SIZE * self.log_objs as u64,
+            4096,
+        )
+    }
+    pub fn log_len(&self) -> u64 {
+        self.page_size as u64 * self.log_pages as u64
+    }
+    pub fn cache_len(&self) -> u64 {
+        self.page_size as u64 * self.cache_pages as u64
+    }
+
+    pub fn encode(&self) -> [u8; SB_SIZE] {
+        let mut b = [0u8; SB_SIZE];
+        b[0..8].copy_from_slice(&SB_MAGIC);
+        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&self.page_size.to_le_bytes());
+        b[16..20].copy_from_slice(&self.log_pages.to_le_bytes());
+        b[20..24].copy_from_slice(&self.cache_pages.to_le_bytes());
+        b[24..28].copy_from_slice(&self.max_files.to_le_bytes());
+        b[28..32].copy_from_slice(&self.max_domains.to_le_bytes());
+        b[32..36].copy_from_slice(&self.log_objs.to_le_bytes());
+        let c = crc32fast::hash(&b[..SB_CRC_OFF]);
+        b[SB_CRC_OFF..].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    /// Decode and validate a superblock; `Err` holds a description of the problem.
+    pub fn decode(b: &[u8]) -> Result<Geometry, String> {
+        if b.len() < SB_SIZE {
+            return Err("superblock truncated".into());
+        }
+        if b[0..8] != SB_MAGIC {
+            return Err("bad superblock magic (expected \"VNVMSUPR\")".into());
+        }
+        let version = u32_at(b, 8);
+        if version != FORMAT_VERSION {
+            return Err(format!(
+                "format version {version}, this build reads version {FORMAT_VERSION}"
+            ));
+        }
+        let stored = u32_at(b, SB_CRC_OFF);
+        let computed = crc32fast::hash(&b[..SB_CRC_OFF]);
+        if stored != computed {
+            return Err(format!(
+                "superblock checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            ));
+        }
+        let g = Geometry {
+            page_size: u32_at(b, 12),
+            log_pages: u32_at(b, 16),
+            cache_pages: u32_at(b, 20),
+            max_files: u32_at(b, 24),
+            max_domains: u32_at(b, 28),
+            log_objs: u32_at(b, 32),
+        };
+        if !(g.page_size == 4096 || g.page_size == 8192)
+            || g.log_pages == 0
+            || g.cache_pages == 0
+            || g.max_files == 0
+            || g.max_files > 0xfffe
+            || g.max_domains == 0
+            || g.max_domains > MAX_DOMAINS
+            || g.log_objs == 0
+        {
+            return Err(format!("implausible geometry {g:?}"));
+        }
+        Ok(g)
+    }
+}
+
+pub fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+}
+pub fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+}
+
+/// A file record: the identity of a backing file (Fig. 2.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileRecord {
+    pub id: u32,
+    pub mode: u32,
+    pub size: u64,
+    pub path: String,
+}
+
+impl FileRecord {
+    /// The full 512-byte record, magic included.
+    pub fn encode(&self) -> [u8; FILE_REC_SIZE as usize] {
+        let mut b = [0u8; FILE_REC_SIZE as usize];
+        b[0..8].copy_from_slice(&FILE_MAGIC.to_le_bytes());
+        b[8..12].copy_from_slice(&self.id.to_le_bytes());
+        b[12..16].copy_from_slice(&self.mode.to_le_bytes());
+        b[16..24].copy_from_slice(&self.size.to_le_bytes());
+        let p = self.path.as_bytes();
+        b[24..28].copy_from_slice(&(p.len() as u32).to_le_bytes());
+        b[32..32 + p.len()].copy_from_slice(p);
+        let c = Self::crc(&b);
+        b[28..32].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    fn crc(b: &[u8]) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&b[8..28]);
+        h.update(&b[32..FILE_REC_SIZE as usize]);
+        h.finalize()
+    }
+
+    /// `Ok(None)`: empty slot. `Err`: a damaged record.
+    pub fn decode(b: &[u8], expect_id: u32) -> Result<Option<FileRecord>, String> {
+        let magic = u64_at(b, 0);
+        if magic == 0 {
+            return Ok(None);
+        }
+        if magic != FILE_MAGIC {
+            return Err(format!("bad file-record magic {magic:#018x}"));
+        }
+        let stored = u32_at(b, 28);
+        let computed = Self::crc(b);
+        if stored != computed {
+            return Err(format!(
+                "file-record checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            ));
+        }
+        let id = u32_at(b, 8);
+        if id != expect_id {
+            return Err(format!("record in slot {expect_id} claims id {id}"));
+        }
+        let len = u32_at(b, 24) as usize;
+        if len == 0 || len > FILE_PATH_MAX {
+            return Err(format!("path length {len} out of range"));
+        }
+        let path = std::str::from_utf8(&b[32..32 + len])
+            .map_err(|_| "path is not UTF-8".to_string())?
+            .to_string();
+        Ok(Some(FileRecord {
+            id,
+            mode: u32_at(b, 12),
+            size: u64_at(b, 16),
+            path,
+        }))
+    }
+}
+
+/// A log object (one committed transaction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogObj {
+    pub tid: u64,
+    /// Predecessor in the committed list: index + 1, 0 = none.
+    pub prev: u32,
+    pub first_page: u32,
+    pub npages: u32,
+    pub domain: u32,
+    pub app_id: u32,
+    pub start_ns: u64,
+}
+
+impl LogObj {
+    pub fn encode(&self) -> [u8; LOGOBJ_SIZE as usize] {
+        let mut b = [0u8; LOGOBJ_SIZE as usize];
+        b[0..4].copy_from_slice(&LOGOBJ_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.npages.to_le_bytes());
+        b[8..16].copy_from_slice(&self.tid.to_le_bytes());
+        b[16..20].copy_from_slice(&self.prev.to_le_bytes());
+        b[20..24].copy_from_slice(&self.first_page.to_le_bytes());
+        b[24..28].copy_from_slice(&self.domain.to_le_bytes());
+        b[28..32].copy_from_slice(&self.app_id.to_le_bytes());
+        b[32..40].copy_from_slice(&self.start_ns.to_le_bytes());
+        let c = crc32fast::hash(&b[..60]);
+        b[60..64].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<LogObj, String> {
+        if u32_at(b, 0) != LOGOBJ_MAGIC {
+            return Err(format!("bad log-object magic {:#010x}", u32_at(b, 0)));
+        }
+        let stored = u32_at(b, 60);
+        let computed = crc32fast::hash(&b[..60]);
+        if stored != computed {
+            return Err(format!(
+                "log-object checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            ));
+        }
+        Ok(LogObj {
+            npages: u32_at(b, 4),
+            tid: u64_at(b, 8),
+            prev: u32_at(b, 16),
+            first_page: u32_at(b, 20),
+            domain: u32_at(b, 24),
+            app_id: u32_at(b, 28),
+            start_ns: u64_at(b, 32),
+        })
+    }
+}
+
+/// Pack a cache page object: page index (40 bits), file id + 1 (16 bits), dirty (bit 63).
+pub fn cache_word(file_id: u32, page_index: u64, dirty: bool) -> u64 {
+    (page_index & MAX_FILE_PAGE)
+        | (((file_id as u64 + 1) & 0xffff) << 40)
+        | if dirty { CACHE_DIRTY } else { 0 }
+}
+
+/// Unpack a cache page object: `None` for a free page, else (file id, page index, dirty).
+pub fn cache_unword(w: u64) -> Option<(u32, u64, bool)> {
+    let f = (w >> 40) & 0xffff;
+    if f == 0 {
+        return None;
+    }
+    Some(((f - 1) as u32, w & MAX_FILE_PAGE, w & CACHE_DIRTY != 0))
+}
+
+pub fn domain_word(head: u32, tail: u32) -> u64 {
+    head as u64 | ((tail as u64) << 32)
+}
+pub fn domain_unword(w: u64) -> (u32, u32) {
+    (w as u32, (w >> 32) as u32)
+}
+
+/// Log page header.
+pub fn log_hdr(used: u32, next: u32, tid: u64) -> [u8; LOG_HDR] {
+    let mut b = [0u8; LOG_HDR];
+    b[0..4].copy_from_slice(&used.to_le_bytes());
+    b[4..8].copy_from_slice(&next.to_le_bytes());
+    b[8..16].copy_from_slice(&tid.to_le_bytes());
+    b
+}
+
+pub fn entry_hdr(len: u32, file_id: u32, offset: u64) -> [u8; ENTRY_HDR] {
+    let mut b = [0u8; ENTRY_HDR];
+    b[0..4].copy_from_slice(&len.to_le_bytes());
+    b[4..8].copy_from_slice(&file_id.to_le_bytes());
+    b[8..16].copy_from_slice(&offset.to_le_bytes());
+    b
+}
+
+pub fn pad8(n: usize) -> usize {
+    (n + 7) & !7
+}
+
+/// One parsed log entry: (file id, offset, data offset within the log pool, len).
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub file_id: u32,
+    pub offset: u64,
+    pub log_off: u64,
+    pub len: u32,
+}
+
+/// Walk the entries of one log page image `page` (whose data-area offset is `page_off`),
+/// validating them. `check(file_id, offset, len)` validates the destination.
+pub fn parse_page(
+    page: &[u8],
+    page_off: u64,
+    page_size: u32,
+    out: &mut Vec<Entry>,
+    check: &dyn Fn(u32, u64, u32) -> Result<(), String>,
+) -> Result<(), String> {
+    let used = u32_at(page, 0) as usize;
+    if used < LOG_HDR || used > page_size as usize {
+        return Err(format!("log page 'used' {used} out of range"));
+    }
+    let mut at = LOG_HDR;
+    while at < used {
+        if at + ENTRY_HDR > used {
+            return Err(format!("entry header at {at} overruns used {used}"));
+        }
+        let len = u32_at(page, at);
+        let file_id = u32_at(page, at + 4);
+        let offset = u64_at(page, at + 8);
+        if len == 0 || at + ENTRY_HDR + len as usize > used {
+            return Err(format!("entry at {at}: length {len} out of range"));
+        }
+        if offset / page_size as u64 != (offset + len as u64 - 1) / page_size as u64 {
+            return Err(format!(
+                "entry at {at}: offset {offset} len {len} crosses a cache-page boundary"
+            ));
+        }
+        check(file_id, offset, len).map_err(|e| format!("entry at {at}: {e}"))?;
+        out.push(Entry {
+            file_id,
+            offset,
+            log_off: page_off + (at + ENTRY_HDR) as u64,
+            len,
+        });
+        at += ENTRY_HDR + pad8(len as usize);
+    }
+    Ok(())
+}
+
+/// Maximal runs of set bits of `mask`: (first chunk, number of chunks).
+pub fn mask_runs(mask: u64) -> impl Iterator<Item = (u32, u32)> {
+    let mut m = mask;
+    let mut base = 0u32;
+    std::iter::from_fn(move || {
+        if m == 0 {
+            return None;
+        }
+        let tz = m.trailing_zeros();
+        m >>= tz;
+        base += tz;
+        let ones = (!m).trailing_zeros();
+        let run = (base, ones);
+        m = if ones >= 64 { 0 } else { m >> ones };
+        base += ones;
+        Some(run)
+    })
+}
+
+/// Mask of chunks `first..=last`.
+pub fn mask_range(first: u64, last: u64) -> u64 {
+    let hi = if last >= 63 {
+        u64::MAX
+    } else {
+        (1u64 << (last + 1)) - 1
+    };
+    hi & !((1u64 << first) - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geo() -> Geometry {
+        Geometry {
+            page_size: 4096,
+            log_pages: 10,
+            cache_pages: 7,
+            max_files: 16,
+            max_domains: MAX_DOMAINS,
+            log_objs: 10,
+        }
+    }
+
+    #[test]
+    fn superblock_round_trip_and_damage() {
+        let g = geo();
+        let mut b = g.encode();
+        assert_eq!(Geometry::decode(&b).unwrap(), g);
+        b[17] ^= 1;
+        assert!(Geometry::decode(&b).unwrap_err().contains("checksum"));
+    }
+
+    #[test]
+    fn records_and_words() {
+        let r = FileRecord {
+            id: 3,
+            mode: 1,
+            size: 12345,
+            path: "/x/y".into(),
+        };
+        let mut b = r.encode();
+        assert_eq!(FileRecord::decode(&b, 3).unwrap(), Some(r));
+        assert!(FileRecord::decode(&b, 4).is_err());
+        b[40] ^= 1;
+        assert!(FileRecord::decode(&b, 3).is_err());
+        assert_eq!(FileRecord::decode(&[0u8; 512], 0).unwrap(), None);
+        let w = cache_word(65533, MAX_FILE_PAGE, true);
+        assert_eq!(cache_unword(w), Some((65533, MAX_FILE_PAGE, true)));
+        assert_eq!(cache_unword(0), None);
+        assert_eq!(domain_unword(domain_word(5, 9)), (5, 9));
+        let o = LogObj {
+            tid: 7,
+            prev: 2,
+            first_page: 4,
+            npages: 1,
+            domain: 0,
+            app_id: 1,
+            start_ns: 99,
+        };
+        assert_eq!(LogObj::decode(&o.encode()).unwrap(), o);
+    }
+
+    #[test]
+    fn masks() {
+        assert_eq!(mask_runs(0).count(), 0);
+        assert_eq!(mask_runs(u64::MAX).collect::<Vec<_>>(), vec![(0, 64)]);
+        assert_eq!(
+            mask_runs(0b1110_0110 | 1 << 63).collect::<Vec<_>>(),
+            vec![(1, 2), (5, 3), (63, 1)]
+        );
+        assert_eq!(mask_range(0, 63), u64::MAX);
+        assert_eq!(mask_range(2, 4), 0b11100);
+        assert_eq!(mask_range(63, 63), 1 << 63);
+    }
+
+    #[test]
+    fn layout_regions_do_not_overlap() {
+        let g = geo();
+        assert!(g.files_off() >= DOMAIN_OFF + DOMAIN_STRIDE * g.max_domains as u64);
+        assert!(g.cache_obj_off() >= g.file_off(g.max_files - 1) + FILE_REC_SIZE);
+        assert!(g.logobj_base() >= g.cache_mask_off(g.cache_pages - 1) + 8);
+        assert!(g.meta_len() >= g.logobj_off(g.log_objs - 1) + LOGOBJ_SIZE);
+    }
+}

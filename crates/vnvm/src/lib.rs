@@ -1,0 +1,1859 @@
+//! # tiermem-vnvm — vNVML: virtual NVM with redo-logged transactions
+//!
+//! An implementation of vNVML (thesis 000, chapter 2) over tiermem's media layer. Applications
+//! get regions backed by ordinary files; they **read with plain loads** through a read-only
+//! DRAM view and **write through transactions** whose redo logs go to an NVM log pool. A redo
+//! worker applies committed logs to an NVM write cache; a writeback worker writes dirty cache
+//! pages to the files. The NVM pools can be much smaller than the regions.
+//!
+//! This is phase 1: private mode, one process, many threads. See `docs/vnvm.md` for the design.
+//!
+//! ```no_run
+//! use tiermem_vnvm::{nv_init, Mode, VnvmConfig};
+//! let vn = nv_init(&VnvmConfig::default())?;
+//! let r = vn.nv_allocate("/tmp/data.bin", 1 << 20, Mode::Private)?;
+//! let tid = vn.nv_txbegin();
+//! vn.nv_write(tid, r.as_ptr(), b"hello")?;
+//! vn.nv_commit(tid)?;
+//! // SAFETY: the region is 1 MiB long; reads see committed data.
+//! assert_eq!(unsafe { *r.as_ptr() }, b'h');
+//! vn.nv_release()?;
+//! # Ok::<(), tiermem_vnvm::VnvmError>(())
+//! ```
+//!
+//! ## Contract
+//!
+//! * **Read committed.** The region's memory shows only committed data: `nv_commit` makes the
+//!   transaction durable (log fenced, linked into the persistent committed list) *before* it
+//!   copies the data into the DRAM view. Uncommitted and aborted writes are never visible.
+//! * **Direct stores fault.** The pointer of a region is a `PROT_READ` mapping: a store through
+//!   it raises SIGSEGV. It could never persist.
+//! * **Ordering.** Transactions are replayed in commit order; the transaction that writes an
+//!   object first must commit first (the thesis' rule). Commits of one instance are serialized
+//!   on their log domain.
+//! * **Durability.** When `nv_commit` returns the transaction survives a crash (kill -9 or
+//!   power failure, as far as the pools' persistence domain goes): [`recover`] (automatic in
+//!   [`nv_init`] after an unclean shutdown) writes dirty cache pages back, replays the committed
+//!   lists in order and fdatasyncs the files.
+//! * **Workers.** The redo worker sleeps on a futex (thread park) and is woken by each commit,
+//!   so an idle instance uses no CPU; a commit's cost includes one unpark (an atomic store, plus
+//!   a futex wake only when the worker is asleep).
+//!
+//! ## Implementation notes (phase 1)
+//!
+//! * `nv_write` copies the entry header and data into the transaction's current log page with
+//!   ordinary stores (no syscall, no allocation, no global lock: the open list of `tid % 32` and
+//!   the page are the transaction's own). `nv_commit` writes the used lines of the
+//!   transaction's log pages and its log object back (clwb) and fences once, then links the log
+//!   object with one 8-byte store + persist, then copies the entries into the DRAM caches. The
+//!   media layer's non-temporal copy uses ordinary stores + a line write-back below 256 bytes
+//!   anyway, and batching the write-backs before one fence avoids a stall per entry.
+//! * The committed list of a log domain is one persistent 8-byte word (head, tail) plus a `prev`
+//!   index in each log object (written before the commit fence). Linking and popping are each
+//!   one atomic store of that word: the crash semantics of the thesis' Fig. 2.10 (an object is
+//!   in the list exactly after the last update) with one persisted store per operation.
+//!   Recovery walks `prev` from the tail to the head.
+//! * A cache page object is a packed 8-byte word (file id, page index, dirty), so it never
+//!   tears, plus an 8-byte mask of the page's *valid chunks* (page size / 64 bytes each). The
+//!   redo worker does not fill a missed page: an entry makes the chunks it touches valid, and a
+//!   chunk it covers only in part gets its other bytes from the DRAM cache (which holds exactly
+//!   the committed data). After a transaction's entries the worker fences, persists the grown
+//!   masks, fences, persists the dirty words of newly dirty pages, fences, and only then pops
+//!   the log object. Recovery writes back only the valid chunks of dirty pages.
+//! * The writeback worker picks dirty pages under the cache lock and pwrites them (contiguous
+//!   pages coalesced) **from the DRAM cache**, which holds every byte the NVM page holds plus
+//!   possibly newer committed data whose logs are still in the committed list; then fdatasync,
+//!   and it clears a page's dirty flag only if the redo worker has not touched the page since
+//!   (generation count). It runs at nice 10.
+//! * Allocation state that processes will share later (free log pages, log-object slots, tid
+//!   counter) lives in one `SharedState`; the committed list is per `CommitDomain`.
+
+#![warn(missing_docs)]
+
+mod dram;
+mod error;
+mod layout;
+mod recovery;
+
+pub use error::{Result, VnvmError};
+pub use recovery::{recover, RecoveryReport};
+
+use crate::dram::DramCache;
+use crate::error::io_err;
+use crate::layout::*;
+use crate::recovery::*;
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tiermem_media::{Pool, PoolKind, PoolOptions, PowerDomain};
+
+/// A transaction id, unique within an instance's life.
+pub type Tid = u64;
+
+/// Number of open lists (the thesis' `tid % 32`).
+pub const OPEN_LISTS: usize = 32;
+
+/// How a region is mapped (the thesis' modes, not POSIX's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// The region's DRAM cache is private to this process (a memfd filled from the file).
+    Private,
+    /// The region is shared between processes (MAP_SHARED of the file). Not implemented yet:
+    /// `nv_allocate` rejects it with [`VnvmError::Config`].
+    Shared,
+}
+
+impl Mode {
+    fn to_raw(self) -> u32 {
+        match self {
+            Mode::Private => 1,
+            Mode::Shared => 2,
+        }
+    }
+}
+
+/// Configuration of an instance. `Default` gives the documented defaults.
+#[derive(Clone, Debug)]
+pub struct VnvmConfig {
+    /// Directory of the instance's pools. Default `$TIERMEM_DIR/vnvm` (`/dev/shm/tiermem/vnvm`).
+    pub dir: PathBuf,
+    /// Bytes of NVM log (rounded down to pages; at least 2 pages). Default 64 MiB.
+    pub log_size: u64,
+    /// Bytes of NVM write cache (rounded down to pages; at least 2 pages). Default 64 MiB.
+    pub cache_size: u64,
+    /// Log and cache page size: 4096 (default) or 8192.
+    pub page_size: u32,
+    /// The writeback worker starts above this percentage of dirty cache pages. Default 30.
+    pub writeback_start_pct: u32,
+    /// The writeback worker stops below this percentage. Default 10.
+    pub writeback_stop_pct: u32,
+    /// The redo worker aborts open transactions older than this. Default 60 s.
+    pub max_tx_age: Duration,
+    /// Size of the file-record table (regions an instance can have allocated). Default 256.
+    pub max_files: u32,
+    /// Attach the pools to this crash-model domain (tests).
+    pub domain: Option<PowerDomain>,
+    /// Start with the redo worker paused: committed logs stay in the committed list (tests of
+    /// recovery). Not part of the stable API.
+    #[doc(hidden)]
+    pub redo_paused: bool,
+}
+
+impl Default for VnvmConfig {
+    fn default() -> Self {
+        VnvmConfig {
+            dir: tiermem_media::default_dir().join("vnvm"),
+            log_size: 64 << 20,
+            cache_size: 64 << 20,
+            page_size: 4096,
+            writeback_start_pct: 30,
+            writeback_stop_pct: 10,
+            max_tx_age: Duration::from_secs(60),
+            max_files: 256,
+            domain: None,
+            redo_paused: false,
+        }
+    }
+}
+
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => {
+            let m = match s[i..].trim().to_ascii_lowercase().as_str() {
+                "k" | "kib" | "kb" => 1 << 10,
+                "m" | "mib" | "mb" => 1 << 20,
+                "g" | "gib" | "gb" => 1 << 30,
+                "" => 1,
+                _ => return None,
+            };
+            (&s[..i], m)
+        }
+        None => (s, 1),
+    };
+    num.parse::<u64>().ok().map(|n| n * mul)
+}
+
+impl VnvmConfig {
+    /// Defaults overridden by the environment: `TIERMEM_VNVM_DIR`, `TIERMEM_VNVM_LOG_SIZE`,
+    /// `TIERMEM_VNVM_CACHE_SIZE` (e.g. `256MiB`), `TIERMEM_VNVM_PAGE_SIZE` (4096 | 8192),
+    /// `TIERMEM_VNVM_WB_START`, `TIERMEM_VNVM_WB_STOP` (percent), `TIERMEM_VNVM_MAX_TX_AGE_MS`.
+    /// An unparsable value is a [`VnvmError::Config`] naming the variable.
+    pub fn from_env() -> Result<VnvmConfig> {
+        let mut c = VnvmConfig::default();
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let bad = |k: &str, v: &str| VnvmError::Config(format!("{k}={v:?} is not valid"));
+        if let Some(v) = get("TIERMEM_VNVM_DIR") {
+            c.dir = PathBuf::from(v);
+        }
+        for (k, slot) in [
+            ("TIERMEM_VNVM_LOG_SIZE", &mut c.log_size),
+            ("TIERMEM_VNVM_CACHE_SIZE", &mut c.cache_size),
+        ] {
+            if let Some(v) = get(k) {
+                *slot = parse_size(&v).ok_or_else(|| bad(k, &v))?;
+            }
+        }
+        for (k, slot) in [
+            ("TIERMEM_VNVM_PAGE_SIZE", &mut c.page_size),
+            ("TIERMEM_VNVM_WB_START", &mut c.writeback_start_pct),
+            ("TIERMEM_VNVM_WB_STOP", &mut c.writeback_stop_pct),
+        ] {
+            if let Some(v) = get(k) {
+                *slot = v.parse().map_err(|_| bad(k, &v))?;
+            }
+        }
+        if let Some(v) = get("TIERMEM_VNVM_MAX_TX_AGE_MS") {
+            c.max_tx_age = Duration::from_millis(
+                v.parse()
+                    .map_err(|_| bad("TIERMEM_VNVM_MAX_TX_AGE_MS", &v))?,
+            );
+        }
+        Ok(c)
+    }
+
+    fn geometry(&self) -> Result<Geometry> {
+        if self.page_size != 4096 && self.page_size != 8192 {
+            return Err(VnvmError::Config(format!(
+                "page size {} (must be 4096 or 8192)",
+                self.page_size
+            )));
+        }
+        let ps = self.page_size as u64;
+        let log_pages = self.log_size / ps;
+        let cache_pages = self.cache_size / ps;
+        if log_pages < 2 || cache_pages < 2 {
+            return Err(VnvmError::Config(format!(
+                "log ({} B) and cache ({} B) need at least two {ps}-byte pages each",
+                self.log_size, self.cache_size
+            )));
+        }
+        if log_pages > u32::MAX as u64 / 2 || cache_pages > u32::MAX as u64 / 2 {
+            return Err(VnvmError::Config("log or cache too large".into()));
+        }
+        if self.writeback_stop_pct > self.writeback_start_pct || self.writeback_start_pct > 100 {
+            return Err(VnvmError::Config(format!(
+                "writeback thresholds start {} % / stop {} % (need stop ≤ start ≤ 100)",
+                self.writeback_start_pct, self.writeback_stop_pct
+            )));
+        }
+        if self.max_files == 0 || self.max_files > 0xfffe {
+            return Err(VnvmError::Config(format!(
+                "max_files {} (must be 1..=65534)",
+                self.max_files
+            )));
+        }
+        Ok(Geometry {
+            page_size: self.page_size,
+            log_pages: log_pages as u32,
+            cache_pages: cache_pages as u32,
+            max_files: self.max_files,
+            max_domains: MAX_DOMAINS,
+            log_objs: log_pages as u32,
+        })
+    }
+}
+
+// ---- volatile state ----------------------------------------------------------------------
+
+/// Allocation state an instance's users share. Phase 1 keeps it in the process; shared mode
+/// moves it into a `shm_open` object guarded by a robust process-shared mutex.
+struct SharedState {
+    /// Free log pages.
+    log_free: Mutex<Vec<u32>>,
+    /// Signalled when log pages are freed.
+    log_cv: Condvar,
+    /// Free log-object slots.
+    logobj_free: Mutex<Vec<u32>>,
+    /// Next transaction id.
+    next_tid: AtomicU64,
+    /// Application id of this process.
+    app_id: u32,
+}
+
+/// A backing file's region.
+struct RegionInner {
+    file_id: u32,
+    path: PathBuf,
+    size: u64,
+    file: File,
+    dram: DramCache,
+    /// Open transactions that wrote into this region.
+    open_writers: AtomicU32,
+    closing: AtomicBool,
+}
+
+impl RegionInner {
+    fn base(&self) -> usize {
+        self.dram.rview as usize
+    }
+}
+
+/// A region returned by [`Vnvm::nv_allocate`]. Cloning shares the region. The mapping stays
+/// valid while any handle lives, even after `nv_free` or `nv_release` (it then no longer
+/// changes).
+#[derive(Clone)]
+pub struct Region(Arc<RegionInner>);
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("path", &self.0.path)
+            .field("size", &self.0.size)
+            .field("file_id", &self.0.file_id)
+            .finish()
+    }
+}
+
+impl Region {
+    /// Start of the region: a **read-only** view of its DRAM cache holding committed data.
+    /// Plain loads read committed data; a store through it raises SIGSEGV.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.0.dram.rview
+    }
+    /// Length of the region in bytes (the size given to `nv_allocate`).
+    pub fn len(&self) -> usize {
+        self.0.size as usize
+    }
+    /// True when the region is empty (never: sizes are at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.0.size == 0
+    }
+    /// The backing file.
+    pub fn path(&self) -> &Path {
+        &self.0.path
+    }
+    /// The file-record id of the region within its instance.
+    pub fn file_id(&self) -> u32 {
+        self.0.file_id
+    }
+    /// Copy `buf.len()` committed bytes at region offset `off` into `buf`. Panics when the range
+    /// is outside the region.
+    pub fn read(&self, off: usize, buf: &mut [u8]) {
+        assert!(
+            off.checked_add(buf.len()).is_some_and(|e| e <= self.len()),
+            "read {off}+{} outside the {}-byte region",
+            buf.len(),
+            self.len()
+        );
+        // SAFETY: in bounds of the read-only mapping, which lives as long as self. Concurrent
+        // commits may change the bytes while they are copied (a racy read of plain memory).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.as_ptr().add(off), buf.as_mut_ptr(), buf.len())
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Committed,
+    Aborted { by_age: bool },
+}
+
+struct Tx {
+    start_ns: u64,
+    /// Log pages, in order.
+    pages: Vec<u32>,
+    /// Bytes used in the last page.
+    used: u32,
+    /// Regions written (pins them).
+    regions: Vec<Arc<RegionInner>>,
+    aborted_by_age: bool,
+}
+
+#[derive(Default)]
+struct OpenList {
+    txs: HashMap<Tid, Tx>,
+    recent: VecDeque<(Tid, Outcome)>,
+}
+
+const RECENT: usize = 128;
+
+impl OpenList {
+    fn finish(&mut self, tid: Tid, o: Outcome) {
+        if self.recent.len() >= RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((tid, o));
+    }
+}
+
+struct Committed {
+    idx: u32,
+    pages: Vec<u32>,
+}
+
+/// A log domain: one persistent committed list (private regions of a process; later one per
+/// shared region).
+struct CommitDomain {
+    id: u32,
+    head: u32,
+    tail: u32,
+    queue: VecDeque<Committed>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PState {
+    Free,
+    Clean,
+    Dirty,
+    /// Touched by the transaction the redo worker is applying; not yet marked dirty.
+    Pinned,
+    /// Being written back.
+    Writing,
+}
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Default, Clone, Copy)]
+struct Lru {
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+/// Hasher for (file id, page index) keys: one multiply-xorshift per word (the keys are not
+/// attacker-controlled across a trust boundary; SipHash costs more than the rest of a lookup).
+#[derive(Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        let z = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z ^ (z >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64);
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(23) ^ v).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    }
+}
+
+type KeyMap = HashMap<(u32, u64), u32, std::hash::BuildHasherDefault<KeyHasher>>;
+
+struct CacheState {
+    map: KeyMap,
+    key: Vec<Option<(u32, u64)>>,
+    state: Vec<PState>,
+    gen: Vec<u64>,
+    /// Valid chunks of each mapped page (bit i: bytes [i·chunk, (i+1)·chunk)).
+    mask: Vec<u64>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    dirty: Lru,
+    clean: Lru,
+    free: Vec<u32>,
+    /// Dirty + Writing pages (their words say dirty).
+    ndirty: u32,
+    /// Redo is waiting for a page: write back regardless of thresholds.
+    need_space: bool,
+}
+
+impl CacheState {
+    fn new(n: u32) -> Self {
+        let mut map = KeyMap::default();
+        map.reserve(n as usize);
+        CacheState {
+            map,
+            key: vec![None; n as usize],
+            state: vec![PState::Free; n as usize],
+            gen: vec![0; n as usize],
+            mask: vec![0; n as usize],
+            prev: vec![NIL; n as usize],
+            next: vec![NIL; n as usize],
+            dirty: Lru {
+                head: NIL,
+                tail: NIL,
+                len: 0,
+            },
+            clean: Lru {
+                head: NIL,
+                tail: NIL,
+                len: 0,
+            },
+            free: (0..n).rev().collect(),
+            ndirty: 0,
+            need_space: false,
+        }
+    }
+    fn list(&mut self, s: PState) -> &mut Lru {
+        match s {
+            PState::Dirty => &mut self.dirty,
+            PState::Clean => &mut self.clean,
+            _ => unreachable!("not a list state"),
+        }
+    }
+    fn unlink(&mut self, p: u32) {
+        let s = self.state[p as usize];
+        let (pr, nx) = (self.prev[p as usize], self.next[p as usize]);
+        if pr != NIL {
+            self.next[pr as usize] = nx;
+        }
+        if nx != NIL {
+            self.prev[nx as usize] = pr;
+        }
+        let l = self.list(s);
+        if l.head == p {
+            l.head = nx;
+        }
+        if l.tail == p {
+            l.tail = pr;
+        }
+        l.len -= 1;
+        self.prev[p as usize] = NIL;
+        self.next[p as usize] = NIL;
+    }
+    /// Insert at the head (most recently used) of list `s`.
+    fn push_head(&mut self, p: u32, s: PState) {
+        self.state[p as usize] = s;
+        let old = self.list(s).head;
+        self.next[p as usize] = old;
+        self.prev[p as usize] = NIL;
+        if old != NIL {
+            self.prev[old as usize] = p;
+        }
+        let l = self.list(s);
+        l.head = p;
+        if l.tail == NIL {
+            l.tail = p;
+        }
+        l.len += 1;
+    }
+    /// A page for a miss: a free page, else the clean LRU tail (unmapped).
+    fn take(&mut self) -> Option<u32> {
+        if let Some(p) = self.free.pop() {
+            self.mask[p as usize] = 0;
+            return Some(p);
+        }
+        let p = self.clean.tail;
+        if p == NIL {
+            return None;
+        }
+        self.unlink(p);
+        if let Some(k) = self.key[p as usize].take() {
+            self.map.remove(&k);
+        }
+        self.state[p as usize] = PState::Free;
+        self.mask[p as usize] = 0;
+        Some(p)
+    }
+}
+
+struct Inner {
+    dir: PathBuf,
+    cfg: VnvmConfig,
+    geo: Geometry,
+    meta: Pool,
+    log: Pool,
+    cache: Pool,
+    shared: SharedState,
+    open: Vec<Mutex<OpenList>>,
+    domains: Vec<Mutex<CommitDomain>>,
+    /// Signalled when a committed transaction has been applied (drain waiters).
+    applied_cv: Condvar,
+    /// Regions by file id.
+    regions: RwLock<Vec<Option<Arc<RegionInner>>>>,
+    cstate: Mutex<CacheState>,
+    /// Signalled when pages become clean (redo waiting for space).
+    space_cv: Condvar,
+    /// Wakes the writeback worker.
+    wb_cv: Condvar,
+    redo_thread: std::sync::OnceLock<std::thread::Thread>,
+    stop_redo: AtomicBool,
+    stop_wb: AtomicBool,
+    kill: AtomicBool,
+    worker_error: Mutex<Option<String>>,
+    stats: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    commits: AtomicU64,
+    applied: AtomicU64,
+    pages_written_back: AtomicU64,
+    age_aborts: AtomicU64,
+}
+
+/// Counters of an instance (for `tiermem vnvm stats` later).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VnvmStats {
+    /// Committed transactions with at least one write.
+    pub commits: u64,
+    /// Committed transactions applied to the NVM cache by the redo worker.
+    pub applied: u64,
+    /// Cache pages written back to files.
+    pub pages_written_back: u64,
+    /// Transactions aborted for their age.
+    pub age_aborts: u64,
+    /// Free log pages.
+    pub free_log_pages: usize,
+    /// Dirty cache pages.
+    pub dirty_pages: u32,
+    /// Clean cache pages.
+    pub clean_pages: u32,
+    /// Total log pages.
+    pub log_pages: u32,
+    /// Total cache pages.
+    pub cache_pages: u32,
+}
+
+/// A vnvm instance (the thesis' process-wide library state). `Send + Sync`: call it from any
+/// number of threads. Dropping it without [`Vnvm::nv_release`] releases it too (errors are
+/// then ignored).
+pub struct Vnvm {
+    inner: Arc<Inner>,
+    redo: Option<JoinHandle<()>>,
+    wb: Option<JoinHandle<()>>,
+    released: bool,
+    _lock: File,
+}
+
+impl std::fmt::Debug for Vnvm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vnvm")
+            .field("dir", &self.inner.dir)
+            .field("geometry", &self.inner.geo)
+            .finish()
+    }
+}
+
+fn create_pools(dir: &Path, geo: &Geometry, domain: Option<&PowerDomain>) -> Result<Pools> {
+    for n in [META, LOG, CACHE, "meta.pool.tmp"] {
+        let p = dir.join(n);
+        if p.exists() {
+            Pool::remove(&p)
+                .or_else(|_| std::fs::remove_file(&p).map_err(|e| io_err("remove", &p, e)))?;
+        }
+    }
+    let opts = |size: u64, tag: &str| {
+        let mut o = PoolOptions::new(size + 4096).kind(PoolKind::Nvm).tag(tag);
+        if let Some(d) = domain {
+            o = o.domain(d);
+        }
+        o
+    };
+    let log = Pool::create(dir.join(LOG), &opts(geo.log_len(), "vnvm-log"))?;
+    let cache = Pool::create(dir.join(CACHE), &opts(geo.cache_len(), "vnvm-cache"))?;
+    let tmp = dir.join("meta.pool.tmp");
+    {
+        let meta = Pool::create(&tmp, &opts(geo.meta_len(), "vnvm-meta"))?;
+        meta.write(0, &geo.encode())?;
+        zero_persist(&meta, SB_SIZE as u64, geo.meta_len() - SB_SIZE as u64)?;
+        store_word_persist(&meta, STATE_OFF, STATE_CLEAN)?;
+    }
+    std::fs::rename(&tmp, dir.join(META)).map_err(|e| io_err("rename", &tmp, e))?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    let mut oo = tiermem_media::OpenOptions::default();
+    if let Some(d) = domain {
+        oo = oo.domain(d);
+    }
+    let meta = Pool::open(dir.join(META), &oo)?;
+    Ok(Pools {
+        meta,
+        log,
+        cache,
+        geo: *geo,
+    })
+}
+
+/// pwrite `len` bytes at `ptr` to `file` at `off`, retrying short writes and EINTR.
+///
+/// # Safety
+/// `ptr..ptr + len` must be mapped and readable for the duration of the call.
+unsafe fn pwrite_all(file: &File, ptr: *const u8, len: usize, off: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: the caller guarantees the source range is mapped.
+        let n = unsafe {
+            libc::pwrite(
+                file.as_raw_fd(),
+                ptr.add(done) as *const libc::c_void,
+                len - done,
+                (off + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// Pre-fault a pool's data area (`MADV_POPULATE_WRITE`, Linux ≥ 5.14; a hint: failure is
+/// ignored).
+fn populate(pool: &Pool) {
+    const MADV_POPULATE_WRITE: libc::c_int = 23;
+    // SAFETY: the data area is a live, writable mapping of data_len bytes starting at a page
+    // boundary (after the 4 KiB pool header); populating does not change its contents.
+    unsafe {
+        libc::madvise(
+            pool.data_ptr() as *mut libc::c_void,
+            pool.data_len(),
+            MADV_POPULATE_WRITE,
+        )
+    };
+}
+
+/// Start an instance (the thesis' `nv_init`): create or open the pools in `cfg.dir`, recover
+/// automatically if the last run did not shut down cleanly, and start the redo and writeback
+/// workers.
+///
+/// Errors: [`VnvmError::Config`] for a bad configuration; [`VnvmError::Busy`] when another
+/// process or handle holds the instance; every error of [`recover`] (a damaged instance is
+/// reported and left untouched); media errors.
+pub fn nv_init(cfg: &VnvmConfig) -> Result<Vnvm> {
+    let geo = cfg.geometry()?;
+    let dir = cfg.dir.clone();
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| io_err("create directory", &dir, e))?;
+    }
+    let lock = lock_dir(&dir)?;
+    let pools = if dir.join(META).exists() {
+        let clean = {
+            let p = open_pools(&dir, None)?;
+            read_clean(&p)?
+        };
+        if !clean {
+            recover_locked(&dir)?;
+        }
+        let same = open_pools(&dir, None)?.geo == geo;
+        if same {
+            let p = open_pools(&dir, cfg.domain.as_ref())?;
+            reset(&p)?;
+            p
+        } else {
+            create_pools(&dir, &geo, cfg.domain.as_ref())?
+        }
+    } else {
+        create_pools(&dir, &geo, cfg.domain.as_ref())?
+    };
+    store_word_persist(&pools.meta, STATE_OFF, STATE_RUNNING)?;
+    // Map the log and cache pages now, so that no page fault lands on a commit or a redo.
+    populate(&pools.log);
+    populate(&pools.cache);
+    let Pools {
+        meta, log, cache, ..
+    } = pools;
+    let inner = Arc::new(Inner {
+        dir: dir.clone(),
+        cfg: cfg.clone(),
+        geo,
+        meta,
+        log,
+        cache,
+        shared: SharedState {
+            log_free: Mutex::new((0..geo.log_pages).rev().collect()),
+            log_cv: Condvar::new(),
+            logobj_free: Mutex::new((0..geo.log_objs).rev().collect()),
+            next_tid: AtomicU64::new(1),
+            app_id: 1,
+        },
+        open: (0..OPEN_LISTS)
+            .map(|_| Mutex::new(OpenList::default()))
+            .collect(),
+        domains: vec![Mutex::new(CommitDomain {
+            id: 0,
+            head: 0,
+            tail: 0,
+            queue: VecDeque::new(),
+        })],
+        applied_cv: Condvar::new(),
+        regions: RwLock::new(vec![None; geo.max_files as usize]),
+        cstate: Mutex::new(CacheState::new(geo.cache_pages)),
+        space_cv: Condvar::new(),
+        wb_cv: Condvar::new(),
+        redo_thread: std::sync::OnceLock::new(),
+        stop_redo: AtomicBool::new(false),
+        stop_wb: AtomicBool::new(false),
+        kill: AtomicBool::new(false),
+        worker_error: Mutex::new(None),
+        stats: Counters::default(),
+    });
+    let i2 = inner.clone();
+    let redo = std::thread::Builder::new()
+        .name("vnvm-redo".into())
+        .spawn(move || i2.redo_loop())
+        .map_err(|e| io_err("spawn redo worker", &dir, e))?;
+    let _ = inner.redo_thread.set(redo.thread().clone());
+    let i3 = inner.clone();
+    let wb = std::thread::Builder::new()
+        .name("vnvm-writeback".into())
+        .spawn(move || i3.wb_loop())
+        .map_err(|e| io_err("spawn writeback worker", &dir, e))?;
+    Ok(Vnvm {
+        inner,
+        redo: Some(redo),
+        wb: Some(wb),
+        released: false,
+        _lock: lock,
+    })
+}
+
+impl Vnvm {
+    /// The instance directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The configuration the instance was started with.
+    pub fn config(&self) -> &VnvmConfig {
+        &self.inner.cfg
+    }
+
+    /// Counters and occupancy.
+    pub fn stats(&self) -> VnvmStats {
+        let i = &self.inner;
+        let c = i.cstate.lock();
+        VnvmStats {
+            commits: i.stats.commits.load(Ordering::Relaxed),
+            applied: i.stats.applied.load(Ordering::Relaxed),
+            pages_written_back: i.stats.pages_written_back.load(Ordering::Relaxed),
+            age_aborts: i.stats.age_aborts.load(Ordering::Relaxed),
+            free_log_pages: i.shared.log_free.lock().len(),
+            dirty_pages: c.ndirty,
+            clean_pages: c.clean.len,
+            log_pages: i.geo.log_pages,
+            cache_pages: i.geo.cache_pages,
+        }
+    }
+
+    /// Map the file at `path` as a region of `size` bytes (the thesis' `nv_allocate`). The file
+    /// is created (mode 0600) if missing and extended to `size` if shorter; a persistent file
+    /// record is written before the region is returned. The region's pointer is a read-only
+    /// view of a DRAM cache filled from the file.
+    ///
+    /// Errors: [`VnvmError::Config`] for [`Mode::Shared`] (not implemented yet) or size 0;
+    /// [`VnvmError::Allocate`] when the path is already allocated, too long, or the record table
+    /// is full; I/O errors on the file.
+    pub fn nv_allocate(&self, path: impl AsRef<Path>, size: usize, mode: Mode) -> Result<Region> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let i = &self.inner;
+        if mode == Mode::Shared {
+            return Err(VnvmError::Config(
+                "shared mode is not implemented yet (phase 1 supports Mode::Private)".into(),
+            ));
+        }
+        if size == 0 {
+            return Err(VnvmError::Config("region size 0".into()));
+        }
+        let path = std::path::absolute(path.as_ref())
+            .map_err(|e| io_err("resolve path", path.as_ref(), e))?;
+        let pstr = path
+            .to_str()
+            .ok_or_else(|| VnvmError::Allocate {
+                path: path.clone(),
+                reason: "path is not UTF-8".into(),
+            })?
+            .to_string();
+        if pstr.len() > FILE_PATH_MAX {
+            return Err(VnvmError::Allocate {
+                path,
+                reason: format!("path longer than {FILE_PATH_MAX} bytes"),
+            });
+        }
+        if (size as u64).div_ceil(i.geo.page_size as u64) > MAX_FILE_PAGE {
+            return Err(VnvmError::Allocate {
+                path,
+                reason: "region too large".into(),
+            });
+        }
+        let mut regions = i.regions.write();
+        if regions.iter().flatten().any(|r| r.path == path) {
+            return Err(VnvmError::Allocate {
+                path,
+                reason: "already allocated in this instance".into(),
+            });
+        }
+        let id = regions
+            .iter()
+            .position(|r| r.is_none())
+            .ok_or_else(|| VnvmError::Allocate {
+                path: path.clone(),
+                reason: format!("file-record table full ({} regions)", i.geo.max_files),
+            })? as u32;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| io_err("open backing file", &path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| io_err("fstat", &path, e))?
+            .len();
+        if len < size as u64 {
+            // SAFETY: fd is open; the range is checked by the kernel.
+            let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
+            if rc != 0 {
+                file.set_len(size as u64)
+                    .map_err(|e| io_err("extend backing file", &path, e))?;
+            }
+            file.sync_all().map_err(|e| io_err("fsync", &path, e))?;
+        }
+        let ps = i.geo.page_size as usize;
+        let map_len = size.div_ceil(ps) * ps;
+        let dram = DramCache::new(&path, &file, map_len, size)?;
+        // File record: body first, then the magic (one 8-byte store), each persisted.
+        let rec = FileRecord {
+            id,
+            mode: mode.to_raw(),
+            size: size as u64,
+            path: pstr,
+        }
+        .encode();
+        let off = i.geo.file_off(id);
+        i.meta.write(off + 8, &rec[8..])?;
+        i.meta.persist(off + 8, rec.len() - 8)?;
+        store_word_persist(&i.meta, off, FILE_MAGIC)?;
+        let r = Arc::new(RegionInner {
+            file_id: id,
+            path,
+            size: size as u64,
+            file,
+            dram,
+            open_writers: AtomicU32::new(0),
+            closing: AtomicBool::new(false),
+        });
+        regions[id as usize] = Some(r.clone());
+        Ok(Region(r))
+    }
+
+    /// Unmap a region (the thesis' `nv_free`): wait until every committed transaction is
+    /// applied, write the region's dirty cache pages back, fdatasync the file, drop its cache
+    /// pages and delete its file record. The region's handles stay readable but no longer
+    /// change.
+    ///
+    /// Errors: [`VnvmError::RegionBusy`] when an open transaction wrote into it (commit or abort
+    /// it first); [`VnvmError::RegionFreed`] if already freed; I/O errors of the writeback.
+    pub fn nv_free(&self, region: Region) -> Result<()> {
+        let i = &self.inner;
+        let r = region.0;
+        {
+            let regions = i.regions.read();
+            match &regions[r.file_id as usize] {
+                Some(x) if Arc::ptr_eq(x, &r) => {}
+                _ => return Err(VnvmError::RegionFreed(r.path.clone())),
+            }
+        }
+        r.closing.store(true, Ordering::SeqCst);
+        if r.open_writers.load(Ordering::SeqCst) > 0 {
+            r.closing.store(false, Ordering::SeqCst);
+            return Err(VnvmError::RegionBusy(r.path.clone()));
+        }
+        i.drain()?;
+        i.writeback(WbTarget::File(r.file_id))?;
+        {
+            let mut c = i.cstate.lock();
+            let pages: Vec<u32> = c
+                .map
+                .iter()
+                .filter(|(k, _)| k.0 == r.file_id)
+                .map(|(_, &p)| p)
+                .collect();
+            for p in pages {
+                let s = c.state[p as usize];
+                debug_assert!(
+                    s == PState::Clean,
+                    "page of a drained, written-back file is {s:?}"
+                );
+                if s == PState::Clean {
+                    c.unlink(p);
+                }
+                if let Some(k) = c.key[p as usize].take() {
+                    c.map.remove(&k);
+                }
+                c.state[p as usize] = PState::Free;
+                store_word(&i.meta, i.geo.cache_word_off(p), 0);
+                i.meta.flush(i.geo.cache_word_off(p), 8)?;
+                c.free.push(p);
+            }
+            i.meta.fence();
+        }
+        store_word_persist(&i.meta, i.geo.file_off(r.file_id), 0)?;
+        i.regions.write()[r.file_id as usize] = None;
+        Ok(())
+    }
+
+    /// Begin a transaction (the thesis' `nv_txbegin`): returns a new unique id.
+    pub fn nv_txbegin(&self) -> Tid {
+        let i = &self.inner;
+        let tid = i.shared.next_tid.fetch_add(1, Ordering::Relaxed);
+        let tx = Tx {
+            start_ns: tiermem_media::now_ns(),
+            pages: Vec::new(),
+            used: 0,
+            regions: Vec::new(),
+            aborted_by_age: false,
+        };
+        i.open[tid as usize % OPEN_LISTS].lock().txs.insert(tid, tx);
+        tid
+    }
+
+    /// Log `src` as a write of transaction `tid` to the region bytes starting at `dst` (the
+    /// thesis' `nv_write`). The data go to the NVM log with non-temporal stores; nothing is
+    /// visible in the region until `nv_commit`. Returns the bytes logged: all of `src`, or fewer
+    /// when the log ran out of pages (call [`Vnvm::nv_wait_log_space`] and write the rest, or
+    /// abort).
+    ///
+    /// Errors: [`VnvmError::OutOfRegion`] unless `dst..dst + src.len()` lies inside one region
+    /// of this instance; [`VnvmError::UnknownTx`], [`VnvmError::TxCommitted`],
+    /// [`VnvmError::TxAborted`], [`VnvmError::TxNotOpen`] for a tid that is not open;
+    /// [`VnvmError::LogFull`] when not a single byte could be logged;
+    /// [`VnvmError::RegionFreed`] when the region is being freed.
+    pub fn nv_write(&self, tid: Tid, dst: *const u8, src: &[u8]) -> Result<usize> {
+        self.inner.write(tid, dst as usize, src)
+    }
+
+    /// Wait up to `timeout` until at least one log page is free; true if one is.
+    pub fn nv_wait_log_space(&self, timeout: Duration) -> bool {
+        let s = &self.inner.shared;
+        let deadline = Instant::now() + timeout;
+        let mut g = s.log_free.lock();
+        while g.is_empty() {
+            if s.log_cv.wait_until(&mut g, deadline).timed_out() {
+                return !g.is_empty();
+            }
+        }
+        true
+    }
+
+    /// Commit transaction `tid` (the thesis' `nv_commit`): fence its log, link it at the tail
+    /// of the persistent committed list (durable on return), then apply it to the regions'
+    /// DRAM caches, and wake the redo worker.
+    ///
+    /// Errors: the tid errors of [`Vnvm::nv_write`]; media errors (persist failures).
+    pub fn nv_commit(&self, tid: Tid) -> Result<()> {
+        self.inner.commit(tid)
+    }
+
+    /// Abort transaction `tid` (the thesis' `nv_abort`): its logs are discarded and its log
+    /// pages freed; none of its writes ever becomes visible.
+    ///
+    /// Errors: the tid errors of [`Vnvm::nv_write`] (aborting a transaction the redo worker
+    /// aborted for its age reports [`VnvmError::TxAborted`] with `by_age`).
+    pub fn nv_abort(&self, tid: Tid) -> Result<()> {
+        let i = &self.inner;
+        let mut ol = i.open[tid as usize % OPEN_LISTS].lock();
+        let tx = i.take_tx(&mut ol, tid)?;
+        ol.finish(tid, Outcome::Aborted { by_age: false });
+        drop(ol);
+        i.discard(tx);
+        Ok(())
+    }
+
+    /// Wait until the redo worker has applied every transaction committed so far.
+    pub fn drain(&self) -> Result<()> {
+        self.inner.drain()
+    }
+
+    /// Release the instance (the thesis' `nv_release`): abort open transactions, let the redo
+    /// worker apply every committed log, write every dirty cache page back, fdatasync the
+    /// files and mark the instance cleanly shut down.
+    pub fn nv_release(mut self) -> Result<()> {
+        self.release_inner()
+    }
+
+    fn release_inner(&mut self) -> Result<()> {
+        if self.released {
+            return Ok(());
+        }
+        self.released = true;
+        let i = self.inner.clone();
+        for ol in &i.open {
+            let txs: Vec<Tx> = ol.lock().txs.drain().map(|(_, t)| t).collect();
+            for t in txs {
+                i.discard(t);
+            }
+        }
+        i.stop_redo.store(true, Ordering::SeqCst);
+        if let Some(t) = i.redo_thread.get() {
+            t.unpark();
+        }
+        if let Some(h) = self.redo.take() {
+            let _ = h.join();
+        }
+        i.stop_wb.store(true, Ordering::SeqCst);
+        {
+            let _g = i.cstate.lock();
+            i.wb_cv.notify_all();
+        }
+        if let Some(h) = self.wb.take() {
+            let _ = h.join();
+        }
+        if let Some(e) = i.worker_error.lock().clone() {
+            return Err(VnvmError::CacheFull(format!("a worker failed: {e}")));
+        }
+        if !i.domains.iter().all(|d| d.lock().queue.is_empty()) {
+            return Err(VnvmError::CacheFull(
+                "redo worker stopped before applying every committed log".into(),
+            ));
+        }
+        i.writeback(WbTarget::All)?;
+        store_word_persist(&i.meta, STATE_OFF, STATE_CLEAN)?;
+        Ok(())
+    }
+
+    /// Stop the workers without writing anything back, leaving the instance as a crash would
+    /// (state running, logs and dirty pages in NVM). For crash tests.
+    #[doc(hidden)]
+    pub fn abandon(mut self) {
+        self.released = true;
+        let i = self.inner.clone();
+        i.kill.store(true, Ordering::SeqCst);
+        i.stop_redo.store(true, Ordering::SeqCst);
+        i.stop_wb.store(true, Ordering::SeqCst);
+        if let Some(t) = i.redo_thread.get() {
+            t.unpark();
+        }
+        {
+            let _g = i.cstate.lock();
+            i.wb_cv.notify_all();
+            i.space_cv.notify_all();
+        }
+        if let Some(h) = self.redo.take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.wb.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Vnvm {
+    fn drop(&mut self) {
+        let _ = self.release_inner();
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WbTarget {
+    /// Until the dirty ratio is below the stop threshold (or space is found for redo).
+    Threshold,
+    /// Every dirty page.
+    All,
+    /// Every dirty page of one file.
+    File(u32),
+}
+
+impl Inner {
+    fn take_tx(&self, ol: &mut OpenList, tid: Tid) -> Result<Tx> {
+        match ol.txs.remove(&tid) {
+            Some(tx) if tx.aborted_by_age => {
+                ol.finish(tid, Outcome::Aborted { by_age: true });
+                Err(VnvmError::TxAborted { tid, by_age: true })
+            }
+            Some(tx) => Ok(tx),
+            None => Err(self.tid_error(ol, tid)),
+        }
+    }
+
+    fn tid_error(&self, ol: &OpenList, tid: Tid) -> VnvmError {
+        if tid == 0 || tid >= self.shared.next_tid.load(Ordering::Relaxed) {
+            return VnvmError::UnknownTx(tid);
+        }
+        match ol.recent.iter().rev().find(|(t, _)| *t == tid) {
+            Some((_, Outcome::Committed)) => VnvmError::TxCommitted(tid),
+            Some((_, Outcome::Aborted { by_age })) => VnvmError::TxAborted {
+                tid,
+                by_age: *by_age,
+            },
+            None => VnvmError::TxNotOpen(tid),
+        }
+    }
+
+    /// Free an uncommitted transaction's log pages and unpin its regions.
+    fn discard(&self, tx: Tx) {
+        self.free_log_pages(&tx.pages);
+        for r in &tx.regions {
+            r.open_writers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn free_log_pages(&self, pages: &[u32]) {
+        if pages.is_empty() {
+            return;
+        }
+        let mut f = self.shared.log_free.lock();
+        f.extend_from_slice(pages);
+        self.shared.log_cv.notify_all();
+    }
+
+    fn find_region(&self, addr: usize, len: usize) -> Option<Arc<RegionInner>> {
+        let regions = self.regions.read();
+        regions
+            .iter()
+            .flatten()
+            .find(|r| addr >= r.base() && addr + len <= r.base() + r.size as usize)
+            .cloned()
+    }
+
+    fn write(&self, tid: Tid, dst: usize, src: &[u8]) -> Result<usize> {
+        let ps = self.geo.page_size as usize;
+        let mut ol = self.open[tid as usize % OPEN_LISTS].lock();
+        let ol = &mut *ol;
+        let tx = match ol.txs.get_mut(&tid) {
+            Some(t) if t.aborted_by_age => return Err(VnvmError::TxAborted { tid, by_age: true }),
+            Some(t) => t,
+            None => return Err(self.tid_error(ol, tid)),
+        };
+        if src.is_empty() {
+            return Ok(0);
+        }
+        let end = dst.checked_add(src.len()).ok_or(VnvmError::OutOfRegion {
+            addr: dst,
+            len: src.len(),
+        })?;
+        // The region: the transaction's most recent one, else a lookup.
+        let region = match tx
+            .regions
+            .iter()
+            .rev()
+            .find(|r| dst >= r.base() && end <= r.base() + r.size as usize)
+        {
+            Some(r) => r.clone(),
+            None => {
+                let r = self
+                    .find_region(dst, src.len())
+                    .ok_or(VnvmError::OutOfRegion {
+                        addr: dst,
+                        len: src.len(),
+                    })?;
+                r.open_writers.fetch_add(1, Ordering::SeqCst);
+                if r.closing.load(Ordering::SeqCst) {
+                    r.open_writers.fetch_sub(1, Ordering::SeqCst);
+                    return Err(VnvmError::RegionFreed(r.path.clone()));
+                }
+                tx.regions.push(r.clone());
+                r
+            }
+        };
+        let mut off = (dst - region.base()) as u64;
+        let mut done = 0usize;
+        while done < src.len() {
+            if tx.pages.is_empty() || tx.used as usize + ENTRY_HDR + 8 > ps {
+                let Some(np) = self.shared.log_free.lock().pop() else {
+                    break;
+                };
+                if let Some(&last) = tx.pages.last() {
+                    self.log_store(last as u64 * ps as u64, &log_hdr(tx.used, np + 1, tid));
+                }
+                tx.pages.push(np);
+                tx.used = LOG_HDR as u32;
+            }
+            let page = *tx.pages.last().expect("a page");
+            let room = ps - tx.used as usize - ENTRY_HDR;
+            let to_boundary = ps - (off % ps as u64) as usize;
+            let n = (src.len() - done).min(room).min(to_boundary);
+            let at = page as u64 * ps as u64 + tx.used as u64;
+            self.log_store(at, &entry_hdr(n as u32, region.file_id, off));
+            self.log_store(at + ENTRY_HDR as u64, &src[done..done + n]);
+            tx.used += (ENTRY_HDR + pad8(n)) as u32;
+            done += n;
+            off += n as u64;
+        }
+        if done == 0 {
+            return Err(VnvmError::LogFull { logged: 0 });
+        }
+        Ok(done)
+    }
+
+    /// Store bytes into the log pool's data area (ordinary stores; `commit` writes the lines
+    /// back and fences). `at..at + data.len()` must lie in a log page the caller owns.
+    #[inline]
+    fn log_store(&self, at: u64, data: &[u8]) {
+        debug_assert!(at as usize + data.len() <= self.log.data_len());
+        // SAFETY: in bounds of the log pool's data area (checked by the callers' page
+        // arithmetic); the page belongs to the calling transaction alone.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.log.data_ptr().add(at as usize),
+                data.len(),
+            )
+        }
+    }
+
+    /// Store bytes into a cache page (ordinary stores) and write their lines back (no fence).
+    fn cache_store(&self, at: u64, data: &[u8]) -> Result<()> {
+        assert!(at as usize + data.len() <= self.cache.data_len());
+        // SAFETY: bounds checked above; the page is owned by the redo worker under the cache
+        // lock (writeback reads it under the same lock).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.cache.data_ptr().add(at as usize),
+                data.len(),
+            )
+        };
+        self.cache.flush(at, data.len())?;
+        Ok(())
+    }
+
+    fn entries_of(&self, tid: Tid, pages: &[u32], out: &mut Vec<Entry>) {
+        let ps = self.geo.page_size;
+        let ok = |_: u32, _: u64, _: u32| Ok(());
+        for &p in pages {
+            let off = p as u64 * ps as u64;
+            let b = pool_slice(&self.log, off, ps as usize);
+            debug_assert_eq!(u64_at(b, 8), tid);
+            parse_page(b, off, ps, out, &ok).expect("own log pages parse");
+        }
+    }
+
+    fn commit(&self, tid: Tid) -> Result<()> {
+        let ps = self.geo.page_size as u64;
+        let tx = {
+            let mut ol = self.open[tid as usize % OPEN_LISTS].lock();
+            let tx = self.take_tx(&mut ol, tid)?;
+            ol.finish(tid, Outcome::Committed);
+            tx
+        };
+        if tx.pages.is_empty() {
+            self.discard(tx);
+            return Ok(());
+        }
+        let last = *tx.pages.last().expect("a page");
+        self.log_store(last as u64 * ps, &log_hdr(tx.used, 0, tid));
+        let mut logged = 0u64;
+        for &p in &tx.pages {
+            let used = if p == last {
+                tx.used
+            } else {
+                u32_at(pool_slice(&self.log, p as u64 * ps, LOG_HDR), 0)
+            };
+            self.log.flush(p as u64 * ps, used as usize)?;
+            logged += used as u64;
+        }
+        let idx = self
+            .shared
+            .logobj_free
+            .lock()
+            .pop()
+            .expect("log objects ≥ log pages ≥ committed transactions");
+        let mut entries = Vec::new();
+        self.entries_of(tid, &tx.pages, &mut entries);
+        let mut bytes = 0u64;
+        {
+            let mut d = self.domains[0].lock();
+            let obj = LogObj {
+                tid,
+                prev: d.tail,
+                first_page: tx.pages[0],
+                npages: tx.pages.len() as u32,
+                domain: d.id,
+                app_id: self.shared.app_id,
+                start_ns: tx.start_ns,
+            };
+            let ooff = self.geo.logobj_off(idx);
+            let ob = obj.encode();
+            // SAFETY: the log-object slot lies in the meta data area and is ours (popped from
+            // the free list).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    ob.as_ptr(),
+                    self.meta.data_ptr().add(ooff as usize),
+                    ob.len(),
+                )
+            };
+            self.meta.flush(ooff, ob.len())?;
+            // (1)+(2): every log entry and the log object are durable after this fence.
+            self.meta.fence();
+            // (3): link with one 8-byte atomic store, persisted.
+            let head = if d.head == 0 { idx + 1 } else { d.head };
+            store_word_persist(
+                &self.meta,
+                self.geo.domain_off(d.id),
+                domain_word(head, idx + 1),
+            )?;
+            d.head = head;
+            d.tail = idx + 1;
+            // (4): only now is the data visible in DRAM.
+            for e in &entries {
+                let r = tx
+                    .regions
+                    .iter()
+                    .find(|r| r.file_id == e.file_id)
+                    .expect("entry of a pinned region");
+                // SAFETY: the entry lies in the log pool (parsed from our own pages) and in the
+                // region (bounds-checked by nv_write); the DRAM writable view is mapped.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.log.data_ptr().add(e.log_off as usize),
+                        r.dram.wview.add(e.offset as usize),
+                        e.len as usize,
+                    )
+                };
+                bytes += e.len as u64;
+            }
+            d.queue.push_back(Committed {
+                idx,
+                pages: tx.pages,
+            });
+        }
+        self.log.charge_write(logged);
+        self.log.charge_read(bytes);
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        for r in &tx.regions {
+            r.open_writers.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Some(t) = self.redo_thread.get() {
+            t.unpark();
+        }
+        Ok(())
+    }
+
+    fn drain(&self) -> Result<()> {
+        for d in &self.domains {
+            let mut g = d.lock();
+            while !g.queue.is_empty() {
+                if let Some(e) = self.worker_error.lock().clone() {
+                    return Err(VnvmError::CacheFull(format!("redo worker failed: {e}")));
+                }
+                if self.stop_redo.load(Ordering::SeqCst) && self.kill.load(Ordering::SeqCst) {
+                    return Err(VnvmError::CacheFull("instance abandoned".into()));
+                }
+                if let Some(t) = self.redo_thread.get() {
+                    t.unpark();
+                }
+                self.applied_cv.wait_for(&mut g, Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    // ---- redo worker -------------------------------------------------------------------------
+
+    fn redo_loop(self: &Arc<Self>) {
+        let period =
+            (self.cfg.max_tx_age / 4).clamp(Duration::from_millis(1), Duration::from_millis(200));
+        let period_ns = period.as_nanos() as u64;
+        let mut last_scan = tiermem_media::now_ns();
+        let mut entries = Vec::new();
+        loop {
+            if self.kill.load(Ordering::SeqCst) {
+                return;
+            }
+            let job = if self.cfg.redo_paused {
+                None
+            } else {
+                let d = self.domains[0].lock();
+                d.queue.front().map(|c| (c.idx, c.pages.clone()))
+            };
+            match job {
+                Some((idx, pages)) => {
+                    entries.clear();
+                    let tid = u64_at(
+                        pool_slice(&self.log, pages[0] as u64 * self.geo.page_size as u64, 16),
+                        8,
+                    );
+                    self.entries_of(tid, &pages, &mut entries);
+                    if let Err(e) = self.apply(&entries).and_then(|()| self.pop(idx)) {
+                        if !self.kill.load(Ordering::SeqCst) {
+                            *self.worker_error.lock() = Some(e.to_string());
+                        }
+                        let _g = self.domains[0].lock();
+                        self.applied_cv.notify_all();
+                        return;
+                    }
+                }
+                None => {
+                    if self.stop_redo.load(Ordering::SeqCst) {
+                        if self.cfg.redo_paused {
+                            *self.worker_error.lock() =
+                                Some("redo worker paused (test configuration)".into());
+                            let _g = self.domains[0].lock();
+                            self.applied_cv.notify_all();
+                        }
+                        return;
+                    }
+                    std::thread::park_timeout(period);
+                }
+            }
+            let now = tiermem_media::now_ns();
+            if now.saturating_sub(last_scan) >= period_ns {
+                last_scan = now;
+                self.abort_old();
+            }
+        }
+    }
+
+    fn abort_old(&self) {
+        let max = self.cfg.max_tx_age.as_nanos().min(u64::MAX as u128) as u64;
+        let now = tiermem_media::now_ns();
+        for ol in &self.open {
+            let mut g = ol.lock();
+            let mut freed = Vec::new();
+            for tx in g.txs.values_mut() {
+                if !tx.aborted_by_age && now.saturating_sub(tx.start_ns) > max {
+                    tx.aborted_by_age = true;
+                    freed.append(&mut tx.pages);
+                    for r in tx.regions.drain(..) {
+                        r.open_writers.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    self.stats.age_aborts.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            // Freed before the open list is unlocked: whoever sees the abort sees the pages free.
+            self.free_log_pages(&freed);
+            drop(g);
+        }
+    }
+
+    /// Apply one committed transaction's entries to the NVM cache, then mark the touched pages
+    /// dirty (data fenced first).
+    fn apply(&self, entries: &[Entry]) -> Result<()> {
+        let ps = self.geo.page_size as u64;
+        let cs = self.geo.chunk();
+        // Pages that become dirty with this transaction, and pages whose valid mask grew.
+        let mut touched: Vec<u32> = Vec::new();
+        let mut grown: Vec<u32> = Vec::new();
+        let mut written = 0u64;
+        let mut c = self.cstate.lock();
+        for e in entries {
+            let pidx = e.offset / ps;
+            let key = (e.file_id, pidx);
+            let page = loop {
+                if let Some(&p) = c.map.get(&key) {
+                    match c.state[p as usize] {
+                        PState::Dirty => {
+                            c.unlink(p);
+                            c.push_head(p, PState::Dirty);
+                        }
+                        PState::Clean => {
+                            c.unlink(p);
+                            c.state[p as usize] = PState::Pinned;
+                            touched.push(p);
+                        }
+                        PState::Pinned | PState::Writing => {}
+                        PState::Free => unreachable!("mapped page is free"),
+                    }
+                    break p;
+                }
+                if let Some(p) = c.take() {
+                    // No fill: only the chunks the entries touch become valid.
+                    c.key[p as usize] = Some(key);
+                    c.map.insert(key, p);
+                    c.state[p as usize] = PState::Pinned;
+                    c.gen[p as usize] += 1;
+                    touched.push(p);
+                    break p;
+                }
+                // No page: publish this transaction's pages so that they can be written back,
+                // then wait for the writeback worker.
+                self.publish(&mut c, &mut touched, &mut grown)?;
+                if self.kill.load(Ordering::SeqCst) {
+                    return Err(VnvmError::CacheFull("instance abandoned".into()));
+                }
+                c.need_space = true;
+                self.wb_cv.notify_all();
+                self.space_cv.wait_for(&mut c, Duration::from_millis(100));
+            };
+            let in_page = e.offset % ps;
+            let (first, last) = (in_page / cs, (in_page + e.len as u64 - 1) / cs);
+            let need = mask_range(first, last) & !c.mask[page as usize];
+            if need != 0 {
+                // An edge chunk the entry covers only in part gets its other bytes from the
+                // DRAM cache, which holds exactly the committed data.
+                let edges = [first, last];
+                let edges = if first == last {
+                    &edges[..1]
+                } else {
+                    &edges[..]
+                };
+                for &ch in edges {
+                    let (cstart, cend) = (ch * cs, (ch + 1) * cs);
+                    let covered = in_page <= cstart && in_page + e.len as u64 >= cend;
+                    if need & (1 << ch) != 0 && !covered {
+                        let region = self.regions.read()[e.file_id as usize]
+                            .clone()
+                            .expect("a committed entry's region is allocated");
+                        // SAFETY: the chunk lies within the region's DRAM cache (page-rounded
+                        // mapping); concurrent commits may change it (harmless, see docs).
+                        let src = unsafe {
+                            std::slice::from_raw_parts(
+                                region.dram.wview.add((pidx * ps + cstart) as usize),
+                                cs as usize,
+                            )
+                        };
+                        self.cache_store(page as u64 * ps + cstart, src)?;
+                        written += cs;
+                    }
+                }
+                c.mask[page as usize] |= need;
+                if !grown.contains(&page) {
+                    grown.push(page);
+                }
+            }
+            let data = pool_slice(&self.log, e.log_off, e.len as usize);
+            self.cache_store(page as u64 * ps + in_page, data)?;
+            written += e.len as u64;
+            c.gen[page as usize] += 1;
+        }
+        self.publish(&mut c, &mut touched, &mut grown)?;
+        self.cache.charge_write(written);
+        self.log
+            .charge_read(entries.iter().map(|e| e.len as u64).sum());
+        let total = self.geo.cache_pages as u64;
+        if c.ndirty as u64 * 100 > self.cfg.writeback_start_pct as u64 * total {
+            self.wb_cv.notify_all();
+        }
+        Ok(())
+    }
+
+    /// Make the applied data durable, then the grown valid masks, then the dirty flags of the
+    /// newly dirty pages (a page object never says dirty with a mask that is not its own).
+    fn publish(
+        &self,
+        c: &mut CacheState,
+        touched: &mut Vec<u32>,
+        grown: &mut Vec<u32>,
+    ) -> Result<()> {
+        if touched.is_empty() && grown.is_empty() {
+            self.cache.fence();
+            return Ok(());
+        }
+        self.cache.fence();
+        for p in grown.drain(..) {
+            let off = self.geo.cache_mask_off(p);
+            store_word(&self.meta, off, c.mask[p as usize]);
+            self.meta.flush(off, 8)?;
+        }
+        if !touched.is_empty() {
+            self.meta.fence();
+            for &p in touched.iter() {
+                let (f, idx) = c.key[p as usize].expect("touched pages are mapped");
+                let off = self.geo.cache_word_off(p);
+                store_word(&self.meta, off, cache_word(f, idx, true));
+                self.meta.flush(off, 8)?;
+            }
+        }
+        self.meta.fence();
+        for p in touched.drain(..) {
+            c.push_head(p, PState::Dirty);
+            c.ndirty += 1;
+        }
+        Ok(())
+    }
+
+    /// Unlink the head of the committed list (it has been applied) and free its log pages.
+    fn pop(&self, idx: u32) -> Result<()> {
+        let pages = {
+            let mut d = self.domains[0].lock();
+            let front = d.queue.front().expect("the applied transaction");
+            debug_assert_eq!(front.idx, idx);
+            let (head, tail) = if d.queue.len() == 1 {
+                (0, 0)
+            } else {
+                (d.queue[1].idx + 1, d.tail)
+            };
+            store_word_persist(
+                &self.meta,
+                self.geo.domain_off(d.id),
+                domain_word(head, tail),
+            )?;
+            d.head = head;
+            d.tail = tail;
+            let c = d.queue.pop_front().expect("front");
+            self.stats.applied.fetch_add(1, Ordering::Relaxed);
+            self.applied_cv.notify_all();
+            c.pages
+        };
+        self.shared.logobj_free.lock().push(idx);
+        self.free_log_pages(&pages);
+        Ok(())
+    }
+
+    // ---- writeback worker ----------------------------------------------------------------------
+
+    fn wb_loop(self: &Arc<Self>) {
+        // Background work: yield the CPU to the application and the redo worker (nice 10).
+        // SAFETY: setpriority on this thread's own id; failure is harmless.
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+        }
+        let total = self.geo.cache_pages as u64;
+        loop {
+            {
+                let mut c = self.cstate.lock();
+                loop {
+                    if self.kill.load(Ordering::SeqCst) || self.stop_wb.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    if c.need_space
+                        || c.ndirty as u64 * 100 > self.cfg.writeback_start_pct as u64 * total
+                    {
+                        break;
+                    }
+                    self.wb_cv.wait_for(&mut c, Duration::from_millis(200));
+                }
+            }
+            if let Err(e) = self.writeback(WbTarget::Threshold) {
+                *self.worker_error.lock() = Some(e.to_string());
+                let _g = self.cstate.lock();
+                self.space_cv.notify_all();
+                return;
+            }
+        }
+    }
+
+    /// Write dirty pages back (pwrite + fdatasync), then clear their dirty flags (persisted) and
+    /// move them to the clean list.
+    fn writeback(&self, target: WbTarget) -> Result<()> {
+        const BATCH: usize = 64;
+        let ps = self.geo.page_size as u64;
+        let total = self.geo.cache_pages as u64;
+        loop {
+            // Pick a batch from the LRU tail of the dirty list.
+            let mut batch: Vec<(u32, (u32, u64), u64)> = Vec::new();
+            {
+                let mut c = self.cstate.lock();
+                let enough = match target {
+                    WbTarget::Threshold => {
+                        c.ndirty as u64 * 100 <= self.cfg.writeback_stop_pct as u64 * total
+                            && (!c.need_space || !c.free.is_empty() || c.clean.len > 0)
+                    }
+                    _ => false,
+                };
+                if enough {
+                    c.need_space = false;
+                    self.space_cv.notify_all();
+                    return Ok(());
+                }
+                let mut p = c.dirty.tail;
+                while p != NIL && batch.len() < BATCH {
+                    let prev = c.prev[p as usize];
+                    let key = c.key[p as usize].expect("dirty pages are mapped");
+                    if match target {
+                        WbTarget::File(f) => key.0 == f,
+                        _ => true,
+                    } {
+                        batch.push((p, key, c.gen[p as usize]));
+                    }
+                    p = prev;
+                }
+                for &(p, _, _) in &batch {
+                    c.unlink(p);
+                    c.state[p as usize] = PState::Writing;
+                }
+                if batch.is_empty() {
+                    let writing = |c: &CacheState| {
+                        (0..c.state.len()).any(|p| {
+                            c.state[p] == PState::Writing
+                                && match (target, c.key[p]) {
+                                    (WbTarget::File(f), Some(k)) => k.0 == f,
+                                    (WbTarget::All, _) => true,
+                                    _ => false,
+                                }
+                        })
+                    };
+                    if writing(&c) {
+                        // Another writer has pages of this target in flight: wait for it.
+                        self.space_cv.wait_for(&mut c, Duration::from_millis(20));
+                        continue;
+                    }
+                    c.need_space = false;
+                    self.space_cv.notify_all();
+                    return Ok(());
+                }
+                // Sorted by (file, page) so that neighbours go out in one pwrite.
+                batch.sort_unstable_by_key(|b| b.1);
+            }
+            // Write outside the lock.
+            let mut files: Vec<Arc<RegionInner>> = Vec::new();
+            let mut res = Ok(());
+            let mut k = 0;
+            while k < batch.len() {
+                let (f, idx) = batch[k].1;
+                let mut run = 1;
+                while k + run < batch.len() && batch[k + run].1 == (f, idx + run as u64) {
+                    run += 1;
+                }
+                let r = self.regions.read()[f as usize]
+                    .clone()
+                    .expect("dirty page of an allocated region");
+                let start = idx * ps;
+                let n = (ps * run as u64).min(r.size - start) as usize;
+                // The pages go out from the DRAM cache: it holds every byte the NVM pages hold
+                // (commit fills DRAM before the redo worker sees a transaction), plus possibly
+                // newer committed data whose logs are still in the committed list.
+                // SAFETY: start + n lies within the region's DRAM mapping, which `r` keeps
+                // alive; the kernel reads it (concurrent commits may change it: harmless).
+                let wr = unsafe { pwrite_all(&r.file, r.dram.wview.add(start as usize), n, start) };
+                if let Err(e) = wr {
+                    res = Err(io_err("write back cache pages", &r.path, e));
+                    break;
+                }
+                if !files.iter().any(|x| x.file_id == f) {
+                    files.push(r);
+                }
+                k += run;
+            }
+            if res.is_ok() {
+                for r in &files {
+                    if let Err(e) = r.file.sync_data() {
+                        res = Err(io_err("fdatasync", &r.path, e));
+                        break;
+                    }
+                }
+            }
+            let mut c = self.cstate.lock();
+            let mut cleaned = 0;
+            for &(p, (f, idx), gen) in &batch {
+                if res.is_ok() && c.gen[p as usize] == gen {
+                    let off = self.geo.cache_word_off(p);
+                    store_word(&self.meta, off, cache_word(f, idx, false));
+                    self.meta.flush(off, 8)?;
+                    cleaned += 1;
+                } else {
+                    c.push_head(p, PState::Dirty);
+                }
+            }
+            if cleaned > 0 {
+                self.meta.fence();
+            }
+            for &(p, _, gen) in &batch {
+                if res.is_ok() && c.gen[p as usize] == gen {
+                    c.push_head(p, PState::Clean);
+                    c.ndirty -= 1;
+                }
+            }
+            self.stats
+                .pages_written_back
+                .fetch_add(cleaned, Ordering::Relaxed);
+            self.space_cv.notify_all();
+            drop(c);
+            res?;
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! Opening the pools of an instance, validating every persistent structure, and recovery
+//! (§2.4.6): dirty cache pages to their files, then the committed lists in order, fdatasync,
+//! reset. Validation runs completely before the first byte is written.
+
+use crate::error::{io_err, Result, VnvmError};
+use crate::layout::*;
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use tiermem_media::{OpenOptions, Pool, PowerDomain};
+
+pub(crate) const META: &str = "meta.pool";
+pub(crate) const LOG: &str = "log.pool";
+pub(crate) const CACHE: &str = "cache.pool";
+pub(crate) const LOCK: &str = "lock";
+
+/// What [`recover`](crate::recover) did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// True when the instance had been shut down cleanly: nothing needed replaying.
+    pub was_clean: bool,
+    /// Dirty NVM cache pages written back to their files.
+    pub dirty_pages_written: usize,
+    /// Committed transactions replayed into the files.
+    pub transactions_replayed: usize,
+    /// Log entries replayed.
+    pub entries_replayed: usize,
+    /// Bytes replayed from the logs.
+    pub bytes_replayed: u64,
+    /// The backing files that were written and synced.
+    pub files: Vec<PathBuf>,
+}
+
+/// The three pools of an instance with their validated geometry.
+pub(crate) struct Pools {
+    pub meta: Pool,
+    pub log: Pool,
+    pub cache: Pool,
+    pub geo: Geometry,
+}
+
+pub(crate) fn damaged(
+    pool: &Pool,
+    what: impl Into<String>,
+    offset: u64,
+    detail: impl Into<String>,
+) -> VnvmError {
+    VnvmError::Damaged {
+        path: pool.path().to_path_buf(),
+        what: what.into(),
+        offset,
+        detail: detail.into(),
+    }
+}
+
+/// Read an 8-byte word of a pool's data area atomically.
+pub(crate) fn load_word(pool: &Pool, off: u64) -> u64 {
+    debug_assert!(off % 8 == 0 && off + 8 <= pool.data_len() as u64);
+    // SAFETY: off is 8-aligned and inside the data area (page-aligned mapping).
+    unsafe { (*(pool.data_ptr().add(off as usize) as *const AtomicU64)).load(Ordering::Acquire) }
+}
+
+/// Store an 8-byte word of a pool's data area atomically and persist it (one fence).
+#[track_caller]
+pub(crate) fn store_word_persist(pool: &Pool, off: u64, v: u64) -> Result<()> {
+    store_word(pool, off, v);
+    pool.persist(off, 8)?;
+    Ok(())
+}
+
+/// Store an 8-byte word atomically (not yet flushed).
+pub(crate) fn store_word(pool: &Pool, off: u64, v: u64) {
+    debug_assert!(off % 8 == 0 && off + 8 <= pool.data_len() as u64);
+    // SAFETY: off is 8-aligned and inside the data area of a writable mapping.
+    unsafe {
+        (*(pool.data_ptr().add(off as usize) as *const AtomicU64)).store(v, Ordering::Release)
+    }
+}
+
+/// A slice of a pool's data area. The caller guarantees nobody writes it concurrently.
+pub(crate) fn pool_slice(pool: &Pool, off: u64, len: usize) -> &[u8] {
+    assert!(off + len as u64 <= pool.data_len() as u64);
+    // SAFETY: bounds checked above; the mapping lives as long as the pool borrow.
+    unsafe { std::slice::from_raw_parts(pool.data_ptr().add(off as usize), len) }
+}
+
+/// Open and validate the three pools in `dir` (pool headers by the media layer, then the
+/// superblock and the pool sizes against it).
+pub(crate) fn open_pools(dir: &Path, domain: Option<&PowerDomain>) -> Result<Pools> {
+    let mut oo = OpenOptions::default();
+    if let Some(d) = domain {
+        oo = oo.domain(d);
+    }
+    let meta = Pool::open(dir.join(META), &oo)?;
+    if meta.data_len() < 4096 {
+        return Err(damaged(&meta, "superblock", 0, "meta pool too small"));
+    }
+    let geo = Geometry::decode(pool_slice(&meta, 0, SB_SIZE))
+        .map_err(|e| damaged(&meta, "superblock", 0, e))?;
+    if (meta.data_len() as u64) < geo.meta_len() {
+        return Err(damaged(
+            &meta,
+            "superblock",
+            0,
+            format!(
+                "meta pool data area is {} bytes, the geometry needs {}",
+                meta.data_len(),
+                geo.meta_len()
+            ),
+        ));
+    }
+    let log = Pool::open(dir.join(LOG), &oo)?;
+    if log.data_len() as u64 != geo.log_len() {
+        return Err(damaged(
+            &log,
+            "log pool",
+            0,
+            format!(
+                "data area is {} bytes, superblock says {}",
+                log.data_len(),
+                geo.log_len()
+            ),
+        ));
+    }
+    let cache = Pool::open(dir.join(CACHE), &oo)?;
+    if cache.data_len() as u64 != geo.cache_len() {
+        return Err(damaged(
+            &cache,
+            "cache pool",
+            0,
+            format!(
+                "data area is {} bytes, superblock says {}",
+                cache.data_len(),
+                geo.cache_len()
+            ),
+        ));
+    }
+    Ok(Pools {
+        meta,
+        log,
+        cache,
+        geo,
+    })
+}
+
+/// The validated state word: true when clean.
+pub(crate) fn read_clean(p: &Pools) -> Result<bool> {
+    match load_word(&p.meta, STATE_OFF) {
+        STATE_CLEAN => Ok(true),
+        STATE_RUNNING => Ok(false),
+        w => Err(damaged(
+            &p.meta,
+            "state word",
+            STATE_OFF,
+            format!("unknown value {w:#018x}"),
+        )),
+    }
+}
+
+/// Everything recovery will do, decided before anything is written.
+struct Plan {
+    records: HashMap<u32, FileRecord>,
+    /// (cache page, file id, page index, valid-chunk mask)
+    dirty: Vec<(u32, u32, u64, u64)>,
+    /// Committed transactions, in replay order, as their entries.
+    txs: Vec<Vec<Entry>>,
+}
+
+fn load_records(p: &Pools) -> Result<HashMap<u32, FileRecord>> {
+    let mut records = HashMap::new();
+    for id in 0..p.geo.max_files {
+        let off = p.geo.file_off(id);
+        let b = pool_slice(&p.meta, off, FILE_REC_SIZE as usize);
+        match FileRecord::decode(b, id) {
+            Ok(Some(r)) => {
+                records.insert(id, r);
+            }
+            Ok(None) => {}
+            Err(e) => return Err(damaged(&p.meta, format!("file record {id}"), off, e)),
+        }
+    }
+    Ok(records)
+}
+
+/// Walk the committed list of `domain`: the log objects from head to tail.
+pub(crate) fn committed_list(p: &Pools, domain: u32) -> Result<Vec<(u32, LogObj)>> {
+    let woff = p.geo.domain_off(domain);
+    let (head, tail) = domain_unword(load_word(&p.meta, woff));
+    let what = format!("committed list of domain {domain}");
+    if head == 0 && tail == 0 {
+        return Ok(Vec::new());
+    }
+    if head == 0 || tail == 0 || head > p.geo.log_objs || tail > p.geo.log_objs {
+        return Err(damaged(
+            &p.meta,
+            what,
+            woff,
+            format!(
+                "head {head} / tail {tail} out of range 1..={}",
+                p.geo.log_objs
+            ),
+        ));
+    }
+    let mut out = Vec::new();
+    let mut idx = tail - 1;
+    loop {
+        let off = p.geo.logobj_off(idx);
+        let obj = LogObj::decode(pool_slice(&p.meta, off, LOGOBJ_SIZE as usize))
+            .map_err(|e| damaged(&p.meta, format!("log object {idx}"), off, e))?;
+        out.push((idx, obj));
+        if idx + 1 == head {
+            break;
+        }
+        if out.len() > p.geo.log_objs as usize || obj.prev == 0 || obj.prev > p.geo.log_objs {
+            return Err(damaged(
+                &p.meta,
+                format!("log object {idx}"),
+                off,
+                format!("predecessor {} does not lead to the head {head}", obj.prev),
+            ));
+        }
+        idx = obj.prev - 1;
+    }
+    out.reverse();
+    Ok(out)
+}
+
+/// The entries of one committed transaction, validated.
+pub(crate) fn tx_entries(
+    p: &Pools,
+    idx: u32,
+    obj: &LogObj,
+    seen: &mut HashSet<u32>,
+    check: &dyn Fn(u32, u64, u32) -> std::result::Result<(), String>,
+) -> Result<Vec<Entry>> {
+    let ps = p.geo.page_size;
+    let mut out = Vec::new();
+    if obj.npages == 0 || obj.npages > p.geo.log_pages {
+        return Err(damaged(
+            &p.meta,
+            format!("log object {idx}"),
+            p.geo.logobj_off(idx),
+            format!("page count {} out of range", obj.npages),
+        ));
+    }
+    let mut page = obj.first_page;
+    for i in 0..obj.npages {
+        if page >= p.geo.log_pages || !seen.insert(page) {
+            return Err(damaged(
+                &p.meta,
+                format!("log object {idx} (tid {})", obj.tid),
+                p.geo.logobj_off(idx),
+                format!("log page {page} out of range or used twice"),
+            ));
+        }
+        let off = page as u64 * ps as u64;
+        let b = pool_slice(&p.log, off, ps as usize);
+        let tid = u64_at(b, 8);
+        if tid != obj.tid {
+            return Err(damaged(
+                &p.log,
+                format!("log page {page}"),
+                off,
+                format!("belongs to tid {tid}, log object says {}", obj.tid),
+            ));
+        }
+        parse_page(b, off, ps, &mut out, check)
+            .map_err(|e| damaged(&p.log, format!("log page {page} (tid {tid})"), off, e))?;
+        let next = u32_at(b, 4);
+        if i + 1 < obj.npages {
+            if next == 0 {
+                return Err(damaged(
+                    &p.log,
+                    format!("log page {page}"),
+                    off,
+                    "chain ends early",
+                ));
+            }
+            page = next - 1;
+        }
+    }
+    Ok(out)
+}
+
+fn plan(p: &Pools) -> Result<Plan> {
+    let records = load_records(p)?;
+    let ps = p.geo.page_size as u64;
+    let mut dirty = Vec::new();
+    for page in 0..p.geo.cache_pages {
+        let off = p.geo.cache_word_off(page);
+        let w = load_word(&p.meta, off);
+        if let Some((f, idx, d)) = cache_unword(w) {
+            if w & !(CACHE_DIRTY | MAX_FILE_PAGE | (0xffff << 40)) != 0 {
+                return Err(damaged(
+                    &p.meta,
+                    format!("cache page object {page}"),
+                    off,
+                    "reserved bits set",
+                ));
+            }
+            if d {
+                let r = records.get(&f).ok_or_else(|| {
+                    damaged(
+                        &p.meta,
+                        format!("cache page object {page}"),
+                        off,
+                        format!("names file id {f}, which has no record"),
+                    )
+                })?;
+                if idx * ps >= r.size.max(1) {
+                    return Err(damaged(
+                        &p.meta,
+                        format!("cache page object {page}"),
+                        off,
+                        format!(
+                            "page index {idx} beyond the {}-byte file {}",
+                            r.size, r.path
+                        ),
+                    ));
+                }
+                dirty.push((page, f, idx, load_word(&p.meta, p.geo.cache_mask_off(page))));
+            }
+        }
+    }
+    let check = |f: u32, o: u64, l: u32| -> std::result::Result<(), String> {
+        let r = records
+            .get(&f)
+            .ok_or_else(|| format!("file id {f} has no record"))?;
+        if o + l as u64 > r.size {
+            return Err(format!(
+                "range {o}+{l} beyond the {}-byte file {}",
+                r.size, r.path
+            ));
+        }
+        Ok(())
+    };
+    let mut txs = Vec::new();
+    let mut seen = HashSet::new();
+    for d in 0..p.geo.max_domains {
+        for (idx, obj) in committed_list(p, d)? {
+            txs.push(tx_entries(p, idx, &obj, &mut seen, &check)?);
+        }
+    }
+    Ok(Plan {
+        records,
+        dirty,
+        txs,
+    })
+}
+
+/// Recover the instance whose pools the caller has exclusive use of.
+pub(crate) fn recover_locked(dir: &Path) -> Result<RecoveryReport> {
+    let p = open_pools(dir, None)?;
+    let clean = read_clean(&p)?;
+    let plan = plan(&p)?;
+    let mut report = RecoveryReport {
+        was_clean: clean,
+        ..Default::default()
+    };
+    if clean && plan.dirty.is_empty() && plan.txs.is_empty() {
+        return Ok(report);
+    }
+    // Open every file that will be written before writing anything.
+    let mut used: Vec<u32> = plan.dirty.iter().map(|d| d.1).collect();
+    used.extend(plan.txs.iter().flatten().map(|e| e.file_id));
+    used.sort_unstable();
+    used.dedup();
+    let mut files: HashMap<u32, (File, &FileRecord)> = HashMap::new();
+    for id in used {
+        let r = &plan.records[&id];
+        let path = Path::new(&r.path);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| io_err("open backing file for recovery", path, e))?;
+        files.insert(id, (f, r));
+    }
+    let ps = p.geo.page_size as u64;
+    // (1) dirty cache pages
+    let chunk = p.geo.chunk();
+    for &(page, f, idx, mask) in &plan.dirty {
+        let (file, r) = &files[&f];
+        // Only the valid chunks of the page hold data; the rest is the file's (or the log's).
+        for (c, n) in mask_runs(mask) {
+            let start = idx * ps + c as u64 * chunk;
+            if start >= r.size {
+                break;
+            }
+            let len = (n as u64 * chunk).min(r.size - start) as usize;
+            let data = pool_slice(&p.cache, page as u64 * ps + c as u64 * chunk, len);
+            file.write_all_at(data, start)
+                .map_err(|e| io_err("write dirty page back", Path::new(&r.path), e))?;
+        }
+        report.dirty_pages_written += 1;
+    }
+    // (2) committed logs, in order
+    for tx in &plan.txs {
+        for e in tx {
+            let (file, r) = &files[&e.file_id];
+            let data = pool_slice(&p.log, e.log_off, e.len as usize);
+            file.write_all_at(data, e.offset)
+                .map_err(|err| io_err("replay log entry", Path::new(&r.path), err))?;
+            report.entries_replayed += 1;
+            report.bytes_replayed += e.len as u64;
+        }
+        report.transactions_replayed += 1;
+    }
+    // (3) fdatasync
+    for (file, r) in files.values() {
+        file.sync_data()
+            .map_err(|e| io_err("fdatasync", Path::new(&r.path), e))?;
+        report.files.push(PathBuf::from(&r.path));
+    }
+    report.files.sort();
+    // (4) reset: dirty objects first (so a crash leaves only idempotent log replay), then the
+    // committed lists, then the file records, then the state word.
+    reset(&p)?;
+    Ok(report)
+}
+
+/// Reset the instance: every structure empty, state clean.
+pub(crate) fn reset(p: &Pools) -> Result<()> {
+    let g = &p.geo;
+    zero_persist(
+        &p.meta,
+        g.cache_obj_off(),
+        CACHE_OBJ_SIZE * g.cache_pages as u64,
+    )?;
+    zero_persist(&p.meta, DOMAIN_OFF, DOMAIN_STRIDE * g.max_domains as u64)?;
+    zero_persist(&p.meta, g.files_off(), FILE_REC_SIZE * g.max_files as u64)?;
+    store_word_persist(&p.meta, STATE_OFF, STATE_CLEAN)?;
+    Ok(())
+}
+
+pub(crate) fn zero_persist(pool: &Pool, off: u64, len: u64) -> Result<()> {
+    let zeros = vec![0u8; 64 << 10];
+    let mut at = off;
+    while at < off + len {
+        let n = (off + len - at).min(zeros.len() as u64) as usize;
+        pool.write(at, &zeros[..n])?;
+        at += n as u64;
+    }
+    pool.persist(off, len as usize)?;
+    Ok(())
+}
+
+/// Take the instance lock of `dir` (flock on `dir/lock`), failing with [`VnvmError::Busy`].
+pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(LOCK);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| io_err("open lock file", &path, e))?;
+    // SAFETY: f is an open descriptor.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(VnvmError::Busy(dir.to_path_buf()));
+    }
+    Ok(f)
+}
+
+/// Recover the instance in `dir` (see the crate docs): validate everything, then write dirty
+/// cache pages back, replay the committed lists in order, fdatasync, and reset the instance.
+///
+/// Errors: [`VnvmError::NoInstance`] if `dir` has no `meta.pool`; [`VnvmError::Busy`] if a live
+/// instance holds `dir`; media errors for a missing,
+/// truncated, foreign or other-version pool; [`VnvmError::Damaged`] naming the structure and
+/// its offset when validation fails — in every error case nothing has been written. Idempotent:
+/// running it again after a crash during recovery gives the same files.
+pub fn recover(dir: impl AsRef<Path>) -> Result<RecoveryReport> {
+    let dir = dir.as_ref();
+    if !dir.join(META).exists() {
+        return Err(VnvmError::NoInstance {
+            dir: dir.to_path_buf(),
+        });
+    }
+    let _lock = lock_dir(dir)?;
+    recover_locked(dir)
+}
