@@ -11,6 +11,7 @@ mod plot;
 mod pool_cmd;
 mod stats;
 mod tour;
+mod vnvm_cmd;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -53,6 +54,11 @@ enum Command {
         #[command(subcommand)]
         which: bench::BenchCommand,
     },
+    /// vnvm (virtual NVM with transactions): recovery of an instance.
+    Vnvm {
+        #[command(subcommand)]
+        action: vnvm_cmd::VnvmCommand,
+    },
     /// The quick-start job: doctor, then a short tour of the media and fault layers.
     Tour {
         /// Directory for the demo pools (default: $TIERMEM_DIR or /dev/shm/tiermem).
@@ -75,13 +81,31 @@ fn main() -> ExitCode {
         Command::Doctor { json, quick } => doctor::run(json, quick),
         Command::Pool { action } => pool_cmd::run(action),
         Command::Bench { which } => bench::run(which),
+        Command::Vnvm { action } => vnvm_cmd::run(action),
         Command::Tour { dir } => tour::run(dir),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tiermem: error: {e:#}");
+            eprintln!("tiermem: error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes as one line, skipping a cause whose text the message before it
+/// already contains (typed errors often include their source in their own message).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }

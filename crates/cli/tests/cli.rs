@@ -198,3 +198,13 @@ fn tour_runs_and_cleans_up() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn vnvm_recover_refuses_a_directory_without_an_instance() {
+    let dir = scratch("vnvmrec");
+    let out = tiermem(&["vnvm", "recover", dir.to_str().unwrap()], &dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds no vnvm instance"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,6 +3,7 @@
 
 mod fault;
 mod media;
+mod vnvm;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
@@ -29,6 +30,9 @@ pub enum BenchCommand {
     Media(BenchOpts),
     /// Fault resolution costs per mode, and written-page scans (PAGEMAP_SCAN against mprotect).
     Fault(BenchOpts),
+    /// The vNVML microbenchmark: 32 page writes of S bytes per transaction, vnvm against PMDK
+    /// libpmemobj and a non-durable memcpy, transactions/s and the ratio vnvm/PMDK.
+    Vnvm(BenchOpts),
 }
 
 /// Run one benchmark.
@@ -36,6 +40,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Media(o) => media::run(o),
         BenchCommand::Fault(o) => fault::run(o),
+        BenchCommand::Vnvm(o) => vnvm::run(o),
     }
 }
 

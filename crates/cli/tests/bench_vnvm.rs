@@ -1,0 +1,150 @@
+//! `tiermem bench vnvm`: the report's shape on a small array (no timing thresholds here).
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn scratch(name: &str) -> PathBuf {
+    let d =
+        PathBuf::from("/dev/shm").join(format!("tiermem-benchvnvm-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn bench(args: &[&str], dir: &std::path::Path, bytes: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["bench", "vnvm", "--quick"])
+        .args(args)
+        .env("TIERMEM_DIR", dir)
+        .env("TIERMEM_BENCH_VNVM_BYTES", bytes)
+        .env_remove("TIERMEM_DELAY")
+        .env_remove("PMEM_IS_PMEM_FORCE")
+        .output()
+        .expect("run tiermem")
+}
+
+fn json(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "tiermem failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn finite_positive(v: &Value, what: &str) -> f64 {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x.is_finite() && x > 0.0, "{what} = {x}");
+    x
+}
+
+#[test]
+fn quick_json_has_every_cell_for_every_system() {
+    let dir = scratch("json");
+    let v = json(&bench(&["--json"], &dir, "8MiB"));
+    let rows = v["results"].as_array().expect("results array");
+    assert_eq!(rows.len(), 12, "2 pass counts x 6 sizes");
+    let mut cells = Vec::new();
+    for r in rows {
+        let p = r["passes"].as_u64().expect("passes");
+        let s = r["bytes_per_page"].as_u64().expect("bytes_per_page");
+        cells.push((p, s));
+        let what = format!("P={p} S={s}");
+        finite_positive(&r["pmdk_tps"], &format!("{what} pmdk_tps"));
+        finite_positive(&r["memcpy_tps"], &format!("{what} memcpy_tps"));
+        let vnvm = finite_positive(&r["vnvm_tps"], &format!("{what} vnvm_tps"));
+        let pmdk = r["pmdk_tps"].as_f64().unwrap();
+        let ratio = finite_positive(&r["ratio_vs_pmdk"], &format!("{what} ratio_vs_pmdk"));
+        assert!(
+            (ratio - vnvm / pmdk).abs() <= 0.01 * ratio.max(1.0),
+            "{what}: ratio {ratio} is not vnvm/pmdk = {}",
+            vnvm / pmdk
+        );
+        // 8 MiB = 2048 pages = 64 transactions of 32 page writes per pass.
+        assert_eq!(r["transactions"].as_u64(), Some(64 * p), "{what}");
+    }
+    let mut expect = Vec::new();
+    for p in [1, 16] {
+        for s in [16, 32, 64, 128, 256, 512] {
+            expect.push((p, s));
+        }
+    }
+    assert_eq!(cells, expect);
+    finite_positive(&v["read_overhead_ratio"], "read_overhead_ratio");
+    finite_positive(&v["read_pass"]["plain_gbps"], "read_pass.plain_gbps");
+    assert_eq!(v["array_bytes"].as_u64(), Some(8 << 20));
+    assert_eq!(v["repetitions"].as_u64(), Some(3));
+    assert_eq!(v["delay"]["model"], "none");
+    assert_eq!(v["pmdk"]["pmem_is_pmem_force"], "1");
+    assert!(v["pmdk"]["libpmemobj"]
+        .as_str()
+        .is_some_and(|s| !s.is_empty()));
+    assert!(v["machine"]["cpus"].as_u64().is_some_and(|n| n > 0));
+    assert_eq!(v["vnvm"], "measured");
+    // The PMDK pool and the vnvm instance are removed afterwards.
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn delay_model_is_reported_and_charged_for_both_baselines() {
+    let dir = scratch("delay");
+    let out = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["--delay", "nvmm", "bench", "vnvm", "--quick", "--json"])
+        .env("TIERMEM_DIR", &dir)
+        .env("TIERMEM_BENCH_VNVM_BYTES", "1MiB")
+        .output()
+        .expect("run tiermem");
+    let v = json(&out);
+    assert_eq!(v["delay"]["model"], "nvmm");
+    for k in ["memcpy_charged", "pmdk_charged"] {
+        assert!(
+            v["delay"][k].as_str().is_some_and(|s| s.contains("S")),
+            "{k}"
+        );
+    }
+    assert_eq!(v["results"].as_array().map(Vec::len), Some(12));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn table_has_every_column_and_bad_sizes_are_refused() {
+    let dir = scratch("table");
+    let out = bench(&[], &dir, "4MiB");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("vnvm tx/s") && text.contains("vnvm/PMDK"),
+        "{text}"
+    );
+    assert!(
+        text.contains("PMDK tx/s") && text.contains("memcpy tx/s"),
+        "{text}"
+    );
+
+    let out = bench(&["--json"], &dir, "12 bananas");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("TIERMEM_BENCH_VNVM_BYTES"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = bench(&["--json"], &dir, "100");
+    assert!(!out.status.success(), "less than a page");
+    let _ = std::fs::remove_dir_all(&dir);
+}
