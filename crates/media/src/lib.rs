@@ -20,9 +20,10 @@
 //!   set per device, or process-wide with `TIERMEM_DELAY` (preset names `pcm-fam`, `nvmm`,
 //!   `ethernet-10g`, or e.g. `read=1us,write=1us,bw=2GB/s`).
 //! * **Crash model** ([`crash`]). A [`PowerDomain`] tracks, for the pools attached to it, which
-//!   cache lines were flushed and fenced; power can be cut after any fence and the pool's
-//!   post-crash image produced ([`CrashPolicy::Strict`] or [`CrashPolicy::RandomEviction`]) and
-//!   reopened, so tests can check recovery at every fence of a workload.
+//!   cache lines were flushed and fenced; power can be cut after any fence, or during one (its
+//!   pending lines land in any subset), and the pool's post-crash image produced
+//!   ([`CrashPolicy::Strict`], [`CrashPolicy::Torn`] or [`CrashPolicy::RandomEviction`]) and
+//!   reopened, so tests can check recovery at every [`CutPoint`] of a workload.
 //!
 //! ## Environment
 //!
@@ -55,7 +56,7 @@ pub mod pool;
 pub mod ssd;
 pub mod stats;
 
-pub use crash::{CrashPolicy, FenceRecord, PowerDomain};
+pub use crash::{CrashPolicy, CutPoint, FenceRecord, PowerDomain};
 pub use delay::{busy_wait_ns, now_ns, tsc_ghz, DelayModel};
 pub use error::{MediaError, Result};
 pub use persist::{

@@ -1,10 +1,11 @@
 //! Power failure with the media layer's persistence-domain model: cut the power after every
-//! fence of a small workload, reopen the pools' crash images, recover, and check atomicity.
+//! fence of a small workload, and during every fence (the lines it waits for land in any
+//! subset), reopen the pools' crash images, recover, and check atomicity.
 
 mod common;
 use common::*;
 use std::path::Path;
-use tiermem_media::{CrashPolicy, PowerDomain};
+use tiermem_media::{CrashPolicy, CutPoint, PowerDomain};
 use tiermem_vnvm::{nv_init, recover, Mode};
 
 const SLOTS: usize = 2048; // 32 KiB region, 8 pages; the cache (32 pages) never writes back
@@ -21,12 +22,12 @@ fn expected(init: &[u8], n: usize) -> Vec<u8> {
     v
 }
 
-/// Run the workload with power cut after fence `cut` (None: never). Returns the number of
-/// commits that returned while the power was on, and the total fence count.
-fn run(dir: &Path, cut: Option<u64>) -> (usize, u64, u64, PowerDomain) {
+/// Run the workload with power cut at `cut` (None: never). Returns the number of commits that
+/// returned while the power was on, and the total fence count.
+fn run(dir: &Path, cut: Option<CutPoint>) -> (usize, u64, u64, PowerDomain) {
     let d = PowerDomain::new();
-    if let Some(n) = cut {
-        d.cut_power_after(n).unwrap();
+    if let Some(c) = cut {
+        d.cut_power_at(c).unwrap();
     }
     let mut cfg = small_cfg(dir, 16, 32);
     cfg.domain = Some(d.clone());
@@ -69,21 +70,40 @@ fn atomic_at_every_fence() {
     assert_eq!(acked, KS.len());
     let mut seen = vec![0usize; KS.len() + 1];
     // Cuts before the last fence of nv_init fall into pool creation, where the model cannot
-    // express the rename that publishes meta.pool; every later fence is tried.
-    for cut in init_fences - 1..=total + 2 {
-        let run_dir = work.path().join(format!("run{cut}"));
+    // express the rename that publishes meta.pool; every later fence is tried, after it
+    // completed (Strict and three eviction seeds) and while it waits for its write-backs (two
+    // seeds each of Torn and RandomEviction: each line pending at it lands or not).
+    let mut cuts = Vec::new();
+    for n in init_fences - 1..=total + 2 {
+        cuts.push((
+            CutPoint::After(n),
+            vec![
+                CrashPolicy::Strict,
+                CrashPolicy::RandomEviction { seed: n },
+                CrashPolicy::RandomEviction { seed: 1000 + n },
+                CrashPolicy::RandomEviction { seed: 2000 + n },
+            ],
+        ));
+        if n >= init_fences {
+            cuts.push((
+                CutPoint::During(n),
+                vec![
+                    CrashPolicy::Torn { seed: n },
+                    CrashPolicy::Torn { seed: 3000 + n },
+                    CrashPolicy::RandomEviction { seed: 4000 + n },
+                    CrashPolicy::RandomEviction { seed: 5000 + n },
+                ],
+            ));
+        }
+    }
+    let mut in_flight = 0;
+    for (ci, (cut, policies)) in cuts.into_iter().enumerate() {
+        let run_dir = work.path().join(format!("run{ci}"));
         std::fs::create_dir(&run_dir).unwrap();
         std::fs::write(run_dir.join("data"), &init).unwrap();
         let (acked, _, _, d) = run(&run_dir, Some(cut));
-        for (pi, policy) in [
-            CrashPolicy::Strict,
-            CrashPolicy::RandomEviction { seed: cut },
-            CrashPolicy::RandomEviction { seed: 1000 + cut },
-            CrashPolicy::RandomEviction { seed: 2000 + cut },
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        in_flight += d.in_flight_lines();
+        for (pi, policy) in policies.into_iter().enumerate() {
             // The backing file held its initial content at the cut (no writeback ran).
             std::fs::write(run_dir.join("data"), &init).unwrap();
             let img = run_dir.join(format!("img{pi}"));
@@ -98,24 +118,29 @@ fn atomic_at_every_fence() {
                 }
             }
             if have_meta {
-                recover(&img).unwrap_or_else(|e| panic!("cut after fence {cut} ({policy:?}): {e}"));
+                recover(&img).unwrap_or_else(|e| panic!("cut {cut} ({policy:?}): {e}"));
             }
             let got = std::fs::read(run_dir.join("data")).unwrap();
             let n = (acked..=(acked + 1).min(KS.len()))
                 .find(|&n| expected(&init, n) == got)
                 .unwrap_or_else(|| {
                     panic!(
-                        "cut after fence {cut} ({policy:?}): the file is not the state after the \
+                        "cut {cut} ({policy:?}): the file is not the state after the \
                          {acked} durable commits (or one more)"
                     )
                 });
-            if pi == 0 {
+            if policy == CrashPolicy::Strict {
                 seen[n] += 1;
             }
         }
         std::fs::remove_dir_all(&run_dir).unwrap();
     }
-    eprintln!("fences: nv_init {init_fences}, total {total}; strict prefixes seen {seen:?}");
+    eprintln!(
+        "fences: nv_init {init_fences}, total {total}; strict prefixes seen {seen:?}; \
+         {in_flight} lines in flight over the during-fence cuts"
+    );
     // Every prefix, from nothing to everything, occurs at some cut.
     assert!(seen.iter().all(|&c| c > 0), "prefixes seen: {seen:?}");
+    // The during-fence cuts did interrupt write-backs.
+    assert!(in_flight > 0);
 }
