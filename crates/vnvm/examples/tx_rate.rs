@@ -2,7 +2,8 @@
 //! sequential over the pages of a region, log and cache pools each as large as the region.
 //! Time ends when the redo worker has applied every committed log (drain).
 //!
-//! `cargo run --release -p tiermem-vnvm --example tx_rate -- [region MiB] [bytes per page] [passes]`
+//! `cargo run --release -p tiermem-vnvm --example tx_rate -- [region MiB] [bytes per page] [passes]
+//! [untimed warm-up passes]`
 
 use std::time::Instant;
 use tiermem_vnvm::{nv_init, Mode, VnvmConfig, VnvmError};
@@ -12,6 +13,7 @@ fn main() -> Result<(), VnvmError> {
     let mib: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(256);
     let s: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(64);
     let passes: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(1);
+    let warm: usize = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(0);
     let size = mib << 20;
     let base = std::env::temp_dir().join(format!("vnvm-tx-rate-{}", std::process::id()));
     let dir = std::path::Path::new("/dev/shm").join(base.file_name().unwrap());
@@ -20,15 +22,22 @@ fn main() -> Result<(), VnvmError> {
         dir: dir.join("inst"),
         log_size: size as u64,
         cache_size: size as u64,
-        ..VnvmConfig::default()
+        ..VnvmConfig::from_env()?
     };
     let vn = nv_init(&cfg)?;
     let r = vn.nv_allocate(dir.join("array"), size, Mode::Private)?;
     let pages = size / 4096;
     let buf = vec![0x5au8; s];
-    let t0 = Instant::now();
+    let mut t0 = Instant::now();
     let mut txs = 0u64;
-    for _ in 0..passes {
+    for pass in 0..warm + passes {
+        if pass == warm {
+            // Warm-up passes (untimed): every page mapped in the cache, then background work
+            // done, as between the cells of `tiermem bench vnvm`.
+            vn.quiesce()?;
+            t0 = Instant::now();
+            txs = 0;
+        }
         let mut p = 0;
         while p < pages {
             let tid = vn.nv_txbegin();

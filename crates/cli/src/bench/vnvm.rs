@@ -18,7 +18,10 @@
 //! Setup — pool creation, allocation of the array and first population (every page resident) —
 //! is outside the timed part for every system. A system's time ends when its `drain` returns:
 //! everything committed is durable and applied (for vnvm: the redo worker has applied every
-//! committed log), so background work is counted, not hidden.
+//! committed log), so background work is counted, not hidden. After each timed cell the harness
+//! calls the system's untimed `quiesce` (vnvm: wait until its writeback worker, lazy writeback
+//! to the backing file that durability does not need, is idle), so that no system's background
+//! work runs into another system's timed cell.
 //!
 //! Delay model (`--delay`, default none): each system charges it for what it writes to the
 //! (emulated) NVM, with one `write_delay_ns(bytes)` busy-wait per transaction:
@@ -55,7 +58,7 @@ const PMDK_LAYOUT: &str = "tiermem-bench-vnvm";
 /// A transactional system under test.
 ///
 /// The harness calls `setup` once (untimed), then for each cell times a sequence of `run_tx`
-/// calls followed by one `drain`.
+/// calls followed by one `drain`, then (untimed) `quiesce`.
 pub trait TxSystem {
     /// Short name, the column header (`vnvm`, `pmdk`, `memcpy`).
     fn name(&self) -> &'static str;
@@ -67,6 +70,17 @@ pub trait TxSystem {
     fn run_tx(&mut self, writes: &[(usize, &[u8])]) -> Result<()>;
     /// Wait until everything committed so far is durable and applied (background work done).
     fn drain(&mut self) -> Result<()>;
+    /// Untimed, after `drain`: wait until the system's remaining background work (which is not
+    /// needed for durability, e.g. vnvm's lazy writeback to the backing file) is idle, so that
+    /// it does not run into the next system's timed cell. Default: nothing to wait for.
+    fn quiesce(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Background pages written back (vnvm: to the backing file) while timed cells ran and
+    /// during `quiesce`, for the report; `None` for systems without such background work.
+    fn background_pages(&self) -> Option<BackgroundPages> {
+        None
+    }
     /// The array as the application reads it (plain loads), for the read pass; `None` when the
     /// system cannot lend it out.
     fn region(&self) -> Option<&[u8]> {
@@ -92,6 +106,8 @@ fn vnvm_system(dir: &Path, delay: DelayModel) -> std::result::Result<Box<dyn TxS
         dir: dir.join(format!("vnvm-{}", std::process::id())),
         vn: None,
         region: None,
+        wb_mark: 0,
+        wb: BackgroundPages::default(),
     }))
 }
 
@@ -100,6 +116,18 @@ struct VnvmSystem {
     dir: PathBuf,
     vn: Option<tiermem_vnvm::Vnvm>,
     region: Option<tiermem_vnvm::Region>,
+    /// `pages_written_back` at the end of the last quiesce.
+    wb_mark: u64,
+    wb: BackgroundPages,
+}
+
+/// Pages a system's background worker wrote back, split by when (the JSON `vnvm_writeback`).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct BackgroundPages {
+    /// During timed cells (up to the start of the following quiesce).
+    pub timed: u64,
+    /// During the untimed quiesce after each cell.
+    pub quiesce: u64,
 }
 
 impl TxSystem for VnvmSystem {
@@ -125,6 +153,7 @@ impl TxSystem for VnvmSystem {
                 tiermem_vnvm::Mode::Private,
             )
             .context("vnvm: nv_allocate")?;
+        self.wb_mark = vn.stats().pages_written_back;
         self.vn = Some(vn);
         self.region = Some(region);
         Ok(())
@@ -163,6 +192,23 @@ impl TxSystem for VnvmSystem {
             Some(vn) => vn.drain().context("vnvm: drain"),
             None => Ok(()),
         }
+    }
+
+    fn quiesce(&mut self) -> Result<()> {
+        let Some(vn) = &self.vn else {
+            return Ok(());
+        };
+        let before = vn.stats().pages_written_back;
+        vn.quiesce().context("vnvm: quiesce")?;
+        let after = vn.stats().pages_written_back;
+        self.wb.timed += before - self.wb_mark;
+        self.wb.quiesce += after - before;
+        self.wb_mark = after;
+        Ok(())
+    }
+
+    fn background_pages(&self) -> Option<BackgroundPages> {
+        Some(self.wb)
     }
 
     fn region(&self) -> Option<&[u8]> {
@@ -356,6 +402,10 @@ struct Report {
     delay: DelayInfo,
     pmdk: PmdkInfo,
     vnvm: String,
+    /// vnvm's writeback worker (lazy writeback of NVM-cache pages to the backing file, not
+    /// needed for durability): pages written back while timed cells ran and during the
+    /// untimed quiesce after them.
+    vnvm_writeback: Option<BackgroundPages>,
     results: Vec<Row>,
     read_overhead_ratio: Option<f64>,
     read_pass: ReadPass,
@@ -502,6 +552,9 @@ pub fn run(o: BenchOpts) -> Result<()> {
                 for (slot, sys) in systems {
                     let seed = (rep * 8 + slot) as u8;
                     let (txs, secs) = time_cell(sys, pages, s, passes, seed)?;
+                    // Untimed: no background work of this system runs into the next cell.
+                    sys.quiesce()
+                        .with_context(|| format!("{}: quiesce", sys.name()))?;
                     transactions = txs;
                     samples[slot].push(txs as f64 / secs);
                 }
@@ -581,6 +634,7 @@ pub fn run(o: BenchOpts) -> Result<()> {
             pool_bytes: tiermem_pmdk::pool_size_for(bytes),
             pmem_is_pmem_force: force,
         },
+        vnvm_writeback: vnvm.as_ref().ok().and_then(|v| v.background_pages()),
         vnvm: match &vnvm {
             Ok(_) => "measured".to_string(),
             Err(e) => format!("unavailable: {e}"),
@@ -660,6 +714,13 @@ fn print_table(r: &Report) {
         "delay charged — memcpy: {}; pmdk: {}; vnvm: {}",
         r.delay.memcpy_charged, r.delay.pmdk_charged, r.delay.vnvm_charged
     );
+    if let Some(w) = &r.vnvm_writeback {
+        println!(
+            "vnvm writeback worker (lazy writeback to the backing file, not needed for \
+             durability): {} pages during timed cells, {} during the untimed quiesce",
+            w.timed, w.quiesce
+        );
+    }
     println!("total {:.1} s", r.seconds);
 }
 
