@@ -81,6 +81,7 @@
 
 #![warn(missing_docs)]
 
+pub mod alloc;
 mod dram;
 mod error;
 mod layout;
@@ -925,13 +926,13 @@ pub fn nv_init(cfg: &VnvmConfig) -> Result<Vnvm> {
     let i2 = inner.clone();
     let redo = std::thread::Builder::new()
         .name("vnvm-redo".into())
-        .spawn(move || i2.redo_loop())
+        .spawn(move || i2.run_worker("redo", |i| i.redo_loop()))
         .map_err(|e| io_err("spawn redo worker", &dir, e))?;
     let _ = inner.redo_thread.set(redo.thread().clone());
     let i3 = inner.clone();
     let wb = std::thread::Builder::new()
         .name("vnvm-writeback".into())
-        .spawn(move || i3.wb_loop())
+        .spawn(move || i3.run_worker("writeback", |i| i.wb_loop()))
         .map_err(|e| io_err("spawn writeback worker", &dir, e))?;
     Ok(Vnvm {
         inner,
@@ -1480,7 +1481,9 @@ impl Inner {
         unsafe {
             let (d, src) = (dst as *mut u8, data.as_ptr());
             std::ptr::copy_nonoverlapping(src, d, head);
-            stream_lines(d.add(head), src.add(head), body);
+            if body > 0 {
+                stream_lines(d.add(head), src.add(head), body);
+            }
             std::ptr::copy_nonoverlapping(
                 src.add(head + body),
                 d.add(head + body),
@@ -1624,6 +1627,23 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Run a worker's loop; if it panics, record why in `worker_error` and wake every waiter, so
+    /// `drain`, `quiesce` and committers report the failure instead of waiting forever.
+    fn run_worker(self: &Arc<Self>, name: &str, body: impl FnOnce(&Arc<Self>)) {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(self)));
+        if let Err(p) = r {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            *self.worker_error.lock() = Some(format!("{name} worker panicked: {msg}"));
+            self.applied_cv.notify_all();
+            self.space_cv.notify_all();
+            self.wb_idle_cv.notify_all();
+        }
     }
 
     // ---- redo worker -------------------------------------------------------------------------
