@@ -70,6 +70,17 @@
 #define TIERMEM_POOL_GROUP_SHARED 1
 
 /**
+ * `nv_allocate` mode: the region's DRAM cache is private to this process.
+ */
+#define NV_PRIVATE 1
+
+/**
+ * `nv_allocate` mode: the region is shared between processes (not implemented yet:
+ * `nv_allocate` returns -EOPNOTSUPP).
+ */
+#define NV_SHARED 2
+
+/**
  * An open NVM or FAM pool (opaque).
  */
 typedef struct TiermemPool TiermemPool;
@@ -83,6 +94,17 @@ typedef struct TiermemRegion TiermemRegion;
  * A written-page tracker (opaque).
  */
 typedef struct TiermemTracker TiermemTracker;
+
+/**
+ * A vnvm instance (opaque): the pools of one directory, its workers and its regions. Thread
+ * safe: any number of threads may use one instance.
+ */
+typedef struct nv_instance nv_instance;
+
+/**
+ * A region (opaque): a backing file mapped read-only, written through transactions.
+ */
+typedef struct nv_region nv_region;
 
 /**
  * Fill callback: write the 4096 bytes of the page at region offset `offset` into `page` and
@@ -266,6 +288,173 @@ void tiermem_flush(const void *addr, size_t len);
  * Store fence (sfence): orders earlier flushes and non-temporal stores before later stores.
  */
 void tiermem_fence(void);
+
+/**
+ * Start a vnvm instance (the thesis' `nv_init`) in directory `dir` (NULL: `$TIERMEM_VNVM_DIR`,
+ * else `$TIERMEM_DIR/vnvm`, i.e. `/dev/shm/tiermem/vnvm`). `log_size` and `cache_size` are the
+ * bytes of the NVM log and NVM write cache pools (0: the default, 64 MiB, or
+ * `$TIERMEM_VNVM_LOG_SIZE` / `$TIERMEM_VNVM_CACHE_SIZE`). Creates the pools on first use;
+ * after an unclean shutdown it recovers first (committed transactions replayed, uncommitted
+ * ones dropped). Stores the handle in `*out`. One instance per directory at a time (-EBUSY).
+ *
+ * The vnvm contract:
+ *  - Reads are plain loads through nv_region_ptr() and see **committed data only** ("read
+ *    committed"): a transaction does not see its own writes until it commits.
+ *  - Writes go through transactions: nv_txbegin, nv_write..., nv_commit (durable when it
+ *    returns) or nv_abort (nothing of it ever becomes visible). A **direct store** into a
+ *    region faults: the region is mapped read-only, the store raises SIGSEGV and can never
+ *    persist.
+ *  - Ordering (the thesis' rule): when transactions of several threads write the same
+ *    object, the transaction that writes it first must commit first; vnvm replays in commit
+ *    order and does not lock objects for you. The allocator below enforces this for its own
+ *    metadata by letting one transaction at a time hold it until it ends.
+ *
+ * Errors (negative errno; text in tiermem_last_error()): EINVAL bad configuration or
+ * argument, EBUSY instance in use, EBADMSG damaged pools (reported, nothing written), ENOENT,
+ * EACCES, ENOSPC and the other media errors. Across this API: ESRCH for a tid that is not
+ * open (never begun, committed or forgotten), ECANCELED for an aborted one (also when the
+ * redo worker aborted it for its age), EFAULT for an nv_write outside the caller's regions,
+ * ENOSPC for a full log, EBADF for a freed region, EIO for an internal error.
+ */
+int nv_init(const char *dir, uint64_t log_size, uint64_t cache_size, struct nv_instance **out);
+
+/**
+ * Release an instance (the thesis' `nv_release`): abort its open transactions, apply every
+ * committed one, write every dirty cache page back, fdatasync the files and mark the instance
+ * cleanly shut down. The handle and every region handle of the instance are freed, also on
+ * error (region pointers from nv_region_ptr are unmapped). NULL returns -EINVAL.
+ */
+int nv_release(struct nv_instance *inst);
+
+/**
+ * Map the file at `path` as a region of `size` bytes (the thesis' `nv_allocate`): created
+ * (0600) if missing, extended if shorter; its current contents are the region's committed
+ * data. `mode` is NV_PRIVATE (NV_SHARED: -EOPNOTSUPP for now). Stores the handle in `*out`.
+ *
+ * Errors: EINVAL (size 0, bad mode, NULL), EOPNOTSUPP (NV_SHARED), EEXIST (path already
+ * allocated in this instance), ENFILE (record table full), ENAMETOOLONG, EFBIG, I/O errors.
+ */
+int nv_allocate(struct nv_instance *inst,
+                const char *path,
+                size_t size,
+                int mode,
+                struct nv_region **out);
+
+/**
+ * Start of a region: a **read-only** mapping showing committed data. Load through it; never
+ * store (SIGSEGV: use nv_write). NULL for a NULL handle. Valid until nv_free / nv_release.
+ */
+const void *nv_region_ptr(const struct nv_region *region);
+
+/**
+ * Size of a region in bytes (0 for a NULL handle).
+ */
+size_t nv_region_size(const struct nv_region *region);
+
+/**
+ * Unmap a region (the thesis' `nv_free`): apply its committed transactions, write it back,
+ * fdatasync the file, delete its record, and free the handle. On error the handle stays
+ * valid.
+ *
+ * Errors: EINVAL (not a region of this instance), EBUSY (an open transaction wrote into it:
+ * commit or abort it first), I/O errors.
+ */
+int nv_free(struct nv_instance *inst, struct nv_region *region);
+
+/**
+ * Begin a transaction (the thesis' `nv_txbegin`); returns its id, never 0 (0 for a NULL
+ * instance).
+ */
+uint64_t nv_txbegin(struct nv_instance *inst);
+
+/**
+ * Log `n` bytes from `src` as transaction `tid`'s write to region memory at `dst` (the thesis'
+ * `nv_write`; `dst` is an address inside a region, e.g. `nv_region_ptr(r) + off`; it is not
+ * stored to). Nothing is visible until nv_commit. Returns the bytes logged: `n`, or fewer when
+ * the log ran out of pages (call nv_wait_log_space and write the rest, or nv_abort); or a
+ * negative errno: EFAULT (`dst..dst+n` not inside one region of this instance), ESRCH /
+ * ECANCELED (tid not open / aborted), ENOSPC (log full, nothing logged), EBADF (region being
+ * freed), EINVAL (NULL).
+ */
+int64_t nv_write(struct nv_instance *inst, uint64_t tid, void *dst, const void *src, size_t n);
+
+/**
+ * Wait up to `timeout_ms` milliseconds for a free log page: 0 when one is free, -ETIMEDOUT
+ * otherwise, -EINVAL for NULL.
+ */
+int nv_wait_log_space(struct nv_instance *inst, uint64_t timeout_ms);
+
+/**
+ * Commit transaction `tid` (the thesis' `nv_commit`): durable when it returns, then visible
+ * through the region pointers. Also ends `tid`'s hold on the regions' allocators.
+ *
+ * Errors: ESRCH (not open), ECANCELED (aborted, e.g. for its age), media errors.
+ */
+int nv_commit(struct nv_instance *inst, uint64_t tid);
+
+/**
+ * Abort transaction `tid` (the thesis' `nv_abort`): none of its writes, allocations or frees
+ * ever becomes visible.
+ *
+ * Errors: ESRCH (not open), ECANCELED (already aborted).
+ */
+int nv_abort(struct nv_instance *inst, uint64_t tid);
+
+/**
+ * Wait until the redo worker has applied every transaction committed so far to the NVM
+ * write cache.
+ */
+int nv_drain(struct nv_instance *inst);
+
+/**
+ * Recover the (not running) instance in `dir` (NULL: the default directory): write dirty
+ * cache pages back, replay committed logs in order, fdatasync the files. Idempotent; a
+ * damaged structure is reported (-EBADMSG) and nothing is written. -ENOENT when `dir` holds
+ * no instance, -EBUSY when it is running.
+ */
+int nv_recover(const char *dir);
+
+/**
+ * Allocate `size` bytes inside `region` in transaction `tid` (`*off` = the payload's offset
+ * from nv_region_ptr, 16-byte aligned; offsets persist, pointers do not). The region holds a
+ * heap: the first use on an all-zero region formats one (its first 256 bytes) in a
+ * transaction of its own. The block is allocated when `tid` commits; an abort or crash leaves
+ * it free. Its contents are unspecified until written with nv_write. Sizes up to 64 KiB use
+ * power-of-two classes (16-byte header each); larger ones are 4 KiB multiples.
+ *
+ * Read committed applies to the allocator too: `tid` holds the region's allocator from its
+ * first nv_tx_alloc / nv_tx_free / nv_set_root until nv_commit / nv_abort; another
+ * transaction's allocator call waits for it (up to 10 s, then -EBUSY).
+ *
+ * Errors: EINVAL (size 0 or larger than the region), ENOMEM (heap full), EMEDIUMTYPE (the
+ * region holds other data, not a heap), EBADMSG (damaged heap: nothing written), EBUSY, ESRCH
+ * / ECANCELED (tid), ENOSPC (log full for good: `tid` was aborted).
+ */
+int nv_tx_alloc(struct nv_instance *inst,
+                struct nv_region *region,
+                uint64_t tid,
+                size_t size,
+                uint64_t *off);
+
+/**
+ * Free the block at offset `off` of `region` in transaction `tid` (free when `tid` commits).
+ *
+ * Errors: EINVAL (not an allocated block: outside the heap, misaligned, inside a block, or the
+ * root object), EALREADY (double free), and the errors of nv_tx_alloc.
+ */
+int nv_tx_free(struct nv_instance *inst, struct nv_region *region, uint64_t tid, uint64_t off);
+
+/**
+ * The region's root object offset into `*out` (0: none). `tid` 0 gives the committed root;
+ * the tid holding the region's allocator sees its own nv_set_root.
+ */
+int nv_root(struct nv_instance *inst, struct nv_region *region, uint64_t tid, uint64_t *out);
+
+/**
+ * Make the allocated block at `off` the region's root object (0 clears it) in transaction
+ * `tid`. Errors: EINVAL / EALREADY (not an allocated block), and those of nv_tx_alloc.
+ */
+int nv_set_root(struct nv_instance *inst, struct nv_region *region, uint64_t tid, uint64_t off);
 
 #ifdef __cplusplus
 }  // extern "C"

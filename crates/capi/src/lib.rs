@@ -14,10 +14,12 @@
 mod error;
 mod fault;
 mod media;
+mod vnvm;
 
 pub use error::*;
 pub use fault::*;
 pub use media::*;
+pub use vnvm::*;
 
 /// The library's version as a NUL-terminated string ("MAJOR.MINOR.PATCH"); static storage.
 #[no_mangle]
