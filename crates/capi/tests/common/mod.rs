@@ -24,7 +24,7 @@ pub fn build_and_run(name: &str, scratch_root: &Path, marker: &str) -> String {
     let so = lib_dir.join("libtiermem.so");
     assert!(
         so.exists(),
-        "{} is missing: cargo builds the cdylib alongside the tests (cargo test -p tiermem-capi)",
+        "{} is missing: build it first with cargo build --release --workspace (scripts/test.sh does; a stale one fails to link new symbols)",
         so.display()
     );
     let tag = format!("tiermem-c-{name}-{}", std::process::id());
