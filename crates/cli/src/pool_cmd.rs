@@ -1,6 +1,6 @@
 //! `tiermem pool create|info|rm`: emulated NVM and FAM pools over the media layer.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Subcommand, ValueEnum};
 use std::path::PathBuf;
 use tiermem_media::{DelayModel, OpenOptions, Pool, PoolKind, PoolOptions};
@@ -52,25 +52,9 @@ pub fn resolve_pool_path(arg: &str) -> Result<PathBuf> {
     Ok(dir.join(arg))
 }
 
-/// Parse a byte count: `4096`, `64M`, `64MiB`, `1G`, `2GB` (K/M/G are powers of 1024 here, as
-/// sizes of memory usually are).
+/// Parse a byte count (`4096`, `64M`, `64MiB`, `1G`): the media layer's one size parser.
 pub fn parse_size(s: &str) -> Result<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("'{s}' is not a size"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        other => bail!("unknown size unit '{other}' in '{s}' (use K, M, G, T)"),
-    };
-    n.checked_mul(mult)
-        .with_context(|| format!("size '{s}' overflows 64 bits"))
+    Ok(tiermem_media::parse_size(s)?)
 }
 
 /// Run a pool subcommand.

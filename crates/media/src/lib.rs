@@ -64,7 +64,8 @@ pub use persist::{
     CpuFeatures, PersistMethod, CACHE_LINE,
 };
 pub use pool::{
-    default_dir, ensure_default_dir, OpenOptions, Pool, PoolHeader, PoolKind, PoolOptions,
+    default_dir, ensure_default_dir, parse_size, OpenOptions, Pool, PoolHeader, PoolKind,
+    PoolOptions,
 };
 pub use ssd::{AlignedBuf, DioAlign, IoOp, SsdDevice};
 pub use stats::{DeviceStats, StatsSnapshot};

@@ -88,6 +88,26 @@ impl PoolKind {
     }
 }
 
+/// Parse a byte count as people write memory sizes: `4096`, `64K`, `64M`, `64MiB`, `1G`, `2GB`,
+/// `1T` (K/M/G/T and their KB/KiB spellings are powers of 1024, case-insensitive). Errors on an
+/// empty number, an unknown unit or a value that overflows 64 bits.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let bad = |why: &str| MediaError::InvalidArgument(format!("'{s}' is not a size: {why}"));
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| bad("no number"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(bad("unknown size unit (use K, M, G, T)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| bad("overflows 64 bits"))
+}
+
 /// The directory pools go to by default: `$TIERMEM_DIR`, else `/dev/shm/tiermem`.
 pub fn default_dir() -> PathBuf {
     match std::env::var_os(DIR_ENV) {

@@ -176,24 +176,6 @@ impl Default for VnvmConfig {
     }
 }
 
-fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mul) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => {
-            let m = match s[i..].trim().to_ascii_lowercase().as_str() {
-                "k" | "kib" | "kb" => 1 << 10,
-                "m" | "mib" | "mb" => 1 << 20,
-                "g" | "gib" | "gb" => 1 << 30,
-                "" => 1,
-                _ => return None,
-            };
-            (&s[..i], m)
-        }
-        None => (s, 1),
-    };
-    num.parse::<u64>().ok().map(|n| n * mul)
-}
-
 impl VnvmConfig {
     /// Defaults overridden by the environment: `TIERMEM_VNVM_DIR`, `TIERMEM_VNVM_LOG_SIZE`,
     /// `TIERMEM_VNVM_CACHE_SIZE` (e.g. `256MiB`), `TIERMEM_VNVM_PAGE_SIZE` (4096 | 8192),
@@ -211,7 +193,7 @@ impl VnvmConfig {
             ("TIERMEM_VNVM_CACHE_SIZE", &mut c.cache_size),
         ] {
             if let Some(v) = get(k) {
-                *slot = parse_size(&v).ok_or_else(|| bad(k, &v))?;
+                *slot = tiermem_media::parse_size(&v).map_err(|_| bad(k, &v))?;
             }
         }
         for (k, slot) in [
