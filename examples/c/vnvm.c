@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
     CHECK(nv_allocate(vn, file, REGION_SIZE, NV_PRIVATE, &r) == 0, "nv_allocate %s", file);
     CHECK(nv_region_size(r) == REGION_SIZE, "size");
     nv_region *sh = NULL;
-    CHECK(nv_allocate(vn, other, 4096, NV_SHARED, &sh) == -EOPNOTSUPP, "NV_SHARED is not implemented yet");
+    CHECK(nv_allocate(vn, other, 4096, NV_SHARED, &sh) == 0, "nv_allocate NV_SHARED %s", other);
     const char *base = nv_region_ptr(r);
 
     /* 2. Transactions: read committed, commit, abort. */
@@ -81,6 +81,18 @@ int main(int argc, char **argv) {
     CHECK(strcmp(base + 0x10000, "hello, vnvm") == 0, "aborted data never visible");
     uint64_t aborted = t;
     printf("transactions: committed, aborted, read committed\n");
+
+    /* A shared region: the file itself, MAP_SHARED; other processes allocating the same path
+       with NV_SHARED see the same committed data. A transaction that writes it writes no other
+       region. */
+    const char *sbase = nv_region_ptr(sh);
+    t = nv_txbegin(vn);
+    write_all(vn, t, sbase, 0, "shared hello", 13);
+    CHECK(nv_write(vn, t, (char *)base, "x", 1) == -EXDEV, "shared + private in one tx -> EXDEV");
+    CHECK(nv_commit(vn, t) == 0, "commit shared");
+    CHECK(strcmp(sbase, "shared hello") == 0, "shared committed data visible");
+    CHECK(nv_free(vn, sh) == 0, "nv_free shared");
+    printf("shared region: committed, cross-region write refused\n");
 
     /* 3. Bad input: tids and destinations. */
     char stack[16] = {0};

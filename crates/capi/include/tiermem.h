@@ -75,8 +75,9 @@
 #define NV_PRIVATE 1
 
 /**
- * `nv_allocate` mode: the region is shared between processes (not implemented yet:
- * `nv_allocate` returns -EOPNOTSUPP).
+ * `nv_allocate` mode: the region is shared between processes (thesis §2.4.4): every process
+ * that allocates the same path with NV_SHARED (same size) sees the same committed data; a
+ * transaction that writes a shared region writes no other region (-EXDEV).
  */
 #define NV_SHARED 2
 
@@ -329,10 +330,13 @@ int nv_release(struct nv_instance *inst);
 /**
  * Map the file at `path` as a region of `size` bytes (the thesis' `nv_allocate`): created
  * (0600) if missing, extended if shorter; its current contents are the region's committed
- * data. `mode` is NV_PRIVATE (NV_SHARED: -EOPNOTSUPP for now). Stores the handle in `*out`.
+ * data. `mode` is NV_PRIVATE (a DRAM cache of this process) or NV_SHARED (the file mapped
+ * MAP_SHARED; other processes of the instance allocating the same path share it). Stores the
+ * handle in `*out`.
  *
- * Errors: EINVAL (size 0, bad mode, NULL), EOPNOTSUPP (NV_SHARED), EEXIST (path already
- * allocated in this instance), ENFILE (record table full), ENAMETOOLONG, EFBIG, I/O errors.
+ * Errors: EINVAL (size 0, bad mode, NULL, shared with another size), EEXIST (path already
+ * allocated in this instance), ENFILE (record table or shared slots full), ENAMETOOLONG,
+ * EFBIG, I/O errors.
  */
 int nv_allocate(struct nv_instance *inst,
                 const char *path,

@@ -30,14 +30,15 @@ pub struct nv_region {
 
 /// `nv_allocate` mode: the region's DRAM cache is private to this process.
 pub const NV_PRIVATE: c_int = 1;
-/// `nv_allocate` mode: the region is shared between processes (not implemented yet:
-/// `nv_allocate` returns -EOPNOTSUPP).
+/// `nv_allocate` mode: the region is shared between processes (thesis §2.4.4): every process
+/// that allocates the same path with NV_SHARED (same size) sees the same committed data; a
+/// transaction that writes a shared region writes no other region (-EXDEV).
 pub const NV_SHARED: c_int = 2;
 
 /// The errno of a vnvm error: Config → EINVAL, NoInstance → ENOENT, OutOfRegion → EFAULT,
 /// UnknownTx / TxNotOpen / TxCommitted → ESRCH (no such open transaction), TxAborted →
 /// ECANCELED, LogFull → ENOSPC, CacheFull → ENOBUFS, Damaged → EBADMSG, Busy / RegionBusy →
-/// EBUSY, RegionFreed → EBADF, Allocate → EEXIST (already allocated) / ENFILE (record table full)
+/// EBUSY, RegionFreed → EBADF, CrossRegion → EXDEV, Allocate → EEXIST (already allocated) / ENFILE (record table full)
 /// / ENAMETOOLONG / EFBIG / EINVAL, media and I/O errors → their own errno, anything else → EIO.
 fn vnvm_errno(e: &VnvmError) -> i32 {
     #[allow(unreachable_patterns)]
@@ -56,6 +57,7 @@ fn vnvm_errno(e: &VnvmError) -> i32 {
         VnvmError::Damaged { .. } => libc::EBADMSG,
         VnvmError::Busy(_) | VnvmError::RegionBusy(_) => libc::EBUSY,
         VnvmError::RegionFreed(_) => libc::EBADF,
+        VnvmError::CrossRegion { .. } => libc::EXDEV,
         VnvmError::Allocate { reason, .. } => {
             if reason.contains("already") {
                 libc::EEXIST
@@ -250,10 +252,13 @@ pub extern "C" fn nv_release(inst: *mut nv_instance) -> c_int {
 
 /// Map the file at `path` as a region of `size` bytes (the thesis' `nv_allocate`): created
 /// (0600) if missing, extended if shorter; its current contents are the region's committed
-/// data. `mode` is NV_PRIVATE (NV_SHARED: -EOPNOTSUPP for now). Stores the handle in `*out`.
+/// data. `mode` is NV_PRIVATE (a DRAM cache of this process) or NV_SHARED (the file mapped
+/// MAP_SHARED; other processes of the instance allocating the same path share it). Stores the
+/// handle in `*out`.
 ///
-/// Errors: EINVAL (size 0, bad mode, NULL), EOPNOTSUPP (NV_SHARED), EEXIST (path already
-/// allocated in this instance), ENFILE (record table full), ENAMETOOLONG, EFBIG, I/O errors.
+/// Errors: EINVAL (size 0, bad mode, NULL, shared with another size), EEXIST (path already
+/// allocated in this instance), ENFILE (record table or shared slots full), ENAMETOOLONG,
+/// EFBIG, I/O errors.
 #[no_mangle]
 pub extern "C" fn nv_allocate(
     inst: *mut nv_instance,
@@ -276,12 +281,7 @@ pub extern "C" fn nv_allocate(
         }
         let mode = match mode {
             NV_PRIVATE => Mode::Private,
-            NV_SHARED => {
-                return fail(
-                    libc::EOPNOTSUPP,
-                    "NV_SHARED is not implemented yet (use NV_PRIVATE)",
-                )
-            }
+            NV_SHARED => Mode::Shared,
             m => return fail(libc::EINVAL, format!("unknown mode {m}")),
         };
         match i.vn.nv_allocate(path, size, mode) {

@@ -1,14 +1,15 @@
-//! The DRAM cache of a private region: a memfd mapped twice, read-only for the application and
-//! writable for vnvm.
+//! The DRAM cache of a region, mapped twice: read-only for the application, writable for vnvm.
+//! Private regions: a memfd filled from the backing file. Shared regions (§2.4.4): the backing
+//! file itself (`MAP_SHARED`), so every process sees one page cache.
 
 use crate::error::{io_err, Result};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-/// Two views of one memfd.
+/// Two views of one memfd (private) or of the backing file (shared).
 pub(crate) struct DramCache {
-    _fd: OwnedFd,
+    _fd: Option<OwnedFd>,
     pub rview: *mut u8,
     pub wview: *mut u8,
     pub map_len: usize,
@@ -72,7 +73,7 @@ impl DramCache {
             }
         };
         let dc = DramCache {
-            _fd: fd,
+            _fd: Some(fd),
             rview,
             wview,
             map_len,
@@ -101,6 +102,60 @@ impl DramCache {
             done += n as usize;
         }
         Ok(dc)
+    }
+}
+
+impl DramCache {
+    /// The DRAM cache of a shared region: `file` mapped twice (`MAP_SHARED`). `map_len` may
+    /// exceed the file only within its last page.
+    pub fn new_shared(path: &Path, file: &File, map_len: usize) -> Result<DramCache> {
+        let map = |prot| {
+            // SAFETY: mapping an open file with a checked result.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    map_len,
+                    prot,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                Err(io_err(
+                    "mmap shared region",
+                    path,
+                    std::io::Error::last_os_error(),
+                ))
+            } else {
+                Ok(p as *mut u8)
+            }
+        };
+        let wview = map(libc::PROT_READ | libc::PROT_WRITE)?;
+        let rview = match map(libc::PROT_READ) {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: unmapping the mapping made just above.
+                unsafe { libc::munmap(wview as *mut _, map_len) };
+                return Err(e);
+            }
+        };
+        Ok(DramCache {
+            _fd: None,
+            rview,
+            wview,
+            map_len,
+        })
+    }
+
+    /// msync(MS_SYNC) `len` bytes of the writable view from `off` (page-aligned).
+    pub fn sync_range(&self, off: usize, len: usize) -> std::io::Result<()> {
+        let len = len.min(self.map_len - off);
+        // SAFETY: the range lies within the writable mapping.
+        if unsafe { libc::msync(self.wview.add(off) as *mut _, len, libc::MS_SYNC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 

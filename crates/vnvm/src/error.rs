@@ -99,9 +99,24 @@ pub enum VnvmError {
         detail: String,
     },
 
-    /// Another process (or another `Vnvm` of this process) holds the instance.
-    #[error("vnvm instance {} is in use by another process or handle", .0.display())]
+    /// The instance is in use: recovery of a live instance, or every user slot taken.
+    #[error("vnvm instance {} is in use by live processes (or all user slots are taken)", .0.display())]
     Busy(PathBuf),
+
+    /// One transaction wrote into a shared region and into another region: the writes of a
+    /// transaction that touches a shared region must all lie in that one region (thesis
+    /// §2.4.4: each shared region has its own committed list).
+    #[error(
+        "transaction {tid} cannot write into {} as well: a transaction that writes a shared \
+         region writes only that region",
+        path.display()
+    )]
+    CrossRegion {
+        /// The transaction.
+        tid: u64,
+        /// The region of the rejected write.
+        path: PathBuf,
+    },
 
     /// `nv_free` of a region into which an open transaction has written.
     #[error("region {} has open transactions that wrote into it: commit or abort them first", .0.display())]

@@ -25,7 +25,7 @@
 //! thesis' Fig. 2.10 folded into one word: an object is in the list exactly when the word says so.
 
 pub const SB_MAGIC: [u8; 8] = *b"VNVMSUPR";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 pub const SB_SIZE: usize = 256;
 pub const SB_CRC_OFF: usize = 252;
 pub const STATE_OFF: u64 = 256;
@@ -36,7 +36,7 @@ pub const DOMAIN_STRIDE: u64 = 64;
 pub const MAX_DOMAINS: u32 = 64;
 pub const FILE_REC_SIZE: u64 = 512;
 pub const FILE_MAGIC: u64 = 0x5245_4c49_464d_4e56; // "VNMFILER"
-pub const FILE_PATH_MAX: usize = 480;
+pub const FILE_PATH_MAX: usize = 472;
 pub const LOGOBJ_SIZE: u64 = 64;
 pub const LOGOBJ_MAGIC: u32 = 0x4a42_4f4c; // "LOBJ"
 pub const LOG_HDR: usize = 16;
@@ -181,6 +181,10 @@ pub struct FileRecord {
     pub mode: u32,
     pub size: u64,
     pub path: String,
+    /// App id (slot + 1) of the process that allocated a private region; 0 for shared regions.
+    pub owner: u32,
+    /// Committed-list domain of the region's transactions.
+    pub domain: u32,
 }
 
 impl FileRecord {
@@ -194,6 +198,8 @@ impl FileRecord {
         let p = self.path.as_bytes();
         b[24..28].copy_from_slice(&(p.len() as u32).to_le_bytes());
         b[32..32 + p.len()].copy_from_slice(p);
+        b[504..508].copy_from_slice(&self.owner.to_le_bytes());
+        b[508..512].copy_from_slice(&self.domain.to_le_bytes());
         let c = Self::crc(&b);
         b[28..32].copy_from_slice(&c.to_le_bytes());
         b
@@ -238,6 +244,8 @@ impl FileRecord {
             mode: u32_at(b, 12),
             size: u64_at(b, 16),
             path,
+            owner: u32_at(b, 504),
+            domain: u32_at(b, 508),
         }))
     }
 }
@@ -448,6 +456,8 @@ mod tests {
             mode: 1,
             size: 12345,
             path: "/x/y".into(),
+            owner: 2,
+            domain: 17,
         };
         let mut b = r.encode();
         assert_eq!(FileRecord::decode(&b, 3).unwrap(), Some(r));

@@ -85,7 +85,10 @@ pub mod alloc;
 mod dram;
 mod error;
 mod layout;
+mod members;
 mod recovery;
+mod shared;
+mod shm;
 
 pub use error::{Result, VnvmError};
 pub use recovery::{recover, RecoveryReport};
@@ -98,7 +101,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -106,6 +109,11 @@ use tiermem_media::{Pool, PoolKind, PoolOptions, PowerDomain};
 
 /// A transaction id, unique within an instance's life.
 pub type Tid = u64;
+
+/// Processes (or `Vnvm` handles) that can use one instance at the same time.
+pub const MAX_USERS: usize = shm::MAX_APPS;
+/// Shared regions an instance can have allocated at the same time.
+pub const MAX_SHARED_REGIONS: usize = shm::MAX_SHARED;
 
 /// Committed transactions the redo worker applies at most per batch (one publish, one pop).
 const REDO_BATCH: usize = 64;
@@ -118,8 +126,9 @@ pub const OPEN_LISTS: usize = 32;
 pub enum Mode {
     /// The region's DRAM cache is private to this process (a memfd filled from the file).
     Private,
-    /// The region is shared between processes (MAP_SHARED of the file). Not implemented yet:
-    /// `nv_allocate` rejects it with [`VnvmError::Config`].
+    /// The region is shared between processes (thesis §2.4.4): its DRAM cache is the file
+    /// mapped `MAP_SHARED`, it has its own committed list, and a transaction that writes it
+    /// writes no other region ([`VnvmError::CrossRegion`]).
     Shared,
 }
 
@@ -258,24 +267,11 @@ impl VnvmConfig {
 
 // ---- volatile state ----------------------------------------------------------------------
 
-/// Allocation state an instance's users share. Phase 1 keeps it in the process; shared mode
-/// moves it into a `shm_open` object guarded by a robust process-shared mutex.
-struct SharedState {
-    /// Free log pages.
-    log_free: Mutex<Vec<u32>>,
-    /// Signalled when log pages are freed.
-    log_cv: Condvar,
-    /// Free log-object slots.
-    logobj_free: Mutex<Vec<u32>>,
-    /// Next transaction id.
-    next_tid: AtomicU64,
-    /// Application id of this process.
-    app_id: u32,
-}
-
 /// A backing file's region.
 struct RegionInner {
     file_id: u32,
+    /// Shared mode: the region's slot in the shared-memory object.
+    shared: Option<shared::SharedRef>,
     path: PathBuf,
     size: u64,
     file: File,
@@ -549,7 +545,8 @@ impl CacheState {
                 tail: NIL,
                 len: 0,
             },
-            free: (0..n).rev().collect(),
+            // A reserve refilled from the shared free list (`Inner::refill_cache`).
+            free: Vec::new(),
             ndirty: 0,
             need_space: false,
             wb_idle: false,
@@ -663,7 +660,14 @@ struct Inner {
     meta: Pool,
     log: Pool,
     cache: Pool,
-    shared: SharedState,
+    /// The instance's shared-memory object (free stacks, users, tids, shared regions).
+    shm: shm::Shm,
+    /// This process's user slot; its app id is `slot + 1`.
+    slot: usize,
+    /// The instance `lock` file; holds this user's liveness lock (OFD lock on byte 1 + slot).
+    lockf: File,
+    /// Shared regions want a flush (set by commits past the threshold and log waiters).
+    flush_req: AtomicBool,
     open: Vec<Mutex<OpenList>>,
     domains: Vec<Mutex<CommitDomain>>,
     /// Signalled when a committed transaction has been applied (drain waiters).
@@ -682,24 +686,26 @@ struct Inner {
     stop_wb: AtomicBool,
     kill: AtomicBool,
     worker_error: Mutex<Option<String>>,
-    stats: Counters,
 }
 
-#[derive(Default)]
-struct Counters {
-    commits: AtomicU64,
-    applied: AtomicU64,
-    pages_written_back: AtomicU64,
-    age_aborts: AtomicU64,
-}
-
-/// Counters of an instance (for `tiermem vnvm stats` later).
+/// Counters of this process's use of an instance, and the instance's occupancy.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VnvmStats {
+    /// This process's application id (user slot + 1).
+    pub app_id: u32,
+    /// Processes using the instance now.
+    pub users: u32,
     /// Committed transactions with at least one write.
     pub commits: u64,
-    /// Committed transactions applied to the NVM cache by the redo worker.
+    /// Committed transactions applied to the NVM cache by the redo worker (private regions)
+    /// or dropped from a shared region's committed list by a flush this process ran.
     pub applied: u64,
+    /// Shared-region flushes this process ran.
+    pub flushes: u64,
+    /// Log pages this process holds (open and unapplied committed transactions).
+    pub log_pages_held: u32,
+    /// Cache pages this process holds (equal share: cache pages / users).
+    pub cache_pages_held: u32,
     /// Cache pages written back to files.
     pub pages_written_back: u64,
     /// Transactions aborted for their age.
@@ -724,7 +730,6 @@ pub struct Vnvm {
     redo: Option<JoinHandle<()>>,
     wb: Option<JoinHandle<()>>,
     released: bool,
-    _lock: File,
 }
 
 impl std::fmt::Debug for Vnvm {
@@ -824,16 +829,18 @@ fn populate(pool: &Pool) {
     };
 }
 
-/// Start an instance (the thesis' `nv_init`): create or open the pools in `cfg.dir`, recover
-/// automatically if the last run did not shut down cleanly, and start the redo and writeback
-/// workers.
+/// Start using an instance (the thesis' `nv_init`) and start this process's redo and writeback
+/// workers. The first user creates the pools (or opens them, recovering automatically if the
+/// last run did not shut down cleanly) and the shared-memory object; later users — other
+/// processes, or other `Vnvm`s of this one — join them, taking the live instance's geometry
+/// (their `cfg` sizes are then ignored) and reclaiming what dead users left.
 ///
-/// Errors: [`VnvmError::Config`] for a bad configuration; [`VnvmError::Busy`] when another
-/// process or handle holds the instance; every error of [`recover`] (a damaged instance is
+/// Errors: [`VnvmError::Config`] for a bad configuration; [`VnvmError::Busy`] when all
+/// [`MAX_USERS`] user slots are taken; every error of [`recover`] (a damaged instance is
 /// reported and left untouched); media errors.
 pub fn nv_init(cfg: &VnvmConfig) -> Result<Vnvm> {
-    let geo = cfg.geometry()?;
     let dir = cfg.dir.clone();
+    cfg.geometry()?;
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -842,27 +849,68 @@ pub fn nv_init(cfg: &VnvmConfig) -> Result<Vnvm> {
             .create(&dir)
             .map_err(|e| io_err("create directory", &dir, e))?;
     }
-    let lock = lock_dir(&dir)?;
-    let pools = if dir.join(META).exists() {
-        let clean = {
-            let p = open_pools(&dir, None)?;
-            read_clean(&p)?
-        };
-        if !clean {
-            recover_locked(&dir)?;
-        }
-        let same = open_pools(&dir, None)?.geo == geo;
-        if same {
-            let p = open_pools(&dir, cfg.domain.as_ref())?;
-            reset(&p)?;
-            p
-        } else {
-            create_pools(&dir, &geo, cfg.domain.as_ref())?
-        }
+    let lockf = open_lock_file(&dir)?;
+    flock_exclusive(&lockf, true);
+    let r = join(cfg, &dir, lockf);
+    if let Ok(vn) = &r {
+        flock_release(&vn.inner.lockf);
+    }
+    r
+}
+
+/// The part of [`nv_init`] that runs under the instance flock (released by the caller on
+/// success; on failure the lock file is closed, which releases it).
+fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
+    let existing = if dir.join(META).exists() {
+        Some(open_pools(dir, None)?.geo)
     } else {
-        create_pools(&dir, &geo, cfg.domain.as_ref())?
+        None
     };
-    store_word_persist(&pools.meta, STATE_OFF, STATE_RUNNING)?;
+    // Live users? Then join them (their geometry wins over `cfg`'s sizes).
+    let live = existing
+        .as_ref()
+        .is_some_and(|g| live_users(dir, g, &lockf) > 0);
+    let (pools, shm) = if live {
+        let geo = existing.expect("live users imply pools");
+        let shm = shm::Shm::open(dir, &geo)?.ok_or_else(|| VnvmError::Busy(dir.to_path_buf()))?;
+        (open_pools(dir, cfg.domain.as_ref())?, shm)
+    } else {
+        // First user: recover what the last run left, then start from empty structures.
+        let geo = cfg.geometry()?;
+        let pools = if existing.is_some() {
+            let clean = {
+                let p = open_pools(dir, None)?;
+                read_clean(&p)?
+            };
+            if !clean {
+                recover_locked(dir)?;
+            }
+            if open_pools(dir, None)?.geo == geo {
+                let p = open_pools(dir, cfg.domain.as_ref())?;
+                reset(&p)?;
+                p
+            } else {
+                create_pools(dir, &geo, cfg.domain.as_ref())?
+            }
+        } else {
+            create_pools(dir, &geo, cfg.domain.as_ref())?
+        };
+        for s in 0..shm::MAX_SHARED {
+            // Stale bitmaps of a previous run's shared regions.
+            shm::Bitmaps::unlink_name(dir, s);
+        }
+        let shm = shm::Shm::create(dir, &geo)?;
+        store_word_persist(&pools.meta, STATE_OFF, STATE_RUNNING)?;
+        (pools, shm)
+    };
+    let geo = pools.geo;
+    let slot = (0..shm::MAX_APPS)
+        .find(|&s| {
+            shm.app(s).state.load(Ordering::Acquire) == shm::SLOT_FREE
+                && shm::lock_slot(&lockf, s)
+                && shm.join(s)
+        })
+        .ok_or_else(|| VnvmError::Busy(dir.to_path_buf()))?;
     // Map the log and cache pages now, so that no page fault lands on a commit or a redo.
     populate(&pools.log);
     populate(&pools.cache);
@@ -870,24 +918,21 @@ pub fn nv_init(cfg: &VnvmConfig) -> Result<Vnvm> {
         meta, log, cache, ..
     } = pools;
     let inner = Arc::new(Inner {
-        dir: dir.clone(),
+        dir: dir.to_path_buf(),
         cfg: cfg.clone(),
         geo,
         meta,
         log,
         cache,
-        shared: SharedState {
-            log_free: Mutex::new((0..geo.log_pages).rev().collect()),
-            log_cv: Condvar::new(),
-            logobj_free: Mutex::new((0..geo.log_objs).rev().collect()),
-            next_tid: AtomicU64::new(1),
-            app_id: 1,
-        },
+        shm,
+        slot,
+        lockf,
+        flush_req: AtomicBool::new(false),
         open: (0..OPEN_LISTS)
             .map(|_| Mutex::new(OpenList::default()))
             .collect(),
         domains: vec![Mutex::new(CommitDomain {
-            id: 0,
+            id: slot as u32,
             head: 0,
             tail: 0,
             queue: VecDeque::new(),
@@ -903,25 +948,30 @@ pub fn nv_init(cfg: &VnvmConfig) -> Result<Vnvm> {
         stop_wb: AtomicBool::new(false),
         kill: AtomicBool::new(false),
         worker_error: Mutex::new(None),
-        stats: Counters::default(),
     });
+    // Whatever dead users left is reclaimed before we start (we hold the flock).
+    if live {
+        if let Err(e) = inner.reap_dead_locked() {
+            inner.shm.leave(slot);
+            return Err(e);
+        }
+    }
     let i2 = inner.clone();
     let redo = std::thread::Builder::new()
         .name("vnvm-redo".into())
         .spawn(move || i2.run_worker("redo", |i| i.redo_loop()))
-        .map_err(|e| io_err("spawn redo worker", &dir, e))?;
+        .map_err(|e| io_err("spawn redo worker", dir, e))?;
     let _ = inner.redo_thread.set(redo.thread().clone());
     let i3 = inner.clone();
     let wb = std::thread::Builder::new()
         .name("vnvm-writeback".into())
         .spawn(move || i3.run_worker("writeback", |i| i.wb_loop()))
-        .map_err(|e| io_err("spawn writeback worker", &dir, e))?;
+        .map_err(|e| io_err("spawn writeback worker", dir, e))?;
     Ok(Vnvm {
         inner,
         redo: Some(redo),
         wb: Some(wb),
         released: false,
-        _lock: lock,
     })
 }
 
@@ -940,12 +990,18 @@ impl Vnvm {
     pub fn stats(&self) -> VnvmStats {
         let i = &self.inner;
         let c = i.cstate.lock();
+        let me = i.me();
         VnvmStats {
-            commits: i.stats.commits.load(Ordering::Relaxed),
-            applied: i.stats.applied.load(Ordering::Relaxed),
-            pages_written_back: i.stats.pages_written_back.load(Ordering::Relaxed),
-            age_aborts: i.stats.age_aborts.load(Ordering::Relaxed),
-            free_log_pages: i.shared.log_free.lock().len(),
+            app_id: i.slot as u32 + 1,
+            users: i.shm.users(),
+            commits: me.commits.load(Ordering::Relaxed),
+            applied: me.applied.load(Ordering::Relaxed),
+            flushes: me.flushes.load(Ordering::Relaxed),
+            log_pages_held: me.log_held.load(Ordering::Relaxed),
+            cache_pages_held: me.cache_held.load(Ordering::Relaxed),
+            pages_written_back: me.pages_written_back.load(Ordering::Relaxed),
+            age_aborts: me.age_aborts.load(Ordering::Relaxed),
+            free_log_pages: i.shm.free_count(shm::Res::Log) as usize,
             dirty_pages: c.ndirty,
             clean_pages: c.clean.len,
             log_pages: i.geo.log_pages,
@@ -956,20 +1012,17 @@ impl Vnvm {
     /// Map the file at `path` as a region of `size` bytes (the thesis' `nv_allocate`). The file
     /// is created (mode 0600) if missing and extended to `size` if shorter; a persistent file
     /// record is written before the region is returned. The region's pointer is a read-only
-    /// view of a DRAM cache filled from the file.
+    /// view of its DRAM cache: for [`Mode::Private`] a cache of this process filled from the
+    /// file; for [`Mode::Shared`] the file itself mapped `MAP_SHARED`, so every process that
+    /// allocates the same path in shared mode (same size) sees the same committed data.
     ///
-    /// Errors: [`VnvmError::Config`] for [`Mode::Shared`] (not implemented yet) or size 0;
-    /// [`VnvmError::Allocate`] when the path is already allocated, too long, or the record table
-    /// is full; I/O errors on the file.
+    /// Errors: [`VnvmError::Config`] for size 0; [`VnvmError::Allocate`] when the path is
+    /// already allocated (by this process, privately by another, or shared with another size),
+    /// too long, or the record table or the shared slots are full; I/O errors on the file.
     pub fn nv_allocate(&self, path: impl AsRef<Path>, size: usize, mode: Mode) -> Result<Region> {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::OpenOptionsExt;
         let i = &self.inner;
-        if mode == Mode::Shared {
-            return Err(VnvmError::Config(
-                "shared mode is not implemented yet (phase 1 supports Mode::Private)".into(),
-            ));
-        }
         if size == 0 {
             return Err(VnvmError::Config("region size 0".into()));
         }
@@ -998,54 +1051,169 @@ impl Vnvm {
         if regions.iter().flatten().any(|r| r.path == path) {
             return Err(VnvmError::Allocate {
                 path,
-                reason: "already allocated in this instance".into(),
+                reason: "already allocated by this process".into(),
             });
-        }
-        let id = regions
-            .iter()
-            .position(|r| r.is_none())
-            .ok_or_else(|| VnvmError::Allocate {
-                path: path.clone(),
-                reason: format!("file-record table full ({} regions)", i.geo.max_files),
-            })? as u32;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| io_err("open backing file", &path, e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| io_err("fstat", &path, e))?
-            .len();
-        if len < size as u64 {
-            // SAFETY: fd is open; the range is checked by the kernel.
-            let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
-            if rc != 0 {
-                file.set_len(size as u64)
-                    .map_err(|e| io_err("extend backing file", &path, e))?;
-            }
-            file.sync_all().map_err(|e| io_err("fsync", &path, e))?;
         }
         let ps = i.geo.page_size as usize;
         let map_len = size.div_ceil(ps) * ps;
-        let dram = DramCache::new(&path, &file, map_len, size)?;
-        // File record: body first, then the magic (one 8-byte store), each persisted.
-        let rec = FileRecord {
-            id,
-            mode: mode.to_raw(),
-            size: size as u64,
-            path: pstr,
-        }
-        .encode();
-        let off = i.geo.file_off(id);
-        i.meta.write(off + 8, &rec[8..])?;
-        i.meta.persist(off + 8, rec.len() - 8)?;
-        store_word_persist(&i.meta, off, FILE_MAGIC)?;
+        let region_pages = map_len as u64 / ps as u64;
+        // The file-record table and the shared-region slots are shared by every user.
+        let (id, join, sslot) = {
+            let _g = i.shm.lock();
+            let records = load_records(&i.meta, &i.geo)?;
+            let found = records.values().find(|r| r.path == pstr);
+            match (found, mode) {
+                (Some(r), Mode::Shared) if r.mode == Mode::Shared.to_raw() => {
+                    if r.size != size as u64 {
+                        return Err(VnvmError::Allocate {
+                            path,
+                            reason: format!(
+                                "shared by other processes with size {} (asked {size})",
+                                r.size
+                            ),
+                        });
+                    }
+                    let s = (0..shm::MAX_SHARED)
+                        .find(|&s| i.shm.shared(s).file.load(Ordering::Acquire) == r.id + 1)
+                        .ok_or_else(|| VnvmError::Allocate {
+                            path: path.clone(),
+                            reason: "shared record without a shared slot".into(),
+                        })?;
+                    i.shm
+                        .shared(s)
+                        .users
+                        .fetch_or(1 << i.slot, Ordering::AcqRel);
+                    (r.id, true, Some(s))
+                }
+                (Some(r), _) => {
+                    return Err(VnvmError::Allocate {
+                        path,
+                        reason: if r.mode == Mode::Shared.to_raw() {
+                            "already allocated in this instance in shared mode".into()
+                        } else {
+                            format!("already allocated in this instance by app {}", r.owner)
+                        },
+                    })
+                }
+                (None, _) => {
+                    let id = (0..i.geo.max_files)
+                        .find(|id| !records.contains_key(id) && regions[*id as usize].is_none())
+                        .ok_or_else(|| VnvmError::Allocate {
+                            path: path.clone(),
+                            reason: format!("file-record table full ({} regions)", i.geo.max_files),
+                        })?;
+                    let sslot = if mode == Mode::Shared {
+                        let s = (0..shm::MAX_SHARED)
+                            .find(|&s| i.shm.shared(s).file.load(Ordering::Acquire) == 0)
+                            .ok_or_else(|| VnvmError::Allocate {
+                                path: path.clone(),
+                                reason: format!(
+                                    "shared-region slots full ({} regions)",
+                                    shm::MAX_SHARED
+                                ),
+                            })?;
+                        let sl = i.shm.shared(s);
+                        sl.users.store(1 << i.slot, Ordering::Relaxed);
+                        sl.pending_pages.store(0, Ordering::Relaxed);
+                        sl.flushing.store(0, Ordering::Relaxed);
+                        sl.pages.store(region_pages, Ordering::Relaxed);
+                        sl.file.store(id + 1, Ordering::Release);
+                        Some(s)
+                    } else {
+                        None
+                    };
+                    // File record: body first, then the magic (one 8-byte store), each
+                    // persisted.
+                    let rec = FileRecord {
+                        id,
+                        mode: mode.to_raw(),
+                        size: size as u64,
+                        path: pstr.clone(),
+                        owner: if mode == Mode::Shared {
+                            0
+                        } else {
+                            i.slot as u32 + 1
+                        },
+                        domain: match sslot {
+                            Some(s) => shared::shared_domain(s),
+                            None => i.slot as u32,
+                        },
+                    }
+                    .encode();
+                    let off = i.geo.file_off(id);
+                    i.meta.write(off + 8, &rec[8..])?;
+                    i.meta.persist(off + 8, rec.len() - 8)?;
+                    store_word_persist(&i.meta, off, FILE_MAGIC)?;
+                    (id, false, sslot)
+                }
+            }
+        };
+        let opened = (|| -> Result<(File, DramCache, Option<shared::SharedRef>)> {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| io_err("open backing file", &path, e))?;
+            let len = file
+                .metadata()
+                .map_err(|e| io_err("fstat", &path, e))?
+                .len();
+            if len < size as u64 {
+                // SAFETY: fd is open; the range is checked by the kernel.
+                let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
+                if rc != 0 {
+                    file.set_len(size as u64)
+                        .map_err(|e| io_err("extend backing file", &path, e))?;
+                }
+                file.sync_all().map_err(|e| io_err("fsync", &path, e))?;
+            }
+            match sslot {
+                None => {
+                    let dram = DramCache::new(&path, &file, map_len, size)?;
+                    Ok((file, dram, None))
+                }
+                Some(s) => {
+                    let dram = DramCache::new_shared(&path, &file, map_len)?;
+                    let bm = shm::Bitmaps::open(&i.dir, s, region_pages, !join)?;
+                    let sr = shared::SharedRef {
+                        slot: s,
+                        domain: shared::shared_domain(s),
+                        bm,
+                    };
+                    Ok((file, dram, Some(sr)))
+                }
+            }
+        })();
+        let (file, dram, shared) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                // Undo what the record table says.
+                let _g = i.shm.lock();
+                match sslot {
+                    Some(s) if join => {
+                        i.shm
+                            .shared(s)
+                            .users
+                            .fetch_and(!(1 << i.slot), Ordering::AcqRel);
+                    }
+                    Some(s) => {
+                        i.shm.shared(s).users.store(0, Ordering::Relaxed);
+                        i.shm.shared(s).file.store(0, Ordering::Release);
+                        let _ = store_word_persist(&i.meta, i.geo.file_off(id), 0);
+                    }
+                    None => {
+                        let _ = store_word_persist(&i.meta, i.geo.file_off(id), 0);
+                    }
+                }
+                return Err(e);
+            }
+        };
         let r = Arc::new(RegionInner {
             file_id: id,
+            shared,
             path,
             size: size as u64,
             file,
@@ -1078,6 +1246,11 @@ impl Vnvm {
         if r.open_writers.load(Ordering::SeqCst) > 0 {
             r.closing.store(false, Ordering::SeqCst);
             return Err(VnvmError::RegionBusy(r.path.clone()));
+        }
+        if r.shared.is_some() {
+            i.leave_shared(&r)?;
+            i.regions.write()[r.file_id as usize] = None;
+            return Ok(());
         }
         i.drain()?;
         i.writeback(WbTarget::File(r.file_id))?;
@@ -1112,7 +1285,7 @@ impl Vnvm {
     /// Begin a transaction (the thesis' `nv_txbegin`): returns a new unique id.
     pub fn nv_txbegin(&self) -> Tid {
         let i = &self.inner;
-        let tid = i.shared.next_tid.fetch_add(1, Ordering::Relaxed);
+        let tid = i.shm.next_tid().fetch_add(1, Ordering::Relaxed);
         let tx = Tx {
             start_ns: tiermem_media::now_ns(),
             pages: Vec::new(),
@@ -1139,17 +1312,31 @@ impl Vnvm {
         self.inner.write(tid, dst as usize, src)
     }
 
-    /// Wait up to `timeout` until at least one log page is free; true if one is.
+    /// Wait up to `timeout` until this process may take at least one log page (one is free
+    /// and its equal share is not used up); true if it may. Waiting asks every user's
+    /// workers to flush shared regions, whose logs are freed only by a flush.
     pub fn nv_wait_log_space(&self, timeout: Duration) -> bool {
-        let s = &self.inner.shared;
+        let i = &self.inner;
         let deadline = Instant::now() + timeout;
-        let mut g = s.log_free.lock();
-        while g.is_empty() {
-            if s.log_cv.wait_until(&mut g, deadline).timed_out() {
-                return !g.is_empty();
+        loop {
+            let seen = i.shm.log_seq();
+            if i.log_page_available() {
+                return true;
             }
+            if i.worker_error.lock().is_some() {
+                return false;
+            }
+            i.flush_req.store(true, Ordering::SeqCst);
+            if let Some(t) = i.redo_thread.get() {
+                t.unpark();
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            i.shm
+                .wait_log(seen, (deadline - now).min(Duration::from_millis(50)));
         }
-        true
     }
 
     /// Commit transaction `tid` (the thesis' `nv_commit`): fence its log, link it at the tail
@@ -1188,9 +1375,9 @@ impl Vnvm {
     pub fn quiesce(&self) -> Result<()> {
         let i = &self.inner;
         i.drain()?;
-        let total = i.geo.cache_pages as u64;
         let mut c = i.cstate.lock();
         loop {
+            let total = i.shm.share(shm::Res::Cache) as u64;
             if let Some(e) = i.worker_error.lock().clone() {
                 return Err(VnvmError::CacheFull(format!("a worker failed: {e}")));
             }
@@ -1246,9 +1433,10 @@ impl Vnvm {
                 "redo worker stopped before applying every committed log".into(),
             ));
         }
-        i.writeback(WbTarget::All)?;
-        store_word_persist(&i.meta, STATE_OFF, STATE_CLEAN)?;
-        Ok(())
+        flock_exclusive(&i.lockf, true);
+        let r = i.leave();
+        flock_release(&i.lockf);
+        r
     }
 
     /// Stop the workers without writing anything back, leaving the instance as a crash would
@@ -1273,6 +1461,16 @@ impl Vnvm {
         }
         if let Some(h) = self.wb.take() {
             let _ = h.join();
+        }
+        // Keep /dev/shm tidy for tests: the name of a shared-memory object nobody else uses
+        // goes (a real crash leaves it; the next first user replaces it anyway).
+        if i.shm.users() <= 1 {
+            i.shm.unlink();
+            for s in 0..shm::MAX_SHARED {
+                if i.shm.shared(s).file.load(Ordering::Relaxed) != 0 {
+                    shm::Bitmaps::unlink_name(&i.dir, s);
+                }
+            }
         }
     }
 }
@@ -1306,7 +1504,7 @@ impl Inner {
     }
 
     fn tid_error(&self, ol: &OpenList, tid: Tid) -> VnvmError {
-        if tid == 0 || tid >= self.shared.next_tid.load(Ordering::Relaxed) {
+        if tid == 0 || tid >= self.shm.next_tid().load(Ordering::Relaxed) {
             return VnvmError::UnknownTx(tid);
         }
         match ol.recent.iter().rev().find(|(t, _)| *t == tid) {
@@ -1331,9 +1529,7 @@ impl Inner {
         if pages.is_empty() {
             return;
         }
-        let mut f = self.shared.log_free.lock();
-        f.extend_from_slice(pages);
-        self.shared.log_cv.notify_all();
+        self.shm.free(shm::Res::Log, pages);
     }
 
     fn find_region(&self, addr: usize, len: usize) -> Option<Arc<RegionInner>> {
@@ -1376,6 +1572,16 @@ impl Inner {
                         addr: dst,
                         len: src.len(),
                     })?;
+                if tx
+                    .regions
+                    .first()
+                    .is_some_and(|f| f.shared.is_some() || r.shared.is_some())
+                {
+                    return Err(VnvmError::CrossRegion {
+                        tid,
+                        path: r.path.clone(),
+                    });
+                }
                 r.open_writers.fetch_add(1, Ordering::SeqCst);
                 if r.closing.load(Ordering::SeqCst) {
                     r.open_writers.fetch_sub(1, Ordering::SeqCst);
@@ -1389,7 +1595,7 @@ impl Inner {
         let mut done = 0usize;
         while done < src.len() {
             if tx.pages.is_empty() || tx.used as usize + ENTRY_HDR + 8 > ps {
-                let Some(np) = self.shared.log_free.lock().pop() else {
+                let Some(np) = self.take_log_page() else {
                     break;
                 };
                 if let Some(&last) = tx.pages.last() {
@@ -1515,15 +1721,15 @@ impl Inner {
             logged += used as u64;
         }
         let idx = self
-            .shared
-            .logobj_free
-            .lock()
-            .pop()
-            .expect("log objects ≥ log pages ≥ committed transactions");
+            .shm
+            .take_one(shm::Res::Obj, self.slot)
+            .expect("log objects = log pages ≥ committed transactions");
         let mut entries = Vec::new();
         self.entries_of(tid, &tx.pages, &mut entries);
         let mut bytes = 0u64;
-        {
+        if tx.regions.first().is_some_and(|r| r.shared.is_some()) {
+            bytes = self.commit_shared(&tx, tid, idx, &entries)?;
+        } else {
             let mut d = self.domains[0].lock();
             let obj = LogObj {
                 tid,
@@ -1531,7 +1737,7 @@ impl Inner {
                 first_page: tx.pages[0],
                 npages: tx.pages.len() as u32,
                 domain: d.id,
-                app_id: self.shared.app_id,
+                app_id: self.slot as u32 + 1,
                 start_ns: tx.start_ns,
             };
             let ooff = self.geo.logobj_off(idx);
@@ -1582,7 +1788,7 @@ impl Inner {
         }
         self.log.charge_write(logged);
         self.log.charge_read(bytes);
-        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.me().commits.fetch_add(1, Ordering::Relaxed);
         for r in &tx.regions {
             r.open_writers.fetch_sub(1, Ordering::SeqCst);
         }
@@ -1687,9 +1893,23 @@ impl Inner {
                 std::thread::park_timeout(period);
             }
             let now = tiermem_media::now_ns();
-            if now.saturating_sub(last_scan) >= period_ns {
+            let periodic = now.saturating_sub(last_scan) >= period_ns;
+            let wanted =
+                self.flush_req.swap(false, Ordering::AcqRel) | self.shm.take_flush_wanted();
+            if periodic || wanted {
+                // Shared regions: flush past the threshold, or whatever is pending when a
+                // writer waits for log space or a period has passed.
+                if let Err(e) = self.flush_shared_regions(true) {
+                    *self.worker_error.lock() = Some(e.to_string());
+                    return;
+                }
+            }
+            if periodic {
                 last_scan = now;
                 self.abort_old();
+                if let Err(e) = self.reap_dead() {
+                    *self.worker_error.lock() = Some(format!("reaping a dead user: {e}"));
+                }
             }
         }
     }
@@ -1707,7 +1927,7 @@ impl Inner {
                     for r in tx.regions.drain(..) {
                         r.open_writers.fetch_sub(1, Ordering::SeqCst);
                     }
-                    self.stats.age_aborts.fetch_add(1, Ordering::Relaxed);
+                    self.me().age_aborts.fetch_add(1, Ordering::Relaxed);
                 }
             }
             // Freed before the open list is unlocked: whoever sees the abort sees the pages free.
@@ -1767,6 +1987,7 @@ impl Inner {
                     }
                     break p;
                 }
+                self.refill_cache(&mut c);
                 if let Some(p) = c.take() {
                     // No fill: only the chunks the entries touch become valid.
                     c.key[p as usize] = Some(key);
@@ -1836,7 +2057,7 @@ impl Inner {
         self.cache.charge_write(written);
         self.log
             .charge_read(entries.iter().map(|e| e.len as u64).sum());
-        let total = self.geo.cache_pages as u64;
+        let total = self.shm.share(shm::Res::Cache) as u64;
         let ndirty = self.cstate.lock().ndirty as u64;
         if ndirty * 100 > self.cfg.writeback_start_pct as u64 * total {
             self.wb_cv.notify_all();
@@ -1924,10 +2145,10 @@ impl Inner {
                 idxs.push(c.idx);
                 pages.extend_from_slice(&c.pages);
             }
-            self.stats.applied.fetch_add(n as u64, Ordering::Relaxed);
+            self.me().applied.fetch_add(n as u64, Ordering::Relaxed);
             self.applied_cv.notify_all();
         }
-        self.shared.logobj_free.lock().extend_from_slice(&idxs);
+        self.shm.free(shm::Res::Obj, &idxs);
         self.free_log_pages(&pages);
         Ok(())
     }
@@ -1947,8 +2168,10 @@ impl Inner {
                 libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
             }
         }
-        let total = self.geo.cache_pages as u64;
         loop {
+            // Pages beyond the equal share (a user joined) go back to the shared free list.
+            self.release_over_share();
+            let mut write = false;
             {
                 let mut c = self.cstate.lock();
                 loop {
@@ -1957,10 +2180,17 @@ impl Inner {
                         self.wb_idle_cv.notify_all();
                         return;
                     }
+                    if self.over_share() > 0 && (c.clean.len > 0 || !c.free.is_empty()) {
+                        break; // give pages back first (top of the loop)
+                    }
+                    // Thresholds are fractions of this user's cache share (thesis §2.4.3).
+                    let total = self.shm.share(shm::Res::Cache) as u64;
                     if c.need_space
                         || c.ndirty as u64 * 100 > self.cfg.writeback_start_pct as u64 * total
+                        || (self.over_share() > 0 && c.clean.len == 0 && c.free.is_empty())
                     {
                         c.wb_idle = false;
+                        write = true;
                         break;
                     }
                     if !c.wb_idle {
@@ -1969,6 +2199,9 @@ impl Inner {
                     }
                     self.wb_cv.wait_for(&mut c, Duration::from_millis(200));
                 }
+            }
+            if !write {
+                continue;
             }
             if let Err(e) = self.writeback(WbTarget::Threshold) {
                 *self.worker_error.lock() = Some(e.to_string());
@@ -1986,8 +2219,8 @@ impl Inner {
     fn writeback(&self, target: WbTarget) -> Result<()> {
         const BATCH: usize = 64;
         let ps = self.geo.page_size as u64;
-        let total = self.geo.cache_pages as u64;
         loop {
+            let total = self.shm.share(shm::Res::Cache) as u64;
             // Pick a batch from the LRU tail of the dirty list.
             let mut batch: Vec<(u32, (u32, u64), u64)> = Vec::new();
             {
@@ -1996,6 +2229,7 @@ impl Inner {
                     WbTarget::Threshold => {
                         c.ndirty as u64 * 100 <= self.cfg.writeback_stop_pct as u64 * total
                             && (!c.need_space || !c.free.is_empty() || c.clean.len > 0)
+                            && (self.over_share() == 0 || c.clean.len > 0)
                     }
                     _ => false,
                 };
@@ -2104,7 +2338,7 @@ impl Inner {
                     c.ndirty -= 1;
                 }
             }
-            self.stats
+            self.me()
                 .pages_written_back
                 .fetch_add(cleaned, Ordering::Relaxed);
             self.space_cv.notify_all();

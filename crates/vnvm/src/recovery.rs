@@ -168,54 +168,59 @@ struct Plan {
     txs: Vec<Vec<Entry>>,
 }
 
-fn load_records(p: &Pools) -> Result<HashMap<u32, FileRecord>> {
+/// Every file record of the instance, validated.
+pub(crate) fn load_records(meta: &Pool, geo: &Geometry) -> Result<HashMap<u32, FileRecord>> {
     let mut records = HashMap::new();
-    for id in 0..p.geo.max_files {
-        let off = p.geo.file_off(id);
-        let b = pool_slice(&p.meta, off, FILE_REC_SIZE as usize);
+    for id in 0..geo.max_files {
+        let off = geo.file_off(id);
+        let b = pool_slice(meta, off, FILE_REC_SIZE as usize);
         match FileRecord::decode(b, id) {
             Ok(Some(r)) => {
                 records.insert(id, r);
             }
             Ok(None) => {}
-            Err(e) => return Err(damaged(&p.meta, format!("file record {id}"), off, e)),
+            Err(e) => return Err(damaged(meta, format!("file record {id}"), off, e)),
         }
     }
     Ok(records)
 }
 
 /// Walk the committed list of `domain`: the log objects from head to tail.
-pub(crate) fn committed_list(p: &Pools, domain: u32) -> Result<Vec<(u32, LogObj)>> {
-    let woff = p.geo.domain_off(domain);
-    let (head, tail) = domain_unword(load_word(&p.meta, woff));
+pub(crate) fn committed_list(
+    meta: &Pool,
+    geo: &Geometry,
+    domain: u32,
+) -> Result<Vec<(u32, LogObj)>> {
+    let woff = geo.domain_off(domain);
+    let (head, tail) = domain_unword(load_word(meta, woff));
     let what = format!("committed list of domain {domain}");
     if head == 0 && tail == 0 {
         return Ok(Vec::new());
     }
-    if head == 0 || tail == 0 || head > p.geo.log_objs || tail > p.geo.log_objs {
+    if head == 0 || tail == 0 || head > geo.log_objs || tail > geo.log_objs {
         return Err(damaged(
-            &p.meta,
+            meta,
             what,
             woff,
             format!(
                 "head {head} / tail {tail} out of range 1..={}",
-                p.geo.log_objs
+                geo.log_objs
             ),
         ));
     }
     let mut out = Vec::new();
     let mut idx = tail - 1;
     loop {
-        let off = p.geo.logobj_off(idx);
-        let obj = LogObj::decode(pool_slice(&p.meta, off, LOGOBJ_SIZE as usize))
-            .map_err(|e| damaged(&p.meta, format!("log object {idx}"), off, e))?;
+        let off = geo.logobj_off(idx);
+        let obj = LogObj::decode(pool_slice(meta, off, LOGOBJ_SIZE as usize))
+            .map_err(|e| damaged(meta, format!("log object {idx}"), off, e))?;
         out.push((idx, obj));
         if idx + 1 == head {
             break;
         }
-        if out.len() > p.geo.log_objs as usize || obj.prev == 0 || obj.prev > p.geo.log_objs {
+        if out.len() > geo.log_objs as usize || obj.prev == 0 || obj.prev > geo.log_objs {
             return Err(damaged(
-                &p.meta,
+                meta,
                 format!("log object {idx}"),
                 off,
                 format!("predecessor {} does not lead to the head {head}", obj.prev),
@@ -229,50 +234,52 @@ pub(crate) fn committed_list(p: &Pools, domain: u32) -> Result<Vec<(u32, LogObj)
 
 /// The entries of one committed transaction, validated.
 pub(crate) fn tx_entries(
-    p: &Pools,
+    meta: &Pool,
+    log: &Pool,
+    geo: &Geometry,
     idx: u32,
     obj: &LogObj,
     seen: &mut HashSet<u32>,
     check: &dyn Fn(u32, u64, u32) -> std::result::Result<(), String>,
 ) -> Result<Vec<Entry>> {
-    let ps = p.geo.page_size;
+    let ps = geo.page_size;
     let mut out = Vec::new();
-    if obj.npages == 0 || obj.npages > p.geo.log_pages {
+    if obj.npages == 0 || obj.npages > geo.log_pages {
         return Err(damaged(
-            &p.meta,
+            meta,
             format!("log object {idx}"),
-            p.geo.logobj_off(idx),
+            geo.logobj_off(idx),
             format!("page count {} out of range", obj.npages),
         ));
     }
     let mut page = obj.first_page;
     for i in 0..obj.npages {
-        if page >= p.geo.log_pages || !seen.insert(page) {
+        if page >= geo.log_pages || !seen.insert(page) {
             return Err(damaged(
-                &p.meta,
+                meta,
                 format!("log object {idx} (tid {})", obj.tid),
-                p.geo.logobj_off(idx),
+                geo.logobj_off(idx),
                 format!("log page {page} out of range or used twice"),
             ));
         }
         let off = page as u64 * ps as u64;
-        let b = pool_slice(&p.log, off, ps as usize);
+        let b = pool_slice(log, off, ps as usize);
         let tid = u64_at(b, 8);
         if tid != obj.tid {
             return Err(damaged(
-                &p.log,
+                log,
                 format!("log page {page}"),
                 off,
                 format!("belongs to tid {tid}, log object says {}", obj.tid),
             ));
         }
         parse_page(b, off, ps, &mut out, check)
-            .map_err(|e| damaged(&p.log, format!("log page {page} (tid {tid})"), off, e))?;
+            .map_err(|e| damaged(log, format!("log page {page} (tid {tid})"), off, e))?;
         let next = u32_at(b, 4);
         if i + 1 < obj.npages {
             if next == 0 {
                 return Err(damaged(
-                    &p.log,
+                    log,
                     format!("log page {page}"),
                     off,
                     "chain ends early",
@@ -285,7 +292,7 @@ pub(crate) fn tx_entries(
 }
 
 fn plan(p: &Pools) -> Result<Plan> {
-    let records = load_records(p)?;
+    let records = load_records(&p.meta, &p.geo)?;
     let ps = p.geo.page_size as u64;
     let mut dirty = Vec::new();
     for page in 0..p.geo.cache_pages {
@@ -339,8 +346,10 @@ fn plan(p: &Pools) -> Result<Plan> {
     let mut txs = Vec::new();
     let mut seen = HashSet::new();
     for d in 0..p.geo.max_domains {
-        for (idx, obj) in committed_list(p, d)? {
-            txs.push(tx_entries(p, idx, &obj, &mut seen, &check)?);
+        for (idx, obj) in committed_list(&p.meta, &p.geo, d)? {
+            txs.push(tx_entries(
+                &p.meta, &p.log, &p.geo, idx, &obj, &mut seen, &check,
+            )?);
         }
     }
     Ok(Plan {
@@ -447,24 +456,58 @@ pub(crate) fn zero_persist(pool: &Pool, off: u64, len: u64) -> Result<()> {
     Ok(())
 }
 
-/// Take the instance lock of `dir` (flock on `dir/lock`), failing with [`VnvmError::Busy`].
-pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
-    use std::os::fd::AsRawFd;
+/// Open (creating) the instance's `lock` file: its flock serializes joining, leaving,
+/// reaping and recovery; OFD locks on its bytes `1 + slot` mark live users (see `shm`).
+pub(crate) fn open_lock_file(dir: &Path) -> Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(LOCK);
-    let f = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
         .open(&path)
-        .map_err(|e| io_err("open lock file", &path, e))?;
-    // SAFETY: f is an open descriptor.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(VnvmError::Busy(dir.to_path_buf()));
+        .map_err(|e| io_err("open lock file", &path, e))
+}
+
+/// flock the lock file exclusively; with `wait` false, return false when somebody holds it.
+pub(crate) fn flock_exclusive(f: &File, wait: bool) -> bool {
+    use std::os::fd::AsRawFd;
+    let op = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
+    loop {
+        // SAFETY: f is an open descriptor.
+        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+            return true;
+        }
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return false;
+        }
     }
-    Ok(f)
+}
+
+/// Release the flock of [`flock_exclusive`].
+pub(crate) fn flock_release(f: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: f is an open descriptor.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+}
+
+/// The number of live users of the instance in `dir` (processes with their slot lock held).
+pub(crate) fn live_users(dir: &Path, geo: &Geometry, lockf: &File) -> u32 {
+    match crate::shm::Shm::open(dir, geo) {
+        Ok(Some(s)) => (0..crate::shm::MAX_APPS)
+            .filter(|&k| {
+                s.app(k).state.load(Ordering::Acquire) == crate::shm::SLOT_LIVE
+                    && crate::shm::slot_alive(lockf, k)
+            })
+            .count() as u32,
+        _ => 0,
+    }
 }
 
 /// Recover the instance in `dir` (see the crate docs): validate everything, then write dirty
@@ -482,6 +525,18 @@ pub fn recover(dir: impl AsRef<Path>) -> Result<RecoveryReport> {
             dir: dir.to_path_buf(),
         });
     }
-    let _lock = lock_dir(dir)?;
-    recover_locked(dir)
+    let lockf = open_lock_file(dir)?;
+    if !flock_exclusive(&lockf, false) {
+        return Err(VnvmError::Busy(dir.to_path_buf()));
+    }
+    let geo = open_pools(dir, None)?.geo;
+    if live_users(dir, &geo, &lockf) > 0 {
+        return Err(VnvmError::Busy(dir.to_path_buf()));
+    }
+    let r = recover_locked(dir);
+    // Any shared-memory object left by dead users is stale now.
+    if let Ok(Some(s)) = crate::shm::Shm::open(dir, &geo) {
+        s.unlink();
+    }
+    r
 }

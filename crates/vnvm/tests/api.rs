@@ -120,10 +120,28 @@ fn bad_input_gets_clear_errors() {
         "{e}"
     );
     assert!(matches!(vn.nv_abort(t2), Err(VnvmError::TxAborted { .. })));
-    // Shared mode is not there yet.
+    // A transaction that writes a shared region writes only that region.
+    let g = vn
+        .nv_allocate(d.path().join("g"), 4096, Mode::Shared)
+        .unwrap();
+    let t3 = vn.nv_txbegin();
+    vn.nv_write(t3, g.as_ptr(), b"s").unwrap();
     assert!(matches!(
-        vn.nv_allocate(d.path().join("g"), 4096, Mode::Shared),
-        Err(VnvmError::Config(_))
+        vn.nv_write(t3, r.as_ptr(), b"p"),
+        Err(VnvmError::CrossRegion { tid, .. }) if tid == t3
+    ));
+    vn.nv_commit(t3).unwrap();
+    let t4 = vn.nv_txbegin();
+    vn.nv_write(t4, r.as_ptr(), b"p").unwrap();
+    assert!(matches!(
+        vn.nv_write(t4, g.as_ptr(), b"s"),
+        Err(VnvmError::CrossRegion { .. })
+    ));
+    vn.nv_abort(t4).unwrap();
+    // The shared region's path cannot be allocated privately, nor shared with another size.
+    assert!(matches!(
+        vn.nv_allocate(d.path().join("g"), 4096, Mode::Private),
+        Err(VnvmError::Allocate { .. })
     ));
     // Same file twice.
     assert!(matches!(
@@ -241,13 +259,26 @@ fn free_region_and_busy_region() {
 }
 
 #[test]
-fn instance_is_exclusive() {
+fn users_join_and_recovery_waits_for_the_last() {
     let d = tmp();
     let cfg = small_cfg(d.path(), 8, 8);
     let vn = nv_init(&cfg).unwrap();
-    assert!(matches!(nv_init(&cfg), Err(VnvmError::Busy(_))));
+    // A second user joins (another process would do the same) and gets its own app id.
+    let mut other = cfg.clone();
+    other.log_size *= 2; // ignored: the live instance's geometry wins
+    let vn2 = nv_init(&other).unwrap();
+    assert_eq!((vn.stats().users, vn2.stats().users), (2, 2));
+    assert_ne!(vn.stats().app_id, vn2.stats().app_id);
+    assert_eq!(vn2.stats().log_pages, vn.stats().log_pages);
+    // Transaction ids are unique across users.
+    let (a, b) = (vn.nv_txbegin(), vn2.nv_txbegin());
+    assert_ne!(a, b);
     assert!(matches!(recover(&cfg.dir), Err(VnvmError::Busy(_))));
     vn.nv_release().unwrap();
+    assert_eq!(vn2.stats().users, 1);
+    assert!(matches!(recover(&cfg.dir), Err(VnvmError::Busy(_))));
+    vn2.nv_release().unwrap();
+    assert!(recover(&cfg.dir).unwrap().was_clean);
     nv_init(&cfg).unwrap().nv_release().unwrap();
 }
 
