@@ -54,7 +54,7 @@ enum Command {
         #[command(subcommand)]
         which: bench::BenchCommand,
     },
-    /// vnvm (virtual NVM with transactions): recovery of an instance.
+    /// vnvm (virtual NVM with transactions): recover, inspect and monitor an instance.
     Vnvm {
         #[command(subcommand)]
         action: vnvm_cmd::VnvmCommand,

@@ -208,3 +208,190 @@ fn vnvm_recover_refuses_a_directory_without_an_instance() {
     assert!(err.contains("holds no vnvm instance"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The keys of a JSON object, sorted.
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .map(String::as_str)
+        .collect();
+    k.sort_unstable();
+    k
+}
+
+/// A crashed vnvm instance in `dir/vnvm` (the default directory when TIERMEM_DIR is `dir`):
+/// one 16 KiB region and two committed transactions that the (paused) redo worker never
+/// applied.
+fn crashed_vnvm_instance(dir: &std::path::Path) -> PathBuf {
+    use tiermem_vnvm::{nv_init, Mode, VnvmConfig};
+    let cfg = VnvmConfig {
+        dir: dir.join("vnvm"),
+        log_size: 16 * 4096,
+        cache_size: 8 * 4096,
+        max_files: 16,
+        redo_paused: true,
+        ..VnvmConfig::default()
+    };
+    let vn = nv_init(&cfg).unwrap();
+    let r = vn
+        .nv_allocate(dir.join("data"), 4 * 4096, Mode::Private)
+        .unwrap();
+    for off in [0usize, 5000] {
+        let tid = vn.nv_txbegin();
+        // SAFETY: inside the 16 KiB region.
+        vn.nv_write(tid, unsafe { r.as_ptr().add(off) }, &[9u8; 64])
+            .unwrap();
+        vn.nv_commit(tid).unwrap();
+    }
+    vn.abandon();
+    cfg.dir
+}
+
+#[test]
+fn vnvm_info_and_stats_describe_an_instance() {
+    let dir = scratch("vnvminfo");
+    let inst = crashed_vnvm_instance(&dir);
+    let is = inst.to_str().unwrap();
+
+    let v = json(&tiermem(&["vnvm", "info", is, "--json"], &dir));
+    assert_eq!(keys(&v), ["dir", "files", "geometry", "pools", "state"]);
+    assert_eq!(v["dir"], is);
+    assert_eq!(v["state"], "running_or_crashed");
+    let g = &v["geometry"];
+    assert_eq!(
+        keys(g),
+        [
+            "cache_pages",
+            "log_objects",
+            "log_pages",
+            "max_domains",
+            "max_files",
+            "page_size"
+        ]
+    );
+    assert_eq!(g["page_size"], 4096);
+    assert_eq!(g["log_pages"], 16);
+    assert_eq!(g["cache_pages"], 8);
+    assert_eq!(g["max_files"], 16);
+    let pools = v["pools"].as_array().unwrap();
+    assert_eq!(pools.len(), 3);
+    for (p, name) in pools.iter().zip(["meta.pool", "log.pool", "cache.pool"]) {
+        assert_eq!(keys(p), ["bytes", "name", "path"]);
+        assert_eq!(p["name"], name);
+        let path = inst.join(name);
+        assert_eq!(p["path"], path.to_str().unwrap());
+        assert_eq!(p["bytes"], std::fs::metadata(&path).unwrap().len());
+    }
+    let files = v["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1);
+    assert_eq!(keys(&files[0]), ["id", "mode", "path", "size"]);
+    assert_eq!(files[0]["id"], 0);
+    assert_eq!(files[0]["mode"], "private");
+    assert_eq!(files[0]["size"], 4 * 4096);
+    assert_eq!(files[0]["path"], dir.join("data").to_str().unwrap());
+
+    // No DIR: the default instance directory, $TIERMEM_DIR/vnvm.
+    let v = json(&tiermem(&["vnvm", "stats", "--json"], &dir));
+    assert_eq!(
+        keys(&v),
+        ["cache", "dir", "domains", "live", "log", "state"]
+    );
+    assert_eq!(v["dir"], is);
+    assert_eq!(v["state"], "running_or_crashed");
+    assert_eq!(
+        keys(&v["log"]),
+        [
+            "committed_pages",
+            "committed_pct",
+            "committed_transactions",
+            "pages"
+        ]
+    );
+    assert_eq!(v["log"]["pages"], 16);
+    assert_eq!(v["log"]["committed_pages"], 2);
+    assert_eq!(v["log"]["committed_transactions"], 2);
+    assert_eq!(v["log"]["committed_pct"], 12.5);
+    let domains = v["domains"].as_array().unwrap();
+    assert_eq!(domains.len(), 1);
+    assert_eq!(keys(&domains[0]), ["domain", "log_pages", "transactions"]);
+    assert_eq!(domains[0]["domain"], 0);
+    assert_eq!(domains[0]["transactions"], 2);
+    assert_eq!(domains[0]["log_pages"], 2);
+    assert_eq!(
+        keys(&v["cache"]),
+        ["dirty", "dirty_pct", "mapped", "pages", "valid_bytes"]
+    );
+    assert_eq!(v["cache"]["pages"], 8);
+    assert_eq!(v["cache"]["mapped"], 0);
+    assert_eq!(v["cache"]["dirty"], 0);
+    assert_eq!(v["cache"]["valid_bytes"], 0);
+    assert_eq!(v["cache"]["dirty_pct"], 0.0);
+    assert!(v["live"].is_null());
+
+    // Human output.
+    let out = tiermem(&["vnvm", "stats", is], &dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("2 of 16 pages in committed lists"), "{text}");
+    assert!(
+        text.contains("no live users (counters are kept per running process)"),
+        "{text}"
+    );
+    let out = tiermem(&["vnvm", "info", is], &dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(dir.join("data").to_str().unwrap()), "{text}");
+
+    // After recovery: clean and empty.
+    assert!(tiermem(&["vnvm", "recover", is], &dir).status.success());
+    let v = json(&tiermem(&["vnvm", "stats", is, "--json"], &dir));
+    assert_eq!(v["state"], "clean");
+    assert_eq!(v["log"]["committed_transactions"], 0);
+    assert_eq!(v["domains"].as_array().unwrap().len(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn vnvm_info_and_stats_give_clear_errors() {
+    let dir = scratch("vnvminfoerr");
+    // No instance: the explicit directory and the default one ($TIERMEM_DIR/vnvm).
+    let missing = dir.join("nothing-here");
+    for args in [
+        vec!["vnvm", "info", missing.to_str().unwrap()],
+        vec!["vnvm", "stats", missing.to_str().unwrap(), "--json"],
+        vec!["vnvm", "stats"],
+    ] {
+        let out = tiermem(&args, &dir);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("holds no vnvm instance"), "{args:?}: {err}");
+        let path = if args.len() == 2 {
+            dir.join("vnvm")
+        } else {
+            missing.clone()
+        };
+        assert!(err.contains(path.to_str().unwrap()), "{args:?}: {err}");
+    }
+    // Damaged: a bit flip in file record 0 (data offset 8192, after the 4 KiB pool header).
+    let inst = crashed_vnvm_instance(&dir);
+    let meta = inst.join("meta.pool");
+    let mut bytes = std::fs::read(&meta).unwrap();
+    bytes[4096 + 8192 + 40] ^= 0x04;
+    std::fs::write(&meta, &bytes).unwrap();
+    for cmd in ["info", "stats"] {
+        let out = tiermem(&["vnvm", cmd, inst.to_str().unwrap()], &dir);
+        assert!(!out.status.success(), "{cmd} accepted a damaged instance");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("damaged file record 0")
+                && err.contains(meta.to_str().unwrap())
+                && err.contains("at offset 8192"),
+            "{cmd}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read(&meta).unwrap(), bytes, "inspect wrote");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -84,6 +84,7 @@
 pub mod alloc;
 mod dram;
 mod error;
+pub mod inspect;
 mod layout;
 mod members;
 mod recovery;
@@ -91,6 +92,7 @@ mod shared;
 mod shm;
 
 pub use error::{Result, VnvmError};
+pub use inspect::{inspect, InstanceInfo, InstanceState, LiveInfo};
 pub use recovery::{recover, RecoveryReport};
 
 use crate::dram::DramCache;

@@ -93,7 +93,13 @@ pub(crate) fn open_pools(dir: &Path, domain: Option<&PowerDomain>) -> Result<Poo
     if let Some(d) = domain {
         oo = oo.domain(d);
     }
-    let meta = Pool::open(dir.join(META), &oo)?;
+    open_pools_with(dir, &oo)
+}
+
+/// [`open_pools`] with explicit media options (`writable(false)`: a read-only mapping, for
+/// inspecting an instance without any chance of writing it).
+pub(crate) fn open_pools_with(dir: &Path, oo: &OpenOptions) -> Result<Pools> {
+    let meta = Pool::open(dir.join(META), oo)?;
     if meta.data_len() < 4096 {
         return Err(damaged(&meta, "superblock", 0, "meta pool too small"));
     }
@@ -111,7 +117,7 @@ pub(crate) fn open_pools(dir: &Path, domain: Option<&PowerDomain>) -> Result<Poo
             ),
         ));
     }
-    let log = Pool::open(dir.join(LOG), &oo)?;
+    let log = Pool::open(dir.join(LOG), oo)?;
     if log.data_len() as u64 != geo.log_len() {
         return Err(damaged(
             &log,
@@ -124,7 +130,7 @@ pub(crate) fn open_pools(dir: &Path, domain: Option<&PowerDomain>) -> Result<Poo
             ),
         ));
     }
-    let cache = Pool::open(dir.join(CACHE), &oo)?;
+    let cache = Pool::open(dir.join(CACHE), oo)?;
     if cache.data_len() as u64 != geo.cache_len() {
         return Err(damaged(
             &cache,
@@ -168,7 +174,7 @@ struct Plan {
     txs: Vec<Vec<Entry>>,
 }
 
-/// Every file record of the instance, validated.
+/// The valid file records of the instance, by id; a damaged record is [`VnvmError::Damaged`].
 pub(crate) fn load_records(meta: &Pool, geo: &Geometry) -> Result<HashMap<u32, FileRecord>> {
     let mut records = HashMap::new();
     for id in 0..geo.max_files {
@@ -291,58 +297,79 @@ pub(crate) fn tx_entries(
     Ok(out)
 }
 
-fn plan(p: &Pools) -> Result<Plan> {
-    let records = load_records(&p.meta, &p.geo)?;
+/// The validated cache page object `page`: `None` for a free page, else (file id, page index,
+/// dirty). A dirty page must name a recorded file and lie inside it (it will be written there).
+pub(crate) fn cache_obj(
+    p: &Pools,
+    records: &HashMap<u32, FileRecord>,
+    page: u32,
+) -> Result<Option<(u32, u64, bool)>> {
     let ps = p.geo.page_size as u64;
-    let mut dirty = Vec::new();
-    for page in 0..p.geo.cache_pages {
-        let off = p.geo.cache_word_off(page);
-        let w = load_word(&p.meta, off);
-        if let Some((f, idx, d)) = cache_unword(w) {
-            if w & !(CACHE_DIRTY | MAX_FILE_PAGE | (0xffff << 40)) != 0 {
-                return Err(damaged(
-                    &p.meta,
-                    format!("cache page object {page}"),
-                    off,
-                    "reserved bits set",
-                ));
-            }
-            if d {
-                let r = records.get(&f).ok_or_else(|| {
-                    damaged(
-                        &p.meta,
-                        format!("cache page object {page}"),
-                        off,
-                        format!("names file id {f}, which has no record"),
-                    )
-                })?;
-                if idx * ps >= r.size.max(1) {
-                    return Err(damaged(
-                        &p.meta,
-                        format!("cache page object {page}"),
-                        off,
-                        format!(
-                            "page index {idx} beyond the {}-byte file {}",
-                            r.size, r.path
-                        ),
-                    ));
-                }
-                dirty.push((page, f, idx, load_word(&p.meta, p.geo.cache_mask_off(page))));
-            }
-        }
+    let off = p.geo.cache_word_off(page);
+    let w = load_word(&p.meta, off);
+    let Some((f, idx, d)) = cache_unword(w) else {
+        return Ok(None);
+    };
+    if w & !(CACHE_DIRTY | MAX_FILE_PAGE | (0xffff << 40)) != 0 {
+        return Err(damaged(
+            &p.meta,
+            format!("cache page object {page}"),
+            off,
+            "reserved bits set",
+        ));
     }
-    let check = |f: u32, o: u64, l: u32| -> std::result::Result<(), String> {
-        let r = records
-            .get(&f)
-            .ok_or_else(|| format!("file id {f} has no record"))?;
-        if o + l as u64 > r.size {
-            return Err(format!(
-                "range {o}+{l} beyond the {}-byte file {}",
-                r.size, r.path
+    if d {
+        let r = records.get(&f).ok_or_else(|| {
+            damaged(
+                &p.meta,
+                format!("cache page object {page}"),
+                off,
+                format!("names file id {f}, which has no record"),
+            )
+        })?;
+        if idx * ps >= r.size.max(1) {
+            return Err(damaged(
+                &p.meta,
+                format!("cache page object {page}"),
+                off,
+                format!(
+                    "page index {idx} beyond the {}-byte file {}",
+                    r.size, r.path
+                ),
             ));
         }
-        Ok(())
-    };
+    }
+    Ok(Some((f, idx, d)))
+}
+
+/// The destination check of a log entry: `len` bytes at `offset` of the recorded file `file_id`.
+pub(crate) fn check_entry(
+    records: &HashMap<u32, FileRecord>,
+    file_id: u32,
+    offset: u64,
+    len: u32,
+) -> std::result::Result<(), String> {
+    let r = records
+        .get(&file_id)
+        .ok_or_else(|| format!("file id {file_id} has no record"))?;
+    if offset + len as u64 > r.size {
+        return Err(format!(
+            "range {offset}+{len} beyond the {}-byte file {}",
+            r.size, r.path
+        ));
+    }
+    Ok(())
+}
+
+fn plan(p: &Pools) -> Result<Plan> {
+    let records = load_records(&p.meta, &p.geo)?;
+    let mut dirty = Vec::new();
+    for page in 0..p.geo.cache_pages {
+        if let Some((f, idx, true)) = cache_obj(p, &records, page)? {
+            dirty.push((page, f, idx, load_word(&p.meta, p.geo.cache_mask_off(page))));
+        }
+    }
+    let check = |f: u32, o: u64, l: u32| check_entry(&records, f, o, l);
     let mut txs = Vec::new();
     let mut seen = HashSet::new();
     for d in 0..p.geo.max_domains {
