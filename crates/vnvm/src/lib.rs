@@ -164,10 +164,19 @@ pub struct VnvmConfig {
     pub max_files: u32,
     /// Attach the pools to this crash-model domain (tests).
     pub domain: Option<PowerDomain>,
+    /// Let the owner's group use the instance too: pools, lock file, shared-memory objects and
+    /// newly created backing files get mode 0660 and the instance directory 0770 (default:
+    /// 0600 / 0700, the owner only; thesis §2.4.7). Users that join a live instance follow its
+    /// creator's choice.
+    pub group_shared: bool,
     /// Start with the redo worker paused: committed logs stay in the committed list (tests of
     /// recovery). Not part of the stable API.
     #[doc(hidden)]
     pub redo_paused: bool,
+    /// Make every writeback to a backing file fail with this errno, as a full or failing
+    /// device would (tests of the cache-full path). Not part of the stable API.
+    #[doc(hidden)]
+    pub writeback_fault: Option<i32>,
 }
 
 impl Default for VnvmConfig {
@@ -182,7 +191,9 @@ impl Default for VnvmConfig {
             max_tx_age: Duration::from_secs(60),
             max_files: 256,
             domain: None,
+            group_shared: false,
             redo_paused: false,
+            writeback_fault: None,
         }
     }
 }
@@ -190,7 +201,8 @@ impl Default for VnvmConfig {
 impl VnvmConfig {
     /// Defaults overridden by the environment: `TIERMEM_VNVM_DIR`, `TIERMEM_VNVM_LOG_SIZE`,
     /// `TIERMEM_VNVM_CACHE_SIZE` (e.g. `256MiB`), `TIERMEM_VNVM_PAGE_SIZE` (4096 | 8192),
-    /// `TIERMEM_VNVM_WB_START`, `TIERMEM_VNVM_WB_STOP` (percent), `TIERMEM_VNVM_MAX_TX_AGE_MS`.
+    /// `TIERMEM_VNVM_WB_START`, `TIERMEM_VNVM_WB_STOP` (percent), `TIERMEM_VNVM_MAX_TX_AGE_MS`,
+    /// `TIERMEM_VNVM_GROUP` (1: group sharing).
     /// An unparsable value is a [`VnvmError::Config`] naming the variable.
     pub fn from_env() -> Result<VnvmConfig> {
         let mut c = VnvmConfig::default();
@@ -215,6 +227,13 @@ impl VnvmConfig {
             if let Some(v) = get(k) {
                 *slot = v.parse().map_err(|_| bad(k, &v))?;
             }
+        }
+        if let Some(v) = get("TIERMEM_VNVM_GROUP") {
+            c.group_shared = match v.as_str() {
+                "1" | "yes" | "true" => true,
+                "0" | "no" | "false" => false,
+                _ => return Err(bad("TIERMEM_VNVM_GROUP", &v)),
+            };
         }
         if let Some(v) = get("TIERMEM_VNVM_MAX_TX_AGE_MS") {
             c.max_tx_age = Duration::from_millis(
@@ -668,6 +687,8 @@ struct Inner {
     slot: usize,
     /// The instance `lock` file; holds this user's liveness lock (OFD lock on byte 1 + slot).
     lockf: File,
+    /// Mode of the files and objects this user creates (0600, or 0660 with group sharing).
+    perm: u32,
     /// Shared regions want a flush (set by commits past the threshold and log waiters).
     flush_req: AtomicBool,
     open: Vec<Mutex<OpenList>>,
@@ -743,7 +764,12 @@ impl std::fmt::Debug for Vnvm {
     }
 }
 
-fn create_pools(dir: &Path, geo: &Geometry, domain: Option<&PowerDomain>) -> Result<Pools> {
+fn create_pools(
+    dir: &Path,
+    geo: &Geometry,
+    domain: Option<&PowerDomain>,
+    group: bool,
+) -> Result<Pools> {
     for n in [META, LOG, CACHE, "meta.pool.tmp"] {
         let p = dir.join(n);
         if p.exists() {
@@ -752,7 +778,10 @@ fn create_pools(dir: &Path, geo: &Geometry, domain: Option<&PowerDomain>) -> Res
         }
     }
     let opts = |size: u64, tag: &str| {
-        let mut o = PoolOptions::new(size + 4096).kind(PoolKind::Nvm).tag(tag);
+        let mut o = PoolOptions::new(size + 4096)
+            .kind(PoolKind::Nvm)
+            .tag(tag)
+            .group_shared(group);
         if let Some(d) = domain {
             o = o.domain(d);
         }
@@ -782,6 +811,15 @@ fn create_pools(dir: &Path, geo: &Geometry, domain: Option<&PowerDomain>) -> Res
         cache,
         geo: *geo,
     })
+}
+
+/// File mode for an instance's files: 0600, or 0660 with group sharing.
+fn perm_of(group: bool) -> u32 {
+    if group {
+        0o660
+    } else {
+        0o600
+    }
 }
 
 /// pwrite `len` bytes at `ptr` to `file` at `off`, retrying short writes and EINTR.
@@ -847,11 +885,16 @@ pub fn nv_init(cfg: &VnvmConfig) -> Result<Vnvm> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o700)
+            .mode(if cfg.group_shared { 0o770 } else { 0o700 })
             .create(&dir)
             .map_err(|e| io_err("create directory", &dir, e))?;
+        if cfg.group_shared {
+            use std::os::unix::fs::PermissionsExt;
+            // 0770 regardless of the umask (only the owner can; others keep what they find).
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o770));
+        }
     }
-    let lockf = open_lock_file(&dir)?;
+    let lockf = open_lock_file(&dir, perm_of(cfg.group_shared))?;
     flock_exclusive(&lockf, true);
     let r = join(cfg, &dir, lockf);
     if let Ok(vn) = &r {
@@ -892,20 +935,27 @@ fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
                 reset(&p)?;
                 p
             } else {
-                create_pools(dir, &geo, cfg.domain.as_ref())?
+                create_pools(dir, &geo, cfg.domain.as_ref(), cfg.group_shared)?
             }
         } else {
-            create_pools(dir, &geo, cfg.domain.as_ref())?
+            create_pools(dir, &geo, cfg.domain.as_ref(), cfg.group_shared)?
         };
         for s in 0..shm::MAX_SHARED {
             // Stale bitmaps of a previous run's shared regions.
             shm::Bitmaps::unlink_name(dir, s);
         }
-        let shm = shm::Shm::create(dir, &geo)?;
+        let shm = shm::Shm::create(dir, &geo, perm_of(cfg.group_shared))?;
         store_word_persist(&pools.meta, STATE_OFF, STATE_RUNNING)?;
         (pools, shm)
     };
     let geo = pools.geo;
+    // The instance's creator decided who may use it: follow the mode of its pools.
+    let perm = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(pools.meta.path())
+            .map(|m| m.permissions().mode() & 0o660)
+            .unwrap_or(0o600)
+    };
     let slot = (0..shm::MAX_APPS)
         .find(|&s| {
             shm.app(s).state.load(Ordering::Acquire) == shm::SLOT_FREE
@@ -929,6 +979,7 @@ fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
         shm,
         slot,
         lockf,
+        perm,
         flush_req: AtomicBool::new(false),
         open: (0..OPEN_LISTS)
             .map(|_| Mutex::new(OpenList::default()))
@@ -981,6 +1032,12 @@ impl Vnvm {
     /// The instance directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// The path of the instance's shared-memory object (`/dev/shm/tiermem-vnvm-…`).
+    pub fn shm_path(&self) -> PathBuf {
+        let n = shm::shm_name(&self.inner.dir);
+        Path::new("/dev/shm").join(n.to_str().unwrap_or("?").trim_start_matches('/'))
     }
 
     /// The configuration the instance was started with.
@@ -1156,7 +1213,7 @@ impl Vnvm {
                 .write(true)
                 .create(true)
                 .truncate(false)
-                .mode(0o600)
+                .mode(i.perm)
                 .open(&path)
                 .map_err(|e| io_err("open backing file", &path, e))?;
             let len = file
@@ -1179,7 +1236,7 @@ impl Vnvm {
                 }
                 Some(s) => {
                     let dram = DramCache::new_shared(&path, &file, map_len)?;
-                    let bm = shm::Bitmaps::open(&i.dir, s, region_pages, !join)?;
+                    let bm = shm::Bitmaps::open(&i.dir, s, region_pages, !join, i.perm)?;
                     let sr = shared::SharedRef {
                         slot: s,
                         domain: shared::shared_domain(s),
@@ -1876,7 +1933,8 @@ impl Inner {
                     .and_then(|()| self.pop(jobs.len(), last))
                 {
                     if !self.kill.load(Ordering::SeqCst) {
-                        *self.worker_error.lock() = Some(e.to_string());
+                        // Keep the first cause (a writeback failure explains this one).
+                        self.worker_error.lock().get_or_insert(e.to_string());
                     }
                     let _g = self.domains[0].lock();
                     self.applied_cv.notify_all();
@@ -2005,6 +2063,13 @@ impl Inner {
                 self.publish(&mut c, &mut touched, &mut grown)?;
                 if self.kill.load(Ordering::SeqCst) {
                     return Err(VnvmError::CacheFull("instance abandoned".into()));
+                }
+                if let Some(e) = self.worker_error.lock().clone() {
+                    // The writeback cannot make room (a failing or full device): stop here;
+                    // the committed logs stay in the committed list for recovery.
+                    return Err(VnvmError::CacheFull(format!(
+                        "no free cache page and the writeback cannot make room: {e}"
+                    )));
                 }
                 c.need_space = true;
                 self.wb_cv.notify_all();
@@ -2299,7 +2364,12 @@ impl Inner {
                 // newer committed data whose logs are still in the committed list.
                 // SAFETY: start + n lies within the region's DRAM mapping, which `r` keeps
                 // alive; the kernel reads it (concurrent commits may change it: harmless).
-                let wr = unsafe { pwrite_all(&r.file, r.dram.wview.add(start as usize), n, start) };
+                let wr = match self.cfg.writeback_fault {
+                    Some(errno) => Err(std::io::Error::from_raw_os_error(errno)),
+                    None => unsafe {
+                        pwrite_all(&r.file, r.dram.wview.add(start as usize), n, start)
+                    },
+                };
                 if let Err(e) = wr {
                     res = Err(io_err("write back cache pages", &r.path, e));
                     break;

@@ -485,17 +485,31 @@ pub(crate) fn zero_persist(pool: &Pool, off: u64, len: u64) -> Result<()> {
 
 /// Open (creating) the instance's `lock` file: its flock serializes joining, leaving,
 /// reaping and recovery; OFD locks on its bytes `1 + slot` mark live users (see `shm`).
-pub(crate) fn open_lock_file(dir: &Path) -> Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
+pub(crate) fn open_lock_file(dir: &Path, mode: u32) -> Result<File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let path = dir.join(LOCK);
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| io_err("open lock file", &path, e))
+    let open = |create_new: bool| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(create_new)
+            .mode(mode)
+            .open(&path)
+    };
+    match open(true) {
+        Ok(f) => {
+            // A new instance's lock file: group sharing asked for 0660 regardless of the umask.
+            if mode & 0o060 != 0 {
+                let _ = f.set_permissions(std::fs::Permissions::from_mode(mode));
+            }
+            Ok(f)
+        }
+        // An existing one keeps the mode its creator chose.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            open(false).map_err(|e| io_err("open lock file", &path, e))
+        }
+        Err(e) => Err(io_err("create lock file", &path, e)),
+    }
 }
 
 /// flock the lock file exclusively; with `wait` false, return false when somebody holds it.
@@ -552,7 +566,7 @@ pub fn recover(dir: impl AsRef<Path>) -> Result<RecoveryReport> {
             dir: dir.to_path_buf(),
         });
     }
-    let lockf = open_lock_file(dir)?;
+    let lockf = open_lock_file(dir, 0o600)?;
     if !flock_exclusive(&lockf, false) {
         return Err(VnvmError::Busy(dir.to_path_buf()));
     }

@@ -285,7 +285,13 @@ impl Inner {
         let dom = shared_domain(s);
         let list = committed_list(&self.meta, &self.geo, dom)?;
         let ps = self.geo.page_size as u64;
-        let bm = Bitmaps::open(&self.dir, s, slot.pages.load(Ordering::Relaxed), false)?;
+        let bm = Bitmaps::open(
+            &self.dir,
+            s,
+            slot.pages.load(Ordering::Relaxed),
+            false,
+            self.perm,
+        )?;
         let mut seen = HashSet::new();
         let mut objs = HashSet::new();
         for (idx, obj) in &list {

@@ -261,7 +261,8 @@ impl Shm {
     }
 
     /// Create the object afresh (replacing a stale one), every page and log object free.
-    pub fn create(dir: &Path, geo: &Geometry) -> Result<Shm> {
+    /// `mode`: 0600, or 0660 for group sharing (applied regardless of the umask).
+    pub fn create(dir: &Path, geo: &Geometry, mode: u32) -> Result<Shm> {
         let name = shm_name(dir);
         // SAFETY: name is a valid C string.
         unsafe { libc::shm_unlink(name.as_ptr()) };
@@ -270,7 +271,7 @@ impl Shm {
             libc::shm_open(
                 name.as_ptr(),
                 libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-                0o600,
+                mode as libc::mode_t,
             )
         };
         let pname = Path::new(name.to_str().unwrap_or("?")).to_path_buf();
@@ -283,6 +284,8 @@ impl Shm {
         }
         // SAFETY: raw is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: fd is open; the umask must not narrow the mode asked for.
+        unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) };
         let arr = Arrays::new(geo);
         // SAFETY: fd is open.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), arr.len as libc::off_t) } != 0 {
@@ -768,7 +771,7 @@ impl Bitmaps {
     }
 
     /// Open (creating if needed, zeroed) the bitmaps of shared slot `s` for `pages` pages.
-    pub fn open(dir: &Path, s: usize, pages: u64, create_new: bool) -> Result<Bitmaps> {
+    pub fn open(dir: &Path, s: usize, pages: u64, create_new: bool, mode: u32) -> Result<Bitmaps> {
         let name = Self::name(dir, s);
         let pname = Path::new(name.to_str().unwrap_or("?")).to_path_buf();
         if create_new {
@@ -780,7 +783,7 @@ impl Bitmaps {
             libc::shm_open(
                 name.as_ptr(),
                 libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-                0o600,
+                mode as libc::mode_t,
             )
         };
         if raw < 0 {
@@ -792,6 +795,10 @@ impl Bitmaps {
         }
         // SAFETY: fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        if create_new {
+            // SAFETY: fd is open; the umask must not narrow the mode asked for.
+            unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) };
+        }
         let words = pages.div_ceil(64) as usize;
         let len = (2 * words * 8).max(8).div_ceil(4096) * 4096;
         // SAFETY: fd open; growing a new object zero-fills it, an existing one keeps its size.

@@ -331,3 +331,32 @@ fn many_threads_commit_disjoint_ranges() {
         }
     }
 }
+
+#[test]
+fn files_are_the_owners_unless_group_sharing_is_asked() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for group in [false, true] {
+        let d = tmp();
+        let mut cfg = small_cfg(d.path(), 8, 8);
+        cfg.group_shared = group;
+        let vn = nv_init(&cfg).unwrap();
+        let want = if group { 0o660 } else { 0o600 };
+        for f in ["meta.pool", "log.pool", "cache.pool", "lock"] {
+            assert_eq!(mode(&cfg.dir.join(f)), want, "{f}, group {group}");
+        }
+        assert_eq!(
+            mode(&cfg.dir),
+            if group { 0o770 } else { 0o700 },
+            "directory"
+        );
+        assert_eq!(mode(&vn.shm_path()), want, "shared-memory object");
+        // A joining user follows the creator's choice, whatever its own configuration says.
+        let mut other = cfg.clone();
+        other.group_shared = !group;
+        let vn2 = nv_init(&other).unwrap();
+        vn2.nv_release().unwrap();
+        assert_eq!(mode(&cfg.dir.join("lock")), want);
+        vn.nv_release().unwrap();
+    }
+}

@@ -193,3 +193,68 @@ fn missing_instance_is_an_error() {
     assert!(matches!(e, VnvmError::NoInstance { .. }), "{e}");
     assert!(e.to_string().contains("holds no vnvm instance"), "{e}");
 }
+
+#[test]
+fn cache_full_with_a_failing_device_reports_and_loses_nothing() {
+    // Every writeback fails (ENOSPC, as from a full device): the NVM cache fills with dirty
+    // pages, then the log with committed transactions the redo worker cannot apply. Writers get
+    // LogFull, waiting for log space fails at once with the cause, drain and release report it —
+    // and recovery (the device healthy again) finds every committed transaction.
+    let d = tmp();
+    let mut cfg = small_cfg(d.path(), 16, 4);
+    cfg.writeback_fault = Some(libc::ENOSPC);
+    let vn = nv_init(&cfg).unwrap();
+    let pages = 32usize;
+    let r = vn
+        .nv_allocate(d.path().join("data"), pages * 4096, Mode::Private)
+        .unwrap();
+    let mut committed = 0usize;
+    let mut log_full = false;
+    'outer: for p in 0..pages {
+        let tid = vn.nv_txbegin();
+        // SAFETY: p * 4096 + 8 ≤ the region.
+        let dst = unsafe { r.as_ptr().add(p * 4096) };
+        loop {
+            match vn.nv_write(tid, dst, &(p as u64 + 1).to_le_bytes()) {
+                Ok(8) => break,
+                Ok(n) => panic!("partial {n}"),
+                Err(VnvmError::LogFull { logged: 0 }) => {
+                    if !vn.nv_wait_log_space(std::time::Duration::from_secs(5)) {
+                        log_full = true;
+                        vn.nv_abort(tid).unwrap();
+                        break 'outer;
+                    }
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        vn.nv_commit(tid).unwrap();
+        committed += 1;
+    }
+    assert!(log_full, "the log never filled ({committed} commits)");
+    assert!(committed > 4, "more than the cache holds were committed");
+    // Committed data are readable all along (read committed from DRAM).
+    let view = region_bytes(&r);
+    for p in 0..committed {
+        assert_eq!(view[p * 4096], p as u8 + 1);
+    }
+    let e = vn.drain().unwrap_err();
+    assert!(matches!(e, VnvmError::CacheFull(_)), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("write back") && msg.contains("No space left"),
+        "{msg}"
+    );
+    assert!(vn.nv_release().is_err());
+    drop(r);
+    let rep = recover(&cfg.dir).unwrap();
+    assert!(!rep.was_clean);
+    let f = std::fs::read(d.path().join("data")).unwrap();
+    for p in 0..committed {
+        assert_eq!(
+            u64::from_le_bytes(f[p * 4096..p * 4096 + 8].try_into().unwrap()),
+            p as u64 + 1,
+            "page {p} of {committed} committed"
+        );
+    }
+}

@@ -25,7 +25,9 @@ pub fn small_cfg(dir: &Path, log_pages: u64, cache_pages: u64) -> VnvmConfig {
         max_tx_age: Duration::from_secs(600),
         max_files: 16,
         domain: None,
+        group_shared: false,
         redo_paused: false,
+        writeback_fault: None,
     }
 }
 
