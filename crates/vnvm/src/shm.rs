@@ -894,3 +894,74 @@ fn ofd(file: &File, s: usize, cmd: libc::c_int, ty: i16) -> Option<libc::flock> 
     }
     Some(l)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geo() -> Geometry {
+        Geometry {
+            page_size: 4096,
+            log_pages: 8,
+            cache_pages: 8,
+            max_files: 4,
+            max_domains: 64,
+            log_objs: 8,
+        }
+    }
+
+    #[test]
+    fn a_holder_that_dies_mid_update_is_repaired_from_the_owner_bytes() {
+        let dir = tempfile::Builder::new()
+            .prefix("tiermem-vnvm-shmtest")
+            .tempdir_in("/dev/shm")
+            .unwrap();
+        let s = Shm::create(dir.path(), &geo(), 0o600).unwrap();
+        assert!(s.join(0));
+        let mut got = Vec::new();
+        assert_eq!(s.take(Res::Log, 0, 3, &mut got), 3);
+        let victim = s.owned_by(Res::Log, OWNER_FREE)[0];
+        // A child takes the instance mutex, marks one more page as slot 0's (the first half of
+        // a take) and dies holding the mutex.
+        // SAFETY: the child only touches the shared mapping and exits without unwinding.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let g = s.lock();
+            s.set_owner(Res::Log, victim, 1);
+            std::mem::forget(g);
+            // SAFETY: leaving the child at once, holding the mutex.
+            unsafe { libc::_exit(0) };
+        }
+        let mut st = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        // The next locker gets EOWNERDEAD and rebuilds: the half-taken page is held, not free.
+        drop(s.lock());
+        assert_eq!(s.free_count(Res::Log), 8 - 4);
+        assert_eq!(s.app(0).log_held.load(Ordering::Relaxed), 4);
+        assert!(!s.owned_by(Res::Log, OWNER_FREE).contains(&victim));
+        // And the mutex works normally afterwards.
+        s.free(Res::Log, &got);
+        assert_eq!(s.free_count(Res::Log), 8 - 1);
+        assert_eq!(s.app(0).log_held.load(Ordering::Relaxed), 1);
+        s.unlink();
+    }
+
+    #[test]
+    fn shares_split_between_users() {
+        let dir = tempfile::Builder::new()
+            .prefix("tiermem-vnvm-shmtest")
+            .tempdir_in("/dev/shm")
+            .unwrap();
+        let s = Shm::create(dir.path(), &geo(), 0o600).unwrap();
+        assert!(s.join(0) && s.join(1) && !s.join(1));
+        let mut v = Vec::new();
+        assert_eq!(s.take(Res::Cache, 0, 8, &mut v), 4, "half of 8 pages");
+        assert_eq!(s.take_one(Res::Cache, 0), None);
+        assert!(s.take_one(Res::Cache, 1).is_some());
+        assert_eq!(s.leave(1), 1);
+        assert!(s.take_one(Res::Cache, 0).is_some(), "the whole cache is 0's share now");
+        s.unlink();
+    }
+}
