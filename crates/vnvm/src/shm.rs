@@ -961,7 +961,10 @@ mod tests {
         assert_eq!(s.take_one(Res::Cache, 0), None);
         assert!(s.take_one(Res::Cache, 1).is_some());
         assert_eq!(s.leave(1), 1);
-        assert!(s.take_one(Res::Cache, 0).is_some(), "the whole cache is 0's share now");
+        assert!(
+            s.take_one(Res::Cache, 0).is_some(),
+            "the whole cache is 0's share now"
+        );
         s.unlink();
     }
 }
