@@ -91,6 +91,50 @@ fn quick_json_has_every_cell_for_every_system() {
         .is_some_and(|s| !s.is_empty()));
     assert!(v["machine"]["cpus"].as_u64().is_some_and(|n| n > 0));
     assert_eq!(v["vnvm"], "measured");
+
+    // vnvm's commit latency, worker awake and asleep (no thresholds: only the shape).
+    let c = &v["commit_latency"];
+    for k in ["awake", "asleep"] {
+        let p50 = finite_positive(&c[format!("{k}_p50_ns")], &format!("{k}_p50_ns"));
+        let p99 = finite_positive(&c[format!("{k}_p99_ns")], &format!("{k}_p99_ns"));
+        assert!(p99 >= p50, "{k}: p99 {p99} < p50 {p50}");
+    }
+    assert_eq!(c["pause_us"].as_u64(), Some(200));
+    assert!(c["wake_cost_p50_ns"].is_i64());
+    finite_positive(&c["unpark_sleeping_p50_ns"], "unpark_sleeping_p50_ns");
+
+    // Placement: every system's working memory, resident after setup, behind an absorber.
+    let pl = &v["placement"];
+    assert_eq!(
+        pl["setup_order"],
+        serde_json::json!(["memcpy", "pmdk", "vnvm"])
+    );
+    assert_eq!(pl["absorber"]["enabled"], true);
+    assert!(pl["absorber"]["bytes"].as_u64().is_some_and(|b| b > 0));
+    let mem = pl["memory"].as_array().expect("placement.memory");
+    let find = |sys: &str, what: &str| {
+        mem.iter()
+            .find(|m| m["system"] == sys && m["memory"] == what)
+            .unwrap_or_else(|| panic!("no {sys} {what} in {mem:?}"))
+    };
+    for (sys, what) in [
+        ("memcpy", "array"),
+        ("pmdk", "pool (array)"),
+        ("vnvm", "DRAM cache"),
+    ] {
+        let m = find(sys, what);
+        assert_eq!(m["bytes"].as_u64(), Some(8 << 20), "{sys} {what}");
+        assert_eq!(m["resident_bytes"].as_u64(), Some(8 << 20), "{sys} {what}");
+        assert_eq!(m["min_2mib_blocks"].as_u64(), Some(4), "{sys} {what}");
+    }
+    for what in ["log pool", "cache pool"] {
+        let m = find("vnvm", what);
+        assert!(
+            m["bytes"].as_u64().is_some_and(|b| b > 8 << 20),
+            "vnvm {what}: {m}"
+        );
+    }
+
     // The PMDK pool and the vnvm instance are removed afterwards.
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
@@ -104,6 +148,7 @@ fn delay_model_is_reported_and_charged_for_both_baselines() {
         .args(["--delay", "nvmm", "bench", "vnvm", "--quick", "--json"])
         .env("TIERMEM_DIR", &dir)
         .env("TIERMEM_BENCH_VNVM_BYTES", "1MiB")
+        .env("TIERMEM_BENCH_VNVM_ABSORB", "0")
         .output()
         .expect("run tiermem");
     let v = json(&out);
@@ -115,6 +160,7 @@ fn delay_model_is_reported_and_charged_for_both_baselines() {
         );
     }
     assert_eq!(v["results"].as_array().map(Vec::len), Some(12));
+    assert_eq!(v["placement"]["absorber"]["enabled"], false);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -134,6 +180,12 @@ fn table_has_every_column_and_bad_sizes_are_refused() {
     );
     assert!(
         text.contains("PMDK tx/s") && text.contains("memcpy tx/s"),
+        "{text}"
+    );
+    assert!(
+        text.contains("2-MiB physical blocks: memcpy array")
+            && text.contains("nv_commit latency")
+            && text.contains("wake cost"),
         "{text}"
     );
 

@@ -16,9 +16,13 @@
 //! * **memcpy** — plain `memcpy` into a DRAM array: not durable, the upper bound.
 //!
 //! Setup — pool creation, allocation of the array and first population (every page resident) —
-//! is outside the timed part for every system. A system's time ends when its `drain` returns:
-//! everything committed is durable and applied (for vnvm: the redo worker has applied every
-//! committed log), so background work is counted, not hidden. After each timed cell the harness
+//! is outside the timed part for every system. Before each system's setup an absorber takes the
+//! free memory the kernel has scattered in blocks below 2 MiB, so that the system set up first
+//! does not get all of it (see `Absorber`); the report gives each system's working memory's
+//! spread over 2 MiB physical blocks (`placement`; page frame numbers need root). A system's
+//! time ends when its `drain` returns: everything committed is durable and applied (for vnvm:
+//! the redo worker has applied every committed log), so background work is counted, not
+//! hidden. After each timed cell the harness
 //! calls the system's untimed `quiesce` (vnvm: wait until its writeback worker, lazy writeback
 //! to the backing file that durability does not need, is idle), so that no system's background
 //! work runs into another system's timed cell.
@@ -29,13 +33,25 @@
 //! not the memcpy system's array; the report says what each measured mapping is (kind, page size,
 //! resident bytes, physical spread) next to the ratio.
 //!
+//! Commit latency (`commit_latency`): vnvm's `nv_commit` of one 64-byte write, back to back and
+//! after a pause that lets the redo worker fall asleep; see `CommitLatency`.
+//!
 //! Delay model (`--delay`, default none): each system charges it for what it writes to the
 //! (emulated) NVM, with one `write_delay_ns(bytes)` busy-wait per transaction:
 //! * memcpy: the data, `32 × S` bytes;
 //! * pmdk: per page write, the undo-log entry libpmemobj 1.12 writes (24-byte header + the S-byte
 //!   snapshot, rounded up to a 64-byte cache line) plus the S new bytes;
-//! * vnvm: charged by the media layer itself — its log and cache pools are opened with the model,
-//!   so every pool write (log append, redo apply) is charged where it happens.
+//! * vnvm: charged by the media layer itself — its pools are created with the model in
+//!   `TIERMEM_DELAY` (the same variable `--delay` sets and the other systems read; vnvm has no
+//!   delay option of its own), so every pool write is charged where it happens: per transaction
+//!   in `nv_commit`, on the timed critical path, one write of the log bytes and one read of the
+//!   bytes copied from the log to the DRAM cache; in the redo worker, one write (and one log
+//!   read) per batch of applied transactions. The worker's charges run on another CPU and count
+//!   only as far as the final `drain` waits for them.
+//!
+//! Under `nvmm` a vnvm commit is charged 0.37-2.4 µs for S = 16-512 (PMDK's transaction 0.4-3.6
+//! µs, memcpy's 0.2-1.8 µs): about the same microseconds per transaction as the others, but on
+//! transactions of 4-11 µs rather than memcpy's 0.6-2.5 µs, hence a smaller relative change.
 
 use super::{progress, BenchOpts};
 use crate::machine;
@@ -94,27 +110,32 @@ pub trait TxSystem {
     }
     /// What this system charges to the delay model, for the report.
     fn charges(&self) -> &'static str;
+    /// The system's working memory, for the placement report: (what, its `(address, length)`
+    /// ranges). Default: nothing.
+    fn memory(&self) -> Vec<(&'static str, Vec<(usize, usize)>)> {
+        Vec::new()
+    }
 }
 
 /// The vnvm system: log and cache pools as large as the array (the paper's fairness rule), in
-/// the benchmark's directory, one private region over a backing file there. Its pools take the
-/// delay model from `TIERMEM_DELAY` (which the global `--delay` sets), so the media layer charges
-/// every log append and redo apply where it happens.
-fn vnvm_system(dir: &Path, delay: DelayModel) -> std::result::Result<Box<dyn TxSystem>, String> {
-    let _ = delay;
+/// the benchmark's directory, one private region over a backing file there. vnvm has no delay
+/// setting of its own: its pools take the model from `TIERMEM_DELAY` when they are created
+/// (`PoolOptions` without a delay), which is where the global `--delay` puts it and where `run`
+/// reads the other systems' model from.
+fn vnvm_system(dir: &Path) -> std::result::Result<VnvmSystem, String> {
     if !dir.is_dir() {
         return Err(format!(
             "benchmark directory {} does not exist",
             dir.display()
         ));
     }
-    Ok(Box::new(VnvmSystem {
+    Ok(VnvmSystem {
         dir: dir.join(format!("vnvm-{}", std::process::id())),
         vn: None,
         region: None,
         wb_mark: 0,
         wb: BackgroundPages::default(),
-    }))
+    })
 }
 
 /// vnvm through its Rust API (`nv_txbegin`, `nv_write` × 32, `nv_commit`).
@@ -159,6 +180,18 @@ impl TxSystem for VnvmSystem {
                 tiermem_vnvm::Mode::Private,
             )
             .context("vnvm: nv_allocate")?;
+        // Map the read-only view's pages too (they are resident already, in the DRAM cache's
+        // memfd; reading faults them in), so that the placement report sees them. A hint:
+        // MADV_POPULATE_READ needs Linux 5.14, and the read pass's warm-up maps them anyway.
+        const MADV_POPULATE_READ: libc::c_int = 22;
+        // SAFETY: advising the region's own live read-only mapping; populating changes no data.
+        unsafe {
+            libc::madvise(
+                region.as_ptr() as *mut libc::c_void,
+                region.len().div_ceil(PAGE) * PAGE,
+                MADV_POPULATE_READ,
+            )
+        };
         self.wb_mark = vn.stats().pages_written_back;
         self.vn = Some(vn);
         self.region = Some(region);
@@ -169,26 +202,9 @@ impl TxSystem for VnvmSystem {
         let (Some(vn), Some(region)) = (&self.vn, &self.region) else {
             bail!("vnvm: run_tx before setup");
         };
-        let base = region.as_ptr();
         let tid = vn.nv_txbegin();
         for (off, data) in writes {
-            let mut done = 0;
-            while done < data.len() {
-                // SAFETY (pointer arithmetic only): off + done < region.len(), checked by
-                // nv_write itself, which refuses destinations outside the region.
-                let dst = base.wrapping_add(off + done);
-                match vn.nv_write(tid, dst, &data[done..]) {
-                    Ok(n) => done += n,
-                    Err(tiermem_vnvm::VnvmError::LogFull { logged }) => {
-                        done += logged;
-                        if !vn.nv_wait_log_space(std::time::Duration::from_secs(10)) {
-                            let _ = vn.nv_abort(tid);
-                            bail!("vnvm: the log stayed full for 10 s");
-                        }
-                    }
-                    Err(e) => return Err(e).context("vnvm: nv_write"),
-                }
-            }
+            vnvm_write(vn, tid, region, *off, data)?;
         }
         vn.nv_commit(tid).context("vnvm: nv_commit")
     }
@@ -225,8 +241,238 @@ impl TxSystem for VnvmSystem {
     }
 
     fn charges(&self) -> &'static str {
-        "charged by its media pools (log appends, redo applies) with the model in TIERMEM_DELAY"
+        "charged by its media pools, with the model in TIERMEM_DELAY: per transaction, in \
+         nv_commit (timed, on the critical path), one write of the log bytes (32 x (16-byte \
+         entry header + S rounded up to 8) + 16 bytes per 4 KiB log page) and one read of the 32 x S \
+         bytes it copies from the log into the DRAM cache; per batch of up to 64 transactions, \
+         in the redo worker (on another CPU, timed until drain), one write of the bytes applied \
+         to the NVM cache (>= 32 x S) and one log read"
     }
+
+    fn memory(&self) -> Vec<(&'static str, Vec<(usize, usize)>)> {
+        let mut v = Vec::new();
+        if let Some(r) = self.region() {
+            v.push(("DRAM cache", vec![(r.as_ptr() as usize, r.len())]));
+        }
+        let inst = self.dir.join("instance");
+        v.push(("log pool", mapped_file_ranges(&inst.join("log.pool"))));
+        v.push(("cache pool", mapped_file_ranges(&inst.join("cache.pool"))));
+        v
+    }
+}
+
+/// Log `data` for region offset `off` in transaction `tid`, waiting for log space if needed.
+fn vnvm_write(
+    vn: &tiermem_vnvm::Vnvm,
+    tid: tiermem_vnvm::Tid,
+    region: &tiermem_vnvm::Region,
+    off: usize,
+    data: &[u8],
+) -> Result<()> {
+    let mut done = 0;
+    while done < data.len() {
+        // Pointer arithmetic only: nv_write refuses destinations outside the region.
+        let dst = region.as_ptr().wrapping_add(off + done);
+        match vn.nv_write(tid, dst, &data[done..]) {
+            Ok(n) => done += n,
+            Err(tiermem_vnvm::VnvmError::LogFull { logged }) => {
+                done += logged;
+                if !vn.nv_wait_log_space(std::time::Duration::from_secs(10)) {
+                    let _ = vn.nv_abort(tid);
+                    bail!("vnvm: the log stayed full for 10 s");
+                }
+            }
+            Err(e) => return Err(e).context("vnvm: nv_write"),
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of the one `nv_write` of a commit-latency transaction.
+const LAT_WRITE: usize = 64;
+/// Pause before each transaction of the "asleep" series: far longer than the redo worker needs
+/// to apply one transaction and park (a few µs).
+const LAT_PAUSE_NS: u64 = 200_000;
+
+/// vnvm's commit latency with its redo worker awake or asleep (JSON `commit_latency`).
+///
+/// The redo worker sleeps in `thread::park` (a futex) whenever the committed queue is empty, and
+/// every `nv_commit` ends with `unpark` on it: an atomic swap, plus a `futex(FUTEX_WAKE)` system
+/// call when the worker is parked (the thesis' worker polled every 10 µs instead, so its commits
+/// never made a system call). One thread, transactions of one 64-byte `nv_write`, only
+/// `nv_commit` timed (TSC clock, `now_ns`): back to back, and each after a 200 µs busy-wait
+/// (untimed; the committing CPU stays busy, only the worker's goes idle). `worker_sleeps_*`:
+/// voluntary context switches of the redo worker per commit over each series — how often it had
+/// gone to sleep, i.e. how many commits paid the futex wake. `unpark_*`: `Thread::unpark` alone,
+/// on a thread parked for 200 µs and on one spinning (never parked).
+#[derive(Serialize, Clone, Debug)]
+struct CommitLatency {
+    awake_p50_ns: u64,
+    awake_p99_ns: u64,
+    asleep_p50_ns: u64,
+    asleep_p99_ns: u64,
+    /// asleep - awake, at p50 and p99.
+    wake_cost_p50_ns: i64,
+    wake_cost_p99_ns: i64,
+    awake_commits: usize,
+    asleep_commits: usize,
+    pause_us: u64,
+    worker_sleeps_per_commit_awake: Option<f64>,
+    worker_sleeps_per_commit_asleep: Option<f64>,
+    unpark_sleeping_p50_ns: u64,
+    unpark_sleeping_p99_ns: u64,
+    unpark_running_p50_ns: u64,
+    unpark_running_p99_ns: u64,
+    /// Median cost of one `now_ns` pair with nothing between (included in every sample).
+    timer_overhead_ns: u64,
+    method: &'static str,
+}
+
+impl VnvmSystem {
+    /// `n` transactions of one 64-byte write each at the start of pages `first..`, each after
+    /// `pause_ns` of busy-waiting; returns the nv_commit times and the redo worker's voluntary
+    /// context switches meanwhile.
+    fn commit_series(
+        &self,
+        n: usize,
+        pause_ns: u64,
+        first: usize,
+    ) -> Result<(Vec<u64>, Option<u64>)> {
+        let (Some(vn), Some(region)) = (&self.vn, &self.region) else {
+            bail!("vnvm: commit latency before setup");
+        };
+        let pages = region.len() / PAGE;
+        let data = [0x5a_u8; LAT_WRITE];
+        let worker = thread_tid("vnvm-redo");
+        let sw0 = worker.and_then(voluntary_switches);
+        let mut out = Vec::with_capacity(n);
+        for k in 0..n {
+            busy_wait_ns(pause_ns);
+            let tid = vn.nv_txbegin();
+            let off = ((first + k) % pages) * PAGE;
+            vnvm_write(vn, tid, region, off, &data)?;
+            let t0 = tiermem_media::now_ns();
+            vn.nv_commit(tid).context("vnvm: nv_commit")?;
+            out.push(tiermem_media::now_ns() - t0);
+        }
+        let sw = sw0.zip(worker.and_then(voluntary_switches));
+        vn.drain().context("vnvm: drain")?;
+        Ok((out, sw.map(|(a, b)| b.saturating_sub(a))))
+    }
+
+    /// The commit-latency measurement: `n` back-to-back commits, `n_asleep` after a pause.
+    fn commit_latency(&self, n: usize, n_asleep: usize) -> Result<CommitLatency> {
+        let Some(vn) = &self.vn else {
+            bail!("vnvm: commit latency before setup");
+        };
+        vn.quiesce().context("vnvm: quiesce")?;
+        self.commit_series(n / 10, 0, 0)?; // warm-up
+        let (awake, sw_awake) = self.commit_series(n, 0, n / 10)?;
+        let (asleep, sw_asleep) = self.commit_series(n_asleep, LAT_PAUSE_NS, n / 10 + n)?;
+        vn.quiesce().context("vnvm: quiesce")?;
+        // The redo worker's park timeout (vnvm's redo_loop: a quarter of the maximum
+        // transaction age, within 1..200 ms): the helper thread parks the same way.
+        let period = (vn.config().max_tx_age / 4).clamp(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(200),
+        );
+        let (unpark_sleeping, unpark_running) = unpark_costs(n_asleep.div_ceil(2), period);
+        let timer = (0..1001)
+            .map(|_| {
+                let t0 = tiermem_media::now_ns();
+                tiermem_media::now_ns() - t0
+            })
+            .collect::<Vec<_>>();
+        let pct = |v: &[u64], p: f64| {
+            let f: Vec<f64> = v.iter().map(|x| *x as f64).collect();
+            percentile(&f, p) as u64
+        };
+        let per = |sw: Option<u64>, n: usize| sw.map(|s| round2(s as f64 / n.max(1) as f64));
+        let (a50, a99, s50, s99) = (
+            pct(&awake, 50.0),
+            pct(&awake, 99.0),
+            pct(&asleep, 50.0),
+            pct(&asleep, 99.0),
+        );
+        Ok(CommitLatency {
+            awake_p50_ns: a50,
+            awake_p99_ns: a99,
+            asleep_p50_ns: s50,
+            asleep_p99_ns: s99,
+            wake_cost_p50_ns: s50 as i64 - a50 as i64,
+            wake_cost_p99_ns: s99 as i64 - a99 as i64,
+            awake_commits: awake.len(),
+            asleep_commits: asleep.len(),
+            pause_us: LAT_PAUSE_NS / 1000,
+            worker_sleeps_per_commit_awake: per(sw_awake, awake.len()),
+            worker_sleeps_per_commit_asleep: per(sw_asleep, asleep.len()),
+            unpark_sleeping_p50_ns: pct(&unpark_sleeping, 50.0),
+            unpark_sleeping_p99_ns: pct(&unpark_sleeping, 99.0),
+            unpark_running_p50_ns: pct(&unpark_running, 50.0),
+            unpark_running_p99_ns: pct(&unpark_running, 99.0),
+            timer_overhead_ns: pct(&timer, 50.0),
+            method: "one thread; per transaction nv_txbegin + one 64-byte nv_write (untimed) and \
+                     nv_commit timed with the TSC clock; awake: back to back; asleep: each after \
+                     a 200 us busy-wait (untimed); worker sleeps: voluntary context switches of \
+                     the redo worker per commit",
+        })
+    }
+}
+
+/// `Thread::unpark` timed alone, `n` times on a thread parked (`park_timeout(period)`, as the
+/// redo worker) for 200 µs and `n` times on a thread that spins and never parks; nanoseconds.
+fn unpark_costs(n: usize, period: std::time::Duration) -> (Vec<u64>, Vec<u64>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let time_unparks = |park: bool, pause_ns: u64| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let h = std::thread::spawn(move || {
+            while !s.load(Ordering::Acquire) {
+                if park {
+                    std::thread::park_timeout(period);
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            busy_wait_ns(pause_ns);
+            let t0 = tiermem_media::now_ns();
+            h.thread().unpark();
+            v.push(tiermem_media::now_ns() - t0);
+        }
+        stop.store(true, Ordering::Release);
+        h.thread().unpark();
+        let _ = h.join();
+        v
+    };
+    (time_unparks(true, LAT_PAUSE_NS), time_unparks(false, 2_000))
+}
+
+/// The kernel id of this process's thread named `name` (`/proc/self/task/*/comm`).
+fn thread_tid(name: &str) -> Option<u32> {
+    std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .flatten()
+        .find(|e| {
+            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })?
+        .file_name()
+        .to_str()?
+        .parse()
+        .ok()
+}
+
+/// `voluntary_ctxt_switches` of thread `tid` of this process.
+fn voluntary_switches(tid: u32) -> Option<u64> {
+    let t = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    t.lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl Drop for VnvmSystem {
@@ -277,6 +523,13 @@ impl TxSystem for MemcpySystem {
 
     fn charges(&self) -> &'static str {
         "the data: 32 x S bytes per transaction"
+    }
+
+    fn memory(&self) -> Vec<(&'static str, Vec<(usize, usize)>)> {
+        vec![(
+            "array",
+            vec![(self.array.as_ptr() as usize, self.array.len())],
+        )]
     }
 }
 
@@ -337,6 +590,13 @@ impl TxSystem for PmdkSystem {
     fn charges(&self) -> &'static str {
         "per page write: the undo-log entry (24-byte header + S-byte snapshot, rounded up to 64 \
          bytes) + the S new bytes; one write_delay_ns(sum) per transaction"
+    }
+
+    fn memory(&self) -> Vec<(&'static str, Vec<(usize, usize)>)> {
+        match self.region() {
+            Some(r) => vec![("pool (array)", vec![(r.as_ptr() as usize, r.len())])],
+            None => Vec::new(),
+        }
     }
 }
 
@@ -415,6 +675,10 @@ struct Report {
     vnvm_writeback: Option<BackgroundPages>,
     results: Vec<Row>,
     read_overhead_ratio: Option<f64>,
+    /// vnvm's nv_commit latency with the redo worker awake and asleep; `None` without vnvm.
+    commit_latency: Option<CommitLatency>,
+    /// Physical placement of every system's working memory after setup.
+    placement: Placement,
     read_pass: ReadPass,
     seconds: f64,
 }
@@ -548,6 +812,243 @@ impl Drop for PlainMemory {
     }
 }
 
+/// Size of one absorber chunk: 16 blocks of 2 MiB, enough to tell scattered from contiguous.
+const ABSORB_CHUNK: usize = 32 << 20;
+/// Movable free memory in blocks below 2 MiB that the absorber may leave.
+const ABSORB_LEFT: u64 = 16 << 20;
+/// Environment variable: `0` turns the absorber off (to see the unequal placement it prevents).
+const ABSORB_ENV: &str = "TIERMEM_BENCH_VNVM_ABSORB";
+
+/// Soaks up the scattered free memory before each system is set up, so that no system's working
+/// memory gets it (see `PlainMemory` for why scattered pages are slower on this kind of VM).
+///
+/// The page allocator serves 4 KiB faults from the smallest free blocks first: whatever is set
+/// up first gets the free fragments below 2 MiB, the rest get pages split from large free
+/// blocks. Measured before this existed (256 MiB array, setup order memcpy, pmdk, vnvm): the
+/// memcpy array lay in ~1,900-2,300 distinct 2 MiB physical blocks and the PMDK pool in
+/// ~1,450-2,300, for a minimum of 128; vnvm's memory in 130-2,300 depending on how much
+/// scattered memory was left for it (1.2-2.4 GiB of free memory was in blocks below 2 MiB).
+/// [`Absorber::fill`] maps `ABSORB_CHUNK`s of anonymous 4 KiB pages and writes them, one after
+/// the other, until the movable free memory in blocks below 2 MiB (`/proc/pagetypeinfo`) is
+/// down to `ABSORB_LEFT` and the last chunk came out physically contiguous (its pages in at most
+/// 1.25 x the minimum number of 2 MiB blocks); without root (neither that file nor page frame
+/// numbers readable), until it holds the free memory `/proc/buddyinfo` lists in blocks below
+/// 2 MiB. `run` fills it before each system's setup (other processes may free scattered memory
+/// meanwhile) and frees it once every system and the read pass's baseline are set up, before
+/// the timed cells.
+struct Absorber {
+    chunks: Vec<PlainMemory>,
+    cap: usize,
+    info: AbsorberInfo,
+}
+
+/// What the absorber did (JSON `placement.absorber`).
+#[derive(Serialize, Clone, Debug, Default)]
+struct AbsorberInfo {
+    enabled: bool,
+    bytes: u64,
+    /// Fills: one before each system's setup and one before the read pass's baseline.
+    fills: u32,
+    /// Free memory in blocks below 2 MiB before the first fill and after the last (movable
+    /// pages from `/proc/pagetypeinfo` when readable, else every free block of
+    /// `/proc/buddyinfo`).
+    small_free_before_bytes: Option<u64>,
+    small_free_after_bytes: Option<u64>,
+    /// Distinct 2 MiB physical blocks of the first and the last chunk (minimum: 16).
+    first_chunk_2mib_blocks: Option<u64>,
+    last_chunk_2mib_blocks: Option<u64>,
+    /// Why the last fill stopped.
+    stopped: String,
+    seconds: f64,
+}
+
+impl Absorber {
+    /// An empty absorber that will map at most `cap` bytes.
+    fn new(cap: usize) -> Absorber {
+        Absorber {
+            chunks: Vec::new(),
+            cap,
+            info: AbsorberInfo {
+                enabled: true,
+                small_free_before_bytes: small_free_bytes().map(|(f, _)| f),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Map chunks until the movable free memory in blocks below 2 MiB is down to
+    /// `ABSORB_LEFT` and the last chunk came out contiguous (root: page frames and
+    /// `/proc/pagetypeinfo` visible), or until the chunks hold the free memory `/proc/buddyinfo`
+    /// lists in blocks below 2 MiB (otherwise), or the cap is reached.
+    fn fill(&mut self) -> Result<()> {
+        let t0 = Instant::now();
+        let min_blocks = (ABSORB_CHUNK / (2 << 20)) as u64;
+        let target = small_free_bytes().map(|(f, _)| f + f / 8);
+        let mut added = 0u64;
+        self.info.stopped = loop {
+            if (self.chunks.len() + 1) * ABSORB_CHUNK > self.cap {
+                break format!("it reached its cap of {} MiB", self.cap >> 20);
+            }
+            let c = PlainMemory::new(ABSORB_CHUNK, false)?;
+            let blocks = pagemap_scan(&[(c.ptr as usize, c.len)]).and_then(|(_, b)| b);
+            self.chunks.push(c);
+            added += ABSORB_CHUNK as u64;
+            if self.chunks.len() == 1 {
+                self.info.first_chunk_2mib_blocks = blocks;
+            }
+            self.info.last_chunk_2mib_blocks = blocks;
+            // A contiguous chunk alone proves nothing: the first chunks may come from the
+            // per-CPU lists, i.e. from pages an exiting process just freed.
+            let contiguous = blocks.is_none_or(|b| b * 4 <= min_blocks * 5);
+            match small_free_bytes() {
+                None => break "the free lists are not visible".to_string(),
+                Some((f, true)) if f <= ABSORB_LEFT && contiguous => {
+                    break "the movable free memory in blocks below 2 MiB was used up".to_string();
+                }
+                Some((_, true)) => {}
+                Some((_, false)) if target.is_some_and(|t| added >= t) => {
+                    break "it held the free memory listed in blocks below 2 MiB".to_string();
+                }
+                Some((_, false)) => {}
+            }
+        };
+        self.info.bytes = (self.chunks.len() * ABSORB_CHUNK) as u64;
+        self.info.fills += 1;
+        self.info.small_free_after_bytes = small_free_bytes().map(|(f, _)| f);
+        self.info.seconds = round2(self.info.seconds + t0.elapsed().as_secs_f64());
+        Ok(())
+    }
+}
+
+/// Free memory in blocks below 2 MiB and whether it counts movable pages only (the ones user
+/// memory is taken from: `/proc/pagetypeinfo`, readable by root) or every free block
+/// (`/proc/buddyinfo`).
+fn small_free_bytes() -> Option<(u64, bool)> {
+    if let Ok(t) = std::fs::read_to_string("/proc/pagetypeinfo") {
+        if let Some(b) = parse_small_free(&t, true) {
+            return Some((b, true));
+        }
+    }
+    let b = parse_small_free(&std::fs::read_to_string("/proc/buddyinfo").ok()?, false)?;
+    Some((b, false))
+}
+
+/// Sum of `count << order` over orders 0..=8 of the free-list lines of `/proc/pagetypeinfo`
+/// (`movable`: only the `type Movable` lines) or `/proc/buddyinfo`, in bytes.
+fn parse_small_free(text: &str, movable: bool) -> Option<u64> {
+    let mut found = false;
+    let mut pages = 0u64;
+    for line in text.lines() {
+        let t: Vec<&str> = line.split_whitespace().collect();
+        if t.first() != Some(&"Node") {
+            continue;
+        }
+        let typed = t.iter().position(|w| *w == "type");
+        if movable != typed.is_some() {
+            continue;
+        }
+        if movable && typed.and_then(|i| t.get(i + 1)) != Some(&"Movable") {
+            continue;
+        }
+        let counts: Vec<u64> = t
+            .iter()
+            .rev()
+            .map_while(|w| w.parse::<u64>().ok())
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        if counts.len() < 11 {
+            continue;
+        }
+        found = true;
+        pages += counts[..9]
+            .iter()
+            .enumerate()
+            .map(|(order, n)| n << order)
+            .sum::<u64>();
+    }
+    found.then_some(pages * PAGE as u64)
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn mem_available() -> Option<u64> {
+    let t = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = t.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? << 10)
+}
+
+/// The `(start, len)` of every mapping of `path` in this process (`/proc/self/maps`).
+fn mapped_file_ranges(path: &Path) -> Vec<(usize, usize)> {
+    let Ok(path) = std::fs::canonicalize(path) else {
+        return Vec::new();
+    };
+    let Some(path) = path.to_str() else {
+        return Vec::new();
+    };
+    let Ok(text) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let range = f.next()?;
+            if f.nth(4)? != path || f.next().is_some() {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            );
+            Some((a, b - a))
+        })
+        .collect()
+}
+
+/// Where one piece of a system's working memory lies physically (JSON `placement.memory`).
+#[derive(Serialize, Clone, Debug)]
+struct PlacementEntry {
+    system: &'static str,
+    memory: &'static str,
+    bytes: u64,
+    resident_bytes: u64,
+    /// Distinct 2 MiB physical blocks of its pages (`None`: page frames hidden, not root).
+    phys_2mib_blocks: Option<u64>,
+    /// The minimum: bytes / 2 MiB, rounded up.
+    min_2mib_blocks: u64,
+}
+
+/// The physical placement of every system's working memory, after setup (JSON `placement`).
+#[derive(Serialize)]
+struct Placement {
+    method: &'static str,
+    setup_order: Vec<&'static str>,
+    absorber: AbsorberInfo,
+    memory: Vec<PlacementEntry>,
+}
+
+impl Placement {
+    fn measure(systems: &[&dyn TxSystem]) -> Vec<PlacementEntry> {
+        let mut out = Vec::new();
+        for sys in systems {
+            for (what, ranges) in sys.memory() {
+                let bytes: usize = ranges.iter().map(|r| r.1).sum();
+                let (resident, blocks) = pagemap_scan(&ranges).unwrap_or((0, None));
+                out.push(PlacementEntry {
+                    system: sys.name(),
+                    memory: what,
+                    bytes: bytes as u64,
+                    resident_bytes: resident,
+                    phys_2mib_blocks: blocks,
+                    min_2mib_blocks: bytes.div_ceil(2 << 20) as u64,
+                });
+            }
+        }
+        out
+    }
+}
+
 /// What a measured read-pass mapping is, from `/proc/self/smaps` (its VMA) and
 /// `/proc/self/pagemap` (the measured range), read after the timed passes.
 #[derive(Serialize, Clone, Debug, Default, PartialEq)]
@@ -577,7 +1078,7 @@ impl MemoryInfo {
         if let Ok(text) = std::fs::read_to_string("/proc/self/smaps") {
             parse_smaps(&text, addr, &mut m);
         }
-        if let Some((resident, blocks)) = pagemap_scan(range) {
+        if let Some((resident, blocks)) = pagemap_scan(&[(addr, range.len())]) {
             m.resident_bytes = resident;
             m.phys_2mib_blocks = blocks;
         }
@@ -661,38 +1162,44 @@ fn parse_smaps(text: &str, addr: usize, m: &mut MemoryInfo) {
     }
 }
 
-/// (bytes of `range` whose pages are present, distinct 2 MiB physical blocks of those pages if
-/// the page frame numbers are visible) from `/proc/self/pagemap`.
-fn pagemap_scan(range: &[u8]) -> Option<(u64, Option<u64>)> {
+/// (bytes of the `(addr, len)` ranges whose pages are present, distinct 2 MiB physical blocks
+/// of those pages if the page frame numbers are visible) from `/proc/self/pagemap`.
+fn pagemap_scan(ranges: &[(usize, usize)]) -> Option<(u64, Option<u64>)> {
     use std::os::unix::fs::FileExt;
     const PRESENT: u64 = 1 << 63;
     const PFN_MASK: u64 = (1 << 55) - 1;
-    if range.is_empty() {
-        return Some((0, None));
-    }
-    let first = range.as_ptr() as usize / PAGE;
-    let last = (range.as_ptr() as usize + range.len() - 1) / PAGE;
     let f = std::fs::File::open("/proc/self/pagemap").ok()?;
-    let mut buf = vec![0u8; (last - first + 1) * 8];
-    f.read_exact_at(&mut buf, first as u64 * 8).ok()?;
-    let mut present = 0u64;
+    let mut bytes = 0u64;
     let mut blocks = Vec::new();
-    for e in buf.chunks_exact(8) {
-        let e = u64::from_ne_bytes(e.try_into().unwrap());
-        if e & PRESENT != 0 {
-            present += 1;
-            let pfn = e & PFN_MASK;
-            if pfn != 0 {
-                blocks.push(pfn / 512);
+    // In pieces of 64 Ki pages (512 KiB of entries): a 2 GiB range needs no 4 MiB buffer.
+    let mut buf = vec![0u8; 8 << 16];
+    for &(addr, len) in ranges.iter().filter(|r| r.1 > 0) {
+        let (first, last) = (addr / PAGE, (addr + len - 1) / PAGE);
+        let mut present = 0u64;
+        let mut page = first;
+        while page <= last {
+            let n = (last + 1 - page).min(1 << 16);
+            let b = &mut buf[..n * 8];
+            f.read_exact_at(b, page as u64 * 8).ok()?;
+            for e in b.chunks_exact(8) {
+                let e = u64::from_ne_bytes(e.try_into().unwrap());
+                if e & PRESENT != 0 {
+                    present += 1;
+                    let pfn = e & PFN_MASK;
+                    if pfn != 0 {
+                        blocks.push(pfn / 512);
+                    }
+                }
             }
+            page += n;
         }
+        bytes += (present * PAGE as u64).min(len as u64);
     }
     let blocks = (!blocks.is_empty()).then(|| {
         blocks.sort_unstable();
         blocks.dedup();
         blocks.len() as u64
     });
-    let bytes = (present * PAGE as u64).min(range.len() as u64);
     Some((bytes, blocks))
 }
 
@@ -761,18 +1268,45 @@ pub fn run(o: BenchOpts) -> Result<()> {
         pool: None,
         delay,
     };
-    let mut vnvm = vnvm_system(&dir, delay);
+    let mut vnvm = vnvm_system(&dir);
 
+    // Before each system's setup, soak up the free memory scattered in blocks below 2 MiB, so
+    // that whichever system is set up first does not get it (see Absorber); freed once
+    // everything is set up, before the timed cells.
+    let absorb = std::env::var(ABSORB_ENV).map_or(true, |v| v.trim() != "0");
+    let mut absorber = absorb.then(|| {
+        // Leave room for what the systems map (array, PMDK pool, vnvm's log, cache, DRAM cache
+        // and backing file, the read baseline): about 6 arrays.
+        let need = 6 * bytes as u64 + (512 << 20);
+        let cap = mem_available().map_or(2 << 30, |a| a.saturating_sub(need) / 2);
+        Absorber::new(cap.min(8 << 30) as usize)
+    });
+    let mut fill_absorber = |what: &str| -> Result<()> {
+        match absorber.as_mut() {
+            Some(a) => a
+                .fill()
+                .with_context(|| format!("absorbing scattered free memory before {what}")),
+            None => Ok(()),
+        }
+    };
     progress(
         o.json,
         &format!(
-            "setting up a {} MiB array per system (untimed)",
-            bytes >> 20
+            "setting up a {} MiB array per system (untimed){}",
+            bytes >> 20,
+            if absorb {
+                ", each after absorbing the scattered free memory"
+            } else {
+                ""
+            }
         ),
     );
+    fill_absorber("memcpy")?;
     memcpy.setup(bytes).context("memcpy: setup")?;
+    fill_absorber("pmdk")?;
     pmdk.setup(bytes).context("pmdk: setup")?;
     if let Ok(v) = vnvm.as_mut() {
+        fill_absorber("vnvm")?;
         v.setup(bytes).context("vnvm: setup")?;
     }
     // The read pass's plain-memory baseline, allocated right after vnvm's region (from the same
@@ -783,8 +1317,25 @@ pub fn run(o: BenchOpts) -> Result<()> {
         .ok()
         .and_then(|v| v.region())
         .is_some_and(|r| MemoryInfo::of(&r[..read_bytes]).thp_eligible);
+    fill_absorber("the read baseline")?;
     let mut plain_mem = PlainMemory::new(read_bytes, view_thp)?;
     let pmdk_pool = pmdk.path.display().to_string();
+    let mut measured: Vec<&dyn TxSystem> = vec![&memcpy, &pmdk];
+    if let Ok(v) = vnvm.as_ref() {
+        measured.push(v);
+    }
+    let placement = Placement {
+        method: "distinct 2 MiB physical blocks (pagemap page frame numbers) of each system's \
+                 working memory right after setup; an absorber first took the free memory \
+                 scattered in blocks below 2 MiB",
+        setup_order: measured.iter().map(|s| s.name()).collect(),
+        absorber: absorber
+            .as_ref()
+            .map(|a| a.info.clone())
+            .unwrap_or_default(),
+        memory: Placement::measure(&measured),
+    };
+    drop(absorber);
 
     let mut results = Vec::new();
     for passes in PASSES {
@@ -796,7 +1347,7 @@ pub fn run(o: BenchOpts) -> Result<()> {
                 let mut systems: Vec<(usize, &mut dyn TxSystem)> =
                     vec![(1, &mut pmdk), (2, &mut memcpy)];
                 if let Ok(v) = vnvm.as_mut() {
-                    systems.insert(0, (0, v.as_mut()));
+                    systems.insert(0, (0, v as &mut dyn TxSystem));
                 }
                 // Rotate the order each repetition: no system always runs first (or last).
                 let k = rep % systems.len();
@@ -870,6 +1421,15 @@ pub fn run(o: BenchOpts) -> Result<()> {
     };
     drop(plain_mem);
 
+    progress(o.json, "vnvm commit latency, redo worker awake and asleep");
+    let commit_latency = match vnvm.as_ref() {
+        Ok(v) => {
+            let (n, n_asleep) = if o.quick { (5000, 1000) } else { (20000, 3000) };
+            Some(v.commit_latency(n, n_asleep)?)
+        }
+        Err(_) => None,
+    };
+
     let report = Report {
         machine: machine::describe(),
         compared: "vnvm vs PMDK libpmemobj vs non-durable memcpy: 32 page writes of S bytes per \
@@ -903,6 +1463,8 @@ pub fn run(o: BenchOpts) -> Result<()> {
         },
         results,
         read_overhead_ratio: vnvm_read.map(|v| round3(v / plain)),
+        commit_latency,
+        placement,
         read_pass,
         seconds: round2(t0.elapsed().as_secs_f64()),
     };
@@ -989,6 +1551,64 @@ fn print_table(r: &Report) {
             "vnvm writeback worker (lazy writeback to the backing file, not needed for \
              durability): {} pages during timed cells, {} during the untimed quiesce",
             w.timed, w.quiesce
+        );
+    }
+    let pl = &r.placement;
+    let a = &pl.absorber;
+    let mib = |b: Option<u64>| b.map_or_else(|| "?".to_string(), |b| format!("{}", b >> 20));
+    println!(
+        "placement after setup (order {}): {}",
+        pl.setup_order.join(", "),
+        if a.enabled {
+            format!(
+                "absorber took {} MiB in {} fills, one before each setup (free memory in blocks \
+                 < 2 MiB: {} MiB before, {} after; last fill stopped when {}), freed before the \
+                 timed cells",
+                a.bytes >> 20,
+                a.fills,
+                mib(a.small_free_before_bytes),
+                mib(a.small_free_after_bytes),
+                a.stopped
+            )
+        } else {
+            format!("no absorber ({ABSORB_ENV}=0)")
+        }
+    );
+    let blocks: Vec<String> = pl
+        .memory
+        .iter()
+        .map(|m| {
+            format!(
+                "{} {} {}",
+                m.system,
+                m.memory,
+                m.phys_2mib_blocks.map_or_else(
+                    || "? (page frames hidden)".to_string(),
+                    |b| format!("{b} (≥{})", m.min_2mib_blocks)
+                )
+            )
+        })
+        .collect();
+    println!("  2-MiB physical blocks: {}", blocks.join(", "));
+    if let Some(c) = &r.commit_latency {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let sleeps = |x: Option<f64>| x.map_or_else(|| "?".to_string(), |x| format!("{x:.2}"));
+        println!(
+            "vnvm nv_commit latency (one 64-byte write): back to back p50 {:.2} µs, p99 {:.2} µs \
+             (worker slept {}× per commit); after a {} µs pause p50 {:.2} µs, p99 {:.2} µs ({}×); \
+             wake cost p50 {:+.2} µs, p99 {:+.2} µs; Thread::unpark of a sleeping thread p50 {:.2} \
+             µs, of a running one {} ns",
+            us(c.awake_p50_ns),
+            us(c.awake_p99_ns),
+            sleeps(c.worker_sleeps_per_commit_awake),
+            c.pause_us,
+            us(c.asleep_p50_ns),
+            us(c.asleep_p99_ns),
+            sleeps(c.worker_sleeps_per_commit_asleep),
+            c.wake_cost_p50_ns as f64 / 1000.0,
+            c.wake_cost_p99_ns as f64 / 1000.0,
+            us(c.unpark_sleeping_p50_ns),
+            c.unpark_running_p50_ns
         );
     }
     println!("total {:.1} s", r.seconds);
@@ -1084,6 +1704,63 @@ THPeligible:           0
 
     #[test]
     fn vnvm_without_a_directory_is_reported_unavailable() {
-        assert!(vnvm_system(Path::new("/nonexistent"), DelayModel::NONE).is_err());
+        assert!(vnvm_system(Path::new("/nonexistent")).is_err());
+    }
+
+    #[test]
+    fn small_free_memory_from_pagetypeinfo_and_buddyinfo() {
+        let pagetypeinfo = "\
+Page block order: 9
+Pages per block:  512
+
+Free pages count per migrate type at order       0      1      2      3      4      5      6      7      8      9     10
+Node    0, zone      DMA, type    Unmovable      0      0      0      0      0      0      0      0      1      0      0
+Node    0, zone   Normal, type      Movable     10      2      0      0      0      0      0      0      1      7    900
+Node    0, zone   Normal, type  Reclaimable    222     90    125     17     10      6      1      3      1      1      0
+
+Number of blocks type     Unmovable      Movable  Reclaimable   HighAtomic      Isolate
+Node 0, zone      DMA            1            7            0            0            0
+";
+        // Movable only: 10 + 2 * 2 + 1 * 256 pages; orders 9 and 10 are not scattered.
+        assert_eq!(
+            parse_small_free(pagetypeinfo, true),
+            Some((10 + 4 + 256) * 4096)
+        );
+        let buddyinfo = "\
+Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      3
+Node 0, zone   Normal      3      1      0      0      0      0      0      0      0    116   2736
+";
+        assert_eq!(
+            parse_small_free(buddyinfo, false),
+            Some((256 + 3 + 2) * 4096)
+        );
+        assert_eq!(parse_small_free("nothing here", false), None);
+    }
+
+    #[test]
+    fn mapped_file_ranges_finds_a_mapping_and_pagemap_counts_it() {
+        let path = std::env::temp_dir().join(format!("tiermem-maps-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 3 * PAGE]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: a fresh read-only shared mapping of our own file, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                3 * PAGE,
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let ranges = mapped_file_ranges(&path);
+        assert_eq!(ranges, vec![(p as usize, 3 * PAGE)]);
+        let (resident, _) = pagemap_scan(&ranges).unwrap();
+        assert_eq!(resident, 3 * PAGE as u64);
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p, 3 * PAGE) };
+        let _ = std::fs::remove_file(&path);
+        assert!(mapped_file_ranges(&path).is_empty());
     }
 }
