@@ -1,0 +1,1 @@
+//! The storage interface: a transactional heap addressed by offsets. Being written.

@@ -1,0 +1,15 @@
+//! # tiermem-kv — a Redis-protocol key-value server on tiermem memory
+//!
+//! Layers (see `docs/kv.md`):
+//! * [`resp`]: the RESP2 request parser and reply encoder, incremental and bounded;
+//! * [`server`]: TCP and Unix-socket event loops with pipelining, calling a [`server::Service`];
+//! * [`heap`]: the storage interface — a transactional heap addressed by offsets — and its
+//!   engines (`vnvm`: durable; `volatile`: one registered anonymous region);
+//! * `ds`, `commands`: Redis data structures over a heap and the command table.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod heap;
+pub mod resp;
+pub mod server;
