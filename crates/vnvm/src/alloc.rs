@@ -201,7 +201,11 @@ struct State {
 }
 
 struct Shared {
-    region: Region,
+    /// The vnvm region, when the allocator is over one (keeps its mapping alive).
+    region: Option<Region>,
+    /// Start and length of the committed view.
+    base: usize,
+    len: u64,
     path: String,
     state: Mutex<State>,
     cv: Condvar,
@@ -291,6 +295,77 @@ fn header_crc(w: impl Fn(u64) -> u64) -> u64 {
     h.finalize() as u64
 }
 
+/// A transactional memory the allocator can live in: a committed view read with plain loads,
+/// and writes logged in a transaction that become visible (and, where the memory is durable,
+/// durable) together at its commit. A vnvm region is one ([`VnvmMemory`]); tiermem-kv's
+/// volatile engine provides another, so one allocator serves both.
+///
+/// Contract: `write` of an open transaction either logs all of `src` (returns its length),
+/// part of it (`Err(VnvmError::LogFull { logged })`, after which [`TxMemory::wait_space`] may
+/// make room), or nothing (an error); a zero-length write is how the allocator asks whether a
+/// tid is still open (`Err(VnvmError::TxCommitted)` / `TxAborted` / `BadTid` otherwise). The
+/// committed view must not change except at commits.
+pub trait TxMemory {
+    /// Start of the committed, read-only view.
+    fn base(&self) -> *const u8;
+    /// Length of the view in bytes.
+    fn len(&self) -> usize;
+    /// `true` for an empty view.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// What to call this memory in errors (a backing file's path).
+    fn describe(&self) -> String;
+    /// Begin a transaction.
+    fn begin(&self) -> Tid;
+    /// Log `src` for view offset `off` in transaction `tid` (see the trait's contract).
+    fn write(&self, tid: Tid, off: u64, src: &[u8]) -> std::result::Result<usize, VnvmError>;
+    /// Wait up to `timeout` for log space; `false` if none came.
+    fn wait_space(&self, timeout: Duration) -> bool;
+    /// Commit `tid`: its writes become visible.
+    fn commit(&self, tid: Tid) -> std::result::Result<(), VnvmError>;
+    /// Abort `tid`: its writes are dropped.
+    fn abort(&self, tid: Tid) -> std::result::Result<(), VnvmError>;
+}
+
+/// A vnvm region as a [`TxMemory`]: `nv_write` / `nv_commit` / `nv_abort` of its instance.
+#[derive(Clone, Copy)]
+pub struct VnvmMemory<'a> {
+    /// The instance.
+    pub vn: &'a Vnvm,
+    /// The region (of that instance).
+    pub region: &'a Region,
+}
+
+impl TxMemory for VnvmMemory<'_> {
+    fn base(&self) -> *const u8 {
+        self.region.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.region.len()
+    }
+    fn describe(&self) -> String {
+        self.region.path().display().to_string()
+    }
+    fn begin(&self) -> Tid {
+        self.vn.nv_txbegin()
+    }
+    fn write(&self, tid: Tid, off: u64, src: &[u8]) -> std::result::Result<usize, VnvmError> {
+        // Pointer arithmetic only: nv_write checks the destination against the region.
+        let dst = self.region.as_ptr().wrapping_add(off as usize);
+        self.vn.nv_write(tid, dst, src)
+    }
+    fn wait_space(&self, timeout: Duration) -> bool {
+        self.vn.nv_wait_log_space(timeout)
+    }
+    fn commit(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
+        self.vn.nv_commit(tid)
+    }
+    fn abort(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
+        self.vn.nv_abort(tid)
+    }
+}
+
 impl TxAlloc {
     /// The allocator of `region`: validates an existing heap (magic, version, checksum, sizes),
     /// or formats one in its own committed transaction when the first [`HEAP_HEADER`] bytes of
@@ -300,15 +375,24 @@ impl TxAlloc {
     /// [`AllocError::Damaged`] for a header that fails validation; [`AllocError::InvalidSize`]
     /// for a region too small for a heap (< 4 KiB); errors of the format transaction.
     pub fn open(vn: &Vnvm, region: &Region) -> AllocResult<TxAlloc> {
-        let key = region.as_ptr() as usize;
+        Self::open_in(&VnvmMemory { vn, region }, Some(region.clone()))
+    }
+
+    /// [`TxAlloc::open`] over any [`TxMemory`]; `region` keeps a vnvm region's mapping alive
+    /// (`None` for other memories, whose owner keeps the view mapped while the allocator
+    /// lives). Allocators are shared per view address, as for `open`.
+    pub fn open_in(m: &dyn TxMemory, region: Option<Region>) -> AllocResult<TxAlloc> {
+        let key = m.base() as usize;
         let mut reg = registry().lock();
         reg.retain(|_, w| w.strong_count() > 0);
         if let Some(s) = reg.get(&key).and_then(Weak::upgrade) {
             return Ok(TxAlloc(s));
         }
         let a = TxAlloc(Arc::new(Shared {
-            region: region.clone(),
-            path: region.path().display().to_string(),
+            region,
+            base: m.base() as usize,
+            len: m.len() as u64,
+            path: m.describe(),
             state: Mutex::new(State {
                 owner: None,
                 overlay: BTreeMap::new(),
@@ -316,17 +400,18 @@ impl TxAlloc {
             cv: Condvar::new(),
             timeout_ms: 10_000.into(),
         }));
-        let len = region.len() as u64;
+        let len = m.len() as u64;
         if len < LARGE_UNIT {
             return Err(AllocError::InvalidSize {
                 size: len,
                 max: u64::MAX,
             });
         }
-        let mut hdr = [0u8; HEAP_HEADER as usize];
-        region.read(0, &mut hdr);
-        if hdr.iter().all(|&b| b == 0) {
-            a.format(vn)?;
+        let hdr_zero = (0..HEAP_HEADER)
+            .step_by(8)
+            .all(|o| committed_word(m.base(), len, o) == 0);
+        if hdr_zero {
+            a.format(m)?;
         } else {
             let st = a.0.state.lock();
             let v = a.view(&st.overlay);
@@ -345,8 +430,8 @@ impl TxAlloc {
         Ok(a)
     }
 
-    fn format(&self, vn: &Vnvm) -> AllocResult<()> {
-        let len = self.0.region.len() as u64;
+    fn format(&self, m: &dyn TxMemory) -> AllocResult<()> {
+        let len = self.0.len;
         let end = len & !15;
         let mut words = vec![
             (W_MAGIC, HEAP_MAGIC),
@@ -363,21 +448,36 @@ impl TxAlloc {
         for (o, v) in words {
             buf[o as usize..o as usize + 8].copy_from_slice(&v.to_le_bytes());
         }
-        let tid = vn.nv_txbegin();
+        let tid = m.begin();
+        if let Err(e) = self.write_all(m, tid, 0, &buf) {
+            let _ = m.abort(tid);
+            return Err(e.into());
+        }
+        m.commit(tid)?;
+        Ok(())
+    }
+
+    /// Log all of `src` at `off`, waiting for log space (up to the lock timeout each time).
+    fn write_all(
+        &self,
+        m: &dyn TxMemory,
+        tid: Tid,
+        off: u64,
+        src: &[u8],
+    ) -> std::result::Result<(), VnvmError> {
         let mut done = 0;
-        while done < buf.len() {
-            // SAFETY: offset `done` < HEAP_HEADER ≤ region length.
-            let dst = unsafe { self.0.region.as_ptr().add(done) };
-            match vn.nv_write(tid, dst, &buf[done..]) {
+        while done < src.len() {
+            match m.write(tid, off + done as u64, &src[done..]) {
                 Ok(n) => done += n,
-                Err(VnvmError::LogFull { .. }) if vn.nv_wait_log_space(self.timeout()) => {}
-                Err(e) => {
-                    let _ = vn.nv_abort(tid);
-                    return Err(e.into());
+                Err(VnvmError::LogFull { logged }) => {
+                    done += logged;
+                    if done < src.len() && !m.wait_space(self.timeout()) {
+                        return Err(VnvmError::LogFull { logged: 0 });
+                    }
                 }
+                Err(e) => return Err(e),
             }
         }
-        vn.nv_commit(tid)?;
         Ok(())
     }
 
@@ -393,15 +493,28 @@ impl TxAlloc {
         Duration::from_millis(self.0.timeout_ms.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// The region of this allocator.
-    pub fn region(&self) -> &Region {
-        &self.0.region
+    /// The vnvm region of this allocator (`None` when it lives in another [`TxMemory`]).
+    pub fn region(&self) -> Option<&Region> {
+        self.0.region.as_ref()
+    }
+
+    /// The vnvm memory of this allocator with instance `vn`.
+    ///
+    /// Panics if the allocator was opened over another [`TxMemory`] ([`TxAlloc::open_in`]
+    /// with no region): the `nv_*` methods are for vnvm regions, the `*_in` ones for any memory.
+    fn vnvm<'a>(&'a self, vn: &'a Vnvm) -> VnvmMemory<'a> {
+        let region = self
+            .0
+            .region
+            .as_ref()
+            .expect("TxAlloc::nv_* on an allocator that is not over a vnvm region");
+        VnvmMemory { vn, region }
     }
 
     fn view<'a>(&self, overlay: &'a BTreeMap<u64, u64>) -> View<'a> {
         View {
-            base: self.0.region.as_ptr(),
-            len: self.0.region.len() as u64,
+            base: self.0.base as *const u8,
+            len: self.0.len,
             overlay,
         }
     }
@@ -490,8 +603,8 @@ impl TxAlloc {
 
     /// Check that `tid` is open (a zero-length `nv_write` reports the tid's state); on any
     /// error, a finished owner is released first.
-    fn probe(&self, vn: &Vnvm, tid: Tid) -> std::result::Result<(), VnvmError> {
-        vn.nv_write(tid, self.0.region.as_ptr(), &[]).map(|_| ())
+    fn probe(&self, m: &dyn TxMemory, tid: Tid) -> std::result::Result<(), VnvmError> {
+        m.write(tid, 0, &[]).map(|_| ())
     }
 
     /// Release the allocator from a finished owner. After a commit, wait (bounded) until the
@@ -499,7 +612,7 @@ impl TxAlloc {
     fn heal(&self, st: &mut State, committed: bool) {
         if committed {
             let deadline = Instant::now() + Duration::from_secs(1);
-            let (base, len) = (self.0.region.as_ptr(), self.0.region.len() as u64);
+            let (base, len) = (self.0.base as *const u8, self.0.len);
             while st
                 .overlay
                 .iter()
@@ -515,27 +628,27 @@ impl TxAlloc {
     }
 
     /// Take the allocator for `tid` (waiting for another owner), returning the locked state.
-    fn acquire(&self, vn: &Vnvm, tid: Tid) -> AllocResult<parking_lot::MutexGuard<'_, State>> {
+    fn acquire(&self, m: &dyn TxMemory, tid: Tid) -> AllocResult<parking_lot::MutexGuard<'_, State>> {
         let start = Instant::now();
         let timeout = self.timeout();
         let mut st = self.0.state.lock();
         loop {
             match st.owner {
                 None => {
-                    self.probe(vn, tid)?;
+                    self.probe(m, tid)?;
                     st.owner = Some(tid);
                     return Ok(st);
                 }
                 Some(o) if o == tid => {
-                    if let Err(e) = self.probe(vn, tid) {
+                    if let Err(e) = self.probe(m, tid) {
                         self.heal(&mut st, matches!(e, VnvmError::TxCommitted(_)));
                         return Err(e.into());
                     }
                     return Ok(st);
                 }
                 Some(o) => {
-                    self.probe(vn, tid)?;
-                    if let Err(e) = self.probe(vn, o) {
+                    self.probe(m, tid)?;
+                    if let Err(e) = self.probe(m, o) {
                         self.heal(&mut st, matches!(e, VnvmError::TxCommitted(_)));
                         continue;
                     }
@@ -556,26 +669,26 @@ impl TxAlloc {
 
     /// Log one metadata word and record it in the overlay. On a log that stays full the
     /// transaction is aborted ([`AllocError::LogFullAborted`]).
-    fn put(&self, vn: &Vnvm, st: &mut State, tid: Tid, off: u64, val: u64) -> AllocResult<()> {
-        let bytes = val.to_le_bytes();
-        let mut done = 0;
-        while done < 8 {
-            // SAFETY: off + 8 ≤ region length (metadata words are validated offsets).
-            let dst = unsafe { self.0.region.as_ptr().add(off as usize + done) };
-            match vn.nv_write(tid, dst, &bytes[done..]) {
-                Ok(n) => done += n,
-                Err(VnvmError::LogFull { .. }) if vn.nv_wait_log_space(self.timeout()) => {}
-                Err(VnvmError::LogFull { .. }) => {
-                    let _ = vn.nv_abort(tid);
-                    self.heal(st, false);
-                    return Err(AllocError::LogFullAborted { tid });
-                }
-                Err(e) => {
-                    // Possibly half an update logged: never let it commit.
-                    let _ = vn.nv_abort(tid);
-                    self.heal(st, false);
-                    return Err(e.into());
-                }
+    fn put(
+        &self,
+        m: &dyn TxMemory,
+        st: &mut State,
+        tid: Tid,
+        off: u64,
+        val: u64,
+    ) -> AllocResult<()> {
+        match self.write_all(m, tid, off, &val.to_le_bytes()) {
+            Ok(()) => {}
+            Err(VnvmError::LogFull { .. }) => {
+                let _ = m.abort(tid);
+                self.heal(st, false);
+                return Err(AllocError::LogFullAborted { tid });
+            }
+            Err(e) => {
+                // Possibly half an update logged: never let it commit.
+                let _ = m.abort(tid);
+                self.heal(st, false);
+                return Err(e.into());
             }
         }
         st.overlay.insert(off, val);
@@ -583,9 +696,9 @@ impl TxAlloc {
     }
 
     /// Rewrite the header checksum after an operation's changes.
-    fn seal(&self, vn: &Vnvm, st: &mut State, tid: Tid) -> AllocResult<()> {
+    fn seal(&self, m: &dyn TxMemory, st: &mut State, tid: Tid) -> AllocResult<()> {
         let crc = header_crc(|o| self.view(&st.overlay).word(o));
-        self.put(vn, st, tid, W_CRC, crc)
+        self.put(m, st, tid, W_CRC, crc)
     }
 
     /// Allocate `size` bytes in transaction `tid` (the `nv_tx_alloc` of the C API). Returns the
@@ -599,11 +712,16 @@ impl TxAlloc {
     /// [`AllocError::Busy`], [`AllocError::Damaged`], [`AllocError::LogFullAborted`], and the
     /// tid errors of `nv_write` (wrapped in [`AllocError::Vnvm`]).
     pub fn nv_tx_alloc(&self, vn: &Vnvm, tid: Tid, size: u64) -> AllocResult<u64> {
-        let max = self.0.region.len() as u64 - HEAP_HEADER - BLOCK_HEADER;
+        self.alloc_in(&self.vnvm(vn), tid, size)
+    }
+
+    /// [`TxAlloc::nv_tx_alloc`] in any [`TxMemory`] (the one the allocator was opened over).
+    pub fn alloc_in(&self, m: &dyn TxMemory, tid: Tid, size: u64) -> AllocResult<u64> {
+        let max = self.0.len - HEAP_HEADER - BLOCK_HEADER;
         if size == 0 || size > max {
             return Err(AllocError::InvalidSize { size, max });
         }
-        let mut st = self.acquire(vn, tid)?;
+        let mut st = self.acquire(m, tid)?;
         let st = &mut *st;
         let v = self.view(&st.overlay);
         self.validate_header(&v)?;
@@ -647,9 +765,9 @@ impl TxAlloc {
                 }
                 writes.push((cur, tag(cur, ST_ALLOC, class, size_out)));
                 for (o, val) in writes {
-                    self.put(vn, st, tid, o, val)?;
+                    self.put(m, st, tid, o, val)?;
                 }
-                self.seal(vn, st, tid)?;
+                self.seal(m, st, tid)?;
                 return Ok(cur + BLOCK_HEADER);
             }
             prev_link = cur + BLOCK_HEADER;
@@ -668,28 +786,24 @@ impl TxAlloc {
                 bump_left: end - bump,
             });
         }
-        self.put(vn, st, tid, bump, tag(bump, ST_ALLOC, class, need))?;
-        self.put(vn, st, tid, bump + 8, need)?;
-        self.put(vn, st, tid, W_BUMP, bump + need)?;
-        self.seal(vn, st, tid)?;
+        self.put(m, st, tid, bump, tag(bump, ST_ALLOC, class, need))?;
+        self.put(m, st, tid, bump + 8, need)?;
+        self.put(m, st, tid, W_BUMP, bump + need)?;
+        self.seal(m, st, tid)?;
         Ok(bump + BLOCK_HEADER)
     }
 
     /// [`TxAlloc::nv_tx_alloc`], then log zeros over the payload in the same transaction (costs
     /// log space of the payload's size).
     pub fn nv_tx_zalloc(&self, vn: &Vnvm, tid: Tid, size: u64) -> AllocResult<u64> {
-        let off = self.nv_tx_alloc(vn, tid, size)?;
+        self.zalloc_in(&self.vnvm(vn), tid, size)
+    }
+
+    /// [`TxAlloc::nv_tx_zalloc`] in any [`TxMemory`].
+    pub fn zalloc_in(&self, m: &dyn TxMemory, tid: Tid, size: u64) -> AllocResult<u64> {
+        let off = self.alloc_in(m, tid, size)?;
         let zeros = vec![0u8; size as usize];
-        let mut done = 0;
-        while done < zeros.len() {
-            // SAFETY: off + size ≤ region length (inside the block just allocated).
-            let dst = unsafe { self.0.region.as_ptr().add(off as usize + done) };
-            match vn.nv_write(tid, dst, &zeros[done..]) {
-                Ok(n) => done += n,
-                Err(VnvmError::LogFull { .. }) if vn.nv_wait_log_space(self.timeout()) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        self.write_all(m, tid, off, &zeros)?;
         Ok(off)
     }
 
@@ -731,7 +845,12 @@ impl TxAlloc {
     /// [`AllocError::Busy`], [`AllocError::Damaged`], [`AllocError::LogFullAborted`], tid
     /// errors.
     pub fn nv_tx_free(&self, vn: &Vnvm, tid: Tid, off: u64) -> AllocResult<()> {
-        let mut st = self.acquire(vn, tid)?;
+        self.free_in(&self.vnvm(vn), tid, off)
+    }
+
+    /// [`TxAlloc::nv_tx_free`] in any [`TxMemory`].
+    pub fn free_in(&self, m: &dyn TxMemory, tid: Tid, off: u64) -> AllocResult<()> {
+        let mut st = self.acquire(m, tid)?;
         let st = &mut *st;
         let v = self.view(&st.overlay);
         self.validate_header(&v)?;
@@ -748,10 +867,10 @@ impl TxAlloc {
             W_HEADS + 8 * class as u64
         };
         let head = v.word(head_word);
-        self.put(vn, st, tid, block + BLOCK_HEADER, head)?;
-        self.put(vn, st, tid, block, tag(block, ST_FREE, class, size))?;
-        self.put(vn, st, tid, head_word, block)?;
-        self.seal(vn, st, tid)
+        self.put(m, st, tid, block + BLOCK_HEADER, head)?;
+        self.put(m, st, tid, block, tag(block, ST_FREE, class, size))?;
+        self.put(m, st, tid, head_word, block)?;
+        self.seal(m, st, tid)
     }
 
     /// Usable bytes of the allocated block at `off` (committed view, or `tid`'s view if it holds
@@ -792,15 +911,20 @@ impl TxAlloc {
     /// Errors: [`AllocError::BadOffset`] / [`AllocError::DoubleFree`] (a free block) for an
     /// offset that is not an allocated block; [`AllocError::Busy`], tid errors.
     pub fn nv_set_root(&self, vn: &Vnvm, tid: Tid, off: u64) -> AllocResult<()> {
-        let mut st = self.acquire(vn, tid)?;
+        self.set_root_in(&self.vnvm(vn), tid, off)
+    }
+
+    /// [`TxAlloc::nv_set_root`] in any [`TxMemory`].
+    pub fn set_root_in(&self, m: &dyn TxMemory, tid: Tid, off: u64) -> AllocResult<()> {
+        let mut st = self.acquire(m, tid)?;
         let st = &mut *st;
         let v = self.view(&st.overlay);
         self.validate_header(&v)?;
         if off != 0 {
             self.allocated(&v, off)?;
         }
-        self.put(vn, st, tid, W_ROOT, off)?;
-        self.seal(vn, st, tid)
+        self.put(m, st, tid, W_ROOT, off)?;
+        self.seal(m, st, tid)
     }
 
     /// The transaction `tid` has ended (committed or aborted by the caller): drop its overlay
@@ -816,14 +940,24 @@ impl TxAlloc {
     /// `vn.nv_commit(tid)` then [`TxAlloc::end_tx`] (also when the commit fails: the
     /// transaction is then not open any more).
     pub fn commit(&self, vn: &Vnvm, tid: Tid) -> AllocResult<()> {
-        let r = vn.nv_commit(tid);
+        self.commit_in(&self.vnvm(vn), tid)
+    }
+
+    /// [`TxAlloc::commit`] in any [`TxMemory`].
+    pub fn commit_in(&self, m: &dyn TxMemory, tid: Tid) -> AllocResult<()> {
+        let r = m.commit(tid);
         self.end_tx(tid);
         Ok(r?)
     }
 
     /// `vn.nv_abort(tid)` then [`TxAlloc::end_tx`].
     pub fn abort(&self, vn: &Vnvm, tid: Tid) -> AllocResult<()> {
-        let r = vn.nv_abort(tid);
+        self.abort_in(&self.vnvm(vn), tid)
+    }
+
+    /// [`TxAlloc::abort`] in any [`TxMemory`].
+    pub fn abort_in(&self, m: &dyn TxMemory, tid: Tid) -> AllocResult<()> {
+        let r = m.abort(tid);
         self.end_tx(tid);
         Ok(r?)
     }
