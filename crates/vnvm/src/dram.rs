@@ -78,31 +78,70 @@ impl DramCache {
             wview,
             map_len,
         };
-        let mut done = 0usize;
-        while done < fill_len {
-            // SAFETY: wview + done .. + (fill_len - done) lies in the writable mapping.
-            let n = unsafe {
-                libc::pread(
-                    file.as_raw_fd(),
-                    dc.wview.add(done) as *mut libc::c_void,
-                    fill_len - done,
-                    done as libc::off_t,
-                )
+        // Only the file's data segments are read (SEEK_DATA / SEEK_HOLE): a hole is zeros,
+        // which the fresh memfd already is, and reading it would allocate DRAM for nothing (a
+        // new 1 GiB region would cost 1 GiB at nv_allocate).
+        let mut pos = 0usize;
+        while pos < fill_len {
+            let (data, hole) = match data_segment(file, pos) {
+                Ok(Some(seg)) => seg,
+                Ok(None) => break,
+                Err(e) => return Err(io_err("seek backing file", path, e)),
             };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+            let (start, end) = (data.max(pos), hole.min(fill_len));
+            let mut done = start;
+            while done < end {
+                // SAFETY: wview + done .. + (end - done) lies in the writable mapping
+                // (end ≤ fill_len ≤ map_len).
+                let n = unsafe {
+                    libc::pread(
+                        file.as_raw_fd(),
+                        dc.wview.add(done) as *mut libc::c_void,
+                        end - done,
+                        done as libc::off_t,
+                    )
+                };
+                if n < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(io_err("read backing file", path, e));
                 }
-                return Err(io_err("read backing file", path, e));
+                if n == 0 {
+                    break;
+                }
+                done += n as usize;
             }
-            if n == 0 {
-                break;
+            if done < end {
+                break; // the file ended early (truncated meanwhile): the rest stays zero
             }
-            done += n as usize;
+            pos = end;
         }
         Ok(dc)
     }
+}
+
+/// The data segment of `file` at or after `pos`: `Some((data start, hole start))`, `None` past
+/// the last data. Falls back to "everything is data" where SEEK_DATA is not supported.
+fn data_segment(file: &File, pos: usize) -> std::io::Result<Option<(usize, usize)>> {
+    let fd = file.as_raw_fd();
+    // SAFETY: lseek on a descriptor we borrow; the results are checked.
+    let data = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+    if data < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(Some((pos, usize::MAX))),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: as above.
+    let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+    if hole < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Some((data as usize, hole as usize)))
 }
 
 impl DramCache {

@@ -1,1 +1,0 @@
-//! The storage interface: a transactional heap addressed by offsets. Being written.

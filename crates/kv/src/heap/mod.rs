@@ -1,0 +1,301 @@
+//! The storage interface of tiermem-kv: a transactional heap addressed by offsets.
+//!
+//! Every engine offers the same thing: a contiguous region of bytes read with plain loads
+//! through a read-only view that shows committed state, and transactions that allocate, free and
+//! write it, with one root offset. The data structures (`crate::ds`) are written once against
+//! [`Heap`] and [`Tx`]; an engine is a memory, not a second implementation of the Redis types.
+//! A new engine implements [`Engine`]: a [`TxMemory`] (the view and transactional writes) plus
+//! what the server reports about it. Later subsystems plug in by providing such a memory, or by
+//! taking over the volatile engine's registered region (migration, snapshots, paging).
+//!
+//! The allocator is vnvm's ([`tiermem_vnvm::alloc::TxAlloc`]), opened over the engine's memory:
+//! one allocator, with the same crash consistency as the data wherever the memory is durable.
+//!
+//! ## Concurrency contract
+//!
+//! The heap does not lock. Its user (the command layer) must make sure that no transaction
+//! commits while another thread reads the view (one engine-wide `RwLock`: readers share it,
+//! a writing transaction holds it exclusively from `begin` to `commit`), and that at most one
+//! transaction is open at a time (the allocator would otherwise make the second one wait).
+
+pub mod vnvm;
+pub mod volatile;
+
+use std::time::Duration;
+use tiermem_vnvm::alloc::TxAlloc;
+pub use tiermem_vnvm::alloc::{AllocError, HeapStats, TxMemory};
+use tiermem_vnvm::{Tid, VnvmError};
+
+/// A heap offset. 0 is the null offset (the allocator header lives there, never an object).
+pub type Off = u64;
+
+/// Errors of the storage layer.
+#[derive(Debug, thiserror::Error)]
+pub enum HeapError {
+    /// The heap has no room for an allocation (Redis' `-OOM`).
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+    /// The transaction would not fit in the engine's log even when empty.
+    #[error("transaction too large for the log: {0}")]
+    TooLarge(String),
+    /// An allocator error (damaged metadata, bad offset, ...).
+    #[error(transparent)]
+    Alloc(AllocError),
+    /// An error of the engine (vnvm instance, device, ...).
+    #[error("{0}")]
+    Engine(String),
+}
+
+impl From<AllocError> for HeapError {
+    fn from(e: AllocError) -> Self {
+        match e {
+            AllocError::OutOfSpace { .. } => HeapError::OutOfMemory(e.to_string()),
+            AllocError::LogFullAborted { .. } | AllocError::Vnvm(VnvmError::LogFull { .. }) => {
+                HeapError::TooLarge(e.to_string())
+            }
+            e => HeapError::Alloc(e),
+        }
+    }
+}
+
+impl From<VnvmError> for HeapError {
+    fn from(e: VnvmError) -> Self {
+        match e {
+            VnvmError::LogFull { .. } => HeapError::TooLarge(e.to_string()),
+            e => HeapError::Engine(e.to_string()),
+        }
+    }
+}
+
+/// Result type of the storage layer.
+pub type Result<T> = std::result::Result<T, HeapError>;
+
+/// What an engine tells about itself (INFO, start-up log).
+#[derive(Clone, Debug, Default)]
+pub struct EngineInfo {
+    /// Engine name (`vnvm`, `volatile`).
+    pub name: &'static str,
+    /// Acknowledged writes survive kill -9 (and, on real NVM, power loss).
+    pub durable: bool,
+    /// Where the data lives, in words (paths, pools, region).
+    pub location: String,
+    /// Bytes of the heap (the region).
+    pub heap_bytes: u64,
+    /// Engine-specific facts as (INFO field, value) pairs.
+    pub fields: Vec<(String, String)>,
+}
+
+/// A storage engine: a transactional memory and its description.
+pub trait Engine: Send + Sync + 'static {
+    /// The transactional memory the heap lives in.
+    fn memory(&self) -> &dyn TxMemory;
+    /// Writes of an open transaction are visible in the view at once (no overlay needed).
+    fn writes_visible_before_commit(&self) -> bool;
+    /// Facts for INFO and the start-up log.
+    fn info(&self) -> EngineInfo;
+    /// Make everything committed durable and applied (clean shutdown). Default: nothing.
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Close the engine cleanly (after `sync`). Default: nothing.
+    fn close(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A heap over an engine: the committed view, the allocator, and transactions.
+pub struct Heap {
+    engine: Box<dyn Engine>,
+    alloc: TxAlloc,
+    base: *const u8,
+    len: usize,
+}
+
+// SAFETY: `base` points into the engine's view, which lives as long as the engine (owned here);
+// reads through it follow the concurrency contract of the module.
+unsafe impl Send for Heap {}
+// SAFETY: see above.
+unsafe impl Sync for Heap {}
+
+impl Heap {
+    /// Open the heap of `engine`: validate its allocator, or format one in a new (all-zero)
+    /// memory.
+    pub fn open(engine: Box<dyn Engine>) -> Result<Heap> {
+        let m = engine.memory();
+        let (base, len) = (m.base(), m.len());
+        let alloc = TxAlloc::open_in(m, None)?;
+        alloc.set_lock_timeout(Duration::from_secs(30));
+        Ok(Heap {
+            engine,
+            alloc,
+            base,
+            len,
+        })
+    }
+
+    /// The committed bytes (read-only). See the module's concurrency contract.
+    #[inline]
+    pub fn view(&self) -> &[u8] {
+        // SAFETY: the engine's view is mapped for `len` bytes while the engine lives (owned by
+        // self); it changes only at commits, which the caller keeps apart from reads.
+        unsafe { std::slice::from_raw_parts(self.base, self.len) }
+    }
+
+    /// The committed root offset (0: none yet).
+    pub fn root(&self) -> Result<Off> {
+        Ok(self.alloc.nv_root(None)?)
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &dyn Engine {
+        &*self.engine
+    }
+
+    /// Occupancy of the heap, from a full walk of its blocks (slow: for INFO on demand).
+    pub fn stats(&self) -> Result<HeapStats> {
+        Ok(self.alloc.check()?)
+    }
+
+    /// Begin a transaction.
+    pub fn begin(&self) -> Tx<'_> {
+        let m = self.engine.memory();
+        Tx {
+            heap: self,
+            tid: m.begin(),
+            overlay: Vec::new(),
+            arena: Vec::new(),
+            track: !self.engine.writes_visible_before_commit(),
+            done: false,
+        }
+    }
+}
+
+/// One transaction: reads see its own writes; writes become visible (and, on a durable engine,
+/// durable) together at [`Tx::commit`]. Dropped without commit, it aborts.
+pub struct Tx<'h> {
+    heap: &'h Heap,
+    tid: Tid,
+    /// (offset, start in arena, length) of each write, in order (for reads of own writes).
+    overlay: Vec<(u64, u32, u32)>,
+    arena: Vec<u8>,
+    track: bool,
+    done: bool,
+}
+
+impl Tx<'_> {
+    fn mem(&self) -> &dyn TxMemory {
+        self.heap.engine.memory()
+    }
+
+    /// Read `buf.len()` bytes at `off`, seeing this transaction's writes.
+    pub fn read(&self, off: Off, buf: &mut [u8]) {
+        let (o, n) = (off as usize, buf.len());
+        buf.copy_from_slice(&self.heap.view()[o..o + n]);
+        for &(w, a, l) in &self.overlay {
+            let (ws, we) = (w as usize, w as usize + l as usize);
+            let (s, e) = (ws.max(o), we.min(o + n));
+            if s < e {
+                let src = a as usize + (s - ws);
+                buf[s - o..e - o].copy_from_slice(&self.arena[src..src + (e - s)]);
+            }
+        }
+    }
+
+    /// The little-endian word at `off`, seeing this transaction's writes.
+    #[inline]
+    pub fn read_u64(&self, off: Off) -> u64 {
+        let mut b = [0u8; 8];
+        self.read(off, &mut b);
+        u64::from_le_bytes(b)
+    }
+
+    /// Write `bytes` at `off` in this transaction.
+    pub fn write(&mut self, off: Off, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if off as usize + bytes.len() > self.heap.len || off < tiermem_vnvm::alloc::HEAP_HEADER {
+            return Err(HeapError::Engine(format!(
+                "write of {} bytes at heap offset {off} is outside the heap's objects",
+                bytes.len()
+            )));
+        }
+        let mut done = 0;
+        while done < bytes.len() {
+            match self
+                .mem()
+                .write(self.tid, off + done as u64, &bytes[done..])
+            {
+                Ok(n) => done += n,
+                Err(VnvmError::LogFull { logged }) => {
+                    done += logged;
+                    if done < bytes.len() && !self.mem().wait_space(Duration::from_secs(30)) {
+                        return Err(HeapError::TooLarge(format!(
+                            "no log space for {} more bytes within 30 s",
+                            bytes.len() - done
+                        )));
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if self.track {
+            self.overlay
+                .push((off, self.arena.len() as u32, bytes.len() as u32));
+            self.arena.extend_from_slice(bytes);
+        }
+        Ok(())
+    }
+
+    /// Write the little-endian word `v` at `off`.
+    #[inline]
+    pub fn write_u64(&mut self, off: Off, v: u64) -> Result<()> {
+        self.write(off, &v.to_le_bytes())
+    }
+
+    /// Allocate `size` bytes (contents undefined: write every byte you read later).
+    pub fn alloc(&mut self, size: u64) -> Result<Off> {
+        Ok(self.heap.alloc.alloc_in(self.mem(), self.tid, size)?)
+    }
+
+    /// Free the object at `off` (allocated and committed, or allocated in this transaction).
+    pub fn free(&mut self, off: Off) -> Result<()> {
+        Ok(self.heap.alloc.free_in(self.mem(), self.tid, off)?)
+    }
+
+    /// Usable bytes of the object at `off`.
+    pub fn usable_size(&self, off: Off) -> Result<u64> {
+        Ok(self.heap.alloc.usable_size(Some(self.tid), off)?)
+    }
+
+    /// The root offset as this transaction sees it.
+    pub fn root(&self) -> Result<Off> {
+        Ok(self.heap.alloc.nv_root(Some(self.tid))?)
+    }
+
+    /// Make `off` (an allocated object, or 0) the root.
+    pub fn set_root(&mut self, off: Off) -> Result<()> {
+        Ok(self.heap.alloc.set_root_in(self.mem(), self.tid, off)?)
+    }
+
+    /// Commit: every write becomes visible, and durable on a durable engine, before this
+    /// returns.
+    pub fn commit(mut self) -> Result<()> {
+        self.done = true;
+        Ok(self.heap.alloc.commit_in(self.mem(), self.tid)?)
+    }
+
+    /// Abort: no write of this transaction ever becomes visible.
+    pub fn abort(mut self) {
+        self.done = true;
+        let _ = self.heap.alloc.abort_in(self.mem(), self.tid);
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.heap.alloc.abort_in(self.mem(), self.tid);
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The volatile engine: the heap is one anonymous region registered with tiermem's fault engine
+//! (MISSING faults, zero-filled in the faulting thread), so the subsystems that move memory —
+//! migration, snapshots, paging — can take it over. No persistence: a transaction writes in
+//! place and keeps an undo record in DRAM for abort.
+
+use super::{Engine, EngineInfo, HeapError, Result, TxMemory};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tiermem_fault::{
+    Engine as FaultEngine, Fault, FaultOps, RegionHandle, RegionSpec, ResolveError, Resolver,
+};
+use tiermem_vnvm::{Tid, VnvmError};
+
+/// Zero-fills the faulting page (async-signal-safe: one UFFDIO_ZEROPAGE).
+struct ZeroFill;
+
+impl Resolver for ZeroFill {
+    fn resolve(&self, fault: &Fault, ops: &FaultOps<'_>) -> std::result::Result<(), ResolveError> {
+        ops.zero(fault.offset, tiermem_fault::PAGE_SIZE).map(|_| ())
+    }
+}
+
+#[derive(Default)]
+struct TxState {
+    next: u64,
+    /// Open transactions and their undo records (offset, old bytes), oldest first.
+    open: HashMap<Tid, Vec<(u64, Vec<u8>)>>,
+}
+
+/// The volatile engine.
+pub struct VolatileEngine {
+    base: *mut u8,
+    len: usize,
+    handle: Option<RegionHandle>,
+    tx: Mutex<TxState>,
+}
+
+// SAFETY: the mapping is owned by the engine for its whole life; writes happen only inside
+// transactions, which the heap's concurrency contract keeps apart from readers.
+unsafe impl Send for VolatileEngine {}
+// SAFETY: see above.
+unsafe impl Sync for VolatileEngine {}
+
+impl VolatileEngine {
+    /// Map `size` bytes (rounded up to pages; reserved lazily, MAP_NORESERVE) and register them
+    /// with the process's fault engine. Without userfaultfd (not root, no
+    /// `vm.unprivileged_userfaultfd`), `require_registration == false` keeps the plain mapping
+    /// and says so in `info`.
+    pub fn new(size: u64, require_registration: bool) -> Result<VolatileEngine> {
+        let len = (size as usize).div_ceil(tiermem_fault::PAGE_SIZE) * tiermem_fault::PAGE_SIZE;
+        // SAFETY: a fresh private anonymous mapping; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(HeapError::Engine(format!(
+                "mmap of a {len}-byte volatile heap: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let base = p as *mut u8;
+        let spec = RegionSpec::new(base, len).missing(true).in_thread();
+        let handle = match FaultEngine::global().register(spec, Arc::new(ZeroFill)) {
+            Ok(h) => Some(h),
+            Err(e) if !require_registration => {
+                eprintln!("tiermem-kv: volatile heap not registered with the fault engine: {e}");
+                None
+            }
+            Err(e) => {
+                // SAFETY: unmapping the mapping made above, never handed out.
+                unsafe { libc::munmap(p, len) };
+                return Err(HeapError::Engine(format!(
+                    "registering the volatile heap with the fault engine: {e}"
+                )));
+            }
+        };
+        Ok(VolatileEngine {
+            base,
+            len,
+            handle,
+            tx: Mutex::new(TxState::default()),
+        })
+    }
+
+    /// The fault-engine registration of the heap's region (`None` if it could not register).
+    pub fn region(&self) -> Option<&RegionHandle> {
+        self.handle.as_ref()
+    }
+}
+
+impl Engine for VolatileEngine {
+    fn memory(&self) -> &dyn TxMemory {
+        self
+    }
+    fn writes_visible_before_commit(&self) -> bool {
+        true
+    }
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            name: "volatile",
+            durable: false,
+            location: format!(
+                "anonymous region at {:p}, {} MiB, {} (not persisted)",
+                self.base,
+                self.len >> 20,
+                match &self.handle {
+                    Some(h) => format!("registered with the fault engine as region {}", h.id()),
+                    None => "not registered with the fault engine".to_string(),
+                }
+            ),
+            heap_bytes: self.len as u64,
+            fields: vec![
+                (
+                    "volatile_region_registered".into(),
+                    (self.handle.is_some() as u8).to_string(),
+                ),
+                (
+                    "volatile_region_faults".into(),
+                    self.handle.as_ref().map_or(0, |h| h.faults()).to_string(),
+                ),
+            ],
+        }
+    }
+}
+
+impl TxMemory for VolatileEngine {
+    fn base(&self) -> *const u8 {
+        self.base
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn describe(&self) -> String {
+        format!("volatile heap at {:p}", self.base)
+    }
+    fn begin(&self) -> Tid {
+        let mut st = self.tx.lock();
+        st.next += 1;
+        let tid: Tid = st.next;
+        st.open.insert(tid, Vec::new());
+        tid
+    }
+    fn write(&self, tid: Tid, off: u64, src: &[u8]) -> std::result::Result<usize, VnvmError> {
+        let mut st = self.tx.lock();
+        let undo = st.open.get_mut(&tid).ok_or(VnvmError::UnknownTx(tid))?;
+        let (o, n) = (off as usize, src.len());
+        if o.checked_add(n).map_or(true, |e| e > self.len) {
+            return Err(VnvmError::OutOfRegion {
+                addr: self.base as usize + o,
+                len: n,
+            });
+        }
+        if n == 0 {
+            return Ok(0);
+        }
+        // SAFETY: o + n ≤ len: inside the mapping; the transaction holds the heap exclusively.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.base.add(o), n) };
+        undo.push((off, dst.to_vec()));
+        dst.copy_from_slice(src);
+        Ok(n)
+    }
+    fn wait_space(&self, _timeout: std::time::Duration) -> bool {
+        true
+    }
+    fn commit(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
+        self.tx
+            .lock()
+            .open
+            .remove(&tid)
+            .map(|_| ())
+            .ok_or(VnvmError::UnknownTx(tid))
+    }
+    fn abort(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
+        let undo = self
+            .tx
+            .lock()
+            .open
+            .remove(&tid)
+            .ok_or(VnvmError::UnknownTx(tid))?;
+        for (off, old) in undo.into_iter().rev() {
+            // SAFETY: recorded by `write` after its bounds check.
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(self.base.add(off as usize), old.len()) };
+            dst.copy_from_slice(&old);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for VolatileEngine {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            let _ = h.unregister();
+        }
+        // SAFETY: the engine's own mapping; nothing refers to it after the heap is dropped.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
