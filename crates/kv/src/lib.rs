@@ -3,6 +3,7 @@
 //! Layers (see `docs/kv.md`):
 //! * [`resp`]: the RESP2 request parser and reply encoder, incremental and bounded;
 //! * [`server`]: TCP and Unix-socket event loops with pipelining, calling a [`server::Service`];
+//! * [`config`]: the server's settings, from a `redis.conf`-style file or flags;
 //! * [`heap`]: the storage interface — a transactional heap addressed by offsets — and its
 //!   engines (`vnvm`: durable; `volatile`: one registered anonymous region);
 //! * `ds`, `commands`: Redis data structures over a heap and the command table.
@@ -10,6 +11,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod config;
 pub mod heap;
 pub mod resp;
 pub mod server;
