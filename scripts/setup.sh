@@ -16,8 +16,14 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages the build and the tests use. Later subsystems add theirs here, in one place.
+#   libpmemobj-dev: PMDK, the baseline of `tiermem bench vnvm` (crates/pmdk).
+#   redis-server, redis-tools: Redis 7.0 (Debian 12) as the baseline of `tiermem bench kv` and
+#     the tiermem-kv tests; redis-cli and redis-benchmark as real clients of tiermem-kv.
+#   maven, default-jdk-headless: build and run YCSB 0.17.0 with tiermem's binding (bench/ycsb).
 APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procps
-  libpmemobj-dev)  # libpmemobj-dev: PMDK, the baseline of `tiermem bench vnvm` (crates/pmdk)
+  libpmemobj-dev
+  redis-server redis-tools
+  maven default-jdk-headless)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -28,6 +34,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [[ " ${missing[*]} " == *" redis-server "* ]]; then
+    # Debian's package enables a system redis-server on port 6379 and starts it where services
+    # may start. The benchmarks and tests start their own on free ports with their own config
+    # and directory: stop and disable the system one so that it holds no port, memory or CPU.
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now redis-server.service >/dev/null 2>&1 || true
+    else
+      service redis-server stop >/dev/null 2>&1 || true
+      update-rc.d redis-server disable >/dev/null 2>&1 || true
+    fi
+  fi
 fi
 
 # Rust toolchain: the one rustup installed (~/.cargo/bin), or rustup fetched now, or Debian's.
@@ -46,6 +63,11 @@ rust_minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
 [ "$rust_minor" -ge 80 ] || die "rustc 1.$rust_minor is too old: tiermem needs Rust >= 1.80 (install rustup: https://rustup.rs)"
 
 cd "$TIERMEM_ROOT"
+# YCSB with tiermem's binding (bench/ycsb): built with Maven from Maven Central when its jar is
+# missing or older than its sources; a no-op otherwise.
+if ! bash "$TIERMEM_ROOT/bench/ycsb/build.sh"; then
+  die "could not build the YCSB binding (bench/ycsb): see the message above"
+fi
 log "building the workspace (release)"
 cargo build --release --workspace --quiet
 export PATH="$TIERMEM_ROOT/target/release:$PATH"

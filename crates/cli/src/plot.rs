@@ -1,5 +1,5 @@
 //! Minimal SVG charts for benchmark results (no dependencies): cumulative distributions of
-//! latency samples on a logarithmic time axis.
+//! latency samples on a logarithmic time axis, and grouped bar charts on a logarithmic value axis.
 
 use std::fmt::Write;
 
@@ -117,6 +117,134 @@ pub fn cdf_svg(title: &str, x_label: &str, series: &[Series<'_>]) -> String {
     s
 }
 
+/// One system's bars in a grouped bar chart: a label and one value per group (`None`: no bar,
+/// e.g. the system failed).
+pub struct Bars<'a> {
+    pub label: &'a str,
+    pub values: &'a [Option<f64>],
+}
+
+/// Render a grouped bar chart as an SVG document: one group per entry of `groups` (x axis), one
+/// bar per series in each group, heights on a log10 axis (values spanning decades, e.g. pipelined
+/// and unpipelined throughput, stay readable), each bar labelled with its value. Non-positive and
+/// missing values draw no bar.
+pub fn bars_svg(title: &str, y_label: &str, groups: &[&str], series: &[Bars<'_>]) -> String {
+    let (w, h) = (860.0, 480.0);
+    let (left, right, top, bottom) = (80.0, 200.0, 40.0, 60.0);
+    let pw = w - left - right;
+    let ph = h - top - bottom;
+    let vals = series
+        .iter()
+        .flat_map(|s| s.values.iter().flatten().copied())
+        .filter(|v| *v > 0.0);
+    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+    for v in vals {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if !lo.is_finite() || hi <= 0.0 {
+        lo = 1.0;
+        hi = 10.0;
+    }
+    let (llo, lhi) = (
+        lo.log10().floor(),
+        hi.log10().ceil().max(lo.log10().floor() + 1.0),
+    );
+    let ymap = |v: f64| top + ph - (v.log10() - llo) / (lhi - llo) * ph;
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="24" font-size="15" text-anchor="middle">{}</text>
+"#,
+        left + pw / 2.0,
+        esc(title)
+    );
+    let mut d = llo;
+    while d <= lhi + 1e-9 {
+        let y = top + ph - (d - llo) / (lhi - llo) * ph;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            left + pw,
+            left - 6.0,
+            y + 4.0,
+            fmt_si(10f64.powf(d))
+        );
+        d += 1.0;
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="18" y="{:.1}" transform="rotate(-90 18 {:.1})" text-anchor="middle">{}</text>"#,
+        top + ph / 2.0,
+        top + ph / 2.0,
+        esc(y_label)
+    );
+    let gw = pw / groups.len().max(1) as f64;
+    let bw = gw * 0.8 / series.len().max(1) as f64;
+    for (g, name) in groups.iter().enumerate() {
+        let gx = left + g as f64 * gw;
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            gx + gw / 2.0,
+            top + ph + 18.0,
+            esc(name)
+        );
+        for (i, ser) in series.iter().enumerate() {
+            let Some(v) = ser.values.get(g).copied().flatten().filter(|v| *v > 0.0) else {
+                continue;
+            };
+            let x = gx + gw * 0.1 + i as f64 * bw;
+            let y = ymap(v);
+            let _ = writeln!(
+                s,
+                r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" font-size="9" text-anchor="middle">{}</text>"#,
+                bw * 0.9,
+                top + ph - y,
+                COLORS[i % COLORS.len()],
+                x + bw * 0.45,
+                y - 3.0,
+                fmt_si(v)
+            );
+        }
+    }
+    for (i, ser) in series.iter().enumerate() {
+        let ly = top + 10.0 + i as f64 * 20.0;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{:.1}" y="{:.1}" width="14" height="10" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            w - right + 15.0,
+            ly - 5.0,
+            COLORS[i % COLORS.len()],
+            w - right + 35.0,
+            ly + 4.0,
+            esc(ser.label)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// 1234567 -> "1.2M", 28100 -> "28.1k", 10000 -> "10k", 950 -> "950".
+fn fmt_si(v: f64) -> String {
+    let (x, unit) = if v >= 1e9 {
+        (v / 1e9, "G")
+    } else if v >= 1e6 {
+        (v / 1e6, "M")
+    } else if v >= 1e3 {
+        (v / 1e3, "k")
+    } else {
+        (v, "")
+    };
+    if x >= 100.0 || (unit.is_empty() && x >= 1.0) || (x - x.round()).abs() < 0.05 {
+        format!("{x:.0}{unit}")
+    } else {
+        format!("{x:.1}{unit}")
+    }
+}
+
 fn fmt_decade(d: f64) -> String {
     let v = 10f64.powf(d);
     if v >= 1.0 {
@@ -160,6 +288,36 @@ mod tests {
         );
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert!(svg.contains("t &lt;x&gt;"));
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn bars_skip_missing_values_and_label_the_rest() {
+        let a = [Some(1_200_000.0), Some(28_100.0)];
+        let b = [None, Some(950.0)];
+        let svg = bars_svg(
+            "kv <ops>",
+            "ops/s",
+            &["set", "ycsb-a"],
+            &[
+                Bars {
+                    label: "a",
+                    values: &a,
+                },
+                Bars {
+                    label: "b",
+                    values: &b,
+                },
+            ],
+        );
+        // 3 bars + 2 legend swatches + the background.
+        assert_eq!(svg.matches("<rect").count(), 6);
+        assert!(svg.contains(">1.2M<") && svg.contains(">28.1k<") && svg.contains(">950<"));
+        assert!(
+            svg.contains(">10k<"),
+            "decade labels without a needless decimal"
+        );
+        assert!(svg.contains("kv &lt;ops&gt;"));
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     }
 }

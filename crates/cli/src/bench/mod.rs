@@ -2,6 +2,11 @@
 //! print medians and ratios, the delay model in force and the machine they ran on.
 
 mod fault;
+mod kv;
+// Also compiled into the integration tests (tests/kv_harness.rs, by #[path]): some of its API is
+// for them only.
+#[allow(dead_code)]
+pub mod kv_harness;
 mod media;
 mod vnvm;
 
@@ -33,6 +38,11 @@ pub enum BenchCommand {
     /// The vNVML microbenchmark: 32 page writes of S bytes per transaction, vnvm against PMDK
     /// libpmemobj and a non-durable memcpy, transactions/s and the ratio vnvm/PMDK.
     Vnvm(BenchOpts),
+    /// tiermem-kv (vnvm with durable commits, volatile) against redis-server (AOF fsync always,
+    /// everysec): redis-benchmark SET/GET and YCSB workloads A and B, ops/s and p99, the ratios
+    /// durable/volatile and durable/Redis. Needs redis-server, redis-tools and the YCSB binding
+    /// (bench/ycsb, built by scripts/setup.sh).
+    Kv(kv::KvOpts),
 }
 
 /// Run one benchmark.
@@ -41,6 +51,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Media(o) => media::run(o),
         BenchCommand::Fault(o) => fault::run(o),
         BenchCommand::Vnvm(o) => vnvm::run(o),
+        BenchCommand::Kv(o) => kv::run(o),
     }
 }
 

@@ -1,0 +1,957 @@
+//! `tiermem bench kv`: tiermem-kv against Redis, driven by the same unmodified clients
+//! (`redis-benchmark`, YCSB 0.17.0 over Jedis), every system in one run, on one machine, with one
+//! storage directory.
+//!
+//! Systems (each started fresh, on an empty storage directory, for every measurement):
+//! * **tiermem-kv-vnvm** — `tiermem kv serve --engine vnvm --dir D --port P --durability commit`
+//!   (this same binary, `current_exe`): every acknowledged write is durable;
+//! * **tiermem-kv-volatile** — `tiermem kv serve --engine volatile --dir D --port P`;
+//! * **redis-aof-always** — `redis-server` 7 with `appendonly yes`, `appendfsync always`,
+//!   `save ""`, `dir D`;
+//! * **redis-aof-everysec** — the same with `appendfsync everysec` (up to a second of
+//!   acknowledged writes lost on a crash).
+//!
+//! `TIERMEM_BENCH_KV_SERVE_ARGS` (whitespace-separated) is appended to both `tiermem kv serve`
+//! command lines (e.g. a heap size). tiermem-kv is stopped with SIGTERM, redis with
+//! `SHUTDOWN NOSAVE`; a server still running 10 s later is killed and a warning reported.
+//!
+//! Workloads, per system and repetition:
+//! * **redis-benchmark-set / -get** — `redis-benchmark -t set,get -P 16 -n N -q --csv` (50
+//!   clients, 3-byte values, one key: redis-benchmark's defaults); ops/s is its requests/s,
+//!   p99 its `p99_latency_ms` (per request, pipelined) in µs; one server for both tests;
+//! * **ycsb-a / ycsb-b** — YCSB core workloads A (50 % read, 50 % update) and B (95 % read, 5 %
+//!   update), zipfian, 1 KB records (10 fields × 100 bytes); a fresh server is loaded once
+//!   (`ycsb.sh load`, not reported in `results` but in `ycsb_load`), then A runs, then B runs on
+//!   the same data. ops/s is YCSB's `[OVERALL] Throughput(ops/sec)`; p99 is the 99th percentile of
+//!   every operation of the run, reads and updates merged (nearest rank over YCSB's raw
+//!   per-operation samples, `measurementtype=hdrhistogram+raw`); the per-type p99s of YCSB's
+//!   HdrHistogram are in `details`.
+//!
+//! Sizes (flags override each): 100 000 YCSB records, 200 000 operations per YCSB run, 1 000 000
+//! redis-benchmark requests per test, 3 repetitions; `--quick`: 20 000, 100 000, 300 000, 1.
+//! YCSB runs 2 client threads (one connection each): on this project's 2-core machines, where
+//! client and server share the cores, redis' throughput grows from 1 to 2 threads (~22k to ~26k
+//! ops/s on workload A) and not beyond, while its p99 grows from ~0.2 ms to 1-4 ms at 4 and 8.
+//!
+//! Repetitions (3; 1 with `--quick`) run the systems in rotating order; each reported number is
+//! the median over the repetitions, ops/s and p99 taken separately. A system that fails (does not
+//! start, errors on a client operation) is reported in `errors`, skipped for the remaining
+//! repetitions and left out of `results`; the others go on, and the command exits non-zero at the
+//! end. Servers are killed and the storage directory removed however the run ends (drop guards;
+//! SIGINT/SIGTERM are caught for that; servers and clients also die with this process).
+
+use super::kv_harness::{
+    self as h, BenchRow, RedisBenchmark, Server, Stop, Ycsb, YcsbReport, YcsbWorkload,
+};
+use super::{progress, BenchOpts};
+use crate::machine;
+use crate::stats::percentile;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The systems, in the order of the table (and of the first repetition).
+pub const SYSTEMS: [&str; 4] = [
+    "tiermem-kv-vnvm",
+    "tiermem-kv-volatile",
+    "redis-aof-always",
+    "redis-aof-everysec",
+];
+/// The workloads, in the order of the table.
+pub const WORKLOADS: [&str; 4] = [
+    "redis-benchmark-set",
+    "redis-benchmark-get",
+    "ycsb-a",
+    "ycsb-b",
+];
+/// Environment variable: extra arguments for `tiermem kv serve`.
+const SERVE_ARGS_ENV: &str = "TIERMEM_BENCH_KV_SERVE_ARGS";
+/// Environment variable: the storage directory (the `--dir` flag wins).
+const DIR_ENV: &str = "TIERMEM_BENCH_KV_DIR";
+/// How long a server may take to answer PING after it is spawned.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a server may take to exit once asked to.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `tiermem bench kv` options.
+#[derive(Args, Clone)]
+pub struct KvOpts {
+    #[command(flatten)]
+    pub bench: BenchOpts,
+    /// Storage directory for the servers' data (created, emptied before each start, removed at
+    /// the end). Default: $TIERMEM_BENCH_KV_DIR, else $TIERMEM_DIR/kv-bench
+    /// (/dev/shm/tiermem/kv-bench).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Only these systems, comma-separated (tiermem-kv-vnvm, tiermem-kv-volatile,
+    /// redis-aof-always, redis-aof-everysec). Default: all four.
+    #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+    pub systems: Vec<String>,
+    /// YCSB records loaded (default 100000; 20000 with --quick).
+    #[arg(long, value_name = "N")]
+    pub records: Option<u64>,
+    /// YCSB operations per workload run (default 200000; 100000 with --quick).
+    #[arg(long, value_name = "N")]
+    pub ops: Option<u64>,
+    /// redis-benchmark requests per test (default 1000000; 300000 with --quick).
+    #[arg(long, value_name = "N")]
+    pub requests: Option<u64>,
+    /// YCSB client threads, one connection each (default 2: on 2 cores, throughput stops
+    /// growing past 2 while p99 grows ten-fold).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<u32>,
+    /// Repetitions, systems in rotating order, medians reported (default 3; 1 with --quick).
+    #[arg(long, value_name = "N")]
+    pub repetitions: Option<usize>,
+}
+
+/// How a system's server is run.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Tiermem {
+        engine: &'static str,
+        durability: Option<&'static str>,
+    },
+    Redis {
+        appendfsync: &'static str,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct System {
+    name: &'static str,
+    kind: Kind,
+}
+
+fn system(name: &str) -> Option<System> {
+    let kind = match name {
+        "tiermem-kv-vnvm" => Kind::Tiermem {
+            engine: "vnvm",
+            durability: Some("commit"),
+        },
+        "tiermem-kv-volatile" => Kind::Tiermem {
+            engine: "volatile",
+            durability: None,
+        },
+        "redis-aof-always" => Kind::Redis {
+            appendfsync: "always",
+        },
+        "redis-aof-everysec" => Kind::Redis {
+            appendfsync: "everysec",
+        },
+        _ => return None,
+    };
+    let name = SYSTEMS.into_iter().find(|s| *s == name)?;
+    Some(System { name, kind })
+}
+
+impl System {
+    fn command(&self, port: u16, dir: &Path) -> Result<Command> {
+        Ok(match self.kind {
+            Kind::Tiermem { engine, durability } => {
+                let exe = std::env::current_exe().context("locating the tiermem binary")?;
+                let mut c = Command::new(exe);
+                c.args(["kv", "serve", "--engine", engine, "--dir"])
+                    .arg(dir)
+                    .args(["--port", &port.to_string()]);
+                if let Some(d) = durability {
+                    c.args(["--durability", d]);
+                }
+                c.args(serve_args());
+                c
+            }
+            Kind::Redis { appendfsync } => h::redis_server_command(port, dir, appendfsync),
+        })
+    }
+
+    fn stop(&self) -> Stop<'static> {
+        match self.kind {
+            Kind::Tiermem { .. } => Stop::Signal(libc::SIGTERM),
+            Kind::Redis { .. } => Stop::Command(&["SHUTDOWN", "NOSAVE"]),
+        }
+    }
+
+    /// The command line with placeholders, for the report.
+    fn describe(&self) -> String {
+        let dir = Path::new("DIR");
+        match self.command(0, dir) {
+            Ok(c) => {
+                let mut s = match self.kind {
+                    Kind::Tiermem { .. } => "tiermem".to_string(),
+                    Kind::Redis { .. } => c.get_program().to_string_lossy().into_owned(),
+                };
+                for a in c.get_args() {
+                    let a = a.to_string_lossy();
+                    s.push(' ');
+                    if a == "0" {
+                        s.push('P');
+                    } else if a.is_empty() {
+                        s.push_str("\"\"");
+                    } else {
+                        s.push_str(&a);
+                    }
+                }
+                s
+            }
+            Err(e) => format!("({e})"),
+        }
+    }
+}
+
+fn serve_args() -> Vec<String> {
+    std::env::var(SERVE_ARGS_ENV)
+        .map(|v| v.split_whitespace().map(String::from).collect())
+        .unwrap_or_default()
+}
+
+/// Everything one measurement of one system produced (one repetition).
+struct Sample {
+    set: BenchRow,
+    get: BenchRow,
+    load: YcsbReport,
+    a: YcsbReport,
+    b: YcsbReport,
+}
+
+/// A result row: the JSON `results` entries.
+#[derive(Clone, Debug, Serialize)]
+struct Row {
+    system: &'static str,
+    workload: &'static str,
+    ops_per_s: f64,
+    p99_us: f64,
+}
+
+/// One repetition's numbers for one (system, workload), with the per-operation detail.
+#[derive(Clone, Debug, Serialize)]
+struct Detail {
+    system: &'static str,
+    workload: &'static str,
+    repetition: usize,
+    ops_per_s: f64,
+    p99_us: f64,
+    /// redis-benchmark's row, for its workloads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redis_benchmark: Option<BenchRow>,
+    /// YCSB's report, for its workloads (and the load).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ycsb: Option<YcsbReport>,
+}
+
+#[derive(Serialize)]
+struct Method {
+    ops_per_s: &'static str,
+    p99_us: &'static str,
+    statistic: &'static str,
+    order: &'static str,
+    servers: &'static str,
+}
+
+#[derive(Serialize)]
+struct YcsbParams {
+    records: u64,
+    operations: u64,
+    threads: u32,
+    fields: u32,
+    field_bytes: u32,
+    request_distribution: &'static str,
+    workload_a: &'static str,
+    workload_b: &'static str,
+    binding: &'static str,
+    jars: String,
+}
+
+#[derive(Serialize)]
+struct Params {
+    quick: bool,
+    repetitions: usize,
+    redis_benchmark: RedisBenchmark,
+    redis_benchmark_defaults: &'static str,
+    ycsb: YcsbParams,
+}
+
+#[derive(Serialize)]
+struct SystemInfo {
+    name: &'static str,
+    command: String,
+    stop: String,
+    status: String,
+}
+
+#[derive(Serialize)]
+struct Storage {
+    dir: String,
+    filesystem: String,
+    note: &'static str,
+}
+
+#[derive(Serialize)]
+struct Versions {
+    tiermem: &'static str,
+    redis_server: String,
+    redis_benchmark: String,
+    java: String,
+    ycsb_core: String,
+    jedis: String,
+}
+
+#[derive(Serialize)]
+struct Report {
+    results: Vec<Row>,
+    /// tiermem-kv-vnvm ycsb-b ops/s over tiermem-kv-volatile's.
+    durable_over_volatile_ycsb_b: Option<f64>,
+    /// tiermem-kv-vnvm ycsb-a ops/s over redis-aof-always'.
+    durable_over_redis_always_ycsb_a: Option<f64>,
+    /// tiermem-kv-vnvm ycsb-a ops/s over redis-aof-everysec'.
+    durable_over_redis_everysec_ycsb_a: Option<f64>,
+    /// Systems that failed: name -> what went wrong.
+    errors: BTreeMap<&'static str, String>,
+    warnings: Vec<String>,
+    systems: Vec<SystemInfo>,
+    method: Method,
+    parameters: Params,
+    storage: Storage,
+    versions: Versions,
+    machine: machine::Machine,
+    /// YCSB load phase per system and repetition (ops/s, and its insert p99 from YCSB's
+    /// HdrHistogram).
+    ycsb_load: Vec<Detail>,
+    details: Vec<Detail>,
+    seconds: f64,
+}
+
+/// Removes the run's working directory (and the storage root, if this run created it and it is
+/// empty) when dropped.
+struct Cleanup {
+    work: PathBuf,
+    root_created: Option<PathBuf>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.work);
+        if let Some(root) = &self.root_created {
+            let _ = std::fs::remove_dir(root);
+        }
+    }
+}
+
+fn storage_root(o: &KvOpts) -> PathBuf {
+    if let Some(d) = &o.dir {
+        return d.clone();
+    }
+    if let Some(d) = std::env::var_os(DIR_ENV) {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("TIERMEM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/dev/shm/tiermem"));
+    base.join("kv-bench")
+}
+
+/// Empty `dir` (create it if needed).
+fn fresh_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("emptying {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
+/// Start `sys` on a fresh storage directory; retries twice with another port if the chosen one
+/// was taken in the meantime.
+fn start(sys: &System, data: &Path, logs: &Path, tag: &str) -> Result<Server> {
+    let mut last = None;
+    for attempt in 0..3 {
+        fresh_dir(data)?;
+        let port = h::free_port()?;
+        let log = logs.join(format!("{}-{tag}-{attempt}.log", sys.name));
+        match Server::start(
+            sys.name,
+            sys.command(port, data)?,
+            port,
+            &log,
+            START_TIMEOUT,
+        ) {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                let taken = format!("{e:#}").contains("in use");
+                last = Some(e);
+                if !taken {
+                    break;
+                }
+            }
+        }
+    }
+    Err(last.expect("at least one attempt"))
+}
+
+/// Stop the server; a warning if it had to be killed.
+fn stop(sys: &System, server: Server, warnings: &mut Vec<String>) -> Result<()> {
+    let log = server.log().to_path_buf();
+    let (status, clean) = server.stop(sys.stop(), STOP_TIMEOUT)?;
+    if !clean {
+        warnings.push(format!(
+            "{}: still running {} s after {:?}, killed ({status}); log: {}",
+            sys.name,
+            STOP_TIMEOUT.as_secs(),
+            sys.stop(),
+            h::log_tail(&log, 5)
+        ));
+    }
+    Ok(())
+}
+
+struct Config {
+    rb: RedisBenchmark,
+    records: u64,
+    ops: u64,
+    threads: u32,
+    json: bool,
+}
+
+/// One repetition of every workload on `sys`.
+fn measure(
+    sys: &System,
+    cfg: &Config,
+    ycsb: &Ycsb,
+    data: &Path,
+    logs: &Path,
+    rep: usize,
+    warnings: &mut Vec<String>,
+) -> Result<Sample> {
+    let say = |m: &str| progress(cfg.json, &format!("[{}] {}: {m}", rep + 1, sys.name));
+    // A client's error, with the end of the server's log (which may say why).
+    let with_log =
+        |e: anyhow::Error, s: &Server| anyhow!("{e:#} (server log: {})", h::log_tail(s.log(), 5));
+    let client_timeout = Duration::from_secs(300);
+
+    say(&format!(
+        "redis-benchmark -t {} -P {} -n {}",
+        cfg.rb.tests.join(","),
+        cfg.rb.pipeline,
+        cfg.rb.requests
+    ));
+    let server = start(sys, data, logs, &format!("r{rep}-rb"))?;
+    let rows = cfg
+        .rb
+        .run(server.port(), logs, client_timeout)
+        .map_err(|e| with_log(e, &server))?;
+    stop(sys, server, warnings)?;
+    let find = |t: &str| {
+        rows.iter()
+            .find(|r| r.test.eq_ignore_ascii_case(t))
+            .cloned()
+            .ok_or_else(|| anyhow!("redis-benchmark printed no {t} row: {rows:?}"))
+    };
+    let (set, get) = (find("SET")?, find("GET")?);
+    say(&format!(
+        "SET {:.0}/s (p99 {} µs), GET {:.0}/s (p99 {} µs)",
+        set.rps, set.p99_us, get.rps, get.p99_us
+    ));
+
+    let server = start(sys, data, logs, &format!("r{rep}-ycsb"))?;
+    let mut w = YcsbWorkload {
+        port: server.port(),
+        workload: "a".into(),
+        threads: cfg.threads,
+        records: cfg.records,
+        ops: cfg.ops,
+        ..Default::default()
+    };
+    say(&format!("YCSB load, {} records", cfg.records));
+    let load = ycsb.load(&w, logs).map_err(|e| with_log(e, &server))?;
+    say(&format!(
+        "YCSB load {:.0} ops/s; workload a",
+        load.throughput
+    ));
+    let a = ycsb.run(&w, logs).map_err(|e| with_log(e, &server))?;
+    say(&format!(
+        "ycsb-a {:.0} ops/s, p99 {} µs; workload b",
+        a.throughput,
+        a.merged_p99_us.unwrap_or(f64::NAN)
+    ));
+    w.workload = "b".into();
+    let b = ycsb.run(&w, logs).map_err(|e| with_log(e, &server))?;
+    say(&format!(
+        "ycsb-b {:.0} ops/s, p99 {} µs",
+        b.throughput,
+        b.merged_p99_us.unwrap_or(f64::NAN)
+    ));
+    stop(sys, server, warnings)?;
+    fresh_dir(data)?;
+    Ok(Sample {
+        set,
+        get,
+        load,
+        a,
+        b,
+    })
+}
+
+fn first_line_of(cmd: &str, args: &[&str]) -> String {
+    match Command::new(cmd).args(args).output() {
+        Ok(o) => {
+            let text = if o.stdout.is_empty() {
+                o.stderr
+            } else {
+                o.stdout
+            };
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        }
+        Err(e) => format!("unavailable: {e}"),
+    }
+}
+
+/// The version in a jar's file name in `lib` (`jedis-5.2.0.jar` -> `5.2.0`).
+fn jar_version(lib: &Path, stem: &str) -> String {
+    let prefix = format!("{stem}-");
+    std::fs::read_dir(lib)
+        .ok()
+        .and_then(|d| {
+            d.flatten().find_map(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.strip_prefix(&prefix)?
+                    .strip_suffix(".jar")
+                    .map(String::from)
+            })
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+fn filesystem(dir: &Path) -> String {
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return "?".into();
+    };
+    // SAFETY: statfs fills a plain-data struct from a NUL-terminated path.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return "?".into();
+    }
+    match st.f_type {
+        0x0102_1994 => "tmpfs".into(),
+        0xEF53 => "ext4".into(),
+        0x5846_5342 => "xfs".into(),
+        0x9123_683E => "btrfs".into(),
+        0x794C_7630 => "overlayfs".into(),
+        t => format!("0x{t:x}"),
+    }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Run the benchmark.
+pub fn run(o: KvOpts) -> Result<()> {
+    let t0 = Instant::now();
+    let quick = o.bench.quick;
+    let json = o.bench.json;
+    let systems: Vec<System> = if o.systems.is_empty() {
+        SYSTEMS.iter().filter_map(|n| system(n)).collect()
+    } else {
+        o.systems
+            .iter()
+            .map(|n| {
+                system(n).ok_or_else(|| {
+                    anyhow!(
+                        "--systems: unknown system {n:?} (known: {})",
+                        SYSTEMS.join(", ")
+                    )
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    let reps = o.repetitions.unwrap_or(if quick { 1 } else { 3 });
+    if reps == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    let cfg = Config {
+        rb: RedisBenchmark {
+            tests: vec!["set".into(), "get".into()],
+            pipeline: 16,
+            requests: o
+                .requests
+                .unwrap_or(if quick { 300_000 } else { 1_000_000 }),
+        },
+        records: o.records.unwrap_or(if quick { 20_000 } else { 100_000 }),
+        ops: o.ops.unwrap_or(if quick { 100_000 } else { 200_000 }),
+        threads: o.threads.unwrap_or(2),
+        json,
+    };
+    if cfg.records == 0 || cfg.ops == 0 || cfg.rb.requests == 0 || cfg.threads == 0 {
+        bail!("--records, --ops, --requests and --threads must be at least 1");
+    }
+
+    // The clients every system needs: fail early, before any server starts.
+    if Command::new("redis-benchmark")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        bail!(
+            "redis-benchmark not found on PATH: install the Debian package redis-tools \
+             (scripts/setup.sh does)"
+        );
+    }
+    let ycsb = Ycsb::locate()?;
+    progress(
+        json,
+        "YCSB binding: checking the build (Maven, first time only)",
+    );
+    ycsb.build()?;
+
+    let root = storage_root(&o);
+    let root_created = (!root.exists()).then(|| root.clone());
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let work = root.join(format!("run-{}", std::process::id()));
+    let _cleanup = Cleanup {
+        work: work.clone(),
+        root_created,
+    };
+    let (data, logs) = (work.join("data"), work.join("logs"));
+    fresh_dir(&logs)?;
+    h::catch_interrupts();
+
+    let mut errors: BTreeMap<&'static str, String> = BTreeMap::new();
+    let mut warnings = Vec::new();
+    let mut samples: BTreeMap<&'static str, Vec<(usize, Sample)>> = BTreeMap::new();
+    for rep in 0..reps {
+        let n = systems.len();
+        for i in 0..n {
+            let sys = &systems[(i + rep) % n];
+            if errors.contains_key(sys.name) {
+                continue;
+            }
+            match measure(sys, &cfg, &ycsb, &data, &logs, rep, &mut warnings) {
+                Ok(s) => samples.entry(sys.name).or_default().push((rep, s)),
+                Err(e) => {
+                    if h::interrupted() {
+                        bail!("interrupted: servers stopped, {} removed", work.display());
+                    }
+                    let msg = format!("{e:#}");
+                    let prefix = format!("{}: ", sys.name);
+                    let msg = msg.strip_prefix(&prefix).unwrap_or(&msg).to_string();
+                    progress(json, &format!("{}: FAILED: {msg}", sys.name));
+                    errors.insert(sys.name, msg);
+                }
+            }
+            let _ = fresh_dir(&data);
+        }
+    }
+
+    // Medians; failed systems' partial samples are dropped.
+    let mut results = Vec::new();
+    let mut details = Vec::new();
+    let mut ycsb_load = Vec::new();
+    for sys in &systems {
+        if errors.contains_key(sys.name) {
+            continue;
+        }
+        let Some(ss) = samples.get(sys.name) else {
+            continue;
+        };
+        for wl in WORKLOADS {
+            let mut ops = Vec::new();
+            let mut p99 = Vec::new();
+            for (rep, s) in ss {
+                let (x, y, d) = match wl {
+                    "redis-benchmark-set" => (s.set.rps, s.set.p99_us, (Some(s.set.clone()), None)),
+                    "redis-benchmark-get" => (s.get.rps, s.get.p99_us, (Some(s.get.clone()), None)),
+                    "ycsb-a" => (
+                        s.a.throughput,
+                        s.a.merged_p99_us.unwrap_or(f64::NAN),
+                        (None, Some(s.a.clone())),
+                    ),
+                    _ => (
+                        s.b.throughput,
+                        s.b.merged_p99_us.unwrap_or(f64::NAN),
+                        (None, Some(s.b.clone())),
+                    ),
+                };
+                ops.push(x);
+                p99.push(y);
+                details.push(Detail {
+                    system: sys.name,
+                    workload: wl,
+                    repetition: rep + 1,
+                    ops_per_s: round1(x),
+                    p99_us: y,
+                    redis_benchmark: d.0,
+                    ycsb: d.1,
+                });
+            }
+            results.push(Row {
+                system: sys.name,
+                workload: wl,
+                ops_per_s: round1(percentile(&ops, 50.0)),
+                p99_us: round1(percentile(&p99, 50.0)),
+            });
+        }
+        for (rep, s) in ss {
+            ycsb_load.push(Detail {
+                system: sys.name,
+                workload: "ycsb-load",
+                repetition: rep + 1,
+                ops_per_s: round1(s.load.throughput),
+                p99_us: s.load.max_op_p99_us().unwrap_or(f64::NAN),
+                redis_benchmark: None,
+                ycsb: Some(s.load.clone()),
+            });
+        }
+    }
+    let ops_of = |s: &str, w: &str| {
+        results
+            .iter()
+            .find(|r| r.system == s && r.workload == w)
+            .map(|r| r.ops_per_s)
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(round3(a / b)),
+        _ => None,
+    };
+    let vnvm = "tiermem-kv-vnvm";
+    let lib = ycsb.dir.join("target/lib");
+    let report = Report {
+        durable_over_volatile_ycsb_b: ratio(
+            ops_of(vnvm, "ycsb-b"),
+            ops_of("tiermem-kv-volatile", "ycsb-b"),
+        ),
+        durable_over_redis_always_ycsb_a: ratio(
+            ops_of(vnvm, "ycsb-a"),
+            ops_of("redis-aof-always", "ycsb-a"),
+        ),
+        durable_over_redis_everysec_ycsb_a: ratio(
+            ops_of(vnvm, "ycsb-a"),
+            ops_of("redis-aof-everysec", "ycsb-a"),
+        ),
+        results,
+        systems: systems
+            .iter()
+            .map(|s| SystemInfo {
+                name: s.name,
+                command: s.describe(),
+                stop: match s.stop() {
+                    Stop::Command(c) => c.join(" "),
+                    Stop::Signal(_) => "SIGTERM".into(),
+                },
+                status: match errors.get(s.name) {
+                    Some(_) => "error".into(),
+                    None => "measured".into(),
+                },
+            })
+            .collect(),
+        errors,
+        warnings,
+        method: Method {
+            ops_per_s: "redis-benchmark: its requests/s per test; YCSB: [OVERALL] \
+                        Throughput(ops/sec) of the run phase",
+            p99_us: "redis-benchmark: its p99_latency_ms per test (per request, pipelined), in \
+                     µs; YCSB: 99th percentile (nearest rank) of every operation of the run \
+                     phase, all operation types merged, from YCSB's raw per-operation samples \
+                     (measurementtype=hdrhistogram+raw); per-type HdrHistogram p99s in details",
+            statistic: "median over the repetitions, ops/s and p99 each taken separately",
+            order: "systems in rotating order each repetition",
+            servers: "each server started fresh on an empty storage directory for \
+                      redis-benchmark (set, then get), and again for YCSB (load once, run \
+                      workload a, then workload b on the same data); stopped after each",
+        },
+        parameters: Params {
+            quick,
+            repetitions: reps,
+            redis_benchmark: cfg.rb.clone(),
+            redis_benchmark_defaults: "50 clients, 3-byte values, one key per test (no -r)",
+            ycsb: YcsbParams {
+                records: cfg.records,
+                operations: cfg.ops,
+                threads: cfg.threads,
+                fields: 10,
+                field_bytes: 100,
+                request_distribution: "zipfian",
+                workload_a: "read 0.5, update 0.5",
+                workload_b: "read 0.95, update 0.05",
+                binding: "tiermem.ycsb.RespClient (bench/ycsb): records as hashes (HMSET, \
+                          HGETALL), keys indexed in the sorted set _indices (ZADD on insert)",
+                jars: ycsb.dir.join("target").display().to_string(),
+            },
+        },
+        storage: Storage {
+            dir: root.display().to_string(),
+            filesystem: filesystem(&root),
+            note: "every system keeps its data, log or append-only file here; on tmpfs an \
+                   fsync costs almost nothing, so redis-aof-always pays for its write(2)s, not \
+                   for a device flush",
+        },
+        versions: Versions {
+            tiermem: env!("CARGO_PKG_VERSION"),
+            redis_server: first_line_of("redis-server", &["--version"]),
+            redis_benchmark: first_line_of("redis-benchmark", &["--version"]),
+            java: first_line_of("java", &["-version"]),
+            ycsb_core: jar_version(&lib, "core"),
+            jedis: jar_version(&lib, "jedis"),
+        },
+        machine: machine::describe(),
+        ycsb_load,
+        details,
+        seconds: round1(t0.elapsed().as_secs_f64()),
+    };
+
+    if let Some(path) = &o.bench.plot {
+        std::fs::write(path, plot(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report, &systems);
+        if let Some(path) = &o.bench.plot {
+            println!("plot: {}", path.display());
+        }
+    }
+    if !report.errors.is_empty() {
+        let names: Vec<&str> = report.errors.keys().copied().collect();
+        bail!(
+            "{} system(s) failed: {} (see errors in the report)",
+            names.len(),
+            names.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn plot(r: &Report) -> String {
+    let values: Vec<(String, Vec<Option<f64>>)> = r
+        .systems
+        .iter()
+        .map(|s| {
+            (
+                if r.errors.contains_key(s.name) {
+                    format!("{} (failed)", s.name)
+                } else {
+                    s.name.to_string()
+                },
+                WORKLOADS
+                    .iter()
+                    .map(|w| {
+                        r.results
+                            .iter()
+                            .find(|x| x.system == s.name && x.workload == *w)
+                            .map(|x| x.ops_per_s)
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    let bars: Vec<crate::plot::Bars<'_>> = values
+        .iter()
+        .map(|(label, v)| crate::plot::Bars { label, values: v })
+        .collect();
+    crate::plot::bars_svg(
+        &format!(
+            "tiermem bench kv: throughput (median of {}, {})",
+            r.parameters.repetitions, r.storage.filesystem
+        ),
+        "operations/s (log scale)",
+        &WORKLOADS,
+        &bars,
+    )
+}
+
+fn print_table(r: &Report, systems: &[System]) {
+    let p = &r.parameters;
+    println!("tiermem bench kv — tiermem-kv against redis-server, same clients, same machine");
+    println!("machine: {}", r.machine.one_line());
+    println!(
+        "storage: {} ({}); {}, median of {} repetition(s), systems in rotating order",
+        r.storage.dir, r.storage.filesystem, r.versions.redis_server, p.repetitions
+    );
+    println!(
+        "redis-benchmark -t set,get -P {} -n {} ({}); YCSB {} (Jedis {}): {} records of 10 × \
+         100 B, {} operations, {} threads, zipfian",
+        p.redis_benchmark.pipeline,
+        p.redis_benchmark.requests,
+        p.redis_benchmark_defaults,
+        r.versions.ycsb_core,
+        r.versions.jedis,
+        p.ycsb.records,
+        p.ycsb.operations,
+        p.ycsb.threads
+    );
+    println!("ops/s and p99 latency (µs; YCSB: all operations merged)\n");
+    print!("{:<21}", "system");
+    for w in WORKLOADS {
+        print!(" {:>22}", w);
+    }
+    println!();
+    print!("{:<21}", "");
+    for _ in WORKLOADS {
+        print!(" {:>12} {:>9}", "ops/s", "p99 µs");
+    }
+    println!();
+    for s in systems {
+        print!("{:<21}", s.name);
+        if let Some(e) = r.errors.get(s.name) {
+            // The first part (before the log excerpt), shortened; the whole error follows.
+            let e: String = e
+                .split(" | ")
+                .next()
+                .unwrap_or(e)
+                .chars()
+                .take(100)
+                .collect();
+            println!(" error: {e}");
+            continue;
+        }
+        for w in WORKLOADS {
+            match r
+                .results
+                .iter()
+                .find(|x| x.system == s.name && x.workload == w)
+            {
+                Some(x) => print!(" {:>12.0} {:>9.0}", x.ops_per_s, x.p99_us),
+                None => print!(" {:>12} {:>9}", "—", "—"),
+            }
+        }
+        println!();
+    }
+    let f = |x: Option<f64>| x.map_or_else(|| "—".to_string(), |x| format!("{x:.3}"));
+    println!(
+        "\ndurable_over_volatile_ycsb_b (vnvm / volatile, ycsb-b ops/s): {}",
+        f(r.durable_over_volatile_ycsb_b)
+    );
+    println!(
+        "durable_over_redis_always_ycsb_a (vnvm / redis-aof-always, ycsb-a ops/s): {}",
+        f(r.durable_over_redis_always_ycsb_a)
+    );
+    println!(
+        "durable_over_redis_everysec_ycsb_a (vnvm / redis-aof-everysec, ycsb-a ops/s): {}",
+        f(r.durable_over_redis_everysec_ycsb_a)
+    );
+    let loads: Vec<String> = r
+        .ycsb_load
+        .iter()
+        .filter(|d| d.repetition == 1)
+        .map(|d| format!("{} {:.0}", d.system, d.ops_per_s))
+        .collect();
+    if !loads.is_empty() {
+        println!("YCSB load ops/s (repetition 1): {}", loads.join(", "));
+    }
+    for (s, e) in &r.errors {
+        println!("error: {s}: {e}");
+    }
+    for w in &r.warnings {
+        println!("warning: {w}");
+    }
+    println!("total {:.1} s", r.seconds);
+}
