@@ -8,7 +8,7 @@ cd "$TIERMEM_ROOT"
 log "running the test suite"
 start=$(date +%s)
 logf=$(mktemp /tmp/tiermem-test.XXXXXX.log)
-cargo test --release --workspace --no-fail-fast 2>&1 | tee "$logf"
+TIERMEM_REQUIRE_CLIENTS=1 cargo test --release --workspace --no-fail-fast 2>&1 | tee "$logf"
 status=${PIPESTATUS[0]}
 passed=$(grep -Eo '[0-9]+ passed' "$logf" | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' "$logf" | awk '{s+=$1} END {print s+0}')

@@ -6,6 +6,7 @@
 
 mod bench;
 mod doctor;
+mod kv_cmd;
 mod machine;
 mod plot;
 mod pool_cmd;
@@ -59,6 +60,11 @@ enum Command {
         #[command(subcommand)]
         action: vnvm_cmd::VnvmCommand,
     },
+    /// tiermem-kv: a Redis-protocol key-value server whose data lives in tiermem memory.
+    Kv {
+        #[command(subcommand)]
+        action: kv_cmd::KvCommand,
+    },
     /// The quick-start job: doctor, then a short tour of the media and fault layers.
     Tour {
         /// Directory for the demo pools (default: $TIERMEM_DIR or /dev/shm/tiermem).
@@ -82,6 +88,7 @@ fn main() -> ExitCode {
         Command::Pool { action } => pool_cmd::run(action),
         Command::Bench { which } => bench::run(which),
         Command::Vnvm { action } => vnvm_cmd::run(action),
+        Command::Kv { action } => kv_cmd::run(action),
         Command::Tour { dir } => tour::run(dir),
     };
     match result {

@@ -11,7 +11,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod commands;
 pub mod config;
+pub mod ds;
 pub mod heap;
 pub mod resp;
 pub mod server;

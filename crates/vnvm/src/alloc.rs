@@ -628,7 +628,11 @@ impl TxAlloc {
     }
 
     /// Take the allocator for `tid` (waiting for another owner), returning the locked state.
-    fn acquire(&self, m: &dyn TxMemory, tid: Tid) -> AllocResult<parking_lot::MutexGuard<'_, State>> {
+    fn acquire(
+        &self,
+        m: &dyn TxMemory,
+        tid: Tid,
+    ) -> AllocResult<parking_lot::MutexGuard<'_, State>> {
         let start = Instant::now();
         let timeout = self.timeout();
         let mut st = self.0.state.lock();

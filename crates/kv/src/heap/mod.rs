@@ -21,6 +21,8 @@
 pub mod vnvm;
 pub mod volatile;
 
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::time::Duration;
 use tiermem_vnvm::alloc::TxAlloc;
 pub use tiermem_vnvm::alloc::{AllocError, HeapStats, TxMemory};
@@ -93,6 +95,12 @@ pub trait Engine: Send + Sync + 'static {
     fn writes_visible_before_commit(&self) -> bool;
     /// Facts for INFO and the start-up log.
     fn info(&self) -> EngineInfo;
+    /// The largest transaction the engine can take, in log bytes of data writes (`None`: no
+    /// limit but memory). A transaction that would grow past it fails at once with
+    /// [`HeapError::TooLarge`] rather than waiting for log space that cannot come.
+    fn max_tx_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Make everything committed durable and applied (clean shutdown). Default: nothing.
     fn sync(&self) -> Result<()> {
         Ok(())
@@ -109,6 +117,7 @@ pub struct Heap {
     alloc: TxAlloc,
     base: *const u8,
     len: usize,
+    max_tx: u64,
 }
 
 // SAFETY: `base` points into the engine's view, which lives as long as the engine (owned here);
@@ -125,11 +134,13 @@ impl Heap {
         let (base, len) = (m.base(), m.len());
         let alloc = TxAlloc::open_in(m, None)?;
         alloc.set_lock_timeout(Duration::from_secs(30));
+        let max_tx = engine.max_tx_bytes().unwrap_or(u64::MAX);
         Ok(Heap {
             engine,
             alloc,
             base,
             len,
+            max_tx,
         })
     }
 
@@ -151,6 +162,17 @@ impl Heap {
         &*self.engine
     }
 
+    /// The largest transaction (log bytes of its data writes) this heap accepts; larger ones
+    /// fail with [`HeapError::TooLarge`] (`u64::MAX`: no limit).
+    pub fn max_tx_bytes(&self) -> u64 {
+        self.max_tx
+    }
+
+    /// Lower the transaction size limit (tests; a value above the engine's is ignored).
+    pub fn set_max_tx_bytes(&mut self, max: u64) {
+        self.max_tx = self.max_tx.min(max);
+    }
+
     /// Occupancy of the heap, from a full walk of its blocks (slow: for INFO on demand).
     pub fn stats(&self) -> Result<HeapStats> {
         Ok(self.alloc.check()?)
@@ -162,23 +184,65 @@ impl Heap {
         Tx {
             heap: self,
             tid: m.begin(),
-            overlay: Vec::new(),
-            arena: Vec::new(),
+            shadow: Shadow::default(),
+            logged: 0,
             track: !self.engine.writes_visible_before_commit(),
             done: false,
         }
     }
 }
 
+/// Log bytes an allocator operation takes at most (up to 7 metadata words and the header
+/// checksum, each a 16-byte log entry header and 8 bytes).
+const ALLOC_LOG_COST: u64 = 8 * 24;
+
+/// Bytes of one shadow line (see [`Tx`]).
+const LINE: usize = 64;
+
+/// A multiplicative hasher for line indexes (the shadow's keys are small integers).
+#[derive(Default, Clone, Copy)]
+struct LineHasher(u64);
+
+impl std::hash::Hasher for LineHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        // Fibonacci hashing; hashbrown takes its control bits from the top and its index from
+        // the low bits, so fold the high half down.
+        let h = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 29);
+    }
+}
+
+type Shadow = HashMap<u64, [u8; LINE], BuildHasherDefault<LineHasher>>;
+
 /// One transaction: reads see its own writes; writes become visible (and, on a durable engine,
 /// durable) together at [`Tx::commit`]. Dropped without commit, it aborts.
+///
+/// On an engine whose view does not show uncommitted writes (vnvm), the transaction keeps a
+/// DRAM shadow of every 64-byte line it wrote (the view's bytes with its writes applied), so a
+/// read costs one hash probe per line however large the transaction is, and a read of lines it
+/// did not write is served from the view without copying ([`Tx::bytes`]).
+///
+/// A write that would take the transaction past the engine's [`Engine::max_tx_bytes`] fails at
+/// once with [`HeapError::TooLarge`] (the transaction must then be aborted) instead of waiting
+/// for log space that can never come.
 pub struct Tx<'h> {
     heap: &'h Heap,
     tid: Tid,
-    /// (offset, start in arena, length) of each write, in order (for reads of own writes).
-    overlay: Vec<(u64, u32, u32)>,
-    arena: Vec<u8>,
+    shadow: Shadow,
     track: bool,
+    /// Log bytes of this transaction's data writes so far (entry headers included).
+    logged: u64,
     done: bool,
 }
 
@@ -190,14 +254,39 @@ impl Tx<'_> {
     /// Read `buf.len()` bytes at `off`, seeing this transaction's writes.
     pub fn read(&self, off: Off, buf: &mut [u8]) {
         let (o, n) = (off as usize, buf.len());
-        buf.copy_from_slice(&self.heap.view()[o..o + n]);
-        for &(w, a, l) in &self.overlay {
-            let (ws, we) = (w as usize, w as usize + l as usize);
-            let (s, e) = (ws.max(o), we.min(o + n));
-            if s < e {
-                let src = a as usize + (s - ws);
-                buf[s - o..e - o].copy_from_slice(&self.arena[src..src + (e - s)]);
+        let view = self.heap.view();
+        if self.shadow.is_empty() {
+            buf.copy_from_slice(&view[o..o + n]);
+            return;
+        }
+        let mut pos = o;
+        while pos < o + n {
+            let line = pos / LINE;
+            let end = ((line + 1) * LINE).min(o + n);
+            let dst = &mut buf[pos - o..end - o];
+            match self.shadow.get(&(line as u64)) {
+                Some(l) => dst.copy_from_slice(&l[pos - line * LINE..end - line * LINE]),
+                None => dst.copy_from_slice(&view[pos..end]),
             }
+            pos = end;
+        }
+    }
+
+    /// The `len` bytes at `off` as this transaction sees them: borrowed from the committed
+    /// view when the transaction wrote none of their lines, else a patched copy.
+    #[inline]
+    pub fn bytes(&self, off: Off, len: usize) -> std::borrow::Cow<'_, [u8]> {
+        let o = off as usize;
+        if self.shadow.is_empty() || len == 0 {
+            return std::borrow::Cow::Borrowed(&self.heap.view()[o..o + len]);
+        }
+        let (first, last) = (o / LINE, (o + len - 1) / LINE);
+        if (first..=last).any(|l| self.shadow.contains_key(&(l as u64))) {
+            let mut v = vec![0u8; len];
+            self.read(off, &mut v);
+            std::borrow::Cow::Owned(v)
+        } else {
+            std::borrow::Cow::Borrowed(&self.heap.view()[o..o + len])
         }
     }
 
@@ -209,6 +298,12 @@ impl Tx<'_> {
         u64::from_le_bytes(b)
     }
 
+    /// Log bytes this transaction takes so far (an estimate of its log use: data writes with
+    /// their entry headers, and a bound per allocator operation).
+    pub fn logged_bytes(&self) -> u64 {
+        self.logged
+    }
+
     /// Write `bytes` at `off` in this transaction.
     pub fn write(&mut self, off: Off, bytes: &[u8]) -> Result<()> {
         if bytes.is_empty() {
@@ -218,6 +313,15 @@ impl Tx<'_> {
             return Err(HeapError::Engine(format!(
                 "write of {} bytes at heap offset {off} is outside the heap's objects",
                 bytes.len()
+            )));
+        }
+        // Log cost: a 16-byte entry header per page-bounded piece, data padded to 8 bytes.
+        let cost = bytes.len().div_ceil(8) as u64 * 8 + 16 * (bytes.len() as u64 / 4096 + 2);
+        if self.logged + cost > self.heap.max_tx {
+            return Err(HeapError::TooLarge(format!(
+                "a transaction of more than {} bytes (this one would log {} bytes)",
+                self.heap.max_tx,
+                self.logged + cost
             )));
         }
         let mut done = 0;
@@ -239,10 +343,24 @@ impl Tx<'_> {
                 Err(e) => return Err(e.into()),
             }
         }
+        self.logged += cost;
         if self.track {
-            self.overlay
-                .push((off, self.arena.len() as u32, bytes.len() as u32));
-            self.arena.extend_from_slice(bytes);
+            let view = self.heap.view();
+            let (o, n) = (off as usize, bytes.len());
+            let mut pos = o;
+            while pos < o + n {
+                let line = pos / LINE;
+                let start = line * LINE;
+                let end = (start + LINE).min(o + n);
+                let l = self.shadow.entry(line as u64).or_insert_with(|| {
+                    let mut l = [0u8; LINE];
+                    let e = (start + LINE).min(view.len());
+                    l[..e - start].copy_from_slice(&view[start..e]);
+                    l
+                });
+                l[pos - start..end - start].copy_from_slice(&bytes[pos - o..end - o]);
+                pos = end;
+            }
         }
         Ok(())
     }
@@ -255,11 +373,25 @@ impl Tx<'_> {
 
     /// Allocate `size` bytes (contents undefined: write every byte you read later).
     pub fn alloc(&mut self, size: u64) -> Result<Off> {
+        self.charge(ALLOC_LOG_COST)?;
         Ok(self.heap.alloc.alloc_in(self.mem(), self.tid, size)?)
+    }
+
+    /// Count `bytes` of log (allocator metadata) against the transaction's size limit.
+    fn charge(&mut self, bytes: u64) -> Result<()> {
+        if self.logged + bytes > self.heap.max_tx {
+            return Err(HeapError::TooLarge(format!(
+                "a transaction of more than {} bytes",
+                self.heap.max_tx
+            )));
+        }
+        self.logged += bytes;
+        Ok(())
     }
 
     /// Free the object at `off` (allocated and committed, or allocated in this transaction).
     pub fn free(&mut self, off: Off) -> Result<()> {
+        self.charge(ALLOC_LOG_COST)?;
         Ok(self.heap.alloc.free_in(self.mem(), self.tid, off)?)
     }
 

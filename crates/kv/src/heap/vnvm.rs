@@ -113,6 +113,11 @@ impl Engine for VnvmEngine {
     fn writes_visible_before_commit(&self) -> bool {
         false
     }
+    fn max_tx_bytes(&self) -> Option<u64> {
+        // Half the log (the rest holds committed transactions the redo worker has not applied
+        // yet, and the allocator's metadata writes) and at most half the write cache.
+        Some(self.cfg.log_size.min(self.cfg.cache_size) / 2)
+    }
     fn info(&self) -> EngineInfo {
         let s = self.vn().stats();
         EngineInfo {

@@ -1,0 +1,612 @@
+//! tiermem-kv end to end: the real `tiermem kv serve` binary driven by real clients
+//! (`redis-cli`, `redis-benchmark`, YCSB over Jedis) and by a small RESP client of this test
+//! that logs which writes were acknowledged before it kills the server with SIGKILL.
+//!
+//! The real clients come from `scripts/setup.sh` (Debian's redis-tools, Maven for YCSB). Where
+//! one is missing the test says so and skips, unless `TIERMEM_REQUIRE_CLIENTS=1` (set by
+//! `scripts/test.sh`), where a missing client is a failure.
+
+#[allow(dead_code)]
+#[path = "../src/bench/kv_harness.rs"]
+mod kv_harness;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = PathBuf::from("/dev/shm").join(format!("tiermem-kvtest-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A client program on PATH, or `None` (and a note) when it is missing and not required.
+fn client(name: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|f| f.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("TIERMEM_REQUIRE_CLIENTS").as_deref() != Ok("1"),
+            "{name} is missing: scripts/setup.sh installs it"
+        );
+        eprintln!("note: {name} is not installed (scripts/setup.sh installs it): skipping");
+    }
+    found
+}
+
+/// A running `tiermem kv serve`, killed (SIGKILL) on drop unless it already exited.
+struct Server {
+    child: Child,
+    port: u16,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(engine: &str, dir: &Path, extra: &[&str]) -> Server {
+        let port = free_port();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+            .args([
+                "kv",
+                "serve",
+                "--engine",
+                engine,
+                "--port",
+                &port.to_string(),
+            ])
+            .arg("--dir")
+            .arg(dir)
+            .args(extra)
+            .env("TIERMEM_DIR", dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tiermem kv serve");
+        let log = Arc::new(Mutex::new(String::new()));
+        for pipe in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    log.lock().unwrap().push_str(&(line + "\n"));
+                }
+            });
+        }
+        let mut s = Server { child, port, log };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(st)) = s.child.try_wait() {
+                panic!("tiermem kv serve exited ({st}):\n{}", s.log());
+            }
+            if let Ok(mut c) = Conn::connect(port) {
+                if c.cmd(&["PING"]) == Reply::Simple("PONG".into()) {
+                    return s;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not answer PING:\n{}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SHUTDOWN, then wait for a clean exit.
+    fn shutdown(&mut self) {
+        if let Ok(mut c) = Conn::connect(self.port) {
+            let _ = c.send(&["SHUTDOWN"]);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                assert!(st.success(), "unclean exit {st}:\n{}", self.log());
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no exit after SHUTDOWN:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+#[derive(Debug, PartialEq, Clone)]
+enum Reply {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Reply>>),
+}
+
+/// A minimal RESP2 client (this test's own, to log acknowledgements exactly).
+struct Conn {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Conn {
+    fn connect(port: u16) -> std::io::Result<Conn> {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        s.set_nodelay(true)?;
+        Ok(Conn {
+            r: BufReader::new(s.try_clone()?),
+            w: s,
+        })
+    }
+
+    fn send(&mut self, args: &[&str]) -> std::io::Result<()> {
+        let mut b = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            b.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+        self.w.write_all(&b)
+    }
+
+    fn read(&mut self) -> std::io::Result<Reply> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let line = line.trim_end_matches("\r\n");
+        let (t, rest) = line.split_at(1);
+        let n = || rest.parse::<i64>().unwrap();
+        Ok(match t {
+            "+" => Reply::Simple(rest.into()),
+            "-" => Reply::Error(rest.into()),
+            ":" => Reply::Int(n()),
+            "$" if n() < 0 => Reply::Bulk(None),
+            "$" => {
+                let mut b = vec![0u8; n() as usize + 2];
+                self.r.read_exact(&mut b)?;
+                b.truncate(n() as usize);
+                Reply::Bulk(Some(b))
+            }
+            "*" if n() < 0 => Reply::Array(None),
+            "*" => Reply::Array(Some(
+                (0..n()).map(|_| self.read()).collect::<Result<_, _>>()?,
+            )),
+            _ => panic!("not RESP: {line:?}"),
+        })
+    }
+
+    fn cmd(&mut self, args: &[&str]) -> Reply {
+        self.send(args).unwrap();
+        self.read().unwrap()
+    }
+}
+
+fn bulk(s: &str) -> Reply {
+    Reply::Bulk(Some(s.as_bytes().to_vec()))
+}
+
+#[test]
+fn restart_after_shutdown_finds_the_data_and_says_where_it_lives() {
+    let dir = scratch("restart");
+    let mut s = Server::start("vnvm", &dir, &[]);
+    let mut c = Conn::connect(s.port).unwrap();
+    assert_eq!(c.cmd(&["SET", "k", "v1"]), Reply::Simple("OK".into()));
+    assert_eq!(c.cmd(&["HSET", "h", "f1", "a", "f2", "b"]), Reply::Int(2));
+    assert_eq!(c.cmd(&["RPUSH", "l", "x", "y", "z"]), Reply::Int(3));
+    assert_eq!(c.cmd(&["ZADD", "z", "1.5", "m"]), Reply::Int(1));
+    assert_eq!(c.cmd(&["INCR", "n"]), Reply::Int(1));
+    drop(c);
+    s.shutdown();
+    let log = s.log();
+    assert!(
+        log.contains(&dir.display().to_string()),
+        "the log names the data directory:\n{log}"
+    );
+    let s = Server::start("vnvm", &dir, &[]);
+    let mut c = Conn::connect(s.port).unwrap();
+    assert_eq!(c.cmd(&["GET", "k"]), bulk("v1"));
+    assert_eq!(c.cmd(&["HGET", "h", "f2"]), bulk("b"));
+    assert_eq!(
+        c.cmd(&["LRANGE", "l", "0", "-1"]),
+        Reply::Array(Some(vec![bulk("x"), bulk("y"), bulk("z")]))
+    );
+    assert_eq!(c.cmd(&["ZSCORE", "z", "m"]), bulk("1.5"));
+    assert_eq!(c.cmd(&["INCR", "n"]), Reply::Int(2));
+    assert_eq!(c.cmd(&["DBSIZE"]), Reply::Int(5));
+    let Reply::Bulk(Some(info)) = c.cmd(&["INFO"]) else {
+        panic!("INFO is a bulk string")
+    };
+    let info = String::from_utf8(info).unwrap();
+    assert!(info.contains("tiermem_engine:vnvm"), "{info}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn volatile_engine_serves_and_keeps_nothing() {
+    let dir = scratch("volatile");
+    let mut s = Server::start("volatile", &dir, &[]);
+    let mut c = Conn::connect(s.port).unwrap();
+    assert_eq!(c.cmd(&["SET", "k", "v"]), Reply::Simple("OK".into()));
+    assert_eq!(c.cmd(&["GET", "k"]), bulk("v"));
+    drop(c);
+    s.shutdown();
+    let s = Server::start("volatile", &dir, &[]);
+    let mut c = Conn::connect(s.port).unwrap();
+    assert_eq!(c.cmd(&["GET", "k"]), Reply::Bulk(None));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What one writer had acknowledged when the server died.
+#[derive(Default)]
+struct Acked {
+    /// The writer's key prefix.
+    name: String,
+    /// key → last acknowledged value (SET).
+    sets: Vec<(String, String)>,
+    /// The last INCR reply of the writer's counter.
+    counter: i64,
+    /// RPUSHes acknowledged: the writer's list is 0..pushed (and maybe one unacknowledged more).
+    pushed: usize,
+    /// field → last acknowledged value of the writer's hash (HSET).
+    hash: Vec<(String, String)>,
+    /// The write in flight when the connection died (applied or not: both are correct).
+    in_flight: Option<(usize, String, String)>,
+}
+
+/// One writer: SET / INCR / RPUSH / HSET in a loop until the connection dies, logging every
+/// acknowledged write.
+fn writer(port: u16, name: String, stop: Arc<AtomicBool>) -> Acked {
+    let mut a = Acked {
+        name: name.clone(),
+        ..Acked::default()
+    };
+    let Ok(mut c) = Conn::connect(port) else {
+        return a;
+    };
+    let (ctr, list, hash) = (
+        format!("{name}:ctr"),
+        format!("{name}:list"),
+        format!("{name}:hash"),
+    );
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let op = i % 4;
+        let key = format!("{name}:k{}", i % 97);
+        let field = format!("f{}", i % 13);
+        let val = format!("v{i}-{}", "x".repeat(i % 300));
+        let istr = i.to_string();
+        a.in_flight = Some((
+            op,
+            if op == 3 { field.clone() } else { key.clone() },
+            val.clone(),
+        ));
+        let r = match op {
+            0 => c.send(&["SET", &key, &val]),
+            1 => c.send(&["INCR", &ctr]),
+            2 => c.send(&["RPUSH", &list, &istr]),
+            _ => c.send(&["HSET", &hash, &field, &val]),
+        }
+        .and_then(|_| c.read());
+        match (op, r) {
+            (0, Ok(Reply::Simple(ok))) if ok == "OK" => {
+                a.sets.retain(|(k, _)| *k != key);
+                a.sets.push((key, val));
+            }
+            (1, Ok(Reply::Int(n))) => a.counter = n,
+            (2, Ok(Reply::Int(n))) => {
+                assert_eq!(n as usize, a.pushed + 1, "RPUSH length");
+                a.pushed += 1;
+            }
+            (3, Ok(Reply::Int(_))) => {
+                a.hash.retain(|(f, _)| *f != field);
+                a.hash.push((field, val));
+            }
+            (_, Ok(other)) => panic!("unexpected reply {other:?}"),
+            (_, Err(_)) => return a, // the server died: this write was not acknowledged
+        }
+        i += 1;
+    }
+    a.in_flight = None;
+    a
+}
+
+/// Check that the server holds every acknowledged write of `a`.
+fn verify(c: &mut Conn, a: &Acked) {
+    let name = &a.name;
+    let in_flight = |op: usize, k: &str| match &a.in_flight {
+        Some((o, kk, v)) if *o == op && kk == k => Some(v.clone()),
+        _ => None,
+    };
+    for (k, v) in &a.sets {
+        let got = c.cmd(&["GET", k]);
+        let alt = in_flight(0, k).map(|v| bulk(&v));
+        assert!(
+            got == bulk(v) || Some(&got) == alt.as_ref(),
+            "{k}: {got:?}, acknowledged {v}"
+        );
+    }
+    if a.counter > 0 {
+        let Reply::Bulk(Some(n)) = c.cmd(&["GET", &format!("{name}:ctr")]) else {
+            panic!("{name}: the counter is lost")
+        };
+        let n: i64 = String::from_utf8(n).unwrap().parse().unwrap();
+        assert!(
+            n == a.counter || n == a.counter + 1,
+            "{name}: counter {n}, acknowledged {}",
+            a.counter
+        );
+    }
+    let list = format!("{name}:list");
+    let Reply::Int(len) = c.cmd(&["LLEN", &list]) else {
+        panic!("LLEN")
+    };
+    assert!(
+        len as usize == a.pushed || len as usize == a.pushed + 1,
+        "{list}: {len} elements, {} acknowledged",
+        a.pushed
+    );
+    if a.pushed > 0 {
+        let got = c.cmd(&["LRANGE", &list, "0", &(a.pushed - 1).to_string()]);
+        let want: Vec<Reply> = (0..a.pushed)
+            .map(|j| bulk(&(j * 4 + 2).to_string()))
+            .collect();
+        assert_eq!(got, Reply::Array(Some(want)), "{list}");
+    }
+    for (f, v) in &a.hash {
+        let got = c.cmd(&["HGET", &format!("{name}:hash"), f]);
+        let alt = in_flight(3, f).map(|v| bulk(&v));
+        assert!(
+            got == bulk(v) || Some(&got) == alt.as_ref(),
+            "{name}:hash {f}: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn kill9_under_write_load_loses_no_acknowledged_write() {
+    let rounds: usize = std::env::var("TIERMEM_KV_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let dir = scratch("kill9");
+    let mut acked: Vec<Acked> = Vec::new();
+    for round in 0..rounds {
+        let mut s = Server::start("vnvm", &dir, &[]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles: Vec<_> = (0..4)
+            .map(|w| {
+                let (stop, port) = (stop.clone(), s.port);
+                std::thread::spawn(move || writer(port, format!("r{round}w{w}"), stop))
+            })
+            .collect();
+        let ms = 150 + (round as u64 * 7919 + std::process::id() as u64) % 500;
+        std::thread::sleep(Duration::from_millis(ms));
+        s.kill9();
+        stop.store(true, Ordering::Relaxed);
+        let got: Vec<Acked> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let n: usize = got
+            .iter()
+            .map(|a| a.sets.len() + a.pushed + a.hash.len())
+            .sum();
+        assert!(n > 0, "round {round}: no write was acknowledged in {ms} ms");
+        eprintln!("round {round}: killed after {ms} ms, {n} acknowledged writes to check");
+        acked.extend(got);
+        // Restart: this round's writes and every earlier round's are all there.
+        let s = Server::start("vnvm", &dir, &[]);
+        assert!(
+            s.log().to_lowercase().contains("recover"),
+            "the start-up log says what was recovered:\n{}",
+            s.log()
+        );
+        let mut c = Conn::connect(s.port).unwrap();
+        for a in &acked {
+            verify(&mut c, a);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn run_client(prog: &Path, args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new(prog)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", prog.display()));
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}\n{}",
+        prog.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn redis_cli_talks_to_both_engines() {
+    let Some(cli) = client("redis-cli") else {
+        return;
+    };
+    for engine in ["vnvm", "volatile"] {
+        let dir = scratch(&format!("cli-{engine}"));
+        let s = Server::start(engine, &dir, &[]);
+        let p = s.port.to_string();
+        let rc = |args: &[&str]| {
+            let mut a = vec!["-p", &p];
+            a.extend_from_slice(args);
+            run_client(&cli, &a, None).trim_end().to_string()
+        };
+        assert_eq!(rc(&["PING"]), "PONG");
+        assert_eq!(rc(&["SET", "greeting", "hello world"]), "OK");
+        assert_eq!(rc(&["GET", "greeting"]), "hello world");
+        assert_eq!(rc(&["HSET", "user:1", "name", "ada", "lang", "rust"]), "2");
+        assert_eq!(rc(&["HGET", "user:1", "lang"]), "rust");
+        assert_eq!(rc(&["CONFIG", "GET", "appendonly"]), "appendonly\nno");
+        assert!(rc(&["NOSUCHCMD"]).starts_with("ERR unknown command"));
+        let info = rc(&["INFO", "memory"]);
+        assert!(info.contains("used_memory:"), "{info}");
+        // Commands on stdin, as scripts feed redis-cli.
+        let out = run_client(
+            &cli,
+            &["-p", &p],
+            Some("RPUSH l a b c\nLRANGE l 0 -1\nDBSIZE\n"),
+        );
+        assert_eq!(out, "3\na\nb\nc\n3\n", "engine {engine}");
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn redis_benchmark_default_tests_run_clean() {
+    let Some(_) = client("redis-benchmark") else {
+        return;
+    };
+    let dir = scratch("redis-benchmark");
+    let s = Server::start("vnvm", &dir, &[]);
+    // Every default test of redis-benchmark that the issue names (XADD is not one of them).
+    let tests = "ping_inline,ping_mbulk,set,get,incr,lpush,rpush,lpop,rpop,sadd,hset,spop,zadd,\
+                 zpopmin,lrange_100,lrange_300,lrange_500,lrange_600,mset";
+    let rows = kv_harness::RedisBenchmark {
+        tests: tests.split(',').map(String::from).collect(),
+        pipeline: 4,
+        requests: 2000,
+    }
+    .run(s.port, &dir, Duration::from_secs(120))
+    .unwrap_or_else(|e| panic!("{e:#}\nserver log:\n{}", s.log()));
+    let names: Vec<&str> = rows.iter().map(|r| r.test.as_str()).collect();
+    for t in [
+        "SET",
+        "GET",
+        "INCR",
+        "LPOP",
+        "SPOP",
+        "ZPOPMIN",
+        "MSET (10 keys)",
+    ] {
+        assert!(
+            names.iter().any(|n| n.starts_with(t)),
+            "{t} missing from {names:?}"
+        );
+    }
+    assert!(
+        names.iter().any(|n| n.starts_with("LRANGE_600")),
+        "{names:?}"
+    );
+    for r in &rows {
+        assert!(r.rps > 0.0, "{}: {} requests/s", r.test, r.rps);
+    }
+    // The data redis-benchmark left is what it wrote: a list of 600+ elements.
+    let mut c = Conn::connect(s.port).unwrap();
+    let Reply::Int(n) = c.cmd(&["LLEN", "mylist"]) else {
+        panic!()
+    };
+    assert!(n >= 600, "mylist has {n} elements");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ycsb_workload_a_loads_and_runs_against_the_durable_engine() {
+    let Some(_) = client("java") else { return };
+    let ycsb = kv_harness::Ycsb::locate().expect("bench/ycsb");
+    if let Err(e) = ycsb.build() {
+        assert!(
+            std::env::var("TIERMEM_REQUIRE_CLIENTS").as_deref() != Ok("1"),
+            "YCSB binding: {e:#}"
+        );
+        eprintln!("note: YCSB binding unavailable ({e:#}): skipping");
+        return;
+    }
+    let dir = scratch("ycsb");
+    let s = Server::start("vnvm", &dir, &[]);
+    let w = kv_harness::YcsbWorkload {
+        port: s.port,
+        workload: "a".into(),
+        threads: 2,
+        records: 500,
+        ops: 2000,
+        timeout_ms: 10_000,
+        extra: Vec::new(),
+    };
+    let load = ycsb
+        .load(&w, &dir)
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", s.log()));
+    assert_eq!(load.errors(), 0);
+    let run = ycsb
+        .run(&w, &dir)
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", s.log()));
+    assert_eq!(run.errors(), 0);
+    assert!(run.throughput > 0.0);
+    let mut c = Conn::connect(s.port).unwrap();
+    // 500 records and the _indices sorted set.
+    assert_eq!(c.cmd(&["DBSIZE"]), Reply::Int(501));
+    assert_eq!(c.cmd(&["ZCARD", "_indices"]), Reply::Int(500));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn hostile_frames_get_errors_and_the_server_keeps_serving() {
+    let dir = scratch("hostile");
+    let s = Server::start("volatile", &dir, &[]);
+    for (frame, err) in [
+        (&b"*1\r\n$99999999999\r\n"[..], "invalid bulk length"),
+        (b"*-5x\r\n", "invalid multibulk length"),
+        (b"*2\r\n*1\r\n$4\r\nPING\r\n", "expected '$', got '*'"),
+        (b"SET \"unbalanced\r\n", "unbalanced quotes"),
+    ] {
+        let mut c = Conn::connect(s.port).unwrap();
+        c.w.write_all(frame).unwrap();
+        match c.read() {
+            Ok(Reply::Error(e)) => assert!(e.contains(err), "{e:?} for {frame:?}"),
+            other => panic!("{other:?} for {frame:?}"),
+        }
+        let mut rest = Vec::new();
+        let _ = c.r.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "connection closed after a protocol error");
+    }
+    let mut c = Conn::connect(s.port).unwrap();
+    assert_eq!(c.cmd(&["PING"]), Reply::Simple("PONG".into()));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,528 @@
+//! The command layer: [`KvService`], the [`Service`] behind the server.
+//!
+//! ## Concurrency and durability (docs/kv.md)
+//!
+//! One engine-wide `RwLock`. Read commands hold it shared and read the committed view; write
+//! commands hold it exclusively for their whole transaction, from its first write to its
+//! commit, and their reply is appended only once the commit has returned — on the vnvm engine,
+//! once the transaction is durable. Consecutive commands of one pipeline keep the lock they
+//! already hold (a write lock serves reads too: no transaction is open between commands).
+//!
+//! * [`Durability::Commit`]: one transaction per write command.
+//! * [`Durability::Async`]: group commit per pipeline — the write commands of one
+//!   [`Service::execute`] batch share one transaction (reads in the batch see the batch's
+//!   writes), committed before `execute` returns, so before any of the batch's replies can
+//!   leave. If a heap error (out of memory, transaction too large) stops the group midway, the
+//!   group is aborted and the batch re-executed one transaction per command (nothing was
+//!   committed or sent, so the clients cannot tell). TODO: groups spanning the connections of
+//!   one event-loop round (`round_end`) would need a transaction held across `execute` calls.
+//!
+//! Big deletions (DEL of a big value, FLUSHALL) unlink in O(1) and leave the rest to the
+//! garbage list ([`crate::ds::garbage`]), freed in bounded batches at each
+//! [`Service::round_end`] (or by [`KvService::collect_garbage`] from an idle timer), and at
+//! once when a command fails for lack of memory while garbage waits.
+
+mod admin;
+mod data;
+pub mod reply;
+pub mod table;
+
+use crate::ds::{garbage, Store, View, Wtx};
+use crate::heap::{Heap, HeapError, Result};
+use crate::server::{Control, Service};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use table::{Id, Kind, Spec};
+
+pub use data::{glob, parse_f64, parse_i64};
+
+/// When a write command's transaction commits relative to its reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// One transaction per write command, committed before its reply.
+    #[default]
+    Commit,
+    /// Group commit: the write commands of one pipeline share one transaction, committed
+    /// before any of their replies is sent (acknowledged writes stay durable; fewer commits).
+    Async,
+}
+
+impl Durability {
+    /// The name used by `--durability` and INFO.
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Commit => "commit",
+            Durability::Async => "async",
+        }
+    }
+}
+
+/// Server facts for INFO that the command layer does not know (port, network counters, ...).
+/// The server implements it; its fields are added to (and override same-named fields of) the
+/// section's own.
+pub trait InfoSource: Send + Sync {
+    /// Append `(field, value)` pairs for INFO section `section` (lower case: `server`,
+    /// `clients`, `memory`, `persistence`, `stats`, `replication`, `cpu`, `keyspace`).
+    fn info(&self, section: &str, out: &mut Vec<(String, String)>);
+}
+
+/// Per-connection state.
+#[derive(Debug)]
+pub struct Session {
+    id: u64,
+    name: Option<Vec<u8>>,
+    peer: String,
+    created: Instant,
+}
+
+impl Session {
+    /// The client id (CLIENT ID).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    connections_total: AtomicU64,
+    connected: AtomicU64,
+    commands: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    commits: AtomicU64,
+    aborts: AtomicU64,
+    too_large: AtomicU64,
+    oom: AtomicU64,
+    gc_work: AtomicU64,
+    changes: AtomicU64,
+}
+
+/// Budget (blocks) of one garbage batch at the end of an event-loop round (it runs before the
+/// round's replies are sent: ~256 frees keep that delay around 0.1 ms).
+pub const GC_ROUND_BUDGET: u64 = 256;
+
+/// The Redis command layer over a [`Heap`].
+pub struct KvService {
+    heap: Heap,
+    store: Store,
+    lock: RwLock<()>,
+    durability: Durability,
+    /// DRAM mirror of "the garbage list is not empty" (rebuilt at open, updated after every
+    /// commit that may change it).
+    garbage: AtomicBool,
+    info_source: Option<Arc<dyn InfoSource>>,
+    config: Vec<(String, String)>,
+    started: Instant,
+    last_save: AtomicU64,
+    run_id: String,
+    next_client: AtomicU64,
+    stats: Stats,
+}
+
+enum Held<'a> {
+    None,
+    Read(#[allow(dead_code)] RwLockReadGuard<'a, ()>),
+    Write(#[allow(dead_code)] RwLockWriteGuard<'a, ()>),
+}
+
+impl KvService {
+    /// The service over `heap`: finds the keyspace from the heap's root (or creates an empty
+    /// one in a new heap).
+    ///
+    /// Errors: the heap's root is not a tiermem-kv root, or creating it failed.
+    pub fn new(heap: Heap, durability: Durability) -> Result<KvService> {
+        let store = Store::open(&heap)?;
+        let garbage = store.has_garbage(&View::of(&heap));
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let run_id = (0..3)
+            .map(|_| format!("{:016x}", crate::ds::random_u64()))
+            .collect::<String>()[..40]
+            .to_string();
+        let heap_bytes = heap.engine().info().heap_bytes;
+        Ok(KvService {
+            heap,
+            store,
+            lock: RwLock::new(()),
+            durability,
+            garbage: AtomicBool::new(garbage),
+            info_source: None,
+            config: vec![
+                ("save".into(), String::new()),
+                ("appendonly".into(), "no".into()),
+                // The heap is the memory limit (writes past it fail with -OOM).
+                ("maxmemory".into(), heap_bytes.to_string()),
+                ("maxmemory-policy".into(), "noeviction".into()),
+                ("databases".into(), "1".into()),
+            ],
+            started: Instant::now(),
+            last_save: AtomicU64::new(now),
+            run_id,
+            next_client: AtomicU64::new(1),
+            stats: Stats::default(),
+        })
+    }
+
+    /// Add the server's INFO fields.
+    pub fn with_info_source(mut self, src: Arc<dyn InfoSource>) -> KvService {
+        self.info_source = Some(src);
+        self
+    }
+
+    /// Set CONFIG GET's table (name, value); same-named built-in entries are replaced.
+    pub fn with_config(mut self, entries: Vec<(String, String)>) -> KvService {
+        for (k, v) in entries {
+            match self.config.iter_mut().find(|(n, _)| *n == k) {
+                Some(e) => e.1 = v,
+                None => self.config.push((k, v)),
+            }
+        }
+        self
+    }
+
+    /// The heap.
+    pub fn heap(&self) -> &Heap {
+        &self.heap
+    }
+
+    /// Give the heap back (after [`KvService::shutdown`], to reopen it or drop it).
+    pub fn into_heap(self) -> Heap {
+        self.heap
+    }
+
+    /// The data structures' handle (root, hash seed).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The durability mode.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Whether garbage waits to be freed.
+    pub fn has_garbage(&self) -> bool {
+        self.garbage.load(Relaxed)
+    }
+
+    /// Free up to about `budget` blocks of garbage in one transaction (taking the lock
+    /// exclusively); returns the work done (0: no garbage). For an idle timer; the service
+    /// also does it at each [`Service::round_end`].
+    pub fn collect_garbage(&self, budget: u64) -> Result<u64> {
+        let _g = self.lock.write();
+        self.collect_locked(budget)
+    }
+
+    fn collect_locked(&self, budget: u64) -> Result<u64> {
+        let mut w = Wtx::new(&self.heap, self.store.root);
+        let r = garbage::collect(&mut w, &self.store, budget);
+        let work = match r {
+            Ok(n) => n,
+            Err(e) => {
+                w.abort();
+                return Err(e);
+            }
+        };
+        let dirty = w.dirty();
+        w.commit()?;
+        if dirty {
+            self.stats.commits.fetch_add(1, Relaxed);
+        }
+        self.stats.gc_work.fetch_add(work, Relaxed);
+        self.garbage
+            .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
+        Ok(work)
+    }
+
+    /// Make everything committed durable and applied, then close the engine (clean shutdown).
+    /// Call once, after the server stopped.
+    pub fn shutdown(&self) -> Result<()> {
+        let _g = self.lock.write();
+        self.heap.engine().sync()?;
+        self.heap.engine().close()
+    }
+
+    fn check<'r>(&self, r: &'r [&'r [u8]], out: &mut Vec<u8>) -> Option<&'static Spec> {
+        let Some(spec) = table::lookup(r[0]) else {
+            let mut args = String::new();
+            for a in &r[1..] {
+                if args.len() >= 128 {
+                    break;
+                }
+                let s = String::from_utf8_lossy(a);
+                let room = 128 - args.len();
+                args.push('\'');
+                args.extend(s.chars().take(room));
+                args.push_str("' ");
+            }
+            let name: String = String::from_utf8_lossy(r[0]).chars().take(128).collect();
+            reply::error(
+                out,
+                &format!("ERR unknown command '{name}', with args beginning with: {args}"),
+            );
+            return None;
+        };
+        if !spec.arity_ok(r.len()) {
+            reply::error(
+                out,
+                &format!("ERR wrong number of arguments for '{}' command", spec.name),
+            );
+            return None;
+        }
+        Some(spec)
+    }
+
+    fn heap_error(&self, out: &mut Vec<u8>, e: &HeapError) {
+        match e {
+            HeapError::OutOfMemory(d) => {
+                self.stats.oom.fetch_add(1, Relaxed);
+                reply::error(
+                    out,
+                    &format!(
+                        "OOM command not allowed when used memory > 'maxmemory'. (the tiermem heap of {} bytes is full: {d}; nothing was changed)",
+                        self.heap.view().len()
+                    ),
+                );
+            }
+            HeapError::TooLarge(d) => {
+                self.stats.too_large.fetch_add(1, Relaxed);
+                reply::error(
+                    out,
+                    &format!(
+                        "ERR command too large for one transaction ({d}); nothing was changed"
+                    ),
+                );
+            }
+            e => reply::error(
+                out,
+                &format!("ERR tiermem heap error: {e}; nothing was changed"),
+            ),
+        }
+    }
+
+    /// One write command in its own transaction (the write lock held by the caller).
+    fn write_one(&self, spec: &Spec, r: &[&[u8]], out: &mut Vec<u8>) {
+        let mark = out.len();
+        let mut retried = false;
+        loop {
+            let mut w = Wtx::new(&self.heap, self.store.root);
+            let res = data::write(&self.store, &mut w, spec.id, r, out);
+            let dirty = w.dirty();
+            let res = match res {
+                Ok(()) => w.commit(),
+                Err(e) => {
+                    w.abort();
+                    Err(e)
+                }
+            };
+            match res {
+                Ok(()) => {
+                    if dirty {
+                        self.stats.commits.fetch_add(1, Relaxed);
+                        self.stats.changes.fetch_add(1, Relaxed);
+                        if matches!(spec.id, Id::Del | Id::Unlink | Id::Flushall | Id::Flushdb)
+                            || !self.garbage.load(Relaxed)
+                        {
+                            self.garbage
+                                .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
+                        }
+                    }
+                    return;
+                }
+                Err(e) => {
+                    self.stats.aborts.fetch_add(1, Relaxed);
+                    out.truncate(mark);
+                    if matches!(e, HeapError::OutOfMemory(_))
+                        && !retried
+                        && self.garbage.load(Relaxed)
+                    {
+                        // Free the waiting garbage, then try once more.
+                        retried = true;
+                        while self.garbage.load(Relaxed) {
+                            if self.collect_locked(64 * GC_ROUND_BUDGET).is_err() {
+                                break;
+                            }
+                        }
+                        continue;
+                    }
+                    self.heap_error(out, &e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One transaction per write command.
+    fn run_each(
+        &self,
+        s: &mut Session,
+        reqs: &[Vec<&[u8]>],
+        out: &mut Vec<u8>,
+        cx: &mut data::Counters,
+    ) -> Control {
+        let mut held = Held::None;
+        for r in reqs {
+            let Some(spec) = self.check(r, out) else {
+                continue;
+            };
+            match spec.kind {
+                Kind::Admin => {
+                    let c = self.admin(s, spec, r, out, &mut held);
+                    if c != Control::Continue {
+                        return c;
+                    }
+                }
+                Kind::Read => {
+                    if matches!(held, Held::None) {
+                        held = Held::Read(self.lock.read());
+                    }
+                    self.read(cx, &View::of(&self.heap), s, spec, r, out);
+                }
+                Kind::Write => {
+                    if !matches!(held, Held::Write(_)) {
+                        // Release a read lock before waiting for the write lock.
+                        drop(std::mem::replace(&mut held, Held::None));
+                        held = Held::Write(self.lock.write());
+                    }
+                    self.write_one(spec, r, out);
+                }
+            }
+        }
+        Control::Continue
+    }
+
+    /// Group commit: one transaction for the whole batch.
+    fn run_group(
+        &self,
+        s: &mut Session,
+        reqs: &[Vec<&[u8]>],
+        out: &mut Vec<u8>,
+        cx: &mut data::Counters,
+    ) -> Control {
+        let g = self.lock.write();
+        let mark = out.len();
+        let mut w = Wtx::new(&self.heap, self.store.root);
+        let mut held = Held::None; // admin commands of a group need no lock of their own
+        let mut failed = None;
+        let mut writes = 0u64;
+        for r in reqs {
+            let Some(spec) = self.check(r, out) else {
+                continue;
+            };
+            match spec.kind {
+                Kind::Admin => {
+                    self.admin(s, spec, r, out, &mut held);
+                }
+                Kind::Read => self.read(cx, &w, s, spec, r, out),
+                Kind::Write => {
+                    if let Err(e) = data::write(&self.store, &mut w, spec.id, r, out) {
+                        failed = Some(e);
+                        break;
+                    }
+                    writes += 1;
+                }
+            }
+        }
+        let dirty = w.dirty();
+        let res = match failed {
+            Some(e) => {
+                w.abort();
+                Err(e)
+            }
+            None => w.commit(),
+        };
+        match res {
+            Ok(()) => {
+                if dirty {
+                    self.stats.commits.fetch_add(1, Relaxed);
+                    self.stats.changes.fetch_add(writes, Relaxed);
+                    self.garbage
+                        .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
+                }
+                Control::Continue
+            }
+            Err(_) => {
+                // Nothing was committed or sent: redo the batch one command at a time.
+                self.stats.aborts.fetch_add(1, Relaxed);
+                out.truncate(mark);
+                drop(g);
+                *cx = data::Counters::default();
+                self.run_each(s, reqs, out, cx)
+            }
+        }
+    }
+
+    fn read<M: crate::ds::Mem>(
+        &self,
+        cx: &mut data::Counters,
+        m: &M,
+        s: &Session,
+        spec: &Spec,
+        r: &[&[u8]],
+        out: &mut Vec<u8>,
+    ) {
+        match spec.id {
+            Id::Info => self.info(m, s, r, out),
+            id => data::read(cx, &self.store, m, id, r, out),
+        }
+    }
+}
+
+fn is_write(r: &[&[u8]]) -> bool {
+    table::lookup(r[0]).is_some_and(|s| s.kind == Kind::Write)
+}
+
+fn is_end(r: &[&[u8]]) -> bool {
+    table::lookup(r[0])
+        .is_some_and(|s| matches!(s.id, Id::Quit | Id::Shutdown | Id::Save | Id::Bgsave))
+}
+
+impl Service for KvService {
+    type Session = Session;
+
+    fn open_session(&self, peer: &str) -> Session {
+        self.stats.connections_total.fetch_add(1, Relaxed);
+        self.stats.connected.fetch_add(1, Relaxed);
+        Session {
+            id: self.next_client.fetch_add(1, Relaxed),
+            name: None,
+            peer: peer.to_string(),
+            created: Instant::now(),
+        }
+    }
+
+    fn execute(&self, s: &mut Session, reqs: &[Vec<&[u8]>], out: &mut Vec<u8>) -> Control {
+        self.stats.commands.fetch_add(reqs.len() as u64, Relaxed);
+        let mut cx = data::Counters::default();
+        let group = self.durability == Durability::Async
+            && reqs.iter().filter(|r| is_write(r)).count() > 1
+            && !reqs.iter().any(|r| is_end(r));
+        let c = if group {
+            self.run_group(s, reqs, out, &mut cx)
+        } else {
+            self.run_each(s, reqs, out, &mut cx)
+        };
+        if cx.hits > 0 {
+            self.stats.hits.fetch_add(cx.hits, Relaxed);
+        }
+        if cx.misses > 0 {
+            self.stats.misses.fetch_add(cx.misses, Relaxed);
+        }
+        c
+    }
+
+    fn round_end(&self) {
+        if self.garbage.load(Relaxed) {
+            if let Some(_g) = self.lock.try_write() {
+                let _ = self.collect_locked(GC_ROUND_BUDGET);
+            }
+        }
+    }
+
+    fn close_session(&self, _s: Session) {
+        self.stats.connected.fetch_sub(1, Relaxed);
+    }
+}

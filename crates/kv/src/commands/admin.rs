@@ -1,0 +1,578 @@
+//! Connection and server commands: PING, SELECT, HELLO, CLIENT, COMMAND, CONFIG, INFO,
+//! SHUTDOWN, ...
+
+use super::data::{glob, is, parse_i64};
+use super::reply::{self, array, bulk, int, null};
+use super::table::{self, Id, Kind, Spec};
+use super::{Held, KvService, Session};
+use crate::ds::{keyspace, Mem};
+use crate::server::Control;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The Redis version tiermem-kv answers to (clients adapt their dialect to it).
+pub const REDIS_VERSION: &str = "7.0.0";
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn human(b: u64) -> String {
+    let units = ["B", "K", "M", "G", "T"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b}B")
+    } else {
+        format!("{v:.2}{}", units[u])
+    }
+}
+
+fn command_info(out: &mut Vec<u8>, s: &Spec) {
+    array(out, 10);
+    bulk(out, s.name.as_bytes());
+    int(out, s.arity as i64);
+    let flags: &[&str] = match s.kind {
+        Kind::Write => &["write"],
+        Kind::Read => &["readonly"],
+        Kind::Admin => &[],
+    };
+    array(out, flags.len());
+    for f in flags {
+        reply::simple(out, f);
+    }
+    int(out, s.keys.0 as i64);
+    int(out, s.keys.1 as i64);
+    int(out, s.keys.2 as i64);
+    for _ in 0..4 {
+        array(out, 0);
+    }
+}
+
+impl KvService {
+    /// A command that touches no data (`held`: the lock this batch holds, for the few that need
+    /// it exclusively).
+    pub(super) fn admin<'a>(
+        &'a self,
+        s: &mut Session,
+        spec: &Spec,
+        a: &[&[u8]],
+        out: &mut Vec<u8>,
+        held: &mut Held<'a>,
+    ) -> Control {
+        match spec.id {
+            Id::Ping => match a.len() {
+                1 => reply::simple(out, "PONG"),
+                2 => bulk(out, a[1]),
+                _ => reply::error(out, "ERR wrong number of arguments for 'ping' command"),
+            },
+            Id::Echo => bulk(out, a[1]),
+            Id::Select => match parse_i64(a[1]) {
+                None => reply::not_int(out),
+                Some(0) => reply::ok(out),
+                Some(_) => reply::error(out, "ERR DB index is out of range"),
+            },
+            Id::Quit => {
+                reply::ok(out);
+                return Control::Close;
+            }
+            Id::Shutdown => {
+                let mut abort = false;
+                for o in &a[1..] {
+                    if is(o, "ABORT") {
+                        abort = true;
+                    } else if !(is(o, "NOSAVE") || is(o, "SAVE") || is(o, "NOW") || is(o, "FORCE")) {
+                        reply::syntax(out);
+                        return Control::Continue;
+                    }
+                }
+                if abort {
+                    reply::error(out, "ERR No shutdown in progress.");
+                    return Control::Continue;
+                }
+                // Whatever was asked: every acknowledged write is already committed; make it
+                // applied to the heap file too. Redis sends no reply on success.
+                drop(std::mem::replace(held, Held::None));
+                *held = Held::Write(self.lock.write());
+                if let Err(e) = self.heap.engine().sync() {
+                    reply::error(out, &format!("ERR Errors trying to SHUTDOWN: {e}"));
+                    return Control::Continue;
+                }
+                return Control::Shutdown;
+            }
+            Id::Hello => return self.hello(s, a, out),
+            Id::Auth => match a.len() {
+                2 => reply::error(
+                    out,
+                    "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+                ),
+                3 if a[1] == b"default" => reply::ok(out),
+                3 => reply::error(
+                    out,
+                    "WRONGPASS invalid username-password pair or user is disabled.",
+                ),
+                _ => reply::syntax(out),
+            },
+            Id::Client => self.client(s, a, out),
+            Id::Command => {
+                let sub = a.get(1);
+                match sub {
+                    None => {
+                        array(out, table::TABLE.len());
+                        table::TABLE.iter().for_each(|c| command_info(out, c));
+                    }
+                    Some(x) if is(x, "COUNT") => int(out, table::TABLE.len() as i64),
+                    Some(x) if is(x, "LIST") => {
+                        array(out, table::TABLE.len());
+                        table::TABLE.iter().for_each(|c| bulk(out, c.name.as_bytes()));
+                    }
+                    Some(x) if is(x, "INFO") => {
+                        if a.len() == 2 {
+                            array(out, table::TABLE.len());
+                            table::TABLE.iter().for_each(|c| command_info(out, c));
+                        } else {
+                            array(out, a.len() - 2);
+                            for n in &a[2..] {
+                                match table::lookup(n) {
+                                    Some(c) => command_info(out, c),
+                                    None => reply::null_array(out),
+                                }
+                            }
+                        }
+                    }
+                    // No documentation: an empty map (redis-cli then shows no hints).
+                    Some(x) if is(x, "DOCS") => array(out, 0),
+                    Some(x) => reply::error(
+                        out,
+                        &format!(
+                            "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+                            String::from_utf8_lossy(x)
+                        ),
+                    ),
+                }
+            }
+            Id::Config => {
+                if is(a[1], "GET") && a.len() >= 3 {
+                    let mut pairs = Vec::new();
+                    for (k, v) in &self.config {
+                        if a[2..].iter().any(|p| glob(&p.to_ascii_lowercase(), k.as_bytes())) {
+                            pairs.push((k, v));
+                        }
+                    }
+                    array(out, 2 * pairs.len());
+                    for (k, v) in pairs {
+                        bulk(out, k.as_bytes());
+                        bulk(out, v.as_bytes());
+                    }
+                } else if is(a[1], "RESETSTAT") && a.len() == 2 {
+                    let st = &self.stats;
+                    for c in [
+                        &st.commands,
+                        &st.hits,
+                        &st.misses,
+                        &st.commits,
+                        &st.aborts,
+                        &st.too_large,
+                        &st.oom,
+                        &st.gc_work,
+                    ] {
+                        c.store(0, Relaxed);
+                    }
+                    reply::ok(out);
+                } else if is(a[1], "SET") {
+                    reply::error(out, "ERR CONFIG SET is not supported by tiermem-kv (configure it at start)");
+                } else {
+                    reply::error(
+                        out,
+                        &format!(
+                            "ERR unknown subcommand or wrong number of arguments for '{}'. Try CONFIG HELP.",
+                            String::from_utf8_lossy(a[1])
+                        ),
+                    );
+                }
+            }
+            Id::Time => {
+                let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+                array(out, 2);
+                bulk(out, d.as_secs().to_string().as_bytes());
+                bulk(out, d.subsec_micros().to_string().as_bytes());
+            }
+            Id::Save | Id::Bgsave => {
+                if !self.heap.engine().info().durable {
+                    reply::error(
+                        out,
+                        "ERR the volatile engine keeps no persistent copy (run with the vnvm engine for persistence)",
+                    );
+                } else {
+                    drop(std::mem::replace(held, Held::None));
+                    *held = Held::Write(self.lock.write());
+                    match self.heap.engine().sync() {
+                        Ok(()) => {
+                            self.last_save.store(now_unix(), Relaxed);
+                            if spec.id == Id::Save {
+                                reply::ok(out);
+                            } else {
+                                // Already done: every write was durable at its commit.
+                                reply::simple(out, "Background saving started");
+                            }
+                        }
+                        Err(e) => reply::error(out, &format!("ERR {e}")),
+                    }
+                }
+            }
+            Id::Lastsave => int(out, self.last_save.load(Relaxed) as i64),
+            Id::Wait => int(out, 0),
+            _ => reply::error(out, "ERR internal: not an admin command"),
+        }
+        Control::Continue
+    }
+
+    fn hello(&self, s: &mut Session, a: &[&[u8]], out: &mut Vec<u8>) -> Control {
+        let mut i = 1;
+        if a.len() > 1 {
+            match parse_i64(a[1]) {
+                None => {
+                    reply::error(
+                        out,
+                        "ERR Protocol version is not an integer or out of range",
+                    );
+                    return Control::Continue;
+                }
+                Some(2) => {}
+                Some(_) => {
+                    reply::error(out, "NOPROTO sorry, this protocol version is not supported");
+                    return Control::Continue;
+                }
+            }
+            i = 2;
+        }
+        let mut name = None;
+        while i < a.len() {
+            if is(a[i], "AUTH") && i + 2 < a.len() {
+                if a[i + 1] != b"default" {
+                    reply::error(
+                        out,
+                        "WRONGPASS invalid username-password pair or user is disabled.",
+                    );
+                    return Control::Continue;
+                }
+                i += 3;
+            } else if is(a[i], "SETNAME") && i + 1 < a.len() {
+                name = Some(a[i + 1].to_vec());
+                i += 2;
+            } else {
+                reply::error(
+                    out,
+                    &format!(
+                        "ERR Syntax error in HELLO option '{}'",
+                        String::from_utf8_lossy(a[i])
+                    ),
+                );
+                return Control::Continue;
+            }
+        }
+        if name.is_some() {
+            s.name = name;
+        }
+        array(out, 14);
+        bulk(out, b"server");
+        bulk(out, b"redis");
+        bulk(out, b"version");
+        bulk(out, REDIS_VERSION.as_bytes());
+        bulk(out, b"proto");
+        int(out, 2);
+        bulk(out, b"id");
+        int(out, s.id as i64);
+        bulk(out, b"mode");
+        bulk(out, b"standalone");
+        bulk(out, b"role");
+        bulk(out, b"master");
+        bulk(out, b"modules");
+        array(out, 0);
+        Control::Continue
+    }
+
+    fn client_line(&self, s: &Session) -> String {
+        format!(
+            "id={} addr={} laddr= fd=-1 name={} age={} idle=0 flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=client user=default redir=-1 resp=2\n",
+            s.id,
+            s.peer,
+            s.name.as_deref().map(String::from_utf8_lossy).unwrap_or_default(),
+            s.created.elapsed().as_secs()
+        )
+    }
+
+    fn client(&self, s: &mut Session, a: &[&[u8]], out: &mut Vec<u8>) {
+        let sub = a[1];
+        if is(sub, "ID") && a.len() == 2 {
+            int(out, s.id as i64);
+        } else if is(sub, "SETNAME") && a.len() == 3 {
+            if a[2].iter().any(|&c| c <= b' ' || c > b'~') {
+                reply::error(
+                    out,
+                    "ERR Client names cannot contain spaces, newlines or special characters.",
+                );
+            } else {
+                s.name = (!a[2].is_empty()).then(|| a[2].to_vec());
+                reply::ok(out);
+            }
+        } else if is(sub, "GETNAME") && a.len() == 2 {
+            match &s.name {
+                Some(n) => bulk(out, n),
+                None => null(out),
+            }
+        } else if (is(sub, "SETINFO") && a.len() == 4)
+            || ((is(sub, "NO-EVICT") || is(sub, "NO-TOUCH")) && a.len() == 3)
+        {
+            reply::ok(out);
+        } else if (is(sub, "LIST") || is(sub, "INFO")) && (a.len() == 2 || is(sub, "LIST")) {
+            // Only this connection: the server keeps the registry of the others.
+            bulk(out, self.client_line(s).as_bytes());
+        } else {
+            reply::error(
+                out,
+                &format!(
+                    "ERR unknown subcommand or wrong number of arguments for '{}'. Try CLIENT HELP.",
+                    String::from_utf8_lossy(sub)
+                ),
+            );
+        }
+    }
+
+    fn section<M: Mem>(&self, m: &M, name: &str) -> Vec<(String, String)> {
+        let mut f: Vec<(String, String)> = Vec::new();
+        let mut add = |k: &str, v: String| f.push((k.to_string(), v));
+        let st = &self.stats;
+        let einfo = self.heap.engine().info();
+        match name {
+            "server" => {
+                let up = self.started.elapsed().as_secs();
+                add("redis_version", REDIS_VERSION.into());
+                add("tiermem_kv_version", env!("CARGO_PKG_VERSION").into());
+                add("redis_git_sha1", "00000000".into());
+                add("redis_git_dirty", "0".into());
+                add("redis_mode", "standalone".into());
+                add("os", os_name());
+                add("arch_bits", (usize::BITS).to_string());
+                add("multiplexing_api", "epoll".into());
+                add("process_id", std::process::id().to_string());
+                add("run_id", self.run_id.clone());
+                add("tcp_port", "0".into());
+                add(
+                    "server_time_usec",
+                    SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_micros() as u64)
+                        .to_string(),
+                );
+                add("uptime_in_seconds", up.to_string());
+                add("uptime_in_days", (up / 86400).to_string());
+                add("tiermem_engine", einfo.name.into());
+                add("tiermem_durability", self.durability.name().into());
+            }
+            "clients" => {
+                add("connected_clients", st.connected.load(Relaxed).to_string());
+                add("blocked_clients", "0".into());
+                add("tracking_clients", "0".into());
+            }
+            "memory" => {
+                let used = self.store.used_bytes(m);
+                let heap = einfo.heap_bytes;
+                add("used_memory", used.to_string());
+                add("used_memory_human", human(used));
+                add("used_memory_dataset", used.to_string());
+                add("maxmemory", heap.to_string());
+                add("maxmemory_human", human(heap));
+                add("maxmemory_policy", "noeviction".into());
+                add("mem_allocator", "tiermem-txalloc".into());
+                add("tiermem_engine", einfo.name.into());
+                add("tiermem_location", einfo.location.clone());
+                add("tiermem_heap_bytes", heap.to_string());
+                add("tiermem_heap_used_bytes", used.to_string());
+                add(
+                    "tiermem_heap_free_bytes",
+                    heap.saturating_sub(used).to_string(),
+                );
+                add(
+                    "tiermem_garbage_records",
+                    self.store.garbage_records(m).to_string(),
+                );
+                for (k, v) in &einfo.fields {
+                    add(k, v.clone());
+                }
+            }
+            "persistence" => {
+                let durable = einfo.durable;
+                add("loading", "0".into());
+                add("async_loading", "0".into());
+                // On a durable engine every acknowledged write is already persistent.
+                add(
+                    "rdb_changes_since_last_save",
+                    if durable {
+                        "0".into()
+                    } else {
+                        st.changes.load(Relaxed).to_string()
+                    },
+                );
+                add("rdb_bgsave_in_progress", "0".into());
+                add(
+                    "rdb_last_save_time",
+                    self.last_save.load(Relaxed).to_string(),
+                );
+                add("rdb_last_bgsave_status", "ok".into());
+                add("rdb_saves", "0".into());
+                add("aof_enabled", "0".into());
+                add("aof_rewrite_in_progress", "0".into());
+                add("aof_rewrite_scheduled", "0".into());
+                add("aof_last_bgrewrite_status", "ok".into());
+                add("aof_last_write_status", "ok".into());
+                add("tiermem_durability", self.durability.name().into());
+                add("tiermem_engine_durable", (durable as u8).to_string());
+                add(
+                    "tiermem_persistence",
+                    if durable {
+                        format!(
+                            "every acknowledged write is committed to the {} engine before its reply",
+                            einfo.name
+                        )
+                    } else {
+                        "none: the volatile engine keeps no copy".into()
+                    },
+                );
+            }
+            "stats" => {
+                add(
+                    "total_connections_received",
+                    st.connections_total.load(Relaxed).to_string(),
+                );
+                add(
+                    "total_commands_processed",
+                    st.commands.load(Relaxed).to_string(),
+                );
+                add("expired_keys", "0".into());
+                add("evicted_keys", "0".into());
+                add("keyspace_hits", st.hits.load(Relaxed).to_string());
+                add("keyspace_misses", st.misses.load(Relaxed).to_string());
+                add("tiermem_commits", st.commits.load(Relaxed).to_string());
+                add("tiermem_aborts", st.aborts.load(Relaxed).to_string());
+                add(
+                    "tiermem_tx_too_large",
+                    st.too_large.load(Relaxed).to_string(),
+                );
+                add("tiermem_oom_errors", st.oom.load(Relaxed).to_string());
+                add("tiermem_garbage_work", st.gc_work.load(Relaxed).to_string());
+            }
+            "replication" => {
+                add("role", "master".into());
+                add("connected_slaves", "0".into());
+                add("master_repl_offset", "0".into());
+            }
+            "cpu" => {
+                // SAFETY: getrusage fills the zeroed struct it is given.
+                let ru = unsafe {
+                    let mut ru: libc::rusage = std::mem::zeroed();
+                    libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+                    ru
+                };
+                let t = |tv: libc::timeval| format!("{}.{:06}", tv.tv_sec, tv.tv_usec);
+                add("used_cpu_sys", t(ru.ru_stime));
+                add("used_cpu_user", t(ru.ru_utime));
+            }
+            "keyspace" => {
+                let n = keyspace::len(m, &self.store);
+                if n > 0 {
+                    add("db0", format!("keys={n},expires=0,avg_ttl=0"));
+                }
+            }
+            _ => {}
+        }
+        if let Some(src) = &self.info_source {
+            let mut extra = Vec::new();
+            src.info(name, &mut extra);
+            for (k, v) in extra {
+                match f.iter_mut().find(|(n, _)| *n == k) {
+                    Some(e) => e.1 = v,
+                    None => f.push((k, v)),
+                }
+            }
+        }
+        f
+    }
+
+    /// INFO [section ...].
+    pub(super) fn info<M: Mem>(&self, m: &M, _s: &Session, a: &[&[u8]], out: &mut Vec<u8>) {
+        const DEFAULT: &[&str] = &[
+            "server",
+            "clients",
+            "memory",
+            "persistence",
+            "stats",
+            "replication",
+            "cpu",
+            "keyspace",
+        ];
+        let mut names: Vec<&str> = Vec::new();
+        if a.len() == 1 {
+            names.extend_from_slice(DEFAULT);
+        }
+        for x in &a[1..] {
+            let l = String::from_utf8_lossy(x).to_ascii_lowercase();
+            match l.as_str() {
+                "all" | "everything" | "default" => names.extend_from_slice(DEFAULT),
+                _ => {
+                    if let Some(n) = DEFAULT.iter().find(|d| **d == l) {
+                        names.push(n);
+                    }
+                }
+            }
+        }
+        let mut text = String::new();
+        let mut seen = Vec::new();
+        for n in names {
+            if seen.contains(&n) {
+                continue;
+            }
+            seen.push(n);
+            if !text.is_empty() {
+                text.push_str("\r\n");
+            }
+            let mut title = n.to_string();
+            title[..1].make_ascii_uppercase();
+            if title == "Cpu" {
+                title = "CPU".into();
+            }
+            let _ = write!(text, "# {title}\r\n");
+            for (k, v) in self.section(m, n) {
+                let v: String = v
+                    .chars()
+                    .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
+                    .collect();
+                let _ = write!(text, "{k}:{v}\r\n");
+            }
+        }
+        bulk(out, text.as_bytes());
+    }
+}
+
+fn os_name() -> String {
+    // SAFETY: uname fills the zeroed struct; its fields are NUL-terminated.
+    unsafe {
+        let mut u: libc::utsname = std::mem::zeroed();
+        if libc::uname(&mut u) != 0 {
+            return "Linux".into();
+        }
+        let f = |p: &[libc::c_char]| {
+            std::ffi::CStr::from_ptr(p.as_ptr())
+                .to_string_lossy()
+                .into_owned()
+        };
+        format!("{} {} {}", f(&u.sysname), f(&u.release), f(&u.machine))
+    }
+}

@@ -1,0 +1,1354 @@
+//! The data commands: readers generic over [`Mem`] (the committed view, or the group-commit
+//! transaction), writers on a [`Wtx`].
+//!
+//! Every writer validates its arguments and the key's type before its first write, so a client
+//! error (syntax, WRONGTYPE, not an integer) never leaves a half-done change, even inside a
+//! group-commit transaction shared with other commands. Only heap errors (out of memory,
+//! transaction too large) can stop a writer midway; the caller then aborts the transaction.
+
+use super::reply::{self, array, bulk, int, not_int, null, null_array, syntax, wrongtype};
+use super::table::Id;
+use crate::ds::hash::HashObj;
+use crate::ds::keyspace::{
+    self as ks, Entry, ENC_INLINE, ENC_PACK, T_HASH, T_LIST, T_SET, T_STRING, T_ZSET,
+};
+use crate::ds::set::SetObj;
+use crate::ds::zset::{AddFlags, Added, Bound, ScoreRange};
+use crate::ds::{dict, garbage, hash, list, set, zset, Mem, Store, Wtx};
+use crate::heap::HeapError;
+
+type HResult = std::result::Result<(), HeapError>;
+
+/// Per-batch counters, added to the service's statistics once per batch.
+#[derive(Default, Debug)]
+pub struct Counters {
+    /// Lookups of read commands that found their key.
+    pub hits: u64,
+    /// Lookups of read commands that did not.
+    pub misses: u64,
+}
+
+/// Redis' string2ll: optional `-`, digits, no leading zeros, no `+`, no spaces, fits i64.
+pub fn parse_i64(b: &[u8]) -> Option<i64> {
+    if b.is_empty() || b.len() > 20 {
+        return None;
+    }
+    if b == b"0" {
+        return Some(0);
+    }
+    let (neg, d) = if b[0] == b'-' {
+        (true, &b[1..])
+    } else {
+        (false, b)
+    };
+    if d.is_empty() || !(b'1'..=b'9').contains(&d[0]) {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &c in d {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add((c - b'0') as u64)?;
+    }
+    if neg {
+        if v > i64::MAX as u64 + 1 {
+            None
+        } else {
+            Some((v as i64).wrapping_neg())
+        }
+    } else if v > i64::MAX as u64 {
+        None
+    } else {
+        Some(v as i64)
+    }
+}
+
+/// A float argument (strtod-like: `inf`, `-inf`, exponents; never NaN, no spaces).
+pub fn parse_f64(b: &[u8]) -> Option<f64> {
+    let s = std::str::from_utf8(b).ok()?;
+    if s.is_empty() || s.starts_with(|c: char| c.is_whitespace()) {
+        return None;
+    }
+    let v: f64 = s.parse().ok()?;
+    (!v.is_nan()).then_some(v)
+}
+
+fn parse_bound(b: &[u8]) -> Option<Bound> {
+    let (excl, s) = match b.first() {
+        Some(b'(') => (true, &b[1..]),
+        _ => (false, b),
+    };
+    Some(Bound {
+        score: parse_f64(s)?,
+        excl,
+    })
+}
+
+/// Case-insensitive equality with an upper-case ASCII keyword.
+#[inline]
+pub fn is(a: &[u8], kw: &str) -> bool {
+    a.eq_ignore_ascii_case(kw.as_bytes())
+}
+
+/// Redis' glob (`*`, `?`, `[...]` with `^` and ranges, `\` escapes), case-sensitive.
+pub fn glob(p: &[u8], s: &[u8]) -> bool {
+    let (mut pi, mut si) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    loop {
+        if pi < p.len() {
+            if p[pi] == b'*' {
+                while pi < p.len() && p[pi] == b'*' {
+                    pi += 1;
+                }
+                if pi == p.len() {
+                    return true;
+                }
+                star = Some((pi, si));
+                continue;
+            }
+            if si < s.len() {
+                let c = s[si];
+                let step = match p[pi] {
+                    b'?' => Some(pi + 1),
+                    b'[' => {
+                        let (m, np) = class(p, pi + 1, c);
+                        m.then_some(np)
+                    }
+                    b'\\' if pi + 1 < p.len() => (p[pi + 1] == c).then_some(pi + 2),
+                    x => (x == c).then_some(pi + 1),
+                };
+                if let Some(np) = step {
+                    pi = np;
+                    si += 1;
+                    continue;
+                }
+            }
+        } else if si == s.len() {
+            return true;
+        }
+        match star {
+            Some((sp, ss)) if ss < s.len() => {
+                star = Some((sp, ss + 1));
+                pi = sp;
+                si = ss + 1;
+            }
+            _ => return false,
+        }
+    }
+}
+
+/// Match `c` against the class starting at `p[i..]` (after `[`); (matched, index after `]`).
+fn class(p: &[u8], mut i: usize, c: u8) -> (bool, usize) {
+    let not = i < p.len() && p[i] == b'^';
+    if not {
+        i += 1;
+    }
+    let mut m = false;
+    while i < p.len() && p[i] != b']' {
+        if p[i] == b'\\' && i + 1 < p.len() {
+            m |= p[i + 1] == c;
+            i += 2;
+        } else if i + 2 < p.len() && p[i + 1] == b'-' && p[i + 2] != b']' {
+            let (a, b) = (p[i].min(p[i + 2]), p[i].max(p[i + 2]));
+            m |= (a..=b).contains(&c);
+            i += 3;
+        } else {
+            m |= p[i] == c;
+            i += 1;
+        }
+    }
+    (m != not, (i + 1).min(p.len()))
+}
+
+enum Look {
+    Missing,
+    Wrong,
+    Found(Entry),
+}
+
+fn look<M: Mem>(m: &M, st: &Store, key: &[u8], ty: u8) -> Look {
+    match ks::lookup(m, st, key) {
+        None => Look::Missing,
+        Some(e) if e.ty() != ty => Look::Wrong,
+        Some(e) => Look::Found(e),
+    }
+}
+
+/// Resolve a Redis index range over `len` elements; `None` when empty.
+fn resolve(start: i64, stop: i64, len: u64) -> Option<(u64, u64)> {
+    let len = len as i64;
+    let mut s = if start < 0 { start + len } else { start };
+    let mut e = if stop < 0 { stop + len } else { stop };
+    if s < 0 {
+        s = 0;
+    }
+    if s > e || s >= len {
+        return None;
+    }
+    if e >= len {
+        e = len - 1;
+    }
+    Some((s as u64, e as u64))
+}
+
+fn set_obj(e: &Entry) -> SetObj {
+    SetObj {
+        enc: e.enc(),
+        obj: e.obj(),
+    }
+}
+
+fn hash_obj(e: &Entry) -> HashObj {
+    HashObj {
+        enc: e.enc(),
+        obj: e.obj(),
+    }
+}
+
+fn encoding_name(e: &Entry) -> &'static str {
+    match (e.ty(), e.enc()) {
+        (T_STRING, ENC_INLINE) => "embstr",
+        (T_STRING, _) => "raw",
+        (T_LIST, _) => "quicklist",
+        (T_SET | T_HASH, ENC_PACK) => "listpack",
+        (T_SET | T_HASH, _) => "hashtable",
+        (T_ZSET, _) => "skiplist",
+        _ => "unknown",
+    }
+}
+
+/// A positive count argument (LPOP, SPOP, ZPOPMIN): `Err` after writing Redis' error.
+fn count_arg(b: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+    match parse_i64(b) {
+        Some(n) if n >= 0 => Some(n as usize),
+        _ => {
+            reply::error(out, "ERR value is out of range, must be positive");
+            None
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Readers.
+
+/// Execute read command `id` against `m`.
+pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out: &mut Vec<u8>) {
+    macro_rules! found {
+        ($key:expr, $ty:expr, $missing:expr) => {
+            match look(m, st, $key, $ty) {
+                Look::Missing => {
+                    cx.misses += 1;
+                    $missing;
+                    return;
+                }
+                Look::Wrong => {
+                    cx.hits += 1;
+                    wrongtype(out);
+                    return;
+                }
+                Look::Found(e) => {
+                    cx.hits += 1;
+                    e
+                }
+            }
+        };
+    }
+    match id {
+        Id::Get => {
+            let e = found!(a[1], T_STRING, null(out));
+            bulk(out, &ks::string_value(m, &e));
+        }
+        Id::Strlen => {
+            let e = found!(a[1], T_STRING, int(out, 0));
+            int(out, ks::string_len(m, &e) as i64);
+        }
+        Id::Mget => {
+            array(out, a.len() - 1);
+            for k in &a[1..] {
+                match ks::lookup(m, st, k) {
+                    Some(e) if e.ty() == T_STRING => {
+                        cx.hits += 1;
+                        bulk(out, &ks::string_value(m, &e));
+                    }
+                    _ => {
+                        cx.misses += 1;
+                        null(out);
+                    }
+                }
+            }
+        }
+        Id::Exists => {
+            let n = a[1..]
+                .iter()
+                .filter(|k| ks::lookup(m, st, k).is_some())
+                .count();
+            int(out, n as i64);
+        }
+        Id::Type => match ks::lookup(m, st, a[1]) {
+            Some(e) => reply::simple(out, ks::type_name(e.ty())),
+            None => reply::simple(out, "none"),
+        },
+        Id::Ttl | Id::Pttl => {
+            // Keys never expire in tiermem-kv.
+            int(
+                out,
+                if ks::lookup(m, st, a[1]).is_some() {
+                    -1
+                } else {
+                    -2
+                },
+            );
+        }
+        Id::Persist => int(out, 0),
+        Id::Expire | Id::Pexpire | Id::Expireat | Id::Pexpireat => reply::error(
+            out,
+            "ERR key expiry is not supported by tiermem-kv (keys never expire)",
+        ),
+        Id::Object => {
+            if is(a[1], "ENCODING") && a.len() == 3 {
+                match ks::lookup(m, st, a[2]) {
+                    Some(e) => bulk(out, encoding_name(&e).as_bytes()),
+                    None => null(out),
+                }
+            } else {
+                reply::error(
+                    out,
+                    &format!(
+                        "ERR unknown subcommand or wrong number of arguments for '{}'. Try OBJECT HELP.",
+                        String::from_utf8_lossy(a[1])
+                    ),
+                );
+            }
+        }
+        Id::Keys => {
+            let mut tmp = Vec::new();
+            let mut n = 0;
+            dict::for_each(m, st.keyspace(), |e| {
+                let k = ks::key_of(m, e);
+                if glob(a[1], &k) {
+                    bulk(&mut tmp, &k);
+                    n += 1;
+                }
+                true
+            });
+            array(out, n);
+            out.extend_from_slice(&tmp);
+        }
+        Id::Scan => scan(st, m, a, out),
+        Id::Dbsize => int(out, ks::len(m, st) as i64),
+        Id::Lrange => {
+            let (Some(s), Some(e)) = (parse_i64(a[2]), parse_i64(a[3])) else {
+                return not_int(out);
+            };
+            let ent = found!(a[1], T_LIST, array(out, 0));
+            match resolve(s, e, list::len(m, ent.obj())) {
+                None => array(out, 0),
+                Some((s, e)) => {
+                    array(out, (e - s + 1) as usize);
+                    list::range(m, ent.obj(), s, e, |v| {
+                        bulk(out, v);
+                        true
+                    });
+                }
+            }
+        }
+        Id::Llen => {
+            let e = found!(a[1], T_LIST, int(out, 0));
+            int(out, list::len(m, e.obj()) as i64);
+        }
+        Id::Lindex => {
+            let Some(i) = parse_i64(a[2]) else {
+                return not_int(out);
+            };
+            let e = found!(a[1], T_LIST, null(out));
+            let n = list::len(m, e.obj()) as i64;
+            let i = if i < 0 { i + n } else { i };
+            match (i >= 0 && i < n)
+                .then(|| list::index(m, e.obj(), i as u64))
+                .flatten()
+            {
+                Some(v) => bulk(out, &v),
+                None => null(out),
+            }
+        }
+        Id::Smembers => {
+            let e = found!(a[1], T_SET, array(out, 0));
+            let s = set_obj(&e);
+            array(out, set::card(m, s) as usize);
+            set::for_each(m, s, |v| bulk(out, v));
+        }
+        Id::Sismember => {
+            let e = found!(a[1], T_SET, int(out, 0));
+            int(out, set::contains(m, st, set_obj(&e), a[2]) as i64);
+        }
+        Id::Smismember => {
+            let e = match look(m, st, a[1], T_SET) {
+                Look::Wrong => return wrongtype(out),
+                Look::Missing => None,
+                Look::Found(e) => Some(e),
+            };
+            array(out, a.len() - 2);
+            for mem in &a[2..] {
+                int(
+                    out,
+                    e.is_some_and(|e| set::contains(m, st, set_obj(&e), mem)) as i64,
+                );
+            }
+        }
+        Id::Scard => {
+            let e = found!(a[1], T_SET, int(out, 0));
+            int(out, set::card(m, set_obj(&e)) as i64);
+        }
+        Id::Hget => {
+            let e = found!(a[1], T_HASH, null(out));
+            match hash::get(m, st, hash_obj(&e), a[2]) {
+                Some(v) => bulk(out, &v),
+                None => null(out),
+            }
+        }
+        Id::Hmget => {
+            let e = match look(m, st, a[1], T_HASH) {
+                Look::Wrong => return wrongtype(out),
+                Look::Missing => {
+                    cx.misses += 1;
+                    None
+                }
+                Look::Found(e) => {
+                    cx.hits += 1;
+                    Some(e)
+                }
+            };
+            array(out, a.len() - 2);
+            match e {
+                None => (2..a.len()).for_each(|_| null(out)),
+                Some(e) => {
+                    let h = hash_obj(&e);
+                    if h.enc == ENC_PACK {
+                        // One scan of the pack per field, from the view.
+                        let body = crate::ds::pack::body(m, h.obj);
+                        for f in &a[2..] {
+                            match crate::ds::pack::find(&body, f, true) {
+                                Some(p) => bulk(out, crate::ds::pack::item(&body, p.value).0),
+                                None => null(out),
+                            }
+                        }
+                    } else {
+                        for f in &a[2..] {
+                            match hash::get(m, st, h, f) {
+                                Some(v) => bulk(out, &v),
+                                None => null(out),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Id::Hgetall | Id::Hkeys | Id::Hvals => {
+            let e = found!(a[1], T_HASH, array(out, 0));
+            let h = hash_obj(&e);
+            let n = hash::len(m, h) as usize;
+            array(out, if id == Id::Hgetall { 2 * n } else { n });
+            hash::for_each(m, h, |f, v| {
+                if id != Id::Hvals {
+                    bulk(out, f);
+                }
+                if id != Id::Hkeys {
+                    bulk(out, v);
+                }
+            });
+        }
+        Id::Hlen => {
+            let e = found!(a[1], T_HASH, int(out, 0));
+            int(out, hash::len(m, hash_obj(&e)) as i64);
+        }
+        Id::Hexists => {
+            let e = found!(a[1], T_HASH, int(out, 0));
+            int(out, hash::get(m, st, hash_obj(&e), a[2]).is_some() as i64);
+        }
+        Id::Zscore => {
+            let e = found!(a[1], T_ZSET, null(out));
+            match zset::score_of(m, st, e.obj(), a[2]) {
+                Some(s) => reply::double(out, s),
+                None => null(out),
+            }
+        }
+        Id::Zcard => {
+            let e = found!(a[1], T_ZSET, int(out, 0));
+            int(out, zset::len(m, e.obj()) as i64);
+        }
+        Id::Zcount => {
+            let (Some(min), Some(max)) = (parse_bound(a[2]), parse_bound(a[3])) else {
+                return reply::error(out, "ERR min or max is not a float");
+            };
+            let e = found!(a[1], T_ZSET, int(out, 0));
+            let mut n = 0;
+            let r = ScoreRange {
+                min,
+                max,
+                rev: false,
+                offset: 0,
+                limit: -1,
+            };
+            zset::range_by_score(m, e.obj(), r, |_, _| n += 1);
+            int(out, n);
+        }
+        Id::Zrange | Id::Zrevrange | Id::Zrangebyscore | Id::Zrevrangebyscore => {
+            zrange(cx, st, m, id, a, out)
+        }
+        _ => reply::error(out, "ERR internal: not a read command"),
+    }
+}
+
+fn scan<M: Mem>(st: &Store, m: &M, a: &[&[u8]], out: &mut Vec<u8>) {
+    let Some(cursor) = std::str::from_utf8(a[1])
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return reply::error(out, "ERR invalid cursor");
+    };
+    let (mut pat, mut count, mut ty): (Option<&[u8]>, u64, Option<&[u8]>) = (None, 10, None);
+    let mut i = 2;
+    while i < a.len() {
+        if i + 1 >= a.len() {
+            return syntax(out);
+        }
+        if is(a[i], "MATCH") {
+            pat = Some(a[i + 1]);
+        } else if is(a[i], "COUNT") {
+            match parse_i64(a[i + 1]) {
+                Some(c) if c >= 1 => count = c as u64,
+                Some(_) => return syntax(out),
+                None => return not_int(out),
+            }
+        } else if is(a[i], "TYPE") {
+            ty = Some(a[i + 1]);
+        } else {
+            return syntax(out);
+        }
+        i += 2;
+    }
+    // The cursor is a bucket index: linear hashing only ever moves entries to higher buckets,
+    // so a full iteration returns every key present throughout (maybe some twice).
+    let d = st.keyspace();
+    let nb = dict::nbuckets(m, d);
+    let mut b = cursor;
+    let mut seen = 0u64;
+    let mut keys = Vec::new();
+    let mut n = 0;
+    while b < nb && seen < count {
+        dict::for_bucket(m, d, b, |e| {
+            seen += 1;
+            let k = ks::key_of(m, e);
+            let ok_pat = pat.map_or(true, |p| glob(p, &k));
+            let ok_ty = ty.map_or(true, |t| {
+                t.eq_ignore_ascii_case(ks::type_name(ks::entry_at(m, e).ty()).as_bytes())
+            });
+            if ok_pat && ok_ty {
+                bulk(&mut keys, &k);
+                n += 1;
+            }
+            true
+        });
+        b += 1;
+    }
+    let next = if b >= nb { 0 } else { b };
+    array(out, 2);
+    bulk(out, next.to_string().as_bytes());
+    array(out, n);
+    out.extend_from_slice(&keys);
+}
+
+fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out: &mut Vec<u8>) {
+    let (mut withscores, mut rev, mut byscore, mut bylex) = (false, false, false, false);
+    let mut limit: Option<(i64, i64)> = None;
+    rev |= matches!(id, Id::Zrevrange | Id::Zrevrangebyscore);
+    byscore |= matches!(id, Id::Zrangebyscore | Id::Zrevrangebyscore);
+    let mut i = 4;
+    while i < a.len() {
+        if is(a[i], "WITHSCORES") {
+            withscores = true;
+        } else if is(a[i], "LIMIT") && id != Id::Zrevrange && i + 2 < a.len() {
+            let (Some(o), Some(c)) = (parse_i64(a[i + 1]), parse_i64(a[i + 2])) else {
+                return not_int(out);
+            };
+            limit = Some((o, c));
+            i += 2;
+        } else if id == Id::Zrange && is(a[i], "REV") {
+            rev = true;
+        } else if id == Id::Zrange && is(a[i], "BYSCORE") {
+            byscore = true;
+        } else if id == Id::Zrange && is(a[i], "BYLEX") {
+            bylex = true;
+        } else {
+            return syntax(out);
+        }
+        i += 1;
+    }
+    if bylex {
+        return reply::error(out, "ERR ZRANGE BYLEX is not supported by tiermem-kv");
+    }
+    if limit.is_some() && !byscore {
+        return reply::error(
+            out,
+            "ERR syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX",
+        );
+    }
+    let emit = |out: &mut Vec<u8>, mem: &[u8], s: f64| {
+        bulk(out, mem);
+        if withscores {
+            reply::double(out, s);
+        }
+    };
+    if byscore {
+        // ZRANGEBYSCORE min max / ZREVRANGEBYSCORE max min / ZRANGE BYSCORE (REV: max min).
+        let (lo, hi) = if rev { (a[3], a[2]) } else { (a[2], a[3]) };
+        let (Some(min), Some(max)) = (parse_bound(lo), parse_bound(hi)) else {
+            return reply::error(out, "ERR min or max is not a float");
+        };
+        let (offset, count) = limit.unwrap_or((0, -1));
+        let e = match look(m, st, a[1], T_ZSET) {
+            Look::Missing => {
+                cx.misses += 1;
+                return array(out, 0);
+            }
+            Look::Wrong => return wrongtype(out),
+            Look::Found(e) => e,
+        };
+        cx.hits += 1;
+        if offset < 0 {
+            return array(out, 0);
+        }
+        let mut tmp = Vec::new();
+        let mut n = 0;
+        let r = ScoreRange {
+            min,
+            max,
+            rev,
+            offset: offset as u64,
+            limit: count,
+        };
+        zset::range_by_score(m, e.obj(), r, |mem, s| {
+            emit(&mut tmp, mem, s);
+            n += 1;
+        });
+        array(out, if withscores { 2 * n } else { n });
+        out.extend_from_slice(&tmp);
+        return;
+    }
+    let (Some(s), Some(t)) = (parse_i64(a[2]), parse_i64(a[3])) else {
+        return not_int(out);
+    };
+    let e = match look(m, st, a[1], T_ZSET) {
+        Look::Missing => {
+            cx.misses += 1;
+            return array(out, 0);
+        }
+        Look::Wrong => return wrongtype(out),
+        Look::Found(e) => e,
+    };
+    cx.hits += 1;
+    match resolve(s, t, zset::len(m, e.obj())) {
+        None => array(out, 0),
+        Some((s, t)) => {
+            let n = (t - s + 1) as usize;
+            array(out, if withscores { 2 * n } else { n });
+            zset::range_by_rank(m, e.obj(), s, t, rev, |mem, sc| emit(out, mem, sc));
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Writers.
+
+/// The probe and entry of `key` if it has type `ty`; `Err(())` after replying WRONGTYPE.
+fn probe_typed(
+    w: &Wtx,
+    st: &Store,
+    key: &[u8],
+    ty: u8,
+    out: &mut Vec<u8>,
+) -> std::result::Result<(dict::Probe, Option<Entry>), ()> {
+    let (p, e) = ks::probe(w, st, key);
+    match e {
+        Some(e) if e.ty() != ty => {
+            wrongtype(out);
+            Err(())
+        }
+        _ => Ok((p, e)),
+    }
+}
+
+/// Store a (possibly moved or re-encoded) value object in its entry, if it changed.
+fn update_obj(w: &mut Wtx, e: &Entry, enc: u8, obj: u64) -> HResult {
+    if enc != e.enc() || obj != e.obj() {
+        ks::set_value(w, e, e.ty(), enc, obj)?;
+    }
+    Ok(())
+}
+
+/// Execute write command `id` in `w`.
+pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
+    match id {
+        Id::Set => set_cmd(st, w, a, out),
+        Id::Setnx => {
+            let (p, e) = ks::probe(w, st, a[1]);
+            if e.is_some() {
+                int(out, 0);
+            } else {
+                ks::insert_string(w, st, &p, a[1], a[2])?;
+                int(out, 1);
+            }
+            Ok(())
+        }
+        Id::Getset => {
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_STRING, out) else {
+                return Ok(());
+            };
+            match e {
+                Some(e) => {
+                    let old = ks::string_value(w, &e).into_owned();
+                    ks::set_string(w, st, &e, a[2])?;
+                    bulk(out, &old);
+                }
+                None => {
+                    ks::insert_string(w, st, &p, a[1], a[2])?;
+                    null(out);
+                }
+            }
+            Ok(())
+        }
+        Id::Getdel => {
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_STRING, out) else {
+                return Ok(());
+            };
+            match e {
+                Some(e) => {
+                    let old = ks::string_value(w, &e).into_owned();
+                    ks::delete(w, st, &e)?;
+                    bulk(out, &old);
+                }
+                None => null(out),
+            }
+            Ok(())
+        }
+        Id::Mset | Id::Msetnx => {
+            if a.len() % 2 == 0 {
+                reply::error(
+                    out,
+                    &format!(
+                        "ERR wrong number of arguments for '{}' command",
+                        if id == Id::Mset { "mset" } else { "msetnx" }
+                    ),
+                );
+                return Ok(());
+            }
+            if id == Id::Msetnx
+                && a[1..]
+                    .chunks(2)
+                    .any(|kv| ks::lookup(w, st, kv[0]).is_some())
+            {
+                int(out, 0);
+                return Ok(());
+            }
+            for kv in a[1..].chunks(2) {
+                let (p, e) = ks::probe(w, st, kv[0]);
+                match e {
+                    Some(e) => ks::set_string(w, st, &e, kv[1])?,
+                    None => ks::insert_string(w, st, &p, kv[0], kv[1])?,
+                }
+            }
+            if id == Id::Mset {
+                reply::ok(out);
+            } else {
+                int(out, 1);
+            }
+            Ok(())
+        }
+        Id::Incr | Id::Decr | Id::Incrby | Id::Decrby => {
+            let by = match id {
+                Id::Incr => 1,
+                Id::Decr => -1,
+                _ => match parse_i64(a[2]) {
+                    Some(v) if id == Id::Incrby => v,
+                    Some(v) if v != i64::MIN => -v,
+                    Some(_) => {
+                        reply::error(out, "ERR decrement would overflow");
+                        return Ok(());
+                    }
+                    None => {
+                        not_int(out);
+                        return Ok(());
+                    }
+                },
+            };
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_STRING, out) else {
+                return Ok(());
+            };
+            let cur = match &e {
+                Some(e) => match parse_i64(&ks::string_value(w, e)) {
+                    Some(v) => v,
+                    None => {
+                        not_int(out);
+                        return Ok(());
+                    }
+                },
+                None => 0,
+            };
+            let Some(new) = cur.checked_add(by) else {
+                reply::error(out, "ERR increment or decrement would overflow");
+                return Ok(());
+            };
+            let mut buf = Vec::with_capacity(20);
+            reply::push_int(&mut buf, new);
+            match e {
+                Some(e) => ks::set_string(w, st, &e, &buf)?,
+                None => ks::insert_string(w, st, &p, a[1], &buf)?,
+            }
+            int(out, new);
+            Ok(())
+        }
+        Id::Append => {
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_STRING, out) else {
+                return Ok(());
+            };
+            let n = match e {
+                Some(e) => {
+                    let mut v = ks::string_value(w, &e).into_owned();
+                    v.extend_from_slice(a[2]);
+                    ks::set_string(w, st, &e, &v)?;
+                    v.len()
+                }
+                None => {
+                    ks::insert_string(w, st, &p, a[1], a[2])?;
+                    a[2].len()
+                }
+            };
+            int(out, n as i64);
+            Ok(())
+        }
+        Id::Del | Id::Unlink => {
+            let mut n = 0;
+            for k in &a[1..] {
+                if let Some(e) = ks::lookup(w, st, k) {
+                    ks::delete(w, st, &e)?;
+                    n += 1;
+                }
+            }
+            int(out, n);
+            Ok(())
+        }
+        Id::Flushall | Id::Flushdb => {
+            if a.len() > 2 || (a.len() == 2 && !is(a[1], "ASYNC") && !is(a[1], "SYNC")) {
+                syntax(out);
+                return Ok(());
+            }
+            garbage::flush(w, st)?;
+            reply::ok(out);
+            Ok(())
+        }
+        Id::Lpush | Id::Rpush | Id::Lpushx | Id::Rpushx => {
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_LIST, out) else {
+                return Ok(());
+            };
+            let front = matches!(id, Id::Lpush | Id::Lpushx);
+            let n = match e {
+                Some(e) => list::push(w, e.obj(), &a[2..], front)?,
+                None if matches!(id, Id::Lpushx | Id::Rpushx) => 0,
+                None => {
+                    let l = list::create(w)?;
+                    let n = list::push(w, l, &a[2..], front)?;
+                    ks::insert_object(w, st, &p, a[1], T_LIST, 0, l)?;
+                    n
+                }
+            };
+            int(out, n as i64);
+            Ok(())
+        }
+        Id::Lpop | Id::Rpop => {
+            if a.len() > 3 {
+                reply::error(
+                    out,
+                    &format!(
+                        "ERR wrong number of arguments for '{}' command",
+                        if id == Id::Lpop { "lpop" } else { "rpop" }
+                    ),
+                );
+                return Ok(());
+            }
+            let count = match a.get(2) {
+                Some(c) => match count_arg(c, out) {
+                    Some(c) => Some(c),
+                    None => return Ok(()),
+                },
+                None => None,
+            };
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_LIST, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                if count.is_some() {
+                    null_array(out);
+                } else {
+                    null(out);
+                }
+                return Ok(());
+            };
+            if count == Some(0) {
+                array(out, 0);
+                return Ok(());
+            }
+            let vals = list::pop(w, e.obj(), count.unwrap_or(1), id == Id::Lpop)?;
+            if list::len(w, e.obj()) == 0 {
+                ks::delete(w, st, &e)?;
+            }
+            match count {
+                None => bulk(out, &vals[0]),
+                Some(_) => {
+                    array(out, vals.len());
+                    vals.iter().for_each(|v| bulk(out, v));
+                }
+            }
+            Ok(())
+        }
+        Id::Sadd => {
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_SET, out) else {
+                return Ok(());
+            };
+            let (n, s) = set::add(w, st, e.as_ref().map(set_obj), &a[2..])?;
+            match e {
+                Some(e) => update_obj(w, &e, s.enc, s.obj)?,
+                None => ks::insert_object(w, st, &p, a[1], T_SET, s.enc, s.obj)?,
+            }
+            int(out, n as i64);
+            Ok(())
+        }
+        Id::Srem => {
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_SET, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                int(out, 0);
+                return Ok(());
+            };
+            let (n, s) = set::remove(w, st, set_obj(&e), &a[2..])?;
+            if set::card(w, s) == 0 {
+                ks::delete(w, st, &e.with_obj(s.enc, s.obj))?;
+            } else {
+                update_obj(w, &e, s.enc, s.obj)?;
+            }
+            int(out, n as i64);
+            Ok(())
+        }
+        Id::Spop => {
+            if a.len() > 3 {
+                syntax(out);
+                return Ok(());
+            }
+            let count = match a.get(2) {
+                Some(c) => match count_arg(c, out) {
+                    Some(c) => Some(c),
+                    None => return Ok(()),
+                },
+                None => None,
+            };
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_SET, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                if count.is_some() {
+                    array(out, 0);
+                } else {
+                    null(out);
+                }
+                return Ok(());
+            };
+            let (vals, s) = set::pop(w, st, set_obj(&e), count.unwrap_or(1))?;
+            if set::card(w, s) == 0 {
+                ks::delete(w, st, &e.with_obj(s.enc, s.obj))?;
+            } else {
+                update_obj(w, &e, s.enc, s.obj)?;
+            }
+            match count {
+                None => bulk(out, &vals[0]),
+                Some(_) => {
+                    array(out, vals.len());
+                    vals.iter().for_each(|v| bulk(out, v));
+                }
+            }
+            Ok(())
+        }
+        Id::Hset | Id::Hmset | Id::Hsetnx => {
+            if a.len() % 2 != 0 {
+                reply::error(
+                    out,
+                    &format!(
+                        "ERR wrong number of arguments for '{}' command",
+                        if id == Id::Hset { "hset" } else { "hmset" }
+                    ),
+                );
+                return Ok(());
+            }
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_HASH, out) else {
+                return Ok(());
+            };
+            if id == Id::Hsetnx {
+                if let Some(e) = &e {
+                    if hash::get(w, st, hash_obj(e), a[2]).is_some() {
+                        int(out, 0);
+                        return Ok(());
+                    }
+                }
+            }
+            let pairs: Vec<(&[u8], &[u8])> = a[2..].chunks(2).map(|c| (c[0], c[1])).collect();
+            let (n, h) = hash::set(w, st, e.as_ref().map(hash_obj), &pairs)?;
+            match e {
+                Some(e) => update_obj(w, &e, h.enc, h.obj)?,
+                None => ks::insert_object(w, st, &p, a[1], T_HASH, h.enc, h.obj)?,
+            }
+            if id == Id::Hmset {
+                reply::ok(out);
+            } else {
+                int(out, n as i64);
+            }
+            Ok(())
+        }
+        Id::Hdel => {
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_HASH, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                int(out, 0);
+                return Ok(());
+            };
+            let (n, h) = hash::del(w, st, hash_obj(&e), &a[2..])?;
+            if hash::len(w, h) == 0 {
+                ks::delete(w, st, &e.with_obj(h.enc, h.obj))?;
+            } else {
+                update_obj(w, &e, h.enc, h.obj)?;
+            }
+            int(out, n as i64);
+            Ok(())
+        }
+        Id::Hincrby => {
+            let Some(by) = parse_i64(a[3]) else {
+                not_int(out);
+                return Ok(());
+            };
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_HASH, out) else {
+                return Ok(());
+            };
+            let cur = match e.as_ref().and_then(|e| hash::get(w, st, hash_obj(e), a[2])) {
+                Some(v) => match parse_i64(&v) {
+                    Some(v) => v,
+                    None => {
+                        reply::error(out, "ERR hash value is not an integer");
+                        return Ok(());
+                    }
+                },
+                None => 0,
+            };
+            let Some(new) = cur.checked_add(by) else {
+                reply::error(out, "ERR increment or decrement would overflow");
+                return Ok(());
+            };
+            let mut buf = Vec::with_capacity(20);
+            reply::push_int(&mut buf, new);
+            let (_, h) = hash::set(w, st, e.as_ref().map(hash_obj), &[(a[2], &buf)])?;
+            match e {
+                Some(e) => update_obj(w, &e, h.enc, h.obj)?,
+                None => ks::insert_object(w, st, &p, a[1], T_HASH, h.enc, h.obj)?,
+            }
+            int(out, new);
+            Ok(())
+        }
+        Id::Zadd | Id::Zincrby => zadd(st, w, id, a, out),
+        Id::Zrem => {
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_ZSET, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                int(out, 0);
+                return Ok(());
+            };
+            let mut n = 0;
+            for mem in &a[2..] {
+                n += zset::remove(w, st, e.obj(), mem)? as i64;
+            }
+            if zset::len(w, e.obj()) == 0 {
+                ks::delete(w, st, &e)?;
+            }
+            int(out, n);
+            Ok(())
+        }
+        Id::Zpopmin | Id::Zpopmax => {
+            if a.len() > 3 {
+                syntax(out);
+                return Ok(());
+            }
+            let count = match a.get(2) {
+                Some(c) => match count_arg(c, out) {
+                    Some(c) => c,
+                    None => return Ok(()),
+                },
+                None => 1,
+            };
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_ZSET, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                array(out, 0);
+                return Ok(());
+            };
+            let vals = zset::pop(w, st, e.obj(), count, id == Id::Zpopmax)?;
+            if zset::len(w, e.obj()) == 0 {
+                ks::delete(w, st, &e)?;
+            }
+            array(out, 2 * vals.len());
+            for (m, s) in vals {
+                bulk(out, &m);
+                reply::double(out, s);
+            }
+            Ok(())
+        }
+        _ => {
+            reply::error(out, "ERR internal: not a write command");
+            Ok(())
+        }
+    }
+}
+
+fn set_cmd(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
+    let (mut nx, mut xx, mut get) = (false, false, false);
+    let mut expiry = false;
+    let mut i = 3;
+    while i < a.len() {
+        let o = a[i];
+        if is(o, "NX") && !xx {
+            nx = true;
+        } else if is(o, "XX") && !nx {
+            xx = true;
+        } else if is(o, "GET") {
+            get = true;
+        } else if is(o, "KEEPTTL") && !expiry {
+            // No key has a time to live: keeping it is a no-op.
+        } else if (is(o, "EX") || is(o, "PX") || is(o, "EXAT") || is(o, "PXAT"))
+            && !expiry
+            && i + 1 < a.len()
+        {
+            expiry = true;
+            match parse_i64(a[i + 1]) {
+                Some(t) if t > 0 => {}
+                Some(_) => {
+                    reply::error(out, "ERR invalid expire time in 'set' command");
+                    return Ok(());
+                }
+                None => {
+                    not_int(out);
+                    return Ok(());
+                }
+            }
+            i += 1;
+        } else {
+            syntax(out);
+            return Ok(());
+        }
+        i += 1;
+    }
+    if expiry {
+        reply::error(
+            out,
+            "ERR SET with an expiry (EX/PX/EXAT/PXAT) is not supported by tiermem-kv (keys never expire)",
+        );
+        return Ok(());
+    }
+    let (p, e) = ks::probe(w, st, a[1]);
+    if get && e.is_some_and(|e| e.ty() != T_STRING) {
+        wrongtype(out);
+        return Ok(());
+    }
+    let old = if get {
+        e.map(|e| ks::string_value(w, &e).into_owned())
+    } else {
+        None
+    };
+    let doit = !(nx && e.is_some() || xx && e.is_none());
+    if doit {
+        match e {
+            Some(e) => ks::set_string(w, st, &e, a[2])?,
+            None => ks::insert_string(w, st, &p, a[1], a[2])?,
+        }
+    }
+    if get {
+        match old {
+            Some(v) => bulk(out, &v),
+            None => null(out),
+        }
+    } else if doit {
+        reply::ok(out);
+    } else {
+        null(out);
+    }
+    Ok(())
+}
+
+fn zadd(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
+    let mut f = AddFlags::default();
+    let mut ch = false;
+    let mut i = 2;
+    if id == Id::Zadd {
+        while i < a.len() {
+            let o = a[i];
+            if is(o, "NX") {
+                f.nx = true;
+            } else if is(o, "XX") {
+                f.xx = true;
+            } else if is(o, "GT") {
+                f.gt = true;
+            } else if is(o, "LT") {
+                f.lt = true;
+            } else if is(o, "CH") {
+                ch = true;
+            } else if is(o, "INCR") {
+                f.incr = true;
+            } else {
+                break;
+            }
+            i += 1;
+        }
+    } else {
+        f.incr = true;
+    }
+    let rest = &a[i..];
+    if rest.is_empty() || rest.len() % 2 != 0 {
+        syntax(out);
+        return Ok(());
+    }
+    if f.nx && f.xx {
+        reply::error(
+            out,
+            "ERR XX and NX options at the same time are not compatible",
+        );
+        return Ok(());
+    }
+    if (f.nx && (f.gt || f.lt)) || (f.gt && f.lt) {
+        reply::error(
+            out,
+            "ERR GT, LT, and/or NX options at the same time are not compatible",
+        );
+        return Ok(());
+    }
+    if f.incr && rest.len() > 2 {
+        reply::error(
+            out,
+            "ERR INCR option supports a single increment-element pair",
+        );
+        return Ok(());
+    }
+    let mut pairs = Vec::with_capacity(rest.len() / 2);
+    for c in rest.chunks(2) {
+        let Some(s) = parse_f64(c[0]) else {
+            reply::error(out, "ERR value is not a valid float");
+            return Ok(());
+        };
+        pairs.push((s, c[1]));
+    }
+    let Ok((p, e)) = probe_typed(w, st, a[1], T_ZSET, out) else {
+        return Ok(());
+    };
+    let z = match e {
+        Some(e) => e.obj(),
+        None if f.xx => {
+            if f.incr {
+                null(out);
+            } else {
+                int(out, 0);
+            }
+            return Ok(());
+        }
+        None => {
+            let z = zset::create(w)?;
+            ks::insert_object(w, st, &p, a[1], T_ZSET, 0, z)?;
+            z
+        }
+    };
+    let (mut added, mut changed) = (0, 0);
+    let mut last = Added::Skipped;
+    for (s, mem) in pairs {
+        last = zset::add(w, st, z, s, mem, f)?;
+        match last {
+            Added::New(_) => added += 1,
+            Added::Changed(_) => changed += 1,
+            _ => {}
+        }
+    }
+    if f.incr {
+        match last {
+            Added::New(s) | Added::Changed(s) | Added::Same(s) => reply::double(out, s),
+            Added::Skipped => null(out),
+            Added::Nan => reply::error(out, "ERR resulting score is not a number (NaN)"),
+        }
+    } else {
+        int(out, if ch { added + changed } else { added });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers() {
+        assert_eq!(parse_i64(b"0"), Some(0));
+        assert_eq!(parse_i64(b"-12"), Some(-12));
+        assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            &b"9223372036854775808"[..],
+            b"01",
+            b"+1",
+            b" 1",
+            b"1 ",
+            b"-",
+            b"",
+            b"-0",
+            b"1a",
+        ] {
+            assert_eq!(parse_i64(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(parse_f64(b"-inf"), Some(f64::NEG_INFINITY));
+        assert_eq!(parse_f64(b"+inf"), Some(f64::INFINITY));
+        assert_eq!(parse_f64(b"1e3"), Some(1000.0));
+        assert_eq!(parse_f64(b"nan"), None);
+        assert_eq!(parse_f64(b" 1"), None);
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob(b"*", b"anything"));
+        assert!(glob(b"key:*", b"key:1"));
+        assert!(!glob(b"key:*", b"kex:1"));
+        assert!(glob(b"h?llo", b"hello"));
+        assert!(glob(b"h[ae]llo", b"hallo"));
+        assert!(!glob(b"h[^e]llo", b"hello"));
+        assert!(glob(b"h[a-b]llo", b"hbllo"));
+        assert!(glob(b"a*b*c", b"axxbyyc"));
+        assert!(!glob(b"a*b*c", b"axxbyy"));
+        assert!(glob(b"\\*x", b"*x"));
+        assert!(!glob(b"\\*x", b"ax"));
+        assert!(glob(b"", b""));
+        assert!(!glob(b"", b"a"));
+    }
+
+    #[test]
+    fn ranges() {
+        assert_eq!(resolve(0, -1, 5), Some((0, 4)));
+        assert_eq!(resolve(-2, -1, 5), Some((3, 4)));
+        assert_eq!(resolve(-100, 1, 5), Some((0, 1)));
+        assert_eq!(resolve(3, 100, 5), Some((3, 4)));
+        assert_eq!(resolve(5, 10, 5), None);
+        assert_eq!(resolve(3, 2, 5), None);
+        assert_eq!(resolve(0, -1, 0), None);
+    }
+}

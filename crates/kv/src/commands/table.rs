@@ -1,0 +1,167 @@
+//! The command table: name, arity (Redis convention: n = exactly n arguments including the
+//! name, -n = at least n), kind, and key positions (for COMMAND).
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+/// How a command touches the heap (which lock it takes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Reads the keyspace: the service lock shared, the committed view.
+    Read,
+    /// Changes the keyspace: the lock exclusive, one transaction committed before the reply.
+    Write,
+    /// Touches no data (connection and server commands).
+    Admin,
+}
+
+/// One command.
+#[derive(Debug)]
+pub struct Spec {
+    /// Lower-case name.
+    pub name: &'static str,
+    /// Arity, Redis convention.
+    pub arity: i32,
+    /// Kind.
+    pub kind: Kind,
+    /// Identity for dispatch.
+    pub id: Id,
+    /// First key, last key (-1: last argument), step (COMMAND's key specification).
+    pub keys: (i32, i32, i32),
+}
+
+impl Spec {
+    /// Whether `argc` arguments (name included) satisfy the arity.
+    pub fn arity_ok(&self, argc: usize) -> bool {
+        if self.arity >= 0 {
+            argc == self.arity as usize
+        } else {
+            argc >= (-self.arity) as usize
+        }
+    }
+}
+
+macro_rules! commands {
+    ($($id:ident $name:literal $arity:literal $kind:ident ($f:literal, $l:literal, $s:literal);)*) => {
+        /// Command identities.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[allow(missing_docs)]
+        pub enum Id { $($id),* }
+
+        /// Every command.
+        pub static TABLE: &[Spec] = &[
+            $(Spec { name: $name, arity: $arity, kind: Kind::$kind, id: Id::$id, keys: ($f, $l, $s) }),*
+        ];
+    };
+}
+
+commands! {
+    // Connection and server.
+    Ping "ping" -1 Admin (0, 0, 0);
+    Echo "echo" 2 Admin (0, 0, 0);
+    Select "select" 2 Admin (0, 0, 0);
+    Quit "quit" -1 Admin (0, 0, 0);
+    Shutdown "shutdown" -1 Admin (0, 0, 0);
+    Hello "hello" -1 Admin (0, 0, 0);
+    Auth "auth" -2 Admin (0, 0, 0);
+    Client "client" -2 Admin (0, 0, 0);
+    Command "command" -1 Admin (0, 0, 0);
+    Config "config" -2 Admin (0, 0, 0);
+    Time "time" 1 Admin (0, 0, 0);
+    Save "save" 1 Admin (0, 0, 0);
+    Bgsave "bgsave" -1 Admin (0, 0, 0);
+    Lastsave "lastsave" 1 Admin (0, 0, 0);
+    Wait "wait" 3 Admin (0, 0, 0);
+    Info "info" -1 Read (0, 0, 0);
+    Dbsize "dbsize" 1 Read (0, 0, 0);
+    Flushall "flushall" -1 Write (0, 0, 0);
+    Flushdb "flushdb" -1 Write (0, 0, 0);
+    // Keys.
+    Del "del" -2 Write (1, -1, 1);
+    Unlink "unlink" -2 Write (1, -1, 1);
+    Exists "exists" -2 Read (1, -1, 1);
+    Type "type" 2 Read (1, 1, 1);
+    Keys "keys" 2 Read (0, 0, 0);
+    Scan "scan" -2 Read (0, 0, 0);
+    Ttl "ttl" 2 Read (1, 1, 1);
+    Pttl "pttl" 2 Read (1, 1, 1);
+    Persist "persist" 2 Read (1, 1, 1);
+    Expire "expire" -3 Read (1, 1, 1);
+    Pexpire "pexpire" -3 Read (1, 1, 1);
+    Expireat "expireat" -3 Read (1, 1, 1);
+    Pexpireat "pexpireat" -3 Read (1, 1, 1);
+    Object "object" -2 Read (2, 2, 1);
+    // Strings.
+    Get "get" 2 Read (1, 1, 1);
+    Set "set" -3 Write (1, 1, 1);
+    Setnx "setnx" 3 Write (1, 1, 1);
+    Getset "getset" 3 Write (1, 1, 1);
+    Getdel "getdel" 2 Write (1, 1, 1);
+    Mget "mget" -2 Read (1, -1, 1);
+    Mset "mset" -3 Write (1, -1, 2);
+    Msetnx "msetnx" -3 Write (1, -1, 2);
+    Incr "incr" 2 Write (1, 1, 1);
+    Decr "decr" 2 Write (1, 1, 1);
+    Incrby "incrby" 3 Write (1, 1, 1);
+    Decrby "decrby" 3 Write (1, 1, 1);
+    Append "append" 3 Write (1, 1, 1);
+    Strlen "strlen" 2 Read (1, 1, 1);
+    // Lists.
+    Lpush "lpush" -3 Write (1, 1, 1);
+    Rpush "rpush" -3 Write (1, 1, 1);
+    Lpushx "lpushx" -3 Write (1, 1, 1);
+    Rpushx "rpushx" -3 Write (1, 1, 1);
+    Lpop "lpop" -2 Write (1, 1, 1);
+    Rpop "rpop" -2 Write (1, 1, 1);
+    Lrange "lrange" 4 Read (1, 1, 1);
+    Llen "llen" 2 Read (1, 1, 1);
+    Lindex "lindex" 3 Read (1, 1, 1);
+    // Sets.
+    Sadd "sadd" -3 Write (1, 1, 1);
+    Srem "srem" -3 Write (1, 1, 1);
+    Smembers "smembers" 2 Read (1, 1, 1);
+    Sismember "sismember" 3 Read (1, 1, 1);
+    Smismember "smismember" -3 Read (1, 1, 1);
+    Scard "scard" 2 Read (1, 1, 1);
+    Spop "spop" -2 Write (1, 1, 1);
+    // Hashes.
+    Hset "hset" -4 Write (1, 1, 1);
+    Hmset "hmset" -4 Write (1, 1, 1);
+    Hsetnx "hsetnx" 4 Write (1, 1, 1);
+    Hget "hget" 3 Read (1, 1, 1);
+    Hmget "hmget" -3 Read (1, 1, 1);
+    Hgetall "hgetall" 2 Read (1, 1, 1);
+    Hkeys "hkeys" 2 Read (1, 1, 1);
+    Hvals "hvals" 2 Read (1, 1, 1);
+    Hdel "hdel" -3 Write (1, 1, 1);
+    Hlen "hlen" 2 Read (1, 1, 1);
+    Hexists "hexists" 3 Read (1, 1, 1);
+    Hincrby "hincrby" 4 Write (1, 1, 1);
+    // Sorted sets.
+    Zadd "zadd" -4 Write (1, 1, 1);
+    Zincrby "zincrby" 4 Write (1, 1, 1);
+    Zrem "zrem" -3 Write (1, 1, 1);
+    Zscore "zscore" 3 Read (1, 1, 1);
+    Zcard "zcard" 2 Read (1, 1, 1);
+    Zcount "zcount" 4 Read (1, 1, 1);
+    Zrange "zrange" -4 Read (1, 1, 1);
+    Zrevrange "zrevrange" -4 Read (1, 1, 1);
+    Zrangebyscore "zrangebyscore" -4 Read (1, 1, 1);
+    Zrevrangebyscore "zrevrangebyscore" -4 Read (1, 1, 1);
+    Zpopmin "zpopmin" -2 Write (1, 1, 1);
+    Zpopmax "zpopmax" -2 Write (1, 1, 1);
+}
+
+/// The command called `name` (any case).
+pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    static MAP: OnceLock<HashMap<&'static [u8], &'static Spec>> = OnceLock::new();
+    let map = MAP.get_or_init(|| TABLE.iter().map(|s| (s.name.as_bytes(), s)).collect());
+    if name.len() > 24 {
+        return None;
+    }
+    let mut buf = [0u8; 24];
+    for (d, s) in buf.iter_mut().zip(name) {
+        *d = s.to_ascii_lowercase();
+    }
+    map.get(&buf[..name.len()]).copied()
+}

@@ -1,0 +1,555 @@
+//! Redis data structures stored in a [`Heap`], addressed by offsets.
+//!
+//! Everything lives in the heap: after a restart of a durable engine the whole keyspace is
+//! found again from [`Heap::root`]. Readers read the committed view ([`View`]); a write command
+//! reads and writes through one [`Wtx`] (a transaction that sees its own writes). Both are
+//! [`Mem`], so lookups are written once, generic over where they read.
+//!
+//! ## Layout (all words little-endian; see each module for its objects)
+//!
+//! The root object ([`ROOT_SIZE`] bytes):
+//!
+//! ```text
+//! 0    magic "tmkvroot"         8    layout version (1)
+//! 16   hash seed (random at creation; part of the layout: entries store their hash)
+//! 24   garbage list head        32   garbage records on the list
+//! 40   used bytes: heap blocks (headers included) allocated by this layer, root included
+//! 48   reserved up to 64
+//! 64   the keyspace dict header (DICT_HDR bytes, see `dict`)
+//! ```
+//!
+//! * [`dict`]: linear hashing (incremental growth one bucket split per insert, no second table,
+//!   segments never zeroed), used for the keyspace and large sets, hashes and zsets;
+//! * [`keyspace`]: keyspace entries (key, type, and a string value inline or a value object);
+//! * [`list`]: quicklist-like lists (doubly linked nodes of ~4 KiB of packed elements);
+//! * [`pack`]: compact "listpack" blobs for small sets and hashes;
+//! * [`set`], [`hash`]: sets and hashes (pack, converted to a dict above a size);
+//! * [`zset`]: sorted sets (dict member → node + skiplist of the same nodes);
+//! * [`garbage`]: the garbage list: big values and old keyspaces unlinked in O(1) and freed in
+//!   bounded, crash-resumable batches.
+
+pub mod dict;
+pub mod garbage;
+pub mod hash;
+pub mod keyspace;
+pub mod list;
+pub mod pack;
+pub mod set;
+pub mod zset;
+
+use crate::heap::{Heap, HeapError, Off, Result, Tx};
+use std::borrow::Cow;
+use tiermem_vnvm::alloc::{BLOCK_HEADER, LARGE_UNIT, MAX_SMALL};
+
+/// Magic of the root object ("tmkvroot").
+pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"tmkvroot");
+/// Version of the layout described in this module.
+pub const ROOT_VERSION: u64 = 1;
+/// Bytes of the root object.
+pub const ROOT_SIZE: u64 = 64 + dict::DICT_HDR;
+
+const R_MAGIC: u64 = 0;
+const R_VERSION: u64 = 8;
+const R_SEED: u64 = 16;
+pub(crate) const R_GARBAGE: u64 = 24;
+pub(crate) const R_GCOUNT: u64 = 32;
+const R_USED: u64 = 40;
+const R_KEYSPACE: u64 = 64;
+
+/// Something the data structures can read: the committed view, or a transaction that sees its
+/// own writes.
+pub trait Mem {
+    /// The `len` bytes at `off` (borrowed where possible).
+    fn bytes(&self, off: Off, len: usize) -> Cow<'_, [u8]>;
+
+    /// The little-endian word at `off`.
+    #[inline]
+    fn u64(&self, off: Off) -> u64 {
+        let b = self.bytes(off, 8);
+        u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
+    }
+
+    /// The little-endian half-word at `off`.
+    #[inline]
+    fn u32(&self, off: Off) -> u32 {
+        let b = self.bytes(off, 4);
+        u32::from_le_bytes(b[..4].try_into().expect("4 bytes"))
+    }
+}
+
+/// The committed view of a heap (readers: hold the service lock shared).
+#[derive(Clone, Copy)]
+pub struct View<'a>(pub &'a [u8]);
+
+impl View<'_> {
+    /// The view of `heap` (the caller keeps commits away while it reads).
+    pub fn of(heap: &Heap) -> View<'_> {
+        View(heap.view())
+    }
+}
+
+impl Mem for View<'_> {
+    #[inline]
+    fn bytes(&self, off: Off, len: usize) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.0[off as usize..off as usize + len])
+    }
+    #[inline]
+    fn u64(&self, off: Off) -> u64 {
+        let o = off as usize;
+        u64::from_le_bytes(self.0[o..o + 8].try_into().expect("8 bytes"))
+    }
+    #[inline]
+    fn u32(&self, off: Off) -> u32 {
+        let o = off as usize;
+        u32::from_le_bytes(self.0[o..o + 4].try_into().expect("4 bytes"))
+    }
+}
+
+/// Heap bytes a block of `size` requested bytes takes (header included), as the allocator
+/// sizes it: small classes are powers of two from 16 B to 64 KiB, larger requests whole 4 KiB
+/// units. (A large block may come back bigger; [`Wtx`] asks the allocator then.)
+pub fn block_bytes(size: u64) -> u64 {
+    usable(size) + BLOCK_HEADER
+}
+
+/// Usable bytes of a block of `size` requested bytes (small classes; large ones approximate).
+pub fn usable(size: u64) -> u64 {
+    if size <= 16 {
+        16
+    } else if size <= MAX_SMALL {
+        size.next_power_of_two()
+    } else {
+        (size + BLOCK_HEADER).div_ceil(LARGE_UNIT) * LARGE_UNIT - BLOCK_HEADER
+    }
+}
+
+/// Size class index (0 = 16 B) of a small block of usable size `cap`; [`CLASS_LARGE`] above.
+pub fn class_of(cap: u64) -> u8 {
+    if cap > MAX_SMALL {
+        CLASS_LARGE
+    } else {
+        (usable(cap).trailing_zeros() - 4) as u8
+    }
+}
+
+/// Class byte of a large block (its size is asked from the allocator).
+pub const CLASS_LARGE: u8 = 0xff;
+
+/// Usable size of class `c` (`None` for [`CLASS_LARGE`]).
+pub fn class_size(c: u8) -> Option<u64> {
+    (c != CLASS_LARGE).then(|| 16u64 << c)
+}
+
+/// A write command's transaction over the heap: [`Tx`] begun lazily at the first write (so a
+/// command that changes nothing costs no transaction), with the root's used-bytes counter kept
+/// in step with every allocation and free (written once, at commit).
+pub struct Wtx<'h> {
+    heap: &'h Heap,
+    tx: Option<Tx<'h>>,
+    root: Off,
+    used_delta: i64,
+    garbage_delta: i64,
+}
+
+impl<'h> Wtx<'h> {
+    /// A transaction on `heap` whose root object is `root`.
+    pub fn new(heap: &'h Heap, root: Off) -> Wtx<'h> {
+        Wtx {
+            heap,
+            tx: None,
+            root,
+            used_delta: 0,
+            garbage_delta: 0,
+        }
+    }
+
+    /// The heap.
+    pub fn heap(&self) -> &'h Heap {
+        self.heap
+    }
+
+    /// The root object.
+    pub fn root(&self) -> Off {
+        self.root
+    }
+
+    fn tx(&mut self) -> &mut Tx<'h> {
+        let heap = self.heap;
+        self.tx.get_or_insert_with(|| heap.begin())
+    }
+
+    /// Whether the transaction wrote anything yet.
+    pub fn dirty(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Log bytes of data writes so far.
+    pub fn logged_bytes(&self) -> u64 {
+        self.tx.as_ref().map_or(0, |t| t.logged_bytes())
+    }
+
+    /// Write `bytes` at `off`.
+    #[inline]
+    pub fn write(&mut self, off: Off, bytes: &[u8]) -> Result<()> {
+        self.tx().write(off, bytes)
+    }
+
+    /// Write the word `v` at `off`.
+    #[inline]
+    pub fn write_u64(&mut self, off: Off, v: u64) -> Result<()> {
+        self.tx().write_u64(off, v)
+    }
+
+    /// Allocate at least `size` bytes; returns (offset, usable bytes). Contents undefined.
+    pub fn alloc(&mut self, size: u64) -> Result<(Off, u64)> {
+        let off = self.tx().alloc(size)?;
+        let cap = if size > MAX_SMALL {
+            self.tx().usable_size(off)?
+        } else {
+            usable(size)
+        };
+        self.used_delta += (cap + BLOCK_HEADER) as i64;
+        Ok((off, cap))
+    }
+
+    /// Usable bytes of the block at `off` (asks the allocator).
+    pub fn usable_size(&mut self, off: Off) -> Result<u64> {
+        self.tx().usable_size(off)
+    }
+
+    /// Free the block at `off` whose usable size is `cap` (as returned by [`Wtx::alloc`];
+    /// for large blocks the allocator is asked, `cap` may be anything above 64 KiB).
+    pub fn free(&mut self, off: Off, cap: u64) -> Result<()> {
+        let cap = if cap > MAX_SMALL {
+            self.tx().usable_size(off)?
+        } else {
+            usable(cap)
+        };
+        self.tx().free(off)?;
+        self.used_delta -= (cap + BLOCK_HEADER) as i64;
+        Ok(())
+    }
+
+    /// Note that `n` garbage records were added (negative: removed) for the root's counter.
+    pub(crate) fn garbage_records(&mut self, n: i64) {
+        self.garbage_delta += n;
+    }
+
+    /// Write the root's counters and commit. Every write is visible (and durable on a durable
+    /// engine) when this returns. A transaction that wrote nothing commits nothing.
+    pub fn commit(mut self) -> Result<()> {
+        self.flush_counters()?;
+        match self.tx.take() {
+            Some(tx) => tx.commit(),
+            None => Ok(()),
+        }
+    }
+
+    fn flush_counters(&mut self) -> Result<()> {
+        if self.used_delta != 0 {
+            let v = (self.u64(self.root + R_USED) as i64 + self.used_delta) as u64;
+            self.write_u64(self.root + R_USED, v)?;
+            self.used_delta = 0;
+        }
+        if self.garbage_delta != 0 {
+            let v = (self.u64(self.root + R_GCOUNT) as i64 + self.garbage_delta) as u64;
+            self.write_u64(self.root + R_GCOUNT, v)?;
+            self.garbage_delta = 0;
+        }
+        Ok(())
+    }
+
+    /// Abort: nothing written becomes visible.
+    pub fn abort(mut self) {
+        if let Some(tx) = self.tx.take() {
+            tx.abort();
+        }
+    }
+}
+
+impl Mem for Wtx<'_> {
+    #[inline]
+    fn bytes(&self, off: Off, len: usize) -> Cow<'_, [u8]> {
+        match &self.tx {
+            Some(tx) => tx.bytes(off, len),
+            None => {
+                let o = off as usize;
+                Cow::Borrowed(&self.heap.view()[o..o + len])
+            }
+        }
+    }
+}
+
+/// The data-structure layer's handle on a heap: where the root is, and the hash seed.
+#[derive(Clone, Copy, Debug)]
+pub struct Store {
+    /// The root object.
+    pub root: Off,
+    /// The hash seed of every dict of this heap.
+    pub seed: u64,
+}
+
+impl Store {
+    /// Find the root object of `heap`, or create it (an empty keyspace) in a new heap.
+    ///
+    /// Errors: a root that is not ours ([`HeapError::Engine`] naming what was found), a layout
+    /// version this build does not read, allocation or commit errors.
+    pub fn open(heap: &Heap) -> Result<Store> {
+        let root = heap.root()?;
+        if root != 0 {
+            let v = View::of(heap);
+            if v.u64(root + R_MAGIC) != ROOT_MAGIC {
+                return Err(HeapError::Engine(format!(
+                    "the heap's root object at offset {root} is not a tiermem-kv root (magic {:#018x})",
+                    v.u64(root + R_MAGIC)
+                )));
+            }
+            let ver = v.u64(root + R_VERSION);
+            if ver != ROOT_VERSION {
+                return Err(HeapError::Engine(format!(
+                    "the heap holds tiermem-kv layout version {ver}; this build reads version {ROOT_VERSION}"
+                )));
+            }
+            return Ok(Store {
+                root,
+                seed: v.u64(root + R_SEED),
+            });
+        }
+        // One transaction: a crash leaves either no root or a complete one.
+        let seed = random_u64();
+        let mut w = Wtx::new(heap, 0);
+        let (r, _) = w.alloc(ROOT_SIZE)?;
+        w.root = r;
+        let mut hdr = [0u8; 64];
+        hdr[0..8].copy_from_slice(&ROOT_MAGIC.to_le_bytes());
+        hdr[8..16].copy_from_slice(&ROOT_VERSION.to_le_bytes());
+        hdr[16..24].copy_from_slice(&seed.to_le_bytes());
+        w.write(r, &hdr)?;
+        let store = Store { root: r, seed };
+        dict::init(&mut w, store.keyspace())?;
+        w.tx().set_root(r)?;
+        w.commit()?;
+        Ok(store)
+    }
+
+    /// The keyspace dict's header (inside the root object).
+    #[inline]
+    pub fn keyspace(&self) -> Off {
+        self.root + R_KEYSPACE
+    }
+
+    /// Heap bytes in use by this layer (blocks allocated, headers included).
+    pub fn used_bytes<M: Mem>(&self, m: &M) -> u64 {
+        m.u64(self.root + R_USED)
+    }
+
+    /// Garbage records waiting to be freed.
+    pub fn garbage_records<M: Mem>(&self, m: &M) -> u64 {
+        m.u64(self.root + R_GCOUNT)
+    }
+
+    /// Whether garbage waits to be freed.
+    pub fn has_garbage<M: Mem>(&self, m: &M) -> bool {
+        m.u64(self.root + R_GARBAGE) != 0
+    }
+
+    /// Hash of `key` with this heap's seed.
+    #[inline]
+    pub fn hash(&self, key: &[u8]) -> u64 {
+        hash(self.seed, key)
+    }
+}
+
+/// 64 random bits from the kernel (time and pid as a fallback).
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most 8 bytes into the 8-byte buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
+    if n == 8 {
+        return u64::from_le_bytes(b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    mix(t, std::process::id() as u64 ^ 0x9E37_79B9_7F4A_7C15)
+}
+
+thread_local! {
+    static RNG: std::cell::Cell<u64> = std::cell::Cell::new(random_u64() | 1);
+}
+
+/// A fast per-thread pseudo-random number (xorshift64*; SPOP, skiplist levels).
+pub fn rand_u64() -> u64 {
+    RNG.with(|c| {
+        let mut x = c.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        c.set(x);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    })
+}
+
+/// Seed this thread's [`rand_u64`] (tests: reproducible sequences).
+pub fn seed_rand(seed: u64) {
+    RNG.with(|c| c.set(seed | 1));
+}
+
+#[inline]
+fn mix(a: u64, b: u64) -> u64 {
+    let r = (a as u128).wrapping_mul(b as u128);
+    (r as u64) ^ ((r >> 64) as u64)
+}
+
+#[inline]
+fn r8(k: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(k[i..i + 8].try_into().expect("8 bytes"))
+}
+
+#[inline]
+fn r4(k: &[u8], i: usize) -> u64 {
+    u32::from_le_bytes(k[i..i + 4].try_into().expect("4 bytes")) as u64
+}
+
+/// The hash function of every dict (wyhash-style; part of the persistent layout: entries store
+/// their hash, and dict buckets are chosen from it, so it must never change for a layout
+/// version).
+pub fn hash(seed: u64, k: &[u8]) -> u64 {
+    const P0: u64 = 0xa076_1d64_78bd_642f;
+    const P1: u64 = 0xe703_7ed1_a0b4_28db;
+    const P2: u64 = 0x8ebc_6af0_9c88_c6e3;
+    const P3: u64 = 0x5899_65cc_7537_4cc3;
+    let n = k.len();
+    let mut s = seed ^ P0;
+    let (a, b);
+    if n <= 16 {
+        if n >= 4 {
+            let q = (n >> 3) << 2;
+            a = (r4(k, 0) << 32) | r4(k, q);
+            b = (r4(k, n - 4) << 32) | r4(k, n - 4 - q);
+        } else if n > 0 {
+            a = ((k[0] as u64) << 16) | ((k[n >> 1] as u64) << 8) | k[n - 1] as u64;
+            b = 0;
+        } else {
+            a = 0;
+            b = 0;
+        }
+    } else {
+        let (mut i, mut p) = (n, 0);
+        if i > 48 {
+            let (mut s1, mut s2) = (s, s);
+            while i > 48 {
+                s = mix(r8(k, p) ^ P1, r8(k, p + 8) ^ s);
+                s1 = mix(r8(k, p + 16) ^ P2, r8(k, p + 24) ^ s1);
+                s2 = mix(r8(k, p + 32) ^ P3, r8(k, p + 40) ^ s2);
+                p += 48;
+                i -= 48;
+            }
+            s ^= s1 ^ s2;
+        }
+        while i > 16 {
+            s = mix(r8(k, p) ^ P1, r8(k, p + 8) ^ s);
+            i -= 16;
+            p += 16;
+        }
+        a = r8(k, p + i - 16);
+        b = r8(k, p + i - 8);
+    }
+    mix(P1 ^ n as u64, mix(a ^ P1, b ^ s))
+}
+
+/// Encoded length of a length prefix.
+#[inline]
+pub fn len_size(n: usize) -> usize {
+    if n < 0xff {
+        1
+    } else {
+        5
+    }
+}
+
+/// Append a length prefix: one byte below 255, else 0xff and the length as u32.
+#[inline]
+pub fn put_len(buf: &mut Vec<u8>, n: usize) {
+    if n < 0xff {
+        buf.push(n as u8);
+    } else {
+        buf.push(0xff);
+        buf.extend_from_slice(&(n as u32).to_le_bytes());
+    }
+}
+
+/// Decode a length prefix at `b[i..]`: (length, prefix bytes).
+#[inline]
+pub fn get_len(b: &[u8], i: usize) -> (usize, usize) {
+    if b[i] != 0xff {
+        (b[i] as usize, 1)
+    } else {
+        (
+            u32::from_le_bytes(b[i + 1..i + 5].try_into().expect("4 bytes")) as usize,
+            5,
+        )
+    }
+}
+
+/// An error of a data-structure operation that is the client's, not the heap's.
+#[derive(Debug)]
+pub enum OpError {
+    /// The key holds another type.
+    WrongType,
+    /// The heap failed (out of memory, transaction too large, engine error): abort.
+    Heap(HeapError),
+}
+
+impl From<HeapError> for OpError {
+    fn from(e: HeapError) -> Self {
+        OpError::Heap(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_classes() {
+        assert_eq!(usable(1), 16);
+        assert_eq!(usable(17), 32);
+        assert_eq!(usable(65536), 65536);
+        assert_eq!(usable(65537), 69632 - 16);
+        assert_eq!(class_of(16), 0);
+        assert_eq!(class_of(4096), 8);
+        assert_eq!(class_size(class_of(100)), Some(128));
+        assert_eq!(class_of(70000), CLASS_LARGE);
+    }
+
+    #[test]
+    fn hash_is_stable_and_spreads() {
+        // The hash is part of the persistent layout: these values must never change.
+        let long: Vec<u8> = (0..100u8).collect();
+        assert_eq!(hash(0, b""), 0x42bc986dc5eec4d3);
+        assert_eq!(hash(0, b"hello"), 0xfaacec54df7a6205);
+        assert_eq!(hash(42, b"key:000000012345"), 0x499c6af90dcafa15);
+        assert_eq!(hash(7, &long), 0x27bd7ae4c44db50a);
+        assert_ne!(hash(0, b"a"), hash(1, b"a"));
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..10000u32 {
+            let k = format!("key:{i:012}");
+            assert!(seen.insert(hash(7, k.as_bytes()) & 0xffff_ffff));
+        }
+        for n in 0..100usize {
+            let k: Vec<u8> = (0..n as u8).collect();
+            let _ = hash(3, &k);
+        }
+    }
+
+    #[test]
+    fn lengths() {
+        for n in [0usize, 1, 254, 255, 256, 70000] {
+            let mut b = Vec::new();
+            put_len(&mut b, n);
+            assert_eq!(b.len(), len_size(n));
+            assert_eq!(get_len(&b, 0), (n, b.len()));
+        }
+    }
+}

@@ -1,0 +1,539 @@
+//! Sorted sets: a dict member → node plus a skiplist ordered by (score, member) over the
+//! same nodes — one block per element serves both.
+//!
+//! ```text
+//! zset object: 0 dict header (DICT_HDR), 256 elements, 264 skiplist level, 272 tail node,
+//!              280 reserved, 288 the head's forward links [ZMAX]
+//! node:        0 next (dict chain), 8 hash, 16 meta (member length | level << 32 |
+//!              size class << 48), 24 score (f64 bits), 32 backward node (0: first),
+//!              40 forward links [level], then the member
+//! ```
+//!
+//! Levels are random (p = 1/4, at most [`ZMAX`]) and stored in the node. There are no spans:
+//! a range by rank walks level 0 from the nearer end (O(distance + count)); ranges by score,
+//! ZADD, ZREM and ZPOPMIN are O(log n).
+
+use super::dict::{self, Kind, E_META};
+use super::keyspace::free_classed;
+use super::{class_of, Mem, Store, Wtx};
+use crate::heap::{Off, Result};
+use std::borrow::Cow;
+use std::cmp::Ordering;
+
+/// Most skiplist levels.
+pub const ZMAX: usize = 24;
+const Z_LEN: u64 = 256;
+const Z_HEAD: u64 = 288;
+/// Bytes of a zset object.
+pub const ZSET_SIZE: u64 = Z_HEAD + 8 * ZMAX as u64;
+const N_SCORE: u64 = 24;
+const N_BACK: u64 = 32;
+const N_FWD: u64 = 40;
+
+/// Zset nodes keep their member after their forward links.
+pub struct ZKind;
+
+impl Kind for ZKind {
+    #[inline]
+    fn key_at(meta: u64) -> u64 {
+        N_FWD + 8 * ((meta >> 32) as u8 as u64)
+    }
+}
+
+#[inline]
+fn fwd_off(z: Off, x: Off, i: usize) -> Off {
+    if x == z {
+        z + Z_HEAD + 8 * i as u64
+    } else {
+        x + N_FWD + 8 * i as u64
+    }
+}
+
+/// Score of node `n`.
+#[inline]
+pub fn score<M: Mem>(m: &M, n: Off) -> f64 {
+    f64::from_bits(m.u64(n + N_SCORE))
+}
+
+/// Member of node `n`.
+pub fn member<M: Mem>(m: &M, n: Off) -> Cow<'_, [u8]> {
+    let meta = m.u64(n + E_META);
+    m.bytes(n + ZKind::key_at(meta), meta as u32 as usize)
+}
+
+fn level_of<M: Mem>(m: &M, n: Off) -> usize {
+    (m.u64(n + E_META) >> 32) as u8 as usize
+}
+
+/// Elements of the zset.
+pub fn len<M: Mem>(m: &M, z: Off) -> u64 {
+    m.u64(z + Z_LEN)
+}
+
+fn zlevel<M: Mem>(m: &M, z: Off) -> usize {
+    m.u64(z + Z_LEN + 8) as usize
+}
+
+/// A new empty zset object.
+pub fn create(w: &mut Wtx) -> Result<Off> {
+    let (z, _) = w.alloc(ZSET_SIZE)?;
+    dict::init(w, z)?;
+    let mut rest = vec![0u8; (ZSET_SIZE - Z_LEN) as usize];
+    rest[8..16].copy_from_slice(&1u64.to_le_bytes());
+    w.write(z + Z_LEN, &rest)?;
+    Ok(z)
+}
+
+fn cmp_node<M: Mem>(m: &M, n: Off, s: f64, mem: &[u8]) -> Ordering {
+    let ns = score(m, n);
+    match ns.partial_cmp(&s).unwrap_or(Ordering::Equal) {
+        Ordering::Equal => (*member(m, n)).cmp(mem),
+        o => o,
+    }
+}
+
+/// The node of `member`, with its dict link.
+fn find<M: Mem>(m: &M, st: &Store, z: Off, mem: &[u8]) -> Option<(Off, Off)> {
+    dict::probe::<M, ZKind>(m, z, st.hash(mem), mem).found
+}
+
+/// The score of `member`.
+pub fn score_of<M: Mem>(m: &M, st: &Store, z: Off, mem: &[u8]) -> Option<f64> {
+    find(m, st, z, mem).map(|(n, _)| score(m, n))
+}
+
+/// The last node before (score, member) on each level.
+fn search<M: Mem>(m: &M, z: Off, s: f64, mem: &[u8]) -> [Off; ZMAX] {
+    let mut update = [z; ZMAX];
+    let mut x = z;
+    for i in (0..zlevel(m, z)).rev() {
+        loop {
+            let f = m.u64(fwd_off(z, x, i));
+            if f != 0 && cmp_node(m, f, s, mem) == Ordering::Less {
+                x = f;
+            } else {
+                break;
+            }
+        }
+        update[i] = x;
+    }
+    update
+}
+
+fn random_level() -> usize {
+    (1 + (super::rand_u64().trailing_zeros() / 2) as usize).min(ZMAX)
+}
+
+fn put_counts(w: &mut Wtx, z: Off, len: u64, level: usize, tail: Off) -> Result<()> {
+    let mut b = [0u8; 24];
+    b[0..8].copy_from_slice(&len.to_le_bytes());
+    b[8..16].copy_from_slice(&(level as u64).to_le_bytes());
+    b[16..24].copy_from_slice(&tail.to_le_bytes());
+    w.write(z + Z_LEN, &b)
+}
+
+/// Link node `n` (level `lvl`, its score and member as given) into the skiplist; `node_head`
+/// are its bytes from offset 0 up to its forward links (next, hash, meta), written together
+/// with the links. `len_delta`: 1 for a new element, 0 for a re-insert.
+#[allow(clippy::too_many_arguments)]
+fn sl_link(
+    w: &mut Wtx,
+    z: Off,
+    n: Off,
+    lvl: usize,
+    s: f64,
+    mem: &[u8],
+    node_head: Option<&[u8]>,
+    len_delta: u64,
+) -> Result<()> {
+    let update = search(w, z, s, mem);
+    let mut level = zlevel(w, z);
+    // Levels above the current one start from the head (update[] is z there already).
+    let mut fw = Vec::with_capacity(lvl);
+    for (i, u) in update.iter().enumerate().take(lvl) {
+        fw.push(w.u64(fwd_off(z, *u, i)));
+    }
+    let back = if update[0] == z { 0 } else { update[0] };
+    let mut buf = Vec::with_capacity(N_FWD as usize + 8 * lvl + mem.len());
+    if let Some(h) = node_head {
+        buf.extend_from_slice(h);
+    }
+    buf.extend_from_slice(&s.to_bits().to_le_bytes());
+    buf.extend_from_slice(&back.to_le_bytes());
+    for f in &fw {
+        buf.extend_from_slice(&f.to_le_bytes());
+    }
+    if node_head.is_some() {
+        buf.extend_from_slice(mem);
+        w.write(n, &buf)?;
+    } else {
+        w.write(n + N_SCORE, &buf)?;
+    }
+    for (i, u) in update.iter().enumerate().take(lvl) {
+        w.write_u64(fwd_off(z, *u, i), n)?;
+    }
+    let mut tail = w.u64(z + Z_LEN + 16);
+    if fw[0] != 0 {
+        w.write_u64(fw[0] + N_BACK, n)?;
+    } else {
+        tail = n;
+    }
+    level = level.max(lvl);
+    let len = len(w, z) + len_delta;
+    put_counts(w, z, len, level, tail)
+}
+
+/// Unlink node `n` from the skiplist. `len_delta`: 1 when the element goes, 0 for a
+/// re-insert.
+fn sl_unlink(w: &mut Wtx, z: Off, n: Off, len_delta: u64) -> Result<()> {
+    let s = score(w, n);
+    let mem = member(w, n).into_owned();
+    let update = search(w, z, s, &mem);
+    let lvl = level_of(w, n);
+    for (i, u) in update.iter().enumerate().take(lvl) {
+        let fo = fwd_off(z, *u, i);
+        if w.u64(fo) == n {
+            let nf = w.u64(fwd_off(z, n, i));
+            w.write_u64(fo, nf)?;
+        }
+    }
+    let f0 = w.u64(fwd_off(z, n, 0));
+    let back = w.u64(n + N_BACK);
+    let mut tail = w.u64(z + Z_LEN + 16);
+    if f0 != 0 {
+        w.write_u64(f0 + N_BACK, back)?;
+    } else {
+        tail = back;
+    }
+    let mut level = zlevel(w, z);
+    while level > 1 && w.u64(fwd_off(z, z, level - 1)) == 0 {
+        level -= 1;
+    }
+    let len = len(w, z) - len_delta;
+    put_counts(w, z, len, level, tail)
+}
+
+/// ZADD's conditions.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AddFlags {
+    /// Only add new elements.
+    pub nx: bool,
+    /// Only update existing elements.
+    pub xx: bool,
+    /// Update only to a greater score.
+    pub gt: bool,
+    /// Update only to a lower score.
+    pub lt: bool,
+    /// The score is an increment.
+    pub incr: bool,
+}
+
+/// What a ZADD of one element did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Added {
+    /// A new element.
+    New(f64),
+    /// An existing element got a new score.
+    Changed(f64),
+    /// An existing element kept its score (same score given).
+    Same(f64),
+    /// Not done (NX / XX / GT / LT).
+    Skipped,
+    /// INCR would make the score NaN (nothing done).
+    Nan,
+}
+
+/// Add or update `member` with `s` under `flags`.
+pub fn add(w: &mut Wtx, st: &Store, z: Off, s: f64, mem: &[u8], flags: AddFlags) -> Result<Added> {
+    let p = dict::probe::<_, ZKind>(w, z, st.hash(mem), mem);
+    match p.found {
+        None => {
+            if flags.xx {
+                return Ok(Added::Skipped);
+            }
+            let lvl = random_level();
+            let size = N_FWD + 8 * lvl as u64 + mem.len() as u64;
+            let (n, cap) = w.alloc(size)?;
+            let meta = mem.len() as u64 | (lvl as u64) << 32 | (class_of(cap) as u64) << 48;
+            let mut head = Vec::with_capacity(24);
+            head.extend_from_slice(&p.head.to_le_bytes());
+            head.extend_from_slice(&p.hash.to_le_bytes());
+            head.extend_from_slice(&meta.to_le_bytes());
+            sl_link(w, z, n, lvl, s, mem, Some(&head), 1)?;
+            dict::insert(w, z, &p, n)?;
+            Ok(Added::New(s))
+        }
+        Some((n, _)) => {
+            if flags.nx {
+                return Ok(Added::Skipped);
+            }
+            let cur = score(w, n);
+            let new = if flags.incr { cur + s } else { s };
+            if new.is_nan() {
+                return Ok(Added::Nan);
+            }
+            if (flags.gt && new <= cur) || (flags.lt && new >= cur) {
+                return Ok(Added::Skipped);
+            }
+            if new == cur {
+                return Ok(Added::Same(cur));
+            }
+            // Still in order between its neighbours: only the score changes.
+            let back = w.u64(n + N_BACK);
+            let f0 = w.u64(fwd_off(z, n, 0));
+            let memv = member(w, n).into_owned();
+            if (back == 0 || cmp_node(w, back, new, &memv) == Ordering::Less)
+                && (f0 == 0 || cmp_node(w, f0, new, &memv) == Ordering::Greater)
+            {
+                w.write_u64(n + N_SCORE, new.to_bits())?;
+                return Ok(Added::Changed(new));
+            }
+            sl_unlink(w, z, n, 0)?;
+            let lvl = level_of(w, n);
+            sl_link(w, z, n, lvl, new, &memv, None, 0)?;
+            Ok(Added::Changed(new))
+        }
+    }
+}
+
+/// Remove `member`; true if it was there. An emptied zset is left for the caller to delete.
+pub fn remove(w: &mut Wtx, st: &Store, z: Off, mem: &[u8]) -> Result<bool> {
+    let Some((n, link)) = find(w, st, z, mem) else {
+        return Ok(false);
+    };
+    sl_unlink(w, z, n, 1)?;
+    let meta = w.u64(n + E_META);
+    dict::unlink(w, z, link, n)?;
+    free_classed(w, n, meta)?;
+    Ok(true)
+}
+
+/// Remove and return up to `count` elements with the lowest (or, `max`, highest) scores.
+pub fn pop(
+    w: &mut Wtx,
+    st: &Store,
+    z: Off,
+    count: usize,
+    max: bool,
+) -> Result<Vec<(Vec<u8>, f64)>> {
+    let mut out = Vec::new();
+    while out.len() < count {
+        let n = if max {
+            w.u64(z + Z_LEN + 16)
+        } else {
+            w.u64(fwd_off(z, z, 0))
+        };
+        if n == 0 {
+            break;
+        }
+        let mem = member(w, n).into_owned();
+        out.push((mem.clone(), score(w, n)));
+        remove(w, st, z, &mem)?;
+    }
+    Ok(out)
+}
+
+/// One end of a score range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bound {
+    /// The score.
+    pub score: f64,
+    /// Exclusive (`(` prefix).
+    pub excl: bool,
+}
+
+impl Bound {
+    fn above_min(&self, s: f64) -> bool {
+        if self.excl {
+            s > self.score
+        } else {
+            s >= self.score
+        }
+    }
+    fn below_max(&self, s: f64) -> bool {
+        if self.excl {
+            s < self.score
+        } else {
+            s <= self.score
+        }
+    }
+}
+
+/// A range of scores to visit.
+#[derive(Clone, Copy, Debug)]
+pub struct ScoreRange {
+    /// Lower bound.
+    pub min: Bound,
+    /// Upper bound.
+    pub max: Bound,
+    /// From the highest score down.
+    pub rev: bool,
+    /// Elements of the range to skip first.
+    pub offset: u64,
+    /// Most elements to visit (negative: all).
+    pub limit: i64,
+}
+
+/// Visit the elements of range `r` in order (or reverse order), as (member, score).
+pub fn range_by_score<M: Mem>(m: &M, z: Off, r: ScoreRange, mut f: impl FnMut(&[u8], f64)) {
+    let ScoreRange {
+        min,
+        max,
+        rev,
+        offset,
+        limit,
+    } = r;
+    let mut x = z;
+    for i in (0..zlevel(m, z)).rev() {
+        loop {
+            let nx = m.u64(fwd_off(z, x, i));
+            if nx == 0 {
+                break;
+            }
+            let s = score(m, nx);
+            let go = if rev {
+                max.below_max(s)
+            } else {
+                !min.above_min(s)
+            };
+            if go {
+                x = nx;
+            } else {
+                break;
+            }
+        }
+    }
+    let mut n = if rev {
+        if x == z {
+            0
+        } else {
+            x
+        }
+    } else {
+        m.u64(fwd_off(z, x, 0))
+    };
+    let (mut skip, mut left) = (offset, limit);
+    while n != 0 && left != 0 {
+        let s = score(m, n);
+        let inside = if rev {
+            min.above_min(s)
+        } else {
+            max.below_max(s)
+        };
+        if !inside {
+            break;
+        }
+        if skip > 0 {
+            skip -= 1;
+        } else {
+            f(&member(m, n), s);
+            left -= 1;
+        }
+        n = if rev {
+            m.u64(n + N_BACK)
+        } else {
+            m.u64(fwd_off(z, n, 0))
+        };
+    }
+}
+
+/// Visit the elements of ranks `start..=stop` (resolved, `stop < len`; `rev`: ranks from the
+/// highest score) in rank order.
+pub fn range_by_rank<M: Mem>(
+    m: &M,
+    z: Off,
+    start: u64,
+    stop: u64,
+    rev: bool,
+    mut f: impl FnMut(&[u8], f64),
+) {
+    let n_all = len(m, z);
+    if start > stop || stop >= n_all {
+        return;
+    }
+    // Forward rank of the first element visited.
+    let first = if rev { n_all - 1 - start } else { start };
+    let mut n;
+    if first <= n_all / 2 {
+        n = m.u64(fwd_off(z, z, 0));
+        for _ in 0..first {
+            n = m.u64(fwd_off(z, n, 0));
+        }
+    } else {
+        n = m.u64(z + Z_LEN + 16);
+        for _ in 0..(n_all - 1 - first) {
+            n = m.u64(n + N_BACK);
+        }
+    }
+    for _ in start..=stop {
+        if n == 0 {
+            return;
+        }
+        f(&member(m, n), score(m, n));
+        n = if rev {
+            m.u64(n + N_BACK)
+        } else {
+            m.u64(fwd_off(z, n, 0))
+        };
+    }
+}
+
+/// Free the zset entirely (callers bound its size first: see `garbage`).
+pub fn free_all(w: &mut Wtx, z: Off) -> Result<()> {
+    let mut entries = Vec::new();
+    dict::for_each(w, z, |e| {
+        entries.push(e);
+        true
+    });
+    for e in entries {
+        let meta = w.u64(e + E_META);
+        free_classed(w, e, meta)?;
+    }
+    dict::free_table(w, z)?;
+    w.free(z, ZSET_SIZE)
+}
+
+/// Check the skiplist's invariants (tests): order, backward links, tail, length, and that
+/// the dict holds the same nodes.
+pub fn check<M: Mem>(m: &M, z: Off) -> std::result::Result<(), String> {
+    let mut n = m.u64(fwd_off(z, z, 0));
+    let mut prev = 0;
+    let mut count = 0;
+    while n != 0 {
+        if m.u64(n + N_BACK) != prev {
+            return Err(format!("backward link of node {n}"));
+        }
+        if prev != 0 && cmp_node(m, prev, score(m, n), &member(m, n)) != Ordering::Less {
+            return Err(format!("order at node {n}"));
+        }
+        count += 1;
+        prev = n;
+        n = m.u64(fwd_off(z, n, 0));
+    }
+    if m.u64(z + Z_LEN + 16) != prev {
+        return Err("tail".into());
+    }
+    if count != len(m, z) || count != dict::len(m, z) {
+        return Err(format!(
+            "length {} / dict {} / walked {count}",
+            len(m, z),
+            dict::len(m, z)
+        ));
+    }
+    // Every level is a sorted sub-list of level 0.
+    for i in 1..zlevel(m, z) {
+        let mut x = m.u64(fwd_off(z, z, i));
+        let mut p = 0;
+        while x != 0 {
+            if level_of(m, x) <= i {
+                return Err(format!("node {x} on level {i} above its level"));
+            }
+            if p != 0 && cmp_node(m, p, score(m, x), &member(m, x)) != Ordering::Less {
+                return Err(format!("order on level {i}"));
+            }
+            p = x;
+            x = m.u64(fwd_off(z, x, i));
+        }
+    }
+    Ok(())
+}

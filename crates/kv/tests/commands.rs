@@ -1,0 +1,713 @@
+//! The command layer through `Service::execute`: exact RESP2 replies (errors included), both
+//! durability modes, restart, transactions too large for the log, a full heap.
+
+mod common;
+
+use common::{Eng, Fixture, Rng, ENGINES};
+use tiermem_kv::commands::{Durability, KvService, Session};
+use tiermem_kv::server::{Control, Service};
+
+fn exec(svc: &KvService, s: &mut Session, reqs: &[&[&[u8]]]) -> (String, Control) {
+    let reqs: Vec<Vec<&[u8]>> = reqs.iter().map(|r| r.to_vec()).collect();
+    let mut out = Vec::new();
+    let c = svc.execute(s, &reqs, &mut out);
+    (String::from_utf8_lossy(&out).into_owned(), c)
+}
+
+/// One command given as words.
+fn cmd(svc: &KvService, s: &mut Session, line: &str) -> String {
+    let words: Vec<&[u8]> = line.split(' ').map(|w| w.as_bytes()).collect();
+    exec(svc, s, &[&words]).0
+}
+
+fn check(svc: &KvService, s: &mut Session, cases: &[(&str, &str)]) {
+    for (line, want) in cases {
+        assert_eq!(cmd(svc, s, line), *want, "{line}");
+    }
+}
+
+fn service(f: &mut Fixture, d: Durability) -> KvService {
+    KvService::new(f.take(), d).unwrap()
+}
+
+const WRONGTYPE: &str = "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
+
+#[test]
+fn replies() {
+    for eng in ENGINES {
+        for d in [Durability::Commit, Durability::Async] {
+            let mut f = Fixture::new(eng);
+            let svc = service(&mut f, d);
+            let mut s = svc.open_session("test");
+            replies_on(&svc, &mut s);
+        }
+    }
+}
+
+fn replies_on(svc: &KvService, s: &mut Session) {
+    check(svc, s, &[
+        ("PING", "+PONG\r\n"),
+        ("ping hello", "$5\r\nhello\r\n"),
+        ("PING a b", "-ERR wrong number of arguments for 'ping' command\r\n"),
+        ("ECHO hi", "$2\r\nhi\r\n"),
+        ("NOSUCH a b", "-ERR unknown command 'NOSUCH', with args beginning with: 'a' 'b' \r\n"),
+        ("NOSUCH", "-ERR unknown command 'NOSUCH', with args beginning with: \r\n"),
+        ("GET", "-ERR wrong number of arguments for 'get' command\r\n"),
+        ("SELECT 0", "+OK\r\n"),
+        ("SELECT 1", "-ERR DB index is out of range\r\n"),
+        ("SELECT x", "-ERR value is not an integer or out of range\r\n"),
+        // Strings.
+        ("GET k", "$-1\r\n"),
+        ("SET k v1", "+OK\r\n"),
+        ("GET k", "$2\r\nv1\r\n"),
+        ("SET k v2 NX", "$-1\r\n"),
+        ("SET k v2 XX GET", "$2\r\nv1\r\n"),
+        ("SET nx v XX", "$-1\r\n"),
+        ("SET k v NX XX", "-ERR syntax error\r\n"),
+        ("SET k v EX 10", "-ERR SET with an expiry (EX/PX/EXAT/PXAT) is not supported by tiermem-kv (keys never expire)\r\n"),
+        ("SET k v EX 0", "-ERR invalid expire time in 'set' command\r\n"),
+        ("SET k v EX x", "-ERR value is not an integer or out of range\r\n"),
+        ("SET k v KEEPTTL", "+OK\r\n"),
+        ("SET k v2", "+OK\r\n"),
+        ("STRLEN k", ":2\r\n"),
+        ("APPEND k xyz", ":5\r\n"),
+        ("GET k", "$5\r\nv2xyz\r\n"),
+        ("SETNX k q", ":0\r\n"),
+        ("SETNX k2 q", ":1\r\n"),
+        ("GETSET k2 r", "$1\r\nq\r\n"),
+        ("GETDEL k2", "$1\r\nr\r\n"),
+        ("EXISTS k k2 k", ":2\r\n"),
+        ("INCR n", ":1\r\n"),
+        ("INCRBY n 41", ":42\r\n"),
+        ("DECR n", ":41\r\n"),
+        ("DECRBY n -9", ":50\r\n"),
+        ("GET n", "$2\r\n50\r\n"),
+        ("INCR k", "-ERR value is not an integer or out of range\r\n"),
+        ("INCRBY n x", "-ERR value is not an integer or out of range\r\n"),
+        ("SET big 9223372036854775807", "+OK\r\n"),
+        ("INCR big", "-ERR increment or decrement would overflow\r\n"),
+        ("MSET a 1 b 2", "+OK\r\n"),
+        ("MSET a 1 b", "-ERR wrong number of arguments for 'mset' command\r\n"),
+        ("MGET a b nope", "*3\r\n$1\r\n1\r\n$1\r\n2\r\n$-1\r\n"),
+        ("TYPE a", "+string\r\n"),
+        ("TYPE nope", "+none\r\n"),
+        ("TTL a", ":-1\r\n"),
+        ("TTL nope", ":-2\r\n"),
+        ("OBJECT ENCODING a", "$6\r\nembstr\r\n"),
+        ("DEL a b nope", ":2\r\n"),
+        // Lists.
+        ("RPUSH l a b c", ":3\r\n"),
+        ("LPUSH l z", ":4\r\n"),
+        ("LRANGE l 0 -1", "*4\r\n$1\r\nz\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n"),
+        ("LRANGE l -2 100", "*2\r\n$1\r\nb\r\n$1\r\nc\r\n"),
+        ("LRANGE l 5 10", "*0\r\n"),
+        ("LRANGE l x 1", "-ERR value is not an integer or out of range\r\n"),
+        ("LLEN l", ":4\r\n"),
+        ("LINDEX l -1", "$1\r\nc\r\n"),
+        ("LPOP l", "$1\r\nz\r\n"),
+        ("RPOP l 2", "*2\r\n$1\r\nc\r\n$1\r\nb\r\n"),
+        ("LPOP l 0", "*0\r\n"),
+        ("LPOP l -1", "-ERR value is out of range, must be positive\r\n"),
+        ("LPOP l 5", "*1\r\n$1\r\na\r\n"),
+        ("EXISTS l", ":0\r\n"),
+        ("LPOP l", "$-1\r\n"),
+        ("LPOP l 2", "*-1\r\n"),
+        ("LPUSHX l a", ":0\r\n"),
+        ("GET l", "$-1\r\n"),
+        ("LPUSH k a", WRONGTYPE),
+        ("LRANGE k 0 1", WRONGTYPE),
+        // Sets.
+        ("SADD s a b c a", ":3\r\n"),
+        ("SADD s c d", ":1\r\n"),
+        ("SCARD s", ":4\r\n"),
+        ("SISMEMBER s b", ":1\r\n"),
+        ("SISMEMBER s x", ":0\r\n"),
+        ("SMISMEMBER s a x", "*2\r\n:1\r\n:0\r\n"),
+        ("SREM s a x", ":1\r\n"),
+        ("SMEMBERS s", "*3\r\n$1\r\nb\r\n$1\r\nc\r\n$1\r\nd\r\n"),
+        ("TYPE s", "+set\r\n"),
+        ("SPOP nope", "$-1\r\n"),
+        ("SPOP nope 2", "*0\r\n"),
+        ("SPOP s -1", "-ERR value is out of range, must be positive\r\n"),
+        ("SREM s b c d", ":3\r\n"),
+        ("EXISTS s", ":0\r\n"),
+        ("SADD k a", WRONGTYPE),
+        ("GET s", "$-1\r\n"),
+        // Hashes.
+        ("HSET h f1 v1 f2 v2", ":2\r\n"),
+        ("HSET h f1 w1", ":0\r\n"),
+        ("HSET h f1", "-ERR wrong number of arguments for 'hset' command\r\n"),
+        ("HMSET h f3 v3", "+OK\r\n"),
+        ("HGET h f1", "$2\r\nw1\r\n"),
+        ("HGET h nope", "$-1\r\n"),
+        ("HMGET h f2 nope f3", "*3\r\n$2\r\nv2\r\n$-1\r\n$2\r\nv3\r\n"),
+        ("HMGET nope a", "*1\r\n$-1\r\n"),
+        ("HGETALL h", "*6\r\n$2\r\nf1\r\n$2\r\nw1\r\n$2\r\nf2\r\n$2\r\nv2\r\n$2\r\nf3\r\n$2\r\nv3\r\n"),
+        ("HKEYS h", "*3\r\n$2\r\nf1\r\n$2\r\nf2\r\n$2\r\nf3\r\n"),
+        ("HLEN h", ":3\r\n"),
+        ("HEXISTS h f2", ":1\r\n"),
+        ("HSETNX h f2 x", ":0\r\n"),
+        ("HINCRBY h n 5", ":5\r\n"),
+        ("HINCRBY h f1 1", "-ERR hash value is not an integer\r\n"),
+        ("HDEL h f1 f2 nope", ":2\r\n"),
+        ("HDEL h f3 n", ":2\r\n"),
+        ("EXISTS h", ":0\r\n"),
+        ("HGETALL h", "*0\r\n"),
+        ("HGET k f", WRONGTYPE),
+        ("OBJECT ENCODING k", "$6\r\nembstr\r\n"),
+        // Sorted sets.
+        ("ZADD z 1 a 2 b 3 c", ":3\r\n"),
+        ("ZADD z 1.5 b", ":0\r\n"),
+        ("ZADD z CH 1.5 b 4 d", ":1\r\n"),
+        ("ZADD z CH 0 b 5 e", ":2\r\n"),
+        ("ZADD z NX XX 1 a", "-ERR XX and NX options at the same time are not compatible\r\n"),
+        ("ZADD z GT LT 1 a", "-ERR GT, LT, and/or NX options at the same time are not compatible\r\n"),
+        ("ZADD z x a", "-ERR value is not a valid float\r\n"),
+        ("ZADD z 1", "-ERR wrong number of arguments for 'zadd' command\r\n"),
+        ("ZADD z NX 1", "-ERR syntax error\r\n"),
+        ("ZADD z INCR 1 a 2 b", "-ERR INCR option supports a single increment-element pair\r\n"),
+        ("ZADD z INCR 2.5 a", "$3\r\n3.5\r\n"),
+        ("ZADD z XX INCR 1 nope", "$-1\r\n"),
+        ("ZADD z GT 1 a", ":0\r\n"),
+        ("ZSCORE z a", "$3\r\n3.5\r\n"),
+        ("ZSCORE z nope", "$-1\r\n"),
+        ("ZINCRBY z -0.5 a", "$1\r\n3\r\n"),
+        ("ZCARD z", ":5\r\n"),
+        ("ZRANGE z 0 -1", "*5\r\n$1\r\nb\r\n$1\r\na\r\n$1\r\nc\r\n$1\r\nd\r\n$1\r\ne\r\n"),
+        ("ZRANGE z 0 1 WITHSCORES", "*4\r\n$1\r\nb\r\n$1\r\n0\r\n$1\r\na\r\n$1\r\n3\r\n"),
+        ("ZREVRANGE z 0 1", "*2\r\n$1\r\ne\r\n$1\r\nd\r\n"),
+        ("ZRANGE z 0 0 REV", "*1\r\n$1\r\ne\r\n"),
+        ("ZRANGEBYSCORE z (0 3", "*2\r\n$1\r\na\r\n$1\r\nc\r\n"),
+        ("ZRANGEBYSCORE z -inf +inf LIMIT 1 2", "*2\r\n$1\r\na\r\n$1\r\nc\r\n"),
+        ("ZRANGEBYSCORE z 4 inf WITHSCORES", "*4\r\n$1\r\nd\r\n$1\r\n4\r\n$1\r\ne\r\n$1\r\n5\r\n"),
+        ("ZRANGEBYSCORE z x 1", "-ERR min or max is not a float\r\n"),
+        ("ZREVRANGEBYSCORE z 4 (0", "*3\r\n$1\r\nd\r\n$1\r\nc\r\n$1\r\na\r\n"),
+        ("ZRANGE z 5 +inf BYSCORE", "*1\r\n$1\r\ne\r\n"),
+        ("ZRANGE z 0 1 LIMIT 0 1", "-ERR syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX\r\n"),
+        ("ZCOUNT z 1 4", ":3\r\n"),
+        ("ZREM z a nope", ":1\r\n"),
+        ("ZPOPMIN z", "*2\r\n$1\r\nb\r\n$1\r\n0\r\n"),
+        ("ZPOPMAX z 2", "*4\r\n$1\r\ne\r\n$1\r\n5\r\n$1\r\nd\r\n$1\r\n4\r\n"),
+        ("ZPOPMIN z -1", "-ERR value is out of range, must be positive\r\n"),
+        ("ZPOPMIN z 10", "*2\r\n$1\r\nc\r\n$1\r\n3\r\n"),
+        ("EXISTS z", ":0\r\n"),
+        ("ZPOPMIN z", "*0\r\n"),
+        ("ZRANGE z 0 -1", "*0\r\n"),
+        ("ZADD k 1 a", WRONGTYPE),
+        ("ZADD inf -inf a", ":1\r\n"),
+        ("ZSCORE inf a", "$4\r\n-inf\r\n"),
+        ("ZINCRBY inf +inf a", "-ERR resulting score is not a number (NaN)\r\n"),
+        // Keyspace.
+        ("DBSIZE", ":4\r\n"),
+        ("KEYS n*", "*1\r\n$1\r\nn\r\n"),
+        ("EXPIRE k 10", "-ERR key expiry is not supported by tiermem-kv (keys never expire)\r\n"),
+        ("FLUSHALL BAD", "-ERR syntax error\r\n"),
+        ("FLUSHALL", "+OK\r\n"),
+        ("DBSIZE", ":0\r\n"),
+        ("GET k", "$-1\r\n"),
+        // Server.
+        ("CONFIG GET save", "*2\r\n$4\r\nsave\r\n$0\r\n\r\n"),
+        ("CONFIG GET appendonly", "*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n"),
+        ("CONFIG GET databases", "*2\r\n$9\r\ndatabases\r\n$1\r\n1\r\n"),
+        ("CONFIG GET nothing", "*0\r\n"),
+        ("COMMAND DOCS", "*0\r\n"),
+        ("CLIENT SETNAME me", "+OK\r\n"),
+        ("CLIENT GETNAME", "$2\r\nme\r\n"),
+        ("HELLO 3", "-NOPROTO sorry, this protocol version is not supported\r\n"),
+        ("AUTH x", "-ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n"),
+        ("WAIT 0 0", ":0\r\n"),
+    ]);
+    let hello = cmd(svc, s, "HELLO 2");
+    assert!(
+        hello.starts_with("*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n"),
+        "{hello}"
+    );
+    let count = cmd(svc, s, "COMMAND COUNT");
+    assert!(count.starts_with(':'));
+    let all = cmd(svc, s, "COMMAND");
+    assert!(
+        all.starts_with('*')
+            && all.contains("$3\r\nget\r\n:2\r\n*1\r\n+readonly\r\n:1\r\n:1\r\n:1\r\n")
+    );
+    let id = cmd(svc, s, "CLIENT ID");
+    assert!(id.starts_with(':'));
+    // SCAN visits every key.
+    for i in 0..100 {
+        cmd(svc, s, &format!("SET scan:{i} x"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut cursor = "0".to_string();
+    loop {
+        let r = cmd(svc, s, &format!("SCAN {cursor} MATCH scan:* COUNT 7"));
+        let lines: Vec<&str> = r.split("\r\n").collect();
+        cursor = lines[2].to_string();
+        for l in lines[4..].iter().filter(|l| l.starts_with("scan:")) {
+            seen.insert(l.to_string());
+        }
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 100);
+    let info = cmd(svc, s, "INFO");
+    for field in [
+        "# Server\r\n",
+        "redis_version:",
+        "tiermem_engine:",
+        "# Memory\r\n",
+        "used_memory:",
+        "maxmemory:",
+        "tiermem_heap_bytes:",
+        "# Persistence\r\n",
+        "aof_enabled:0\r\n",
+        "tiermem_durability:",
+        "# Stats\r\n",
+        "keyspace_hits:",
+        "# Keyspace\r\n",
+        "db0:keys=100,expires=0,avg_ttl=0\r\n",
+    ] {
+        assert!(info.contains(field), "INFO lacks {field:?}:\n{info}");
+    }
+    let mem = cmd(svc, s, "INFO memory");
+    assert!(mem.contains("# Memory") && !mem.contains("# Server"));
+    assert_eq!(
+        exec(svc, s, &[&[b"QUIT"]]),
+        ("+OK\r\n".into(), Control::Close)
+    );
+}
+
+/// A pipeline gives the same replies in both durability modes, and reads in a group see the
+/// group's writes.
+#[test]
+fn pipelines_and_group_commit() {
+    for eng in ENGINES {
+        let mut outs = Vec::new();
+        for d in [Durability::Commit, Durability::Async] {
+            let mut f = Fixture::new(eng);
+            let svc = service(&mut f, d);
+            let mut s = svc.open_session("p");
+            let script: Vec<Vec<&[u8]>> = vec![
+                vec![b"SET", b"a", b"1"],
+                vec![b"INCR", b"a"],
+                vec![b"GET", b"a"],
+                vec![b"LPUSH", b"a", b"x"],
+                vec![b"RPUSH", b"l", b"x", b"y"],
+                vec![b"LRANGE", b"l", b"0", b"-1"],
+                vec![b"NOSUCH"],
+                vec![b"HSET", b"h", b"f", b"v"],
+                vec![b"HGETALL", b"h"],
+                vec![b"DEL", b"l"],
+                vec![b"EXISTS", b"l", b"h"],
+            ];
+            let mut out = Vec::new();
+            assert_eq!(svc.execute(&mut s, &script, &mut out), Control::Continue);
+            outs.push(String::from_utf8(out).unwrap());
+            let info = cmd(&svc, &mut s, "INFO stats");
+            let commits: u64 = info
+                .split("\r\n")
+                .find_map(|l| l.strip_prefix("tiermem_commits:"))
+                .unwrap()
+                .parse()
+                .unwrap();
+            match d {
+                Durability::Commit => assert_eq!(commits, 5),
+                Durability::Async => assert_eq!(commits, 1, "one group commit"),
+            }
+        }
+        assert_eq!(outs[0], outs[1]);
+        assert_eq!(
+            outs[0],
+            "+OK\r\n:2\r\n$1\r\n2\r\n".to_string()
+                + WRONGTYPE
+                + ":2\r\n*2\r\n$1\r\nx\r\n$1\r\ny\r\n-ERR unknown command 'NOSUCH', with args beginning with: \r\n:1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n:1\r\n:1\r\n"
+        );
+    }
+}
+
+/// Everything acknowledged comes back after a restart (vnvm), found from the heap's root.
+#[test]
+fn restart_keeps_the_keyspace() {
+    let mut f = Fixture::new(Eng::Vnvm);
+    let mut rng = Rng(7);
+    let mut model: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    for round in 0..3 {
+        let svc = service(
+            &mut f,
+            if round == 1 {
+                Durability::Async
+            } else {
+                Durability::Commit
+            },
+        );
+        let mut s = svc.open_session("r");
+        for (k, v) in &model {
+            assert_eq!(
+                cmd(&svc, &mut s, &format!("GET {k}")),
+                format!("${}\r\n{v}\r\n", v.len())
+            );
+        }
+        for i in 0..300 {
+            let k = format!("k{}", rng.below(200));
+            let v = format!("v{round}-{i}");
+            assert_eq!(cmd(&svc, &mut s, &format!("SET {k} {v}")), "+OK\r\n");
+            model.insert(k, v);
+        }
+        cmd(&svc, &mut s, "RPUSH list a b c");
+        cmd(&svc, &mut s, "ZADD zs 1 one 2 two");
+        cmd(&svc, &mut s, "HSET hh f v");
+        assert_eq!(
+            cmd(&svc, &mut s, "DBSIZE"),
+            format!(":{}\r\n", model.len() + 3)
+        );
+        // SHUTDOWN: no reply, the server stops.
+        assert_eq!(
+            exec(&svc, &mut s, &[&[b"SHUTDOWN", b"NOSAVE"]]),
+            (String::new(), Control::Shutdown)
+        );
+        svc.shutdown().unwrap();
+        let heap = into_heap(svc);
+        assert!(f.reopen_from(heap));
+    }
+    let svc = service(&mut f, Durability::Commit);
+    let mut s = svc.open_session("r");
+    assert_eq!(
+        cmd(&svc, &mut s, "LRANGE list 0 -1").matches('$').count(),
+        9
+    );
+    assert_eq!(cmd(&svc, &mut s, "ZSCORE zs two"), "$1\r\n2\r\n");
+}
+
+fn into_heap(svc: KvService) -> tiermem_kv::heap::Heap {
+    svc.into_heap()
+}
+
+/// A command whose transaction cannot fit the log fails at once with a clean error and
+/// changes nothing.
+#[test]
+fn too_large_for_the_log_changes_nothing() {
+    // 8 MiB log: transactions up to 4 MiB.
+    let mut f = Fixture::sized(Eng::Vnvm, 64 << 20, 8 << 20);
+    for d in [Durability::Commit, Durability::Async] {
+        let svc = service(&mut f, d);
+        let mut s = svc.open_session("t");
+        assert_eq!(cmd(&svc, &mut s, "SET keep old"), "+OK\r\n");
+        let big = vec![b'x'; 6 << 20];
+        let t = std::time::Instant::now();
+        let (r, _) = exec(&svc, &mut s, &[&[b"SET", b"keep", &big]]);
+        assert!(
+            r.starts_with("-ERR command too large for one transaction"),
+            "{r}"
+        );
+        assert!(r.ends_with("nothing was changed\r\n"));
+        assert!(t.elapsed().as_secs() < 5, "fails fast");
+        assert_eq!(cmd(&svc, &mut s, "GET keep"), "$3\r\nold\r\n");
+        // MSET of many keys: the same, and none of them appears.
+        let keys: Vec<Vec<u8>> = (0..60_000)
+            .map(|i| format!("key:{i:08}").into_bytes())
+            .collect();
+        let val = vec![b'v'; 64];
+        let mut req: Vec<&[u8]> = vec![b"MSET"];
+        for k in &keys {
+            req.push(k);
+            req.push(&val);
+        }
+        let (r, _) = exec(&svc, &mut s, &[&req]);
+        assert!(r.starts_with("-ERR command too large"), "{r}");
+        assert_eq!(cmd(&svc, &mut s, "DBSIZE"), ":1\r\n");
+        assert_eq!(cmd(&svc, &mut s, "EXISTS key:00000000"), ":0\r\n");
+        // In a pipeline (group commit in async mode) only the big command fails.
+        let (r, _) = exec(
+            &svc,
+            &mut s,
+            &[
+                &[b"SET", b"p1", b"1"],
+                &[b"SET", b"p2", &big],
+                &[b"SET", b"p3", b"3"],
+            ],
+        );
+        assert!(
+            r.starts_with("+OK\r\n-ERR command too large") && r.ends_with("+OK\r\n"),
+            "{r}"
+        );
+        assert_eq!(
+            cmd(&svc, &mut s, "MGET p1 p2 p3"),
+            "*3\r\n$1\r\n1\r\n$-1\r\n$1\r\n3\r\n"
+        );
+        let info = cmd(&svc, &mut s, "INFO stats");
+        assert!(info.contains("tiermem_tx_too_large:"));
+        cmd(&svc, &mut s, "FLUSHALL");
+        while svc.collect_garbage(100_000).unwrap() > 0 {}
+        svc.shutdown().unwrap();
+        assert!(f.reopen_from(svc.into_heap()));
+    }
+}
+
+/// A full heap answers -OOM, keeps its data, and works again after a DEL (the garbage of a
+/// big value is freed at once when memory runs out).
+#[test]
+fn full_heap_is_oom_and_recovers() {
+    for eng in ENGINES {
+        let mut f = Fixture::sized(eng, 4 << 20, 8 << 20);
+        let svc = service(&mut f, Durability::Commit);
+        let mut s = svc.open_session("o");
+        let val = "x".repeat(10_000);
+        let mut n = 0;
+        loop {
+            let r = cmd(&svc, &mut s, &format!("SET k{n} {val}"));
+            if r.starts_with("-OOM") {
+                assert!(r.contains("nothing was changed"), "{r}");
+                break;
+            }
+            assert_eq!(r, "+OK\r\n");
+            n += 1;
+            assert!(n < 1000);
+        }
+        assert!(n > 100);
+        assert_eq!(cmd(&svc, &mut s, &format!("EXISTS k{n}")), ":0\r\n");
+        assert_eq!(cmd(&svc, &mut s, "DBSIZE"), format!(":{n}\r\n"));
+        assert_eq!(cmd(&svc, &mut s, "GET k0"), format!("$10000\r\n{val}\r\n"));
+        // Make a big list out of the last key's space... simply delete half the keys.
+        for i in 0..n / 2 {
+            cmd(&svc, &mut s, &format!("DEL k{i}"));
+        }
+        assert_eq!(cmd(&svc, &mut s, &format!("SET k{n} {val}")), "+OK\r\n");
+        // A big list filling a fresh heap, deleted (-> garbage), then pushes that need its
+        // blocks (no other 4 KiB blocks are free).
+        drop(svc);
+        let mut f = Fixture::sized(eng, 4 << 20, 8 << 20);
+        let svc = service(&mut f, Durability::Commit);
+        let mut s = svc.open_session("o");
+        let mut m = 0;
+        loop {
+            let r = cmd(&svc, &mut s, &format!("RPUSH biglist {}", "y".repeat(1000)));
+            if r.starts_with("-OOM") {
+                break;
+            }
+            m += 1;
+        }
+        assert!(m > 1000, "{m}");
+        assert_eq!(cmd(&svc, &mut s, "DEL biglist"), ":1\r\n");
+        assert!(svc.has_garbage());
+        // New 4 KiB nodes need the blocks waiting on the garbage list: the OOM is retried after
+        // freeing the garbage.
+        assert_eq!(
+            cmd(&svc, &mut s, &format!("RPUSH list2 {}", "y".repeat(1000))),
+            ":1\r\n"
+        );
+        assert!(!svc.has_garbage());
+        let info = cmd(&svc, &mut s, "INFO stats");
+        assert!(info.contains("tiermem_oom_errors:"), "{info}");
+    }
+}
+
+/// Per-command cost of an in-process loop (no network), both engines, both durability modes.
+/// `cargo test -p tiermem-kv --release --test commands -- --ignored --nocapture per_command`
+#[test]
+#[ignore]
+fn per_command_cost() {
+    for eng in ENGINES {
+        for d in [Durability::Commit, Durability::Async] {
+            let mut f = Fixture::sized(eng, 512 << 20, 64 << 20);
+            let svc = service(&mut f, d);
+            let mut s = svc.open_session("b");
+            let n = 100_000u64;
+            let keys: Vec<Vec<u8>> = (0..n)
+                .map(|i| format!("key:{i:012}").into_bytes())
+                .collect();
+            let fields: Vec<Vec<u8>> = (0..10).map(|i| format!("field{i}").into_bytes()).collect();
+            let v100 = vec![b'v'; 100];
+            let filter = std::env::var("KV_BENCH").unwrap_or_default();
+            let mut time = |name: &str, batch: usize, mk: &mut dyn FnMut(u64) -> Vec<Vec<u8>>| {
+                let label = format!("{eng:?} {} {name}", d.name());
+                if !label.contains(&filter) && !name.starts_with("SET (new") {
+                    return;
+                }
+                let owned: Vec<Vec<Vec<u8>>> = (0..n).map(&mut *mk).collect();
+                let rq: Vec<Vec<&[u8]>> = owned
+                    .iter()
+                    .map(|r| r.iter().map(|a| &a[..]).collect())
+                    .collect();
+                let mut out = Vec::with_capacity(1 << 16);
+                let t = std::time::Instant::now();
+                for chunk in rq.chunks(batch) {
+                    out.clear();
+                    svc.execute(&mut s, chunk, &mut out);
+                }
+                let ns = t.elapsed().as_nanos() as f64 / n as f64;
+                println!("{eng:?} {:6} {name:28} {ns:8.0} ns/command", d.name());
+            };
+            time("SET (new keys)", 1, &mut |i| {
+                vec![b"SET".to_vec(), keys[i as usize].clone(), b"xxx".to_vec()]
+            });
+            time("SET (overwrite)", 1, &mut |i| {
+                vec![b"SET".to_vec(), keys[i as usize].clone(), b"yyy".to_vec()]
+            });
+            time("SET (overwrite) -P 16", 16, &mut |i| {
+                vec![b"SET".to_vec(), keys[i as usize].clone(), b"zzz".to_vec()]
+            });
+            time("GET", 1, &mut |i| {
+                vec![b"GET".to_vec(), keys[i as usize].clone()]
+            });
+            time("GET -P 16", 16, &mut |i| {
+                vec![b"GET".to_vec(), keys[i as usize].clone()]
+            });
+            time("INCR", 1, &mut |i| {
+                vec![b"INCR".to_vec(), format!("ctr{}", i % 100).into_bytes()]
+            });
+            time("LPUSH", 1, &mut |_| {
+                vec![b"LPUSH".to_vec(), b"mylist".to_vec(), b"xxx".to_vec()]
+            });
+            time("LRANGE 0 99", 1, &mut |_| {
+                vec![
+                    b"LRANGE".to_vec(),
+                    b"mylist".to_vec(),
+                    b"0".to_vec(),
+                    b"99".to_vec(),
+                ]
+            });
+            time("RPOP", 1, &mut |_| {
+                vec![b"RPOP".to_vec(), b"mylist".to_vec()]
+            });
+            time("SADD", 1, &mut |i| {
+                vec![
+                    b"SADD".to_vec(),
+                    b"myset".to_vec(),
+                    keys[i as usize].clone(),
+                ]
+            });
+            time("ZADD", 1, &mut |i| {
+                vec![
+                    b"ZADD".to_vec(),
+                    b"myzset".to_vec(),
+                    (i % 1000).to_string().into_bytes(),
+                    keys[i as usize].clone(),
+                ]
+            });
+            time("ZPOPMIN", 1, &mut |_| {
+                vec![b"ZPOPMIN".to_vec(), b"myzset".to_vec()]
+            });
+            let ycsb_keys = 10_000u64;
+            time("HSET 10x100 B (YCSB insert)", 1, &mut |i| {
+                let mut r = vec![
+                    b"HSET".to_vec(),
+                    format!("user{}", i % ycsb_keys).into_bytes(),
+                ];
+                for f in &fields {
+                    r.push(f.clone());
+                    r.push(v100.clone());
+                }
+                r
+            });
+            time("HSET 1 field (YCSB update)", 1, &mut |i| {
+                // A value that differs from the stored one (same size).
+                let mut v = v100.clone();
+                v[(i % 100) as usize] = b'0' + (i % 10) as u8;
+                vec![
+                    b"HSET".to_vec(),
+                    format!("user{}", i % ycsb_keys).into_bytes(),
+                    fields[(i % 10) as usize].clone(),
+                    v,
+                ]
+            });
+            time("HGETALL (YCSB read)", 1, &mut |i| {
+                vec![
+                    b"HGETALL".to_vec(),
+                    format!("user{}", i % ycsb_keys).into_bytes(),
+                ]
+            });
+            time("HMGET 3 fields", 1, &mut |i| {
+                vec![
+                    b"HMGET".to_vec(),
+                    format!("user{}", i % ycsb_keys).into_bytes(),
+                    b"field1".to_vec(),
+                    b"field5".to_vec(),
+                    b"field9".to_vec(),
+                ]
+            });
+            time("DEL", 1, &mut |i| {
+                vec![b"DEL".to_vec(), keys[i as usize].clone()]
+            });
+        }
+    }
+}
+
+/// Two threads share the service: a writer pipelines INCRs, a reader sees a counter that never
+/// goes back (committed state only, never half a transaction).
+#[test]
+fn concurrent_readers_and_writers() {
+    for eng in ENGINES {
+        for d in [Durability::Commit, Durability::Async] {
+            let mut f = Fixture::new(eng);
+            let svc = std::sync::Arc::new(service(&mut f, d));
+            let w = {
+                let svc = svc.clone();
+                std::thread::spawn(move || {
+                    let mut s = svc.open_session("w");
+                    for _ in 0..500 {
+                        let r: Vec<Vec<&[u8]>> = vec![vec![b"INCR", b"c"]; 4];
+                        let mut out = Vec::new();
+                        svc.execute(&mut s, &r, &mut out);
+                        svc.round_end();
+                    }
+                    svc.close_session(s);
+                })
+            };
+            let mut s = svc.open_session("r");
+            let mut last = 0i64;
+            while last < 2000 {
+                let r = cmd(&svc, &mut s, "GET c");
+                if r == "$-1\r\n" {
+                    continue;
+                }
+                let v: i64 = r.split("\r\n").nth(1).unwrap().parse().unwrap();
+                assert!(v >= last, "{v} after {last}");
+                if d == Durability::Async {
+                    assert_eq!(v % 4, 0, "a group commits whole");
+                }
+                last = v;
+            }
+            w.join().unwrap();
+            assert_eq!(cmd(&svc, &mut s, "GET c"), "$4\r\n2000\r\n");
+        }
+    }
+}
+
+/// FLUSHALL of many keys answers at once; the event loop's rounds free the old keyspace.
+#[test]
+fn flushall_garbage_drains_in_rounds() {
+    for eng in ENGINES {
+        let mut f = Fixture::new(eng);
+        let svc = service(&mut f, Durability::Commit);
+        let mut s = svc.open_session("g");
+        let base = used(&svc, &mut s);
+        let mut req: Vec<Vec<u8>> = vec![b"MSET".to_vec()];
+        for i in 0..5000 {
+            req.push(format!("key:{i}").into_bytes());
+            req.push(b"some value".to_vec());
+        }
+        let r: Vec<&[u8]> = req.iter().map(|x| &x[..]).collect();
+        assert_eq!(exec(&svc, &mut s, &[&r]).0, "+OK\r\n");
+        cmd(&svc, &mut s, "RPUSH l a b c");
+        assert!(used(&svc, &mut s) > base + 5000 * 64);
+        assert_eq!(cmd(&svc, &mut s, "FLUSHALL"), "+OK\r\n");
+        assert_eq!(cmd(&svc, &mut s, "DBSIZE"), ":0\r\n");
+        assert!(svc.has_garbage());
+        let mut rounds = 0;
+        while svc.has_garbage() {
+            svc.round_end();
+            rounds += 1;
+            assert!(rounds < 1000);
+        }
+        assert!(rounds > 5, "{rounds} rounds");
+        assert_eq!(used(&svc, &mut s), base);
+    }
+}
+
+fn used(svc: &KvService, s: &mut Session) -> u64 {
+    let info = cmd(svc, s, "INFO memory");
+    info.split("\r\n")
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
