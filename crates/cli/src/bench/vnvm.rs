@@ -290,21 +290,22 @@ fn vnvm_write(
 
 /// Bytes of the one `nv_write` of a commit-latency transaction.
 const LAT_WRITE: usize = 64;
-/// Pause before each transaction of the "asleep" series: far longer than the redo worker needs
-/// to apply one transaction and park (a few µs).
-const LAT_PAUSE_NS: u64 = 200_000;
+/// Pause before each transaction of the "asleep" series: longer than the redo worker polls
+/// before it goes to its long sleep (`tiermem_vnvm::REDO_IDLE_AFTER`, 10 ms).
+const LAT_PAUSE_NS: u64 = 15_000_000;
 
 /// vnvm's commit latency with its redo worker awake or asleep (JSON `commit_latency`).
 ///
-/// The redo worker sleeps in `thread::park` (a futex) whenever the committed queue is empty, and
-/// every `nv_commit` ends with `unpark` on it: an atomic swap, plus a `futex(FUTEX_WAKE)` system
-/// call when the worker is parked (the thesis' worker polled every 10 µs instead, so its commits
-/// never made a system call). One thread, transactions of one 64-byte `nv_write`, only
-/// `nv_commit` timed (TSC clock, `now_ns`): back to back, and each after a 200 µs busy-wait
-/// (untimed; the committing CPU stays busy, only the worker's goes idle). `worker_sleeps_*`:
-/// voluntary context switches of the redo worker per commit over each series — how often it had
-/// gone to sleep, i.e. how many commits paid the futex wake. `unpark_*`: `Thread::unpark` alone,
-/// on a thread parked for 200 µs and on one spinning (never parked).
+/// While commits keep coming the redo worker polls every `REDO_POLL` (1 ms) and commits make
+/// no system call; after `REDO_IDLE_AFTER` (10 ms) without work it sleeps in `thread::park` (a
+/// futex) and the next `nv_commit` wakes it with `unpark`: a `futex(FUTEX_WAKE)` system call
+/// and an idle vCPU to wake (the thesis' worker polled every 10 µs forever instead, so its
+/// commits never made a system call but a core was never idle). One thread, transactions of
+/// one 64-byte `nv_write`, only `nv_commit` timed (TSC clock, `now_ns`): back to back, and each
+/// after a 15 ms busy-wait (untimed; the committing CPU stays busy, only the worker's goes
+/// idle). `worker_sleeps_*`: voluntary context switches of the redo worker per commit over each
+/// series (its polls count too). `unpark_*`: `Thread::unpark` alone, on a thread parked for
+/// 15 ms and on one spinning (never parked).
 #[derive(Serialize, Clone, Debug)]
 struct CommitLatency {
     awake_p50_ns: u64,
@@ -413,14 +414,15 @@ impl VnvmSystem {
             timer_overhead_ns: pct(&timer, 50.0),
             method: "one thread; per transaction nv_txbegin + one 64-byte nv_write (untimed) and \
                      nv_commit timed with the TSC clock; awake: back to back; asleep: each after \
-                     a 200 us busy-wait (untimed); worker sleeps: voluntary context switches of \
+                     a 15 ms busy-wait (untimed; the worker goes to its long sleep after 10 ms \
+                     idle); worker sleeps: voluntary context switches of \
                      the redo worker per commit",
         })
     }
 }
 
 /// `Thread::unpark` timed alone, `n` times on a thread parked (`park_timeout(period)`, as the
-/// redo worker) for 200 µs and `n` times on a thread that spins and never parks; nanoseconds.
+/// redo worker) for 15 ms and `n` times on a thread that spins and never parks; nanoseconds.
 fn unpark_costs(n: usize, period: std::time::Duration) -> (Vec<u64>, Vec<u64>) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
@@ -1424,7 +1426,7 @@ pub fn run(o: BenchOpts) -> Result<()> {
     progress(o.json, "vnvm commit latency, redo worker awake and asleep");
     let commit_latency = match vnvm.as_ref() {
         Ok(v) => {
-            let (n, n_asleep) = if o.quick { (5000, 1000) } else { (20000, 3000) };
+            let (n, n_asleep) = if o.quick { (5000, 200) } else { (20000, 600) };
             Some(v.commit_latency(n, n_asleep)?)
         }
         Err(_) => None,
