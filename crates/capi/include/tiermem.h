@@ -108,6 +108,11 @@ typedef struct nv_instance nv_instance;
 typedef struct nv_region nv_region;
 
 /**
+ * A running tiermem-kv server (opaque), from `tiermem_kv_start`.
+ */
+typedef struct tiermem_kv tiermem_kv;
+
+/**
  * Fill callback: write the 4096 bytes of the page at region offset `offset` into `page` and
  * return 0, or return a negative errno to fail the access (the process then gets SIGBUS).
  * For TIERMEM_RESOLVE_IN_THREAD regions it runs inside a signal handler on the faulting thread:
@@ -202,6 +207,34 @@ int tiermem_tracker_method(const struct TiermemTracker *tracker);
  * Stop tracking (pages are made writable again) and free the handle. NULL is ignored.
  */
 void tiermem_tracker_destroy(struct TiermemTracker *tracker);
+
+/**
+ * Start a tiermem-kv server in this process (its own event-loop threads) and store its handle
+ * in `*out`.
+ *
+ * `settings`: redis.conf-style text, one `key value` per line (`#` comments), with the keys of
+ * `tiermem kv serve --config` (e.g. "engine vnvm\ndir /dev/shm/app-kv\nport 0\n"); NULL or ""
+ * for the defaults (engine vnvm in $TIERMEM_DIR/kv, 127.0.0.1:6379). `port 0` picks a free
+ * port: read it with `tiermem_kv_port`. The durable engine recovers after a crash before it
+ * serves.
+ *
+ * Errors: EINVAL a bad setting (the text names the line), EADDRINUSE and other socket errors,
+ * EIO a storage error (a damaged instance is reported, not modified).
+ */
+int tiermem_kv_start(const char *settings, struct tiermem_kv **out);
+
+/**
+ * The TCP port the server listens on (the first address), or a negative errno: EINVAL for a
+ * NULL handle, ENOTCONN when it listens on no TCP address.
+ */
+int tiermem_kv_port(const struct tiermem_kv *kv);
+
+/**
+ * Stop the server (as SHUTDOWN does: replies in flight are sent), make everything durable,
+ * close the engine and free the handle (also on error). 0 or a negative errno (EIO: the final
+ * sync failed; the data stays recoverable).
+ */
+int tiermem_kv_stop(struct tiermem_kv *kv);
 
 /**
  * Create a pool file of `size` bytes (including its 4 KiB header) at `path`.

@@ -13,11 +13,13 @@
 
 mod error;
 mod fault;
+mod kv;
 mod media;
 mod vnvm;
 
 pub use error::*;
 pub use fault::*;
+pub use kv::*;
 pub use media::*;
 pub use vnvm::*;
 

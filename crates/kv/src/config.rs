@@ -282,9 +282,15 @@ impl KvConfig {
             location: Some(path.display().to_string()),
             message: format!("cannot read the configuration file: {e}"),
         })?;
+        self.load_str(&text, &path.display().to_string())
+    }
+
+    /// [`KvConfig::load_file`] on text already in memory; `origin` names it in errors
+    /// (`origin:line`).
+    pub fn load_str(&mut self, text: &str, origin: &str) -> Result<(), ConfigError> {
         for (i, raw) in text.lines().enumerate() {
             let at = |message: String| ConfigError {
-                location: Some(format!("{}:{}", path.display(), i + 1)),
+                location: Some(format!("{origin}:{}", i + 1)),
                 message,
             };
             let line = raw.trim();

@@ -6,7 +6,8 @@
 //! * [`config`]: the server's settings, from a `redis.conf`-style file or flags;
 //! * [`heap`]: the storage interface — a transactional heap addressed by offsets — and its
 //!   engines (`vnvm`: durable; `volatile`: one registered anonymous region);
-//! * `ds`, `commands`: Redis data structures over a heap and the command table.
+//! * `ds`, `commands`: Redis data structures over a heap and the command table;
+//! * [`instance`]: a whole server (engine, heap, commands, network) from a configuration.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -15,5 +16,6 @@ pub mod commands;
 pub mod config;
 pub mod ds;
 pub mod heap;
+pub mod instance;
 pub mod resp;
 pub mod server;
