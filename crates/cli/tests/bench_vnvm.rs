@@ -99,7 +99,7 @@ fn quick_json_has_every_cell_for_every_system() {
         let p99 = finite_positive(&c[format!("{k}_p99_ns")], &format!("{k}_p99_ns"));
         assert!(p99 >= p50, "{k}: p99 {p99} < p50 {p50}");
     }
-    assert_eq!(c["pause_us"].as_u64(), Some(200));
+    assert_eq!(c["pause_us"].as_u64(), Some(15_000));
     assert!(c["wake_cost_p50_ns"].is_i64());
     finite_positive(&c["unpark_sleeping_p50_ns"], "unpark_sleeping_p50_ns");
 

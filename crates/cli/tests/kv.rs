@@ -610,3 +610,36 @@ fn hostile_frames_get_errors_and_the_server_keeps_serving() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn configuration_file_and_flags() {
+    let dir = scratch("config");
+    let conf = dir.join("kv.conf");
+    std::fs::write(
+        &conf,
+        "# tiermem-kv test configuration\nmaxclients 77\nheap-size 64mb\nengine vnvm\n",
+    )
+    .unwrap();
+    // The file's keys apply; flags (--engine volatile from Server::start) override the file.
+    let s = Server::start("volatile", &dir, &["--config", conf.to_str().unwrap()]);
+    let mut c = Conn::connect(s.port).unwrap();
+    assert_eq!(
+        c.cmd(&["CONFIG", "GET", "maxclients"]),
+        Reply::Array(Some(vec![bulk("maxclients"), bulk("77")]))
+    );
+    let Reply::Bulk(Some(info)) = c.cmd(&["INFO", "server"]) else {
+        panic!("INFO")
+    };
+    assert!(String::from_utf8_lossy(&info).contains("volatile"), "the flag won");
+    drop(s);
+    // A bad key is refused with the file and line, before anything is opened.
+    std::fs::write(&conf, "port 1\nno-such-key 3\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["kv", "serve", "--config", conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("kv.conf:2"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
