@@ -50,7 +50,7 @@ fn client(name: &str) -> Option<PathBuf> {
     found
 }
 
-/// A running `tiermem kv serve`, killed (SIGKILL) on drop unless it already exited.
+/// A running `tiermem kv serve`, shut down on drop unless it already exited.
 struct Server {
     child: Child,
     port: u16,
@@ -140,7 +140,20 @@ impl Server {
 }
 
 impl Drop for Server {
+    /// SHUTDOWN first (a clean release leaves nothing in /dev/shm), SIGKILL if that fails.
     fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            if let Ok(mut c) = Conn::connect(self.port) {
+                let _ = c.send(&["SHUTDOWN"]);
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         self.kill9();
     }
 }
@@ -630,7 +643,10 @@ fn configuration_file_and_flags() {
     let Reply::Bulk(Some(info)) = c.cmd(&["INFO", "server"]) else {
         panic!("INFO")
     };
-    assert!(String::from_utf8_lossy(&info).contains("volatile"), "the flag won");
+    assert!(
+        String::from_utf8_lossy(&info).contains("volatile"),
+        "the flag won"
+    );
     drop(s);
     // A bad key is refused with the file and line, before anything is opened.
     std::fs::write(&conf, "port 1\nno-such-key 3\n").unwrap();
