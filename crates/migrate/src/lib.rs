@@ -1,0 +1,16 @@
+//! # tiermem-migrate — post-copy migration of tiermem regions through a shared FAM pool
+//!
+//! FAM-aware, checkpoint-based post-copy (paper 003; thesis 000 ch. 3) and its baselines
+//! (socket post-copy as CRIU does it, stop-and-copy, pre-copy). Design: `docs/migrate.md`.
+//!
+//! Modules:
+//! * [`lazyfile`]: the checkpoint and lazy-page files in the FAM directory, and the dumper;
+//! * [`proto`]: the page-server wire protocol;
+//! * [`netns`]: two "hosts" as network namespaces joined by a veth pair (tests, benchmarks).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod lazyfile;
+pub mod netns;
+pub mod proto;
