@@ -6,11 +6,13 @@
 //! Modules:
 //! * [`lazyfile`]: the checkpoint and lazy-page files in the FAM directory, and the dumper;
 //! * [`proto`]: the page-server wire protocol;
+//! * [`lookup`]: the target's lock-free table of dumped offsets (watermark + ranges);
 //! * [`netns`]: two "hosts" as network namespaces joined by a veth pair (tests, benchmarks).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
 pub mod lazyfile;
+pub mod lookup;
 pub mod netns;
 pub mod proto;
