@@ -31,7 +31,10 @@ use crate::ds::{garbage, Store, View, Wtx};
 use crate::heap::{Heap, HeapError, Result};
 use crate::server::{Control, Service};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use table::{Id, Kind, Spec};
@@ -119,6 +122,8 @@ pub struct KvService {
     run_id: String,
     next_client: AtomicU64,
     stats: Stats,
+    /// Frozen for migration: no command touches the heap any more (see [`KvService::freeze`]).
+    frozen: AtomicBool,
 }
 
 enum Held<'a> {
@@ -162,6 +167,7 @@ impl KvService {
             last_save: AtomicU64::new(now),
             run_id,
             next_client: AtomicU64::new(1),
+            frozen: AtomicBool::new(false),
             stats: Stats::default(),
         })
     }
@@ -213,7 +219,24 @@ impl KvService {
     /// also does it at each [`Service::round_end`].
     pub fn collect_garbage(&self, budget: u64) -> Result<u64> {
         let _g = self.lock.write();
+        if self.frozen.load(SeqCst) {
+            return Ok(0);
+        }
         self.collect_locked(budget)
+    }
+
+    /// Freeze for migration: from the return of this call on, no command reads or changes the
+    /// heap — requests get no reply and their connection is closed (clients reconnect to the
+    /// target) — and no garbage is freed. Waits for the commands in flight to finish (the
+    /// engine-wide lock). Irreversible: the heap now belongs to the migration.
+    pub fn freeze(&self) {
+        self.frozen.store(true, SeqCst);
+        drop(self.lock.write());
+    }
+
+    /// Whether [`KvService::freeze`] was called.
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.load(SeqCst)
     }
 
     fn collect_locked(&self, budget: u64) -> Result<u64> {
@@ -378,6 +401,9 @@ impl KvService {
                 Kind::Read => {
                     if matches!(held, Held::None) {
                         held = Held::Read(self.lock.read());
+                        if self.frozen.load(SeqCst) {
+                            return Control::Close;
+                        }
                     }
                     self.read(cx, &View::of(&self.heap), s, spec, r, out);
                 }
@@ -386,6 +412,9 @@ impl KvService {
                         // Release a read lock before waiting for the write lock.
                         drop(std::mem::replace(&mut held, Held::None));
                         held = Held::Write(self.lock.write());
+                        if self.frozen.load(SeqCst) {
+                            return Control::Close;
+                        }
                     }
                     self.write_one(spec, r, out);
                 }
@@ -403,6 +432,9 @@ impl KvService {
         cx: &mut data::Counters,
     ) -> Control {
         let g = self.lock.write();
+        if self.frozen.load(SeqCst) {
+            return Control::Close;
+        }
         let mark = out.len();
         let mut w = Wtx::new(&self.heap, self.store.root);
         let mut held = Held::None; // admin commands of a group need no lock of their own
@@ -495,6 +527,9 @@ impl Service for KvService {
     }
 
     fn execute(&self, s: &mut Session, reqs: &[Vec<&[u8]>], out: &mut Vec<u8>) -> Control {
+        if self.frozen.load(SeqCst) {
+            return Control::Close;
+        }
         self.stats.commands.fetch_add(reqs.len() as u64, Relaxed);
         let mut cx = data::Counters::default();
         let group = self.durability == Durability::Async
@@ -517,6 +552,9 @@ impl Service for KvService {
     fn round_end(&self) {
         if self.garbage.load(Relaxed) {
             if let Some(_g) = self.lock.try_write() {
+                if self.frozen.load(SeqCst) {
+                    return;
+                }
                 let _ = self.collect_locked(GC_ROUND_BUDGET);
             }
         }

@@ -711,3 +711,47 @@ fn used(svc: &KvService, s: &mut Session) -> u64 {
         .parse()
         .unwrap()
 }
+
+#[test]
+fn freeze_stops_every_command_and_closes_connections() {
+    for eng in ENGINES {
+        let mut f = Fixture::new(eng);
+        let svc = std::sync::Arc::new(service(&mut f, Durability::Commit));
+        let mut s = svc.open_session("test");
+        assert_eq!(cmd(&svc, &mut s, "SET k v1"), "+OK\r\n");
+        // A writer keeps going until the freeze; after it, nothing changes the heap.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let w = {
+            let (svc, stop) = (svc.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut s = svc.open_session("writer");
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (out, c) = exec(&svc, &mut s, &[&[b"INCR", b"ctr"]]);
+                    if c == Control::Close {
+                        assert_eq!(out, "", "no reply once frozen");
+                        break;
+                    }
+                    n += 1;
+                }
+                n
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        svc.freeze();
+        assert!(svc.is_frozen());
+        let snapshot = svc.heap().view().to_vec();
+        let (out, c) = exec(&svc, &mut s, &[&[b"SET", b"k", b"v2"]]);
+        assert_eq!((out.as_str(), c), ("", Control::Close));
+        let (out, c) = exec(&svc, &mut s, &[&[b"GET", b"k"]]);
+        assert_eq!((out.as_str(), c), ("", Control::Close));
+        assert_eq!(svc.collect_garbage(1000).unwrap(), 0);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let n = w.join().unwrap();
+        assert!(n > 0, "{eng:?}: the writer ran before the freeze");
+        assert!(
+            svc.heap().view() == &snapshot[..],
+            "{eng:?}: the heap changed after freeze"
+        );
+    }
+}

@@ -34,6 +34,8 @@ pub struct VolatileEngine {
     len: usize,
     handle: Option<RegionHandle>,
     tx: Mutex<TxState>,
+    /// The engine unmaps the region when dropped (it mapped it, or was given it to own).
+    owns_mapping: bool,
 }
 
 // SAFETY: the mapping is owned by the engine for its whole life; writes happen only inside
@@ -87,7 +89,32 @@ impl VolatileEngine {
             len,
             handle,
             tx: Mutex::new(TxState::default()),
+            owns_mapping: true,
         })
+    }
+
+    /// An engine over a region someone else mapped and registered — a migration target, whose
+    /// resolver fills the pages from the source's dump as they are touched. `base..base + len`
+    /// must be a private, page-aligned, read-write mapping holding a heap (or all zeros) that
+    /// stays mapped while the engine lives; with `owns_mapping` the engine unregisters `handle`
+    /// and unmaps the range when dropped.
+    ///
+    /// # Safety
+    /// The caller hands over exclusive use of the range: nothing else may write it while the
+    /// engine lives, and it must stay mapped for the engine's life.
+    pub unsafe fn adopt(
+        base: *mut u8,
+        len: usize,
+        handle: Option<RegionHandle>,
+        owns_mapping: bool,
+    ) -> VolatileEngine {
+        VolatileEngine {
+            base,
+            len,
+            handle,
+            tx: Mutex::new(TxState::default()),
+            owns_mapping,
+        }
     }
 
     /// The fault-engine registration of the heap's region (`None` if it could not register).
@@ -197,6 +224,9 @@ impl TxMemory for VolatileEngine {
 
 impl Drop for VolatileEngine {
     fn drop(&mut self) {
+        if !self.owns_mapping {
+            return;
+        }
         if let Some(h) = self.handle.take() {
             let _ = h.unregister();
         }
