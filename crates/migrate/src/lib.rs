@@ -7,6 +7,7 @@
 //! * [`lazyfile`]: the checkpoint and lazy-page files in the FAM directory, and the dumper;
 //! * [`proto`]: the page-server wire protocol;
 //! * [`lookup`]: the target's lock-free table of dumped offsets (watermark + ranges);
+//! * [`resolve`]: the target's fault resolver (FAM first, the page-server on a miss);
 //! * [`netns`]: two "hosts" as network namespaces joined by a veth pair (tests, benchmarks).
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -16,3 +17,4 @@ pub mod lazyfile;
 pub mod lookup;
 pub mod netns;
 pub mod proto;
+pub mod resolve;
