@@ -8,7 +8,8 @@
 //! * [`proto`]: the page-server wire protocol;
 //! * [`lookup`]: the target's lock-free table of dumped offsets (watermark + ranges);
 //! * [`resolve`]: the target's fault resolver (FAM first, the page-server on a miss);
-//! * [`netns`]: two "hosts" as network namespaces joined by a veth pair (tests, benchmarks).
+//! * [`netns`]: two "hosts" as network namespaces joined by a veth pair (tests, benchmarks);
+//! * [`sockpage`]: a minimal socket page-server and fault client (socket post-copy baseline).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -18,3 +19,4 @@ pub mod lookup;
 pub mod netns;
 pub mod proto;
 pub mod resolve;
+pub mod sockpage;

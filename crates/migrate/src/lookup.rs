@@ -155,6 +155,9 @@ mod tests {
     #[test]
     fn concurrent_readers_see_only_dumped_offsets() {
         let t = Arc::new(DumpedLookup::new());
+        for i in 0..RANGE_SLOTS as u64 {
+            t.insert((2 * i + 1) * 4096, 4096); // known odd pages before the readers start
+        }
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // Writer: ranges of odd 4 KiB pages only; readers check that no even page ever shows.
         let w = {
