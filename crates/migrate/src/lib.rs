@@ -6,6 +6,7 @@
 //! Modules:
 //! * [`lazyfile`]: the checkpoint and lazy-page files in the FAM directory, and the dumper;
 //! * [`proto`]: the page-server wire protocol;
+//! * [`link`]: the target's signal-safe page-server link (for in-thread resolution);
 //! * [`lookup`]: the target's lock-free table of dumped offsets (watermark + ranges);
 //! * [`resolve`]: the target's fault resolver (FAM first, the page-server on a miss);
 //! * [`netns`]: two "hosts" as network namespaces joined by a veth pair (tests, benchmarks);
@@ -15,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod lazyfile;
+pub mod link;
 pub mod lookup;
 pub mod netns;
 pub mod proto;
