@@ -7,6 +7,7 @@
 //! * [`lazyfile`]: the checkpoint and lazy-page files in the FAM directory, and the dumper;
 //! * [`proto`]: the page-server wire protocol;
 //! * [`link`]: the target's signal-safe page-server link (for in-thread resolution);
+//! * [`metrics`]: downtime, resume, busy and total time, pages by path;
 //! * [`lookup`]: the target's lock-free table of dumped offsets (watermark + ranges);
 //! * [`resolve`]: the target's fault resolver (FAM first, the page-server on a miss);
 //! * [`netns`]: two "hosts" as network namespaces joined by a veth pair (tests, benchmarks);
@@ -18,6 +19,7 @@
 pub mod lazyfile;
 pub mod link;
 pub mod lookup;
+pub mod metrics;
 pub mod netns;
 pub mod proto;
 pub mod resolve;
