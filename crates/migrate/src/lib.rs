@@ -4,6 +4,8 @@
 //! (socket post-copy as CRIU does it, stop-and-copy, pre-copy). Design: `docs/migrate.md`.
 //!
 //! Modules:
+//! * [`fam`]: FAM-aware post-copy — [`fam::FamSource`] and [`fam::FamTarget`];
+//! * [`checkpoint`]: the non-page checkpoint (region geometry, the application's blob);
 //! * [`lazyfile`]: the checkpoint and lazy-page files in the FAM directory, and the dumper;
 //! * [`proto`]: the page-server wire protocol;
 //! * [`link`]: the target's signal-safe page-server link (for in-thread resolution);
@@ -15,7 +17,11 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+// The workspace targets Rust 1.80: keep `map_or` and `%` instead of newer helpers.
+#![allow(clippy::manual_is_multiple_of, clippy::unnecessary_map_or)]
 
+pub mod checkpoint;
+pub mod fam;
 pub mod lazyfile;
 pub mod link;
 pub mod lookup;

@@ -24,6 +24,16 @@ pub trait DumpedImage: Send + Sync {
     fn charge_read(&self, bytes: u64) {
         let _ = bytes;
     }
+    /// Whether the image itself says `off` is dumped (a shared file's header, read with
+    /// atomics). Default: it does not say.
+    fn dumped(&self, off: u64) -> bool {
+        let _ = off;
+        false
+    }
+    /// The image's own dump watermark (0 if it keeps none).
+    fn watermark(&self) -> u64 {
+        0
+    }
 }
 
 /// What the page-server answered to a fault request.
@@ -100,6 +110,14 @@ impl FamResolver {
 impl Resolver for FamResolver {
     fn resolve(&self, fault: &Fault, ops: &FaultOps<'_>) -> Result<(), ResolveError> {
         let off = fault.offset as u64;
+        if !self.lookup.contains(off) && self.image.dumped(off) {
+            // The shared file says more than the replies did (the source kept dumping).
+            self.lookup.advance(self.image.watermark());
+            if !self.lookup.contains(off) {
+                self.lookup
+                    .insert(off / PAGE_SIZE as u64 * PAGE_SIZE as u64, PAGE_SIZE as u64);
+            }
+        }
         if self.lookup.contains(off) {
             self.stats.from_fam.fetch_add(1, Ordering::Relaxed);
         } else {

@@ -1,0 +1,485 @@
+//! FAM-aware, checkpoint-based post-copy (paper 003 §III–IV, Fig. 4; `docs/migrate.md`).
+//!
+//! Source: with the application frozen, [`FamSource::checkpoint`] writes the non-page state and
+//! creates (reserves) one lazy-page file per region in `FAM/mig-<id>/`; [`FamSource::serve`]
+//! then dumps every region in the background while a page-server answers the target's faults
+//! by dumping the vector holding them first; when every page is dumped and persisted it tells
+//! the target (`Done`) and returns — the end of busy time.
+//!
+//! Target: [`FamTarget::restore`] validates the checkpoint, opens the lazy files, connects to
+//! the page-server, maps each region and registers it with the fault engine under a
+//! [`FamResolver`]: faults on dumped pages are copied from the mapped file with no message.
+//! [`FamTarget::complete`] touches every page (prefetch) so the migration finishes.
+
+use crate::checkpoint::Checkpoint;
+use crate::lazyfile::{Batching, Dumper, LazyFile};
+use crate::link::SignalSafeLink;
+use crate::lookup::DumpedLookup;
+use crate::proto::{Conn, Msg, ProtoError};
+use crate::resolve::{DumpedImage, FamResolver, PageServerLink, ResolverStats};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tiermem_fault::{Engine, RegionHandle, RegionSpec};
+use tiermem_media::DelayModel;
+
+/// Errors of a FAM-aware migration.
+#[derive(Debug, thiserror::Error)]
+pub enum FamError {
+    /// The checkpoint file.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// A lazy-page file.
+    #[error(transparent)]
+    Lazy(#[from] crate::lazyfile::LazyError),
+    /// The page-server connection.
+    #[error("page-server connection: {0}")]
+    Proto(#[from] ProtoError),
+    /// The fault engine.
+    #[error("fault engine: {0}")]
+    Fault(#[from] tiermem_fault::Error),
+    /// Anything else, said in words.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Result type of this module.
+pub type Result<T> = std::result::Result<T, FamError>;
+
+/// Whether `s` has bytes to read (or EOF/error) within `ms` milliseconds.
+fn readable(s: &TcpStream, ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polling one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
+
+/// The directory of migration `id` in the FAM directory `fam`.
+pub fn migration_dir(fam: &Path, id: u64) -> PathBuf {
+    fam.join(format!("mig-{id:016x}"))
+}
+
+fn lazy_name(i: usize) -> String {
+    format!("region-{i}.lazy")
+}
+
+/// Source-side settings.
+#[derive(Clone, Debug)]
+pub struct FamSourceConfig {
+    /// The FAM directory shared with the target.
+    pub fam: PathBuf,
+    /// The migration id (its directory `mig-<id>`; the handshake checks it).
+    pub id: u64,
+    /// One `pwritev` per 2 MiB vector, or batches.
+    pub batching: Batching,
+    /// Delay model charged on the lazy files (FAM `pcm-fam`, or none).
+    pub delay: DelayModel,
+}
+
+/// What the source did.
+#[derive(Clone, Debug, Default)]
+pub struct SourceReport {
+    /// Checkpoint (blob + lazy files created and reserved), ns.
+    pub checkpoint_ns: u64,
+    /// From `checkpoint`'s start until every page was dumped and persisted, ns (busy time).
+    pub busy_ns: u64,
+    /// Vectors dumped on the target's demand.
+    pub on_demand_vectors: u64,
+    /// Fault requests answered.
+    pub requests: u64,
+    /// Bytes dumped.
+    pub bytes: u64,
+    /// The target was told `Done` (it had connected).
+    pub told_done: bool,
+}
+
+/// The source of a FAM-aware migration (see the module documentation).
+pub struct FamSource {
+    dumpers: Vec<Arc<Dumper>>,
+    cfg: FamSourceConfig,
+    started: Instant,
+    checkpoint_ns: u64,
+}
+
+impl FamSource {
+    /// Write the checkpoint (`blob`, the regions' lengths) and create one lazy file per region
+    /// in `FAM/mig-<id>/`, reserving their space: a full FAM directory fails here, before the
+    /// target is told anything.
+    ///
+    /// # Safety
+    /// Each `(base, len)` must be readable memory of this process that stays mapped and frozen
+    /// (nothing writes it) until [`FamSource::serve`] returns.
+    pub unsafe fn checkpoint(
+        cfg: FamSourceConfig,
+        regions: &[(*const u8, u64)],
+        blob: &[u8],
+    ) -> Result<FamSource> {
+        let started = Instant::now();
+        let dir = migration_dir(&cfg.fam, cfg.id);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| FamError::Other(format!("creating {}: {e}", dir.display())))?;
+        let mut dumpers = Vec::new();
+        for (i, &(base, len)) in regions.iter().enumerate() {
+            let f = Arc::new(LazyFile::create(&dir, &lazy_name(i), len, cfg.delay)?);
+            // SAFETY: forwarded caller contract (frozen, mapped).
+            dumpers.push(Arc::new(unsafe {
+                Dumper::new(f, base, len, cfg.batching)?
+            }));
+        }
+        Checkpoint {
+            region_lens: regions.iter().map(|r| r.1).collect(),
+            blob: blob.to_vec(),
+        }
+        .write(&dir.join("checkpoint"))?;
+        Ok(FamSource {
+            dumpers,
+            cfg,
+            started,
+            checkpoint_ns: started.elapsed().as_nanos() as u64,
+        })
+    }
+
+    /// Dump every region in the background and serve the target's page-server requests on
+    /// `listener` until every page is dumped and persisted; then tell a connected target
+    /// `Done` and return. A target that never connects does not delay the end (it learns
+    /// completion from the lazy files).
+    pub fn serve(self, listener: TcpListener) -> Result<SourceReport> {
+        let bg: Vec<_> = self.dumpers.iter().map(|d| d.spawn_background()).collect();
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| FamError::Other(format!("listener: {e}")))?;
+        let mut conn: Option<Conn> = None;
+        let mut requests = 0u64;
+        let all_done = |d: &[Arc<Dumper>]| d.iter().all(|d| d.file().is_complete());
+        while !all_done(&self.dumpers) {
+            if conn.is_none() {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        let _ = s.set_nonblocking(false);
+                        let mut c = Conn::new(s, Some(Duration::from_secs(5)))?;
+                        match c.server_handshake(self.cfg.id) {
+                            Ok(()) => conn = Some(c),
+                            Err(e) => eprintln!("migrate source: a peer failed the handshake: {e}"),
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(FamError::Other(format!("accept: {e}"))),
+                }
+            }
+            let Some(c) = conn.as_mut() else {
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            };
+            // Wait for the start of a request without a read timeout that could cut a frame
+            // in half; a started frame then gets the full timeout.
+            if !readable(c.stream(), 2) {
+                continue;
+            }
+            match c.recv_timeout(Some(Duration::from_secs(5))) {
+                Ok(Msg::Fault { region, offset }) => {
+                    requests += 1;
+                    let reply = match self.dumpers.get(region as usize) {
+                        Some(d) => match d.dump_vector_containing(offset) {
+                            Ok(o) => Msg::FaultReply {
+                                region,
+                                ack: true,
+                                progress: o.watermark,
+                                vec_start: o.start,
+                                vec_len: o.len,
+                            },
+                            Err(e) => Msg::Error {
+                                message: e.to_string(),
+                            },
+                        },
+                        None => Msg::Error {
+                            message: format!("no region {region}"),
+                        },
+                    };
+                    if c.send(&reply).is_err() {
+                        conn = None; // the target is gone: keep dumping, it may come back
+                    }
+                }
+                Ok(other) => {
+                    let _ = c.send(&Msg::Error {
+                        message: format!("unexpected {:?}", std::mem::discriminant(&other)),
+                    });
+                }
+                Err(e) => {
+                    eprintln!("migrate source: the target's connection failed: {e}");
+                    conn = None;
+                }
+            }
+        }
+        let mut bytes = 0;
+        let mut demand = 0;
+        for h in bg {
+            let s = h
+                .join()
+                .map_err(|_| FamError::Other("a dumper thread panicked".into()))??;
+            bytes += s.bytes;
+            demand += s.demand_vectors;
+        }
+        let busy_ns = self.started.elapsed().as_nanos() as u64;
+        let told_done = match conn.as_mut() {
+            Some(c) => c
+                .send(&Msg::Done {
+                    region_count: self.dumpers.len() as u32,
+                })
+                .is_ok(),
+            None => false,
+        };
+        Ok(SourceReport {
+            checkpoint_ns: self.checkpoint_ns,
+            busy_ns,
+            on_demand_vectors: demand,
+            requests,
+            bytes,
+            told_done,
+        })
+    }
+}
+
+impl DumpedImage for LazyFile {
+    fn image(&self, off: u64, len: usize) -> &[u8] {
+        self.range_trusted(off, len as u64).unwrap_or(&[])
+    }
+    fn dumped(&self, off: u64) -> bool {
+        LazyFile::dumped(self, off)
+    }
+    fn watermark(&self) -> u64 {
+        if self.is_complete() {
+            self.region_len()
+        } else {
+            LazyFile::watermark(self)
+        }
+    }
+}
+
+/// A link for a target whose source is already gone: every request fails (the lazy files are
+/// complete, so none is ever made).
+struct NoSource;
+
+impl PageServerLink for NoSource {
+    fn request(
+        &self,
+        _region: u32,
+        _off: u64,
+    ) -> std::result::Result<crate::resolve::DumpReply, &'static str> {
+        Err("the source is gone and the page is not in the lazy-page file")
+    }
+}
+
+/// One restored region at the target.
+pub struct TargetRegion {
+    base: *mut u8,
+    len: usize,
+    handle: Option<RegionHandle>,
+    stats: Arc<ResolverStats>,
+}
+
+// SAFETY: the mapping is owned by the region for its whole life; faults are resolved by the
+// engine.
+unsafe impl Send for TargetRegion {}
+// SAFETY: see above.
+unsafe impl Sync for TargetRegion {}
+
+impl TargetRegion {
+    /// Start of the region (pages arrive on first touch).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// `true` for an empty region.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The resolver's counters.
+    pub fn stats(&self) -> &ResolverStats {
+        &self.stats
+    }
+    /// Hand the mapping and its registration over (e.g. to a tiermem-kv volatile engine):
+    /// the region no longer unmaps or unregisters on drop.
+    pub fn into_parts(mut self) -> (*mut u8, usize, Option<RegionHandle>) {
+        let h = self.handle.take();
+        let r = (self.base, self.len, h);
+        self.len = 0;
+        r
+    }
+}
+
+impl Drop for TargetRegion {
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        if let Some(h) = self.handle.take() {
+            let _ = h.unregister();
+        }
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+/// The target of a FAM-aware migration.
+pub struct FamTarget {
+    regions: Vec<TargetRegion>,
+    blob: Vec<u8>,
+    link: Option<Arc<SignalSafeLink>>,
+    restored: Instant,
+}
+
+impl FamTarget {
+    /// Restore migration `id` from the FAM directory `fam`: validate the checkpoint and the lazy
+    /// files, connect to the source's page-server at `source` (unless every lazy file is
+    /// already complete), map and register the regions. Requests to the source time out after
+    /// `timeout`. The application may run as soon as this returns.
+    pub fn restore(
+        fam: &Path,
+        id: u64,
+        source: Option<SocketAddr>,
+        delay: DelayModel,
+        timeout: Duration,
+    ) -> Result<FamTarget> {
+        let dir = migration_dir(fam, id);
+        let ck = Checkpoint::read(&dir.join("checkpoint"))?;
+        let files: Vec<Arc<LazyFile>> = (0..ck.region_lens.len())
+            .map(|i| LazyFile::open(&dir.join(lazy_name(i)), delay).map(Arc::new))
+            .collect::<std::result::Result<_, _>>()?;
+        for (f, &len) in files.iter().zip(&ck.region_lens) {
+            if f.region_len() != len {
+                return Err(FamError::Other(format!(
+                    "{} holds {} bytes but the checkpoint says {len}",
+                    f.path().display(),
+                    f.region_len()
+                )));
+            }
+        }
+        let complete = files.iter().all(|f| f.is_complete());
+        let link: Option<Arc<SignalSafeLink>> = match (complete, source) {
+            (true, _) => None,
+            (false, None) => {
+                return Err(FamError::Other(
+                    "the dump is not complete and no source address was given".into(),
+                ))
+            }
+            (false, Some(a)) => {
+                let s = TcpStream::connect_timeout(&a, timeout).map_err(|e| {
+                    FamError::Other(format!(
+                        "the source's page-server at {a} is unreachable ({e}) and the dump is not complete"
+                    ))
+                })?;
+                let mut c = Conn::new(
+                    s.try_clone().map_err(|e| FamError::Other(e.to_string()))?,
+                    Some(timeout),
+                )?;
+                c.client_handshake(id)?;
+                Some(Arc::new(SignalSafeLink::new(s, timeout)))
+            }
+        };
+        let mut regions = Vec::new();
+        for (i, f) in files.into_iter().enumerate() {
+            let len = (f.region_len() as usize).div_ceil(4096) * 4096;
+            // SAFETY: a fresh private anonymous mapping; checked.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(FamError::Other(format!(
+                    "mapping region {i} ({len} bytes): {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+            let lookup = Arc::new(DumpedLookup::new());
+            lookup.advance(DumpedImage::watermark(&*f));
+            for (s, l) in f.journal() {
+                lookup.insert(s, l);
+            }
+            let l: Arc<dyn PageServerLink> = match &link {
+                Some(l) => l.clone(),
+                None => Arc::new(NoSource),
+            };
+            let r = Arc::new(FamResolver::new(
+                i as u32,
+                f.region_len(),
+                lookup,
+                f.clone(),
+                l,
+                64 << 10,
+            ));
+            let stats = r.stats();
+            let mut tr = TargetRegion {
+                base: p as *mut u8,
+                len,
+                handle: None,
+                stats,
+            };
+            tr.handle = Some(
+                Engine::global()
+                    .register(RegionSpec::new(tr.base, len).missing(true).in_thread(), r)?,
+            );
+            regions.push(tr);
+        }
+        Ok(FamTarget {
+            regions,
+            blob: ck.blob,
+            link,
+            restored: Instant::now(),
+        })
+    }
+
+    /// The application's state blob.
+    pub fn blob(&self) -> &[u8] {
+        &self.blob
+    }
+
+    /// The restored regions.
+    pub fn regions(&self) -> &[TargetRegion] {
+        &self.regions
+    }
+
+    /// Take the restored regions (e.g. to hand them to an application engine).
+    pub fn take_regions(&mut self) -> Vec<TargetRegion> {
+        std::mem::take(&mut self.regions)
+    }
+
+    /// Page-server requests made so far.
+    pub fn requests(&self) -> u64 {
+        self.link.as_ref().map_or(0, |l| l.requests())
+    }
+
+    /// Touch every page of every region (a prefetch through the resolver), so the migration
+    /// completes; returns the time from restore to completion (resume time), ns.
+    pub fn complete(&self) -> u64 {
+        for r in &self.regions {
+            // SAFETY: the region's live, registered mapping.
+            unsafe { crate::resolve::prefetch(r.base, r.len) };
+        }
+        self.restored.elapsed().as_nanos() as u64
+    }
+
+    /// Faults served from FAM with no message, and on demand, over all regions.
+    pub fn fault_counts(&self) -> (u64, u64) {
+        self.regions.iter().fold((0, 0), |(a, b), r| {
+            (
+                a + r.stats.from_fam.load(Ordering::Relaxed),
+                b + r.stats.on_demand.load(Ordering::Relaxed),
+            )
+        })
+    }
+}

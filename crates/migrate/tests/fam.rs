@@ -1,0 +1,155 @@
+//! FAM-aware post-copy end to end between two network namespaces sharing a FAM directory:
+//! every byte arrives, faults of dumped pages need no message, the source's busy time ends
+//! when its dump does; a dead source fails the target promptly (a child process).
+
+use rand::{Rng, SeedableRng};
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+use tiermem_media::DelayModel;
+use tiermem_migrate::fam::{FamSource, FamSourceConfig, FamTarget};
+use tiermem_migrate::lazyfile::Batching;
+use tiermem_migrate::netns::{Host, TwoHosts};
+
+fn region(len: usize, seed: u64) -> Vec<u8> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut v = vec![0u8; len];
+    r.fill(&mut v[..]);
+    v
+}
+
+#[test]
+fn fam_post_copy_moves_every_byte_between_two_hosts() {
+    let hosts = TwoHosts::create("tmfam").expect("network namespaces (root)");
+    let fam = tempfile::tempdir_in("/dev/shm").unwrap();
+    let len = 32 << 20;
+    let src = region(len, 1);
+    let id = 0x5eed_0001;
+    let listener = hosts
+        .run_in(Host::Src, || TcpListener::bind((hosts.src_addr(), 0)))
+        .unwrap()
+        .unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let cfg = FamSourceConfig {
+        fam: fam.path().to_path_buf(),
+        id,
+        batching: Batching::PerVector,
+        // The paper's FAM (1 µs + 2 GB/s): slow enough that the target faults during the dump.
+        delay: DelayModel::preset("pcm-fam").unwrap(),
+    };
+    let t0 = Instant::now();
+    // SAFETY: `src` is neither written nor freed until serve returns (joined below).
+    let source =
+        unsafe { FamSource::checkpoint(cfg, &[(src.as_ptr(), len as u64)], b"blob!") }.unwrap();
+    let server = std::thread::spawn(move || source.serve(listener));
+    let fam_path = fam.path().to_path_buf();
+    let target = hosts
+        .run_in(Host::Dst, move || {
+            FamTarget::restore(
+                &fam_path,
+                id,
+                Some(addr),
+                DelayModel::NONE,
+                Duration::from_secs(5),
+            )
+        })
+        .unwrap()
+        .unwrap();
+    let downtime = t0.elapsed();
+    assert_eq!(target.blob(), b"blob!");
+    let r = &target.regions()[0];
+    // SAFETY: the registered region; pages fault in on first touch.
+    let dst = unsafe { std::slice::from_raw_parts(r.as_ptr() as *const u8, len) };
+    // The application runs at once: random reads from the end of the region (not yet dumped).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    for _ in 0..200 {
+        let off = len - 1 - rng.gen_range(0..len / 2);
+        assert_eq!(dst[off], src[off], "offset {off}");
+    }
+    let report = server.join().unwrap().unwrap();
+    let busy = t0.elapsed();
+    target.complete();
+    let total = t0.elapsed();
+    assert!(dst == &src[..], "every byte arrived");
+    let (from_fam, on_demand) = target.fault_counts();
+    eprintln!(
+        "32 MiB pcm-fam: downtime {:?}, busy {:?} (source {:.1} ms), total {:?}; faults from FAM \
+         {from_fam}, on demand {on_demand}; source answered {} requests, {} vectors on demand, \
+         told done: {}",
+        downtime,
+        busy,
+        report.busy_ns as f64 / 1e6,
+        total,
+        report.requests,
+        report.on_demand_vectors,
+        report.told_done
+    );
+    assert!(on_demand >= 1, "the early faults asked the source");
+    assert!(from_fam > on_demand, "most faults needed no message");
+    assert_eq!(report.bytes, len as u64);
+}
+
+#[test]
+fn a_complete_dump_needs_no_source() {
+    // Stop-and-copy shape: the source dumps everything, exits; the target restores from FAM
+    // alone.
+    let fam = tempfile::tempdir_in("/dev/shm").unwrap();
+    let len = 8 << 20;
+    let src = region(len, 3);
+    let cfg = FamSourceConfig {
+        fam: fam.path().to_path_buf(),
+        id: 9,
+        batching: Batching::MAX,
+        delay: DelayModel::NONE,
+    };
+    // SAFETY: `src` outlives serve and is not written.
+    let source = unsafe { FamSource::checkpoint(cfg, &[(src.as_ptr(), len as u64)], b"") }.unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rep = source.serve(l).unwrap();
+    assert!(!rep.told_done && rep.requests == 0);
+    let t = FamTarget::restore(
+        fam.path(),
+        9,
+        None,
+        DelayModel::NONE,
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    t.complete();
+    let r = &t.regions()[0];
+    // SAFETY: every page is present.
+    let dst = unsafe { std::slice::from_raw_parts(r.as_ptr() as *const u8, len) };
+    assert!(dst == &src[..]);
+    assert_eq!(t.fault_counts().1, 0, "no request without a source");
+}
+
+#[test]
+fn restore_refuses_a_missing_source_for_an_incomplete_dump() {
+    let fam = tempfile::tempdir_in("/dev/shm").unwrap();
+    let len = 4 << 20;
+    let src = region(len, 4);
+    let cfg = FamSourceConfig {
+        fam: fam.path().to_path_buf(),
+        id: 11,
+        batching: Batching::PerVector,
+        delay: DelayModel::NONE,
+    };
+    // The source checkpoints and dies before dumping (its FamSource is dropped unserved).
+    // SAFETY: `src` outlives the checkpoint call.
+    drop(unsafe { FamSource::checkpoint(cfg, &[(src.as_ptr(), len as u64)], b"") }.unwrap());
+    let dead: SocketAddr = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let t0 = Instant::now();
+    let e = FamTarget::restore(
+        fam.path(),
+        11,
+        Some(dead),
+        DelayModel::NONE,
+        Duration::from_secs(1),
+    )
+    .err()
+    .expect("no target without a source and an incomplete dump");
+    assert!(e.to_string().contains("unreachable"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+}
