@@ -153,3 +153,64 @@ fn restore_refuses_a_missing_source_for_an_incomplete_dump() {
     assert!(e.to_string().contains("unreachable"), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(2));
 }
+
+/// Child role of `a_dead_source_fails_the_target_promptly` (does nothing in a normal run).
+#[test]
+fn child_target_with_a_dead_source() {
+    if std::env::var("TIERMEM_MIG_CHILD").as_deref() != Ok("dead-source") {
+        return;
+    }
+    let fam = tempfile::tempdir_in("/dev/shm").unwrap();
+    let len = 8 << 20;
+    let src = region(len, 5);
+    let cfg = FamSourceConfig {
+        fam: fam.path().to_path_buf(),
+        id: 13,
+        batching: Batching::PerVector,
+        delay: DelayModel::NONE,
+    };
+    // SAFETY: `src` outlives the checkpoint (the source never dumps: it dies).
+    let source = unsafe { FamSource::checkpoint(cfg, &[(src.as_ptr(), len as u64)], b"") }.unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    // The source: answers the handshake, then dies without dumping anything.
+    let dying = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut c = tiermem_migrate::proto::Conn::new(s, Some(Duration::from_secs(5))).unwrap();
+        c.server_handshake(13).unwrap();
+        drop(source);
+    });
+    let t = FamTarget::restore(
+        fam.path(),
+        13,
+        Some(addr),
+        DelayModel::NONE,
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    dying.join().unwrap();
+    eprintln!("child: touching a page the dead source never dumped");
+    t.complete(); // must crash with the resolver's error, not hang
+    eprintln!("child: UNEXPECTED: completed");
+}
+
+#[test]
+fn a_dead_source_fails_the_target_promptly() {
+    let t0 = Instant::now();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_target_with_a_dead_source", "--nocapture"])
+        .env("TIERMEM_MIG_CHILD", "dead-source")
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGBUS),
+        "the faulting access fails: {err}"
+    );
+    assert!(err.contains("the source is gone"), "a clear error: {err}");
+    assert!(!err.contains("UNEXPECTED"));
+    assert!(took < Duration::from_secs(10), "no hang: {took:?}");
+}
