@@ -111,7 +111,12 @@ fn serve(a: ServeArgs) -> Result<()> {
             libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         }
     }
+    let durable = kv.dir().is_some();
     kv.wait()?;
-    eprintln!("tiermem-kv: shut down cleanly: everything acknowledged is durable");
+    if durable {
+        eprintln!("tiermem-kv: shut down cleanly: everything acknowledged is durable");
+    } else {
+        eprintln!("tiermem-kv: shut down");
+    }
     Ok(())
 }

@@ -659,3 +659,74 @@ fn configuration_file_and_flags() {
     assert!(err.contains("kv.conf:2"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn live_migration_of_a_volatile_server_loses_no_acknowledged_write() {
+    let dir = scratch("migrate");
+    let fam = dir.join("fam");
+    std::fs::create_dir_all(&fam).unwrap();
+    let mut src = Server::start("volatile", &dir, &["--heap-size", "64mb"]);
+    // Writers under load; the migration closes their connections (no reply once frozen).
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..3)
+        .map(|w| {
+            let (stop, port) = (stop.clone(), src.port);
+            std::thread::spawn(move || writer(port, format!("m{w}"), stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let page_server = free_port();
+    let mut c = Conn::connect(src.port).unwrap();
+    let r = c.cmd(&[
+        "TIERMEM.MIGRATE",
+        fam.to_str().unwrap(),
+        &format!("127.0.0.1:{page_server}"),
+        "5eed",
+    ]);
+    assert_eq!(r, Reply::Simple("MIGRATING 5eed".into()), "{}", src.log());
+    let acked: Vec<Acked> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    stop.store(true, Ordering::Relaxed);
+    let n: usize = acked
+        .iter()
+        .map(|a| a.sets.len() + a.pushed + a.hash.len())
+        .sum();
+    assert!(n > 0, "writes were acknowledged before the migration");
+    let fam_arg = format!("restore-from={}", fam.display());
+    let src_arg = format!("migration-source=127.0.0.1:{page_server}");
+    let dst = Server::start(
+        "volatile",
+        &dir,
+        &[
+            "--set",
+            &fam_arg,
+            "--set",
+            "migration-id=5eed",
+            "--set",
+            &src_arg,
+        ],
+    );
+    let mut c = Conn::connect(dst.port).unwrap();
+    for a in &acked {
+        verify(&mut c, a);
+    }
+    // The source exits by itself once its dump is complete.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while src.child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the source did not exit:\n{}",
+            src.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(src.log().contains("dumped"), "{}", src.log());
+    assert!(
+        dst.log().contains("restored migration 5eed"),
+        "{}",
+        dst.log()
+    );
+    eprintln!("migrated with {n} acknowledged writes checked at the target");
+    drop(dst);
+    src.kill9();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -124,7 +124,16 @@ pub struct KvService {
     stats: Stats,
     /// Frozen for migration: no command touches the heap any more (see [`KvService::freeze`]).
     frozen: AtomicBool,
+    /// What `TIERMEM.MIGRATE` runs (set by the server that can migrate; see
+    /// [`KvService::set_migrate_hook`]).
+    migrate_hook: std::sync::OnceLock<MigrateHook>,
 }
+
+/// The `TIERMEM.MIGRATE` handler: given the command's arguments (FAM directory, listen address,
+/// migration id), start the migration (freeze, checkpoint, serve) and return the reply text, or
+/// refuse with a reason. It runs on an event-loop thread and must not block for long: the dump
+/// belongs on a thread of its own.
+pub type MigrateHook = Box<dyn Fn(&[String]) -> std::result::Result<String, String> + Send + Sync>;
 
 enum Held<'a> {
     None,
@@ -168,6 +177,7 @@ impl KvService {
             run_id,
             next_client: AtomicU64::new(1),
             frozen: AtomicBool::new(false),
+            migrate_hook: std::sync::OnceLock::new(),
             stats: Stats::default(),
         })
     }
@@ -232,6 +242,11 @@ impl KvService {
     pub fn freeze(&self) {
         self.frozen.store(true, SeqCst);
         drop(self.lock.write());
+    }
+
+    /// Install the `TIERMEM.MIGRATE` handler (once; later calls are ignored).
+    pub fn set_migrate_hook(&self, hook: MigrateHook) {
+        let _ = self.migrate_hook.set(hook);
     }
 
     /// Whether [`KvService::freeze`] was called.

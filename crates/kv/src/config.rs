@@ -173,6 +173,13 @@ pub struct KvConfig {
     pub log_size: Option<u64>,
     /// vnvm's NVM cache size (`cache-size`); `None`: the engine's default.
     pub cache_size: Option<u64>,
+    /// Start as the target of a migration: the FAM directory holding it (`restore-from`).
+    pub restore_from: Option<PathBuf>,
+    /// The migration's id (`migration-id`, hex), with `restore-from`.
+    pub migration_id: Option<u64>,
+    /// The source's page-server address (`migration-source`, ip:port), with `restore-from`;
+    /// not needed once the source's dump is complete.
+    pub migration_source: Option<std::net::SocketAddr>,
 }
 
 impl Default for KvConfig {
@@ -186,6 +193,9 @@ impl Default for KvConfig {
             heap_size: 1 << 30,
             log_size: None,
             cache_size: None,
+            restore_from: None,
+            migration_id: None,
+            migration_source: None,
         }
     }
 }
@@ -241,6 +251,9 @@ const KEYS: &[&str] = &[
     "heap-size",
     "log-size",
     "cache-size",
+    "restore-from",
+    "migration-id",
+    "migration-source",
     "save",
     "appendonly",
     "maxmemory",
@@ -403,6 +416,26 @@ impl KvConfig {
                 self.log_size = parse_optional_size(value)
                     .ok_or_else(|| bad("a size, or empty for the engine's default"))?
             }
+            "restore-from" => {
+                self.restore_from = (!value.is_empty()).then(|| PathBuf::from(value));
+            }
+            "migration-id" => {
+                self.migration_id = if value.is_empty() {
+                    None
+                } else {
+                    Some(
+                        u64::from_str_radix(value.trim_start_matches("0x"), 16)
+                            .map_err(|_| bad("a hexadecimal migration id"))?,
+                    )
+                };
+            }
+            "migration-source" => {
+                self.migration_source = if value.is_empty() {
+                    None
+                } else {
+                    Some(value.parse().map_err(|_| bad("an ip:port address"))?)
+                };
+            }
             "cache-size" => {
                 self.cache_size = parse_optional_size(value)
                     .ok_or_else(|| bad("a size, or empty for the engine's default"))?
@@ -452,6 +485,16 @@ impl KvConfig {
             "heap-size" => self.heap_size.to_string(),
             "log-size" => size(self.log_size),
             "cache-size" => size(self.cache_size),
+            "restore-from" => self
+                .restore_from
+                .as_ref()
+                .map_or(String::new(), |p| p.display().to_string()),
+            "migration-id" => self
+                .migration_id
+                .map_or(String::new(), |i| format!("{i:x}")),
+            "migration-source" => self
+                .migration_source
+                .map_or(String::new(), |a| a.to_string()),
             k => FIXED.iter().find(|(f, _)| *f == k)?.1.to_string(),
         })
     }

@@ -92,6 +92,9 @@ impl KvInstance {
                 });
                 (Box::new(e), Some(dir))
             }
+            "volatile" if cfg.restore_from.is_some() => {
+                (Box::new(restore_migrated(cfg, log)?), None)
+            }
             "volatile" => (
                 Box::new(
                     VolatileEngine::new(cfg.heap_size, false)
@@ -138,6 +141,14 @@ impl KvInstance {
                 .with_info_source(net.clone())
                 .with_config(cfg.get("*")),
         );
+        let trigger: Arc<std::sync::OnceLock<ShutdownTrigger>> = Arc::default();
+        if service.heap().engine().migration_region_available() {
+            service.set_migrate_hook(migrate_hook(
+                Arc::downgrade(&service),
+                trigger.clone(),
+                cfg.clone(),
+            ));
+        }
         let handle =
             server::start(&cfg.server, service.clone(), stats).map_err(|source| KvError::Io {
                 what: "starting the server",
@@ -146,6 +157,7 @@ impl KvInstance {
         if let Some(a) = handle.tcp_addrs().first() {
             net.port.store(a.port() as u64, Ordering::Relaxed);
         }
+        let _ = trigger.set(handle.shutdown_trigger());
         for a in handle.tcp_addrs() {
             log(&format!("listening on {a}"));
         }
@@ -283,4 +295,138 @@ impl InfoSource for NetInfo {
             _ => {}
         }
     }
+}
+
+/// The volatile engine of a migration target: restore the migration `cfg.restore_from` names,
+/// adopt its region (its pages arrive on first touch, from FAM or the source's page-server),
+/// and complete it in the background.
+fn restore_migrated(cfg: &KvConfig, log: &mut dyn FnMut(&str)) -> Result<VolatileEngine, KvError> {
+    let fam = cfg.restore_from.clone().expect("restore-from");
+    let id = cfg
+        .migration_id
+        .ok_or_else(|| KvError::Config("restore-from needs migration-id".into()))?;
+    let t0 = Instant::now();
+    let mut target = tiermem_migrate::fam::FamTarget::restore(
+        &fam,
+        id,
+        cfg.migration_source,
+        tiermem_media::DelayModel::from_env().unwrap_or(tiermem_media::DelayModel::NONE),
+        Duration::from_secs(5),
+    )
+    .map_err(|e| {
+        KvError::Config(format!(
+            "restoring migration {id:x} from {}: {e}",
+            fam.display()
+        ))
+    })?;
+    let mut regions = target.take_regions();
+    if regions.len() != 1 {
+        return Err(KvError::Config(format!(
+            "migration {id:x} carries {} regions; a tiermem-kv heap is one",
+            regions.len()
+        )));
+    }
+    let (base, len, handle) = regions.remove(0).into_parts();
+    log(&format!(
+        "restored migration {id:x} from {} in {:.1} ms: a {} MiB heap whose pages arrive on \
+         first touch (from FAM, or from the source at {})",
+        fam.display(),
+        t0.elapsed().as_secs_f64() * 1e3,
+        len >> 20,
+        cfg.migration_source
+            .map_or("(none: the dump is complete)".to_string(), |a| a
+                .to_string())
+    ));
+    // Complete the migration in the background: touch every page (each faults in through the
+    // migration's resolver).
+    let (b, l) = (base as usize, len);
+    std::thread::Builder::new()
+        .name("kv-mig-prefetch".into())
+        .spawn(move || {
+            // SAFETY: the region stays mapped for the engine's life (the engine owns it); the
+            // thread only reads.
+            unsafe { tiermem_migrate::resolve::prefetch(b as *const u8, l) };
+            eprintln!(
+                "tiermem-kv: migration {id:x} complete: every page present {:.1} ms after restore",
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+            drop(target);
+        })
+        .map_err(|source| KvError::Io {
+            what: "starting the migration prefetcher",
+            source,
+        })?;
+    // SAFETY: the target handed the mapping and its registration over; nothing else writes it.
+    Ok(unsafe { VolatileEngine::adopt(base, len, handle, true) })
+}
+
+/// `TIERMEM.MIGRATE <fam-dir> <listen ip:port> <id hex>`: reserve the migration's files in FAM
+/// (a full FAM refuses here, with the server still serving), then on a thread: freeze, serve
+/// the dump and the target's faults, and shut the server down when the dump is complete.
+fn migrate_hook(
+    service: std::sync::Weak<KvService>,
+    trigger: Arc<std::sync::OnceLock<ShutdownTrigger>>,
+    cfg: KvConfig,
+) -> crate::commands::MigrateHook {
+    Box::new(move |args: &[String]| {
+        let svc = service.upgrade().ok_or("the server is shutting down")?;
+        if svc.is_frozen() {
+            return Err("a migration is already under way".into());
+        }
+        let fam = PathBuf::from(&args[0]);
+        let listen: SocketAddr = args[1]
+            .parse()
+            .map_err(|_| format!("{:?} is not an ip:port address", args[1]))?;
+        let id = u64::from_str_radix(args[2].trim_start_matches("0x"), 16)
+            .map_err(|_| format!("{:?} is not a hexadecimal id", args[2]))?;
+        let listener = std::net::TcpListener::bind(listen)
+            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        let view = svc.heap().view();
+        let (base, len) = (view.as_ptr(), view.len() as u64);
+        let blob = format!(
+            "tiermem-kv volatile heap of {len} bytes\nengine {}\n",
+            cfg.engine
+        );
+        let scfg = tiermem_migrate::fam::FamSourceConfig {
+            fam: fam.clone(),
+            id,
+            batching: tiermem_migrate::lazyfile::Batching::PerVector,
+            delay: tiermem_media::DelayModel::from_env().unwrap_or(tiermem_media::DelayModel::NONE),
+        };
+        // SAFETY: the heap lives as long as `svc` (held by the thread below until serve
+        // returns) and is frozen before serve starts dumping.
+        let source = unsafe {
+            tiermem_migrate::fam::FamSource::checkpoint(scfg, &[(base, len)], blob.as_bytes())
+        }
+        .map_err(|e| e.to_string())?;
+        let trigger = trigger.clone();
+        std::thread::Builder::new()
+            .name("kv-migrate".into())
+            .spawn(move || {
+                let t0 = Instant::now();
+                svc.freeze();
+                let _ = svc.heap().engine().migration_region();
+                eprintln!(
+                    "tiermem-kv: frozen for migration {id:x} in {:.1} ms; dumping {} MiB to {}",
+                    t0.elapsed().as_secs_f64() * 1e3,
+                    len >> 20,
+                    fam.display()
+                );
+                match source.serve(listener) {
+                    Ok(r) => eprintln!(
+                        "tiermem-kv: migration {id:x} dumped: busy {:.1} ms, {} requests from \
+                         the target, {} vectors on demand; exiting",
+                        r.busy_ns as f64 / 1e6,
+                        r.requests,
+                        r.on_demand_vectors
+                    ),
+                    Err(e) => eprintln!("tiermem-kv: migration {id:x} failed: {e}"),
+                }
+                if let Some(t) = trigger.get() {
+                    t.request();
+                }
+            })
+            .map_err(|e| format!("cannot start the migration thread: {e}"))?;
+        Ok(format!("MIGRATING {id:x}"))
+    })
 }

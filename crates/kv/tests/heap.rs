@@ -51,7 +51,7 @@ fn exercise(heap: &Heap) {
 #[test]
 fn volatile_heap_transactions() {
     let e = VolatileEngine::new(8 << 20, true).unwrap();
-    assert!(e.region().is_some(), "registered with the fault engine");
+    assert!(e.region_id().is_some(), "registered with the fault engine");
     let heap = Heap::open(Box::new(e)).unwrap();
     exercise(&heap);
     assert!(!heap.engine().info().durable);

@@ -229,6 +229,27 @@ impl KvService {
             }
             Id::Lastsave => int(out, self.last_save.load(Relaxed) as i64),
             Id::Wait => int(out, 0),
+            Id::Migrate => {
+                // TIERMEM.MIGRATE <fam-dir> <listen ip:port> <migration id, hex>
+                let args: Vec<String> = a[1..]
+                    .iter()
+                    .map(|x| String::from_utf8_lossy(x).into_owned())
+                    .collect();
+                match self.migrate_hook.get() {
+                    None => reply::error(
+                        out,
+                        "ERR this server cannot migrate (only the volatile engine migrates; a \
+                         vnvm server moves with its data directory)",
+                    ),
+                    Some(hook) => match hook(&args) {
+                        Ok(msg) => {
+                            reply::simple(out, &msg);
+                            return Control::Close;
+                        }
+                        Err(e) => reply::error(out, &format!("ERR migration refused: {e}")),
+                    },
+                }
+            }
             _ => reply::error(out, "ERR internal: not an admin command"),
         }
         Control::Continue

@@ -101,6 +101,17 @@ pub trait Engine: Send + Sync + 'static {
     fn max_tx_bytes(&self) -> Option<u64> {
         None
     }
+    /// The region a migration moves (`None`: this engine does not migrate — a durable engine
+    /// moves with its data directory). Called once the heap is frozen; the engine may give up
+    /// its fault-engine registration so the kernel can read every page.
+    fn migration_region(&self) -> Option<(*const u8, usize)> {
+        None
+    }
+    /// Whether this engine can migrate ([`Engine::migration_region`] would give a region);
+    /// asks without side effects.
+    fn migration_region_available(&self) -> bool {
+        false
+    }
     /// Make everything committed durable and applied (clean shutdown). Default: nothing.
     fn sync(&self) -> Result<()> {
         Ok(())

@@ -32,7 +32,7 @@ struct TxState {
 pub struct VolatileEngine {
     base: *mut u8,
     len: usize,
-    handle: Option<RegionHandle>,
+    handle: Mutex<Option<RegionHandle>>,
     tx: Mutex<TxState>,
     /// The engine unmaps the region when dropped (it mapped it, or was given it to own).
     owns_mapping: bool,
@@ -87,7 +87,7 @@ impl VolatileEngine {
         Ok(VolatileEngine {
             base,
             len,
-            handle,
+            handle: Mutex::new(handle),
             tx: Mutex::new(TxState::default()),
             owns_mapping: true,
         })
@@ -111,15 +111,15 @@ impl VolatileEngine {
         VolatileEngine {
             base,
             len,
-            handle,
+            handle: Mutex::new(handle),
             tx: Mutex::new(TxState::default()),
             owns_mapping,
         }
     }
 
-    /// The fault-engine registration of the heap's region (`None` if it could not register).
-    pub fn region(&self) -> Option<&RegionHandle> {
-        self.handle.as_ref()
+    /// The fault-engine region id of the heap (`None`: not registered).
+    pub fn region_id(&self) -> Option<u64> {
+        self.handle.lock().as_ref().map(|h| h.id())
     }
 }
 
@@ -130,6 +130,18 @@ impl Engine for VolatileEngine {
     fn writes_visible_before_commit(&self) -> bool {
         true
     }
+    fn migration_region_available(&self) -> bool {
+        true
+    }
+    fn migration_region(&self) -> Option<(*const u8, usize)> {
+        // The migration's dumper reads the region with pwritev: a kernel access, which an
+        // in-thread region refuses for pages never touched. Hand the region back to the
+        // kernel first (its never-touched pages then read as the shared zero page).
+        if let Some(h) = self.handle.lock().take() {
+            let _ = h.unregister();
+        }
+        Some((self.base, self.len))
+    }
     fn info(&self) -> EngineInfo {
         EngineInfo {
             name: "volatile",
@@ -138,8 +150,8 @@ impl Engine for VolatileEngine {
                 "anonymous region at {:p}, {} MiB, {} (not persisted)",
                 self.base,
                 self.len >> 20,
-                match &self.handle {
-                    Some(h) => format!("registered with the fault engine as region {}", h.id()),
+                match self.region_id() {
+                    Some(id) => format!("registered with the fault engine as region {id}"),
                     None => "not registered with the fault engine".to_string(),
                 }
             ),
@@ -147,11 +159,15 @@ impl Engine for VolatileEngine {
             fields: vec![
                 (
                     "volatile_region_registered".into(),
-                    (self.handle.is_some() as u8).to_string(),
+                    (self.region_id().is_some() as u8).to_string(),
                 ),
                 (
                     "volatile_region_faults".into(),
-                    self.handle.as_ref().map_or(0, |h| h.faults()).to_string(),
+                    self.handle
+                        .lock()
+                        .as_ref()
+                        .map_or(0, |h| h.faults())
+                        .to_string(),
                 ),
             ],
         }
@@ -227,7 +243,7 @@ impl Drop for VolatileEngine {
         if !self.owns_mapping {
             return;
         }
-        if let Some(h) = self.handle.take() {
+        if let Some(h) = self.handle.get_mut().take() {
             let _ = h.unregister();
         }
         // SAFETY: the engine's own mapping; nothing refers to it after the heap is dropped.
