@@ -471,6 +471,8 @@ struct DeadlineReader<'a> {
     deadline: Option<Instant>,
     first: bool,
     narrowed: bool,
+    /// Bytes of the message read so far (a timeout after any leaves the stream mid-frame).
+    consumed: usize,
 }
 
 impl Read for DeadlineReader<'_> {
@@ -489,7 +491,9 @@ impl Read for DeadlineReader<'_> {
         }
         self.first = false;
         let mut s = self.stream;
-        s.read(buf)
+        let n = s.read(buf)?;
+        self.consumed += n;
+        Ok(n)
     }
 }
 
@@ -502,6 +506,9 @@ pub struct Conn {
     timeout: Option<Duration>,
     /// The read timeout currently set on the socket (avoids a setsockopt per message).
     cur_rcvtimeo: Option<Option<Duration>>,
+    /// A receive timed out in the middle of a frame: the byte stream is out of step, every
+    /// later receive fails.
+    desynced: bool,
 }
 
 impl Conn {
@@ -514,6 +521,7 @@ impl Conn {
             stream,
             timeout,
             cur_rcvtimeo: None,
+            desynced: false,
         })
     }
 
@@ -545,8 +553,13 @@ impl Conn {
     }
 
     /// Receives one message; the whole message must arrive within `timeout` (`None`: wait
-    /// forever). A peer-sent `Error` is returned as a message, not as an error.
+    /// forever). A peer-sent `Error` is returned as a message, not as an error. A timeout
+    /// before any byte of a message arrived leaves the connection usable; a timeout in the
+    /// middle of one does not (later receives fail with `PeerGone { mid_message: true }`).
     pub fn recv_timeout(&mut self, timeout: Option<Duration>) -> Result<Msg> {
+        if self.desynced {
+            return Err(ProtoError::PeerGone { mid_message: true });
+        }
         if self.cur_rcvtimeo != Some(timeout) {
             self.stream.set_read_timeout(timeout)?;
             self.cur_rcvtimeo = Some(timeout);
@@ -557,8 +570,13 @@ impl Conn {
             deadline,
             first: true,
             narrowed: false,
+            consumed: 0,
         };
         let res = read_msg(&mut r);
+        if matches!(res, Err(ProtoError::Timeout(_))) && r.consumed > 0 {
+            // Part of a frame was read: the next bytes are not a frame start any more.
+            self.desynced = true;
+        }
         if r.narrowed {
             // A later read narrowed the socket's timeout: reset on the next receive.
             self.cur_rcvtimeo = None;
@@ -972,5 +990,40 @@ mod tests {
         drop(peer);
         let e = c.recv().unwrap_err();
         assert!(matches!(e, ProtoError::PeerGone { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_timeout_mid_frame_desyncs_one_between_frames_does_not() {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let mut c = Conn::new(s, Some(Duration::from_secs(2))).unwrap();
+        // No byte: a benign timeout, then a whole frame is read fine.
+        let e = c.recv_timeout(Some(Duration::from_millis(30))).unwrap_err();
+        assert!(matches!(e, ProtoError::Timeout(_)), "{e}");
+        let frame = encode(&Msg::Fault {
+            region: 1,
+            offset: 8192,
+        })
+        .unwrap();
+        peer.write_all(&frame).unwrap();
+        assert_eq!(
+            c.recv().unwrap(),
+            Msg::Fault {
+                region: 1,
+                offset: 8192
+            }
+        );
+        // Half a frame, a timeout, the other half: the connection is out of step now.
+        peer.write_all(&frame[..5]).unwrap();
+        let e = c.recv_timeout(Some(Duration::from_millis(30))).unwrap_err();
+        assert!(matches!(e, ProtoError::Timeout(_)), "{e}");
+        peer.write_all(&frame[5..]).unwrap();
+        let e = c.recv().unwrap_err();
+        assert!(
+            matches!(e, ProtoError::PeerGone { mid_message: true }),
+            "{e}"
+        );
     }
 }
