@@ -392,6 +392,8 @@ fn migrate_hook(
             id,
             batching: tiermem_migrate::lazyfile::Batching::PerVector,
             delay: tiermem_media::DelayModel::from_env().unwrap_or(tiermem_media::DelayModel::NONE),
+            // A heap is mostly unused space above its bump pointer: dump only what was touched.
+            skip_untouched: true,
         };
         // SAFETY: the heap lives as long as `svc` (held by the thread below until serve
         // returns) and is frozen before serve starts dumping.

@@ -80,6 +80,9 @@ pub struct FamSourceConfig {
     pub batching: Batching,
     /// Delay model charged on the lazy files (FAM `pcm-fam`, or none).
     pub delay: DelayModel,
+    /// Skip 2 MiB vectors no page of which was ever touched (they read as zeros in the
+    /// reserved lazy file): a sparse region dumps only what it uses.
+    pub skip_untouched: bool,
 }
 
 /// What the source did.
@@ -128,9 +131,9 @@ impl FamSource {
         for (i, &(base, len)) in regions.iter().enumerate() {
             let f = Arc::new(LazyFile::create(&dir, &lazy_name(i), len, cfg.delay)?);
             // SAFETY: forwarded caller contract (frozen, mapped).
-            dumpers.push(Arc::new(unsafe {
-                Dumper::new(f, base, len, cfg.batching)?
-            }));
+            let d = Arc::new(unsafe { Dumper::new(f, base, len, cfg.batching)? });
+            d.set_skip_untouched(cfg.skip_untouched);
+            dumpers.push(d);
         }
         Checkpoint {
             region_lens: regions.iter().map(|r| r.1).collect(),

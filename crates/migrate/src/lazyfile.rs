@@ -686,6 +686,10 @@ pub struct Dumper {
     write_nanos: AtomicU64,
     persist_nanos: AtomicU64,
     next: AtomicUsize,
+    /// Skip vectors whose pages were never touched (see [`Dumper::set_skip_untouched`]).
+    skip_untouched: AtomicBool,
+    /// Vectors skipped that way.
+    skipped: AtomicU64,
 }
 
 // SAFETY: `base` points at a frozen memory range that the creator of the Dumper promised (in
@@ -751,6 +755,8 @@ impl Dumper {
             nanos: AtomicU64::new(0),
             write_nanos: AtomicU64::new(0),
             persist_nanos: AtomicU64::new(0),
+            skip_untouched: AtomicBool::new(false),
+            skipped: AtomicU64::new(0),
         })
     }
 
@@ -788,7 +794,62 @@ impl Dumper {
 
     /// Write vectors `[first, first + n)` (contiguous) with pwritev calls, persist, charge.
     /// Caller holds the write slot (busy).
+    /// Skip vectors of which no page was ever touched in this process (neither present nor
+    /// swapped, per `/proc/self/pagemap`): they are zeros, which the reserved lazy file
+    /// already reads as. A sparse region (a big heap mostly unused) then dumps only what it
+    /// uses. Off by default; without a readable pagemap nothing is skipped.
+    pub fn set_skip_untouched(&self, on: bool) {
+        self.skip_untouched.store(on, Ordering::Relaxed);
+    }
+
+    /// Vectors skipped as never touched.
+    pub fn skipped_vectors(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+
+    /// Whether any page of vector `i` was ever touched (present or swapped); `true` when that
+    /// cannot be known.
+    fn touched(&self, i: usize) -> bool {
+        use std::os::unix::fs::FileExt;
+        static PAGEMAP: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+        let Some(pm) = PAGEMAP.get_or_init(|| std::fs::File::open("/proc/self/pagemap").ok())
+        else {
+            return true;
+        };
+        let (s, l) = self.vector(i);
+        let first = (self.base as u64 + s) / 4096;
+        let pages = l.div_ceil(4096) as usize;
+        let mut buf = vec![0u8; pages * 8];
+        if pm.read_exact_at(&mut buf, first * 8).is_err() {
+            return true;
+        }
+        buf.chunks_exact(8)
+            .any(|e| u64::from_le_bytes(e.try_into().unwrap()) & (3 << 62) != 0)
+    }
+
     fn write_vectors(&self, first: usize, n: usize) -> Result<()> {
+        if self.skip_untouched.load(Ordering::Relaxed) {
+            // Write the runs of touched vectors; untouched ones stay the file's zeros.
+            let mut i = first;
+            while i < first + n {
+                if !self.touched(i) {
+                    self.skipped.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                    continue;
+                }
+                let mut j = i + 1;
+                while j < first + n && self.touched(j) {
+                    j += 1;
+                }
+                self.write_run(i, j - i)?;
+                i = j;
+            }
+            return Ok(());
+        }
+        self.write_run(first, n)
+    }
+
+    fn write_run(&self, first: usize, n: usize) -> Result<()> {
         let t0 = Instant::now();
         let (start, _) = self.vector(first);
         let mut iovs: Vec<libc::iovec> = (first..first + n)

@@ -35,6 +35,7 @@ fn fam_post_copy_moves_every_byte_between_two_hosts() {
         batching: Batching::PerVector,
         // The paper's FAM (1 µs + 2 GB/s): slow enough that the target faults during the dump.
         delay: DelayModel::preset("pcm-fam").unwrap(),
+        skip_untouched: false,
     };
     let t0 = Instant::now();
     // SAFETY: `src` is neither written nor freed until serve returns (joined below).
@@ -100,6 +101,7 @@ fn a_complete_dump_needs_no_source() {
         id: 9,
         batching: Batching::MAX,
         delay: DelayModel::NONE,
+        skip_untouched: false,
     };
     // SAFETY: `src` outlives serve and is not written.
     let source = unsafe { FamSource::checkpoint(cfg, &[(src.as_ptr(), len as u64)], b"") }.unwrap();
@@ -132,6 +134,7 @@ fn restore_refuses_a_missing_source_for_an_incomplete_dump() {
         id: 11,
         batching: Batching::PerVector,
         delay: DelayModel::NONE,
+        skip_untouched: false,
     };
     // The source checkpoints and dies before dumping (its FamSource is dropped unserved).
     // SAFETY: `src` outlives the checkpoint call.
@@ -168,6 +171,7 @@ fn child_target_with_a_dead_source() {
         id: 13,
         batching: Batching::PerVector,
         delay: DelayModel::NONE,
+        skip_untouched: false,
     };
     // SAFETY: `src` outlives the checkpoint (the source never dumps: it dies).
     let source = unsafe { FamSource::checkpoint(cfg, &[(src.as_ptr(), len as u64)], b"") }.unwrap();

@@ -539,3 +539,40 @@ fn batching_ratio_256m() {
         }
     }
 }
+
+#[test]
+fn untouched_vectors_are_skipped_and_read_as_zeros() {
+    let dir = tmpdir();
+    let len: u64 = 16 << 20;
+    // SAFETY: a fresh private anonymous mapping; checked; unmapped at the end.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: the mapping above.
+    let region = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, len as usize) };
+    // Touch a few pages of vectors 1 and 5 only.
+    for off in [(2 << 20) + 4096, (2 << 20) + 8192, (10 << 20) + 123] {
+        region[off] = 0xab;
+    }
+    let file =
+        Arc::new(LazyFile::create(dir.path(), "region-0.lazy", len, DelayModel::NONE).unwrap());
+    let d = new_dumper(&file, region, Batching::PerVector);
+    d.set_skip_untouched(true);
+    let st = d.spawn_background().join().unwrap().unwrap();
+    assert_eq!(d.skipped_vectors(), 6, "8 vectors, 2 touched");
+    assert_eq!(st.bytes, 2 * VECTOR_SIZE);
+    let path = file.path().to_path_buf();
+    drop(d);
+    drop(file);
+    check_all(&path, region);
+    // SAFETY: our mapping, no longer used.
+    unsafe { libc::munmap(p, len as usize) };
+}
