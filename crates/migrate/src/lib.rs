@@ -13,6 +13,8 @@
 //! * [`lookup`]: the target's lock-free table of dumped offsets (watermark + ranges);
 //! * [`resolve`]: the target's fault resolver (FAM first, the page-server on a miss);
 //! * [`netns`]: two "hosts" as network namespaces joined by a veth pair (tests, benchmarks);
+//! * [`socket`]: socket post-copy as CRIU does it (pages held in pipes at freeze, fault
+//!   page-server, expiration timer and push of the remaining pages);
 //! * [`sockpage`]: a minimal socket page-server and fault client (socket post-copy baseline).
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -29,4 +31,5 @@ pub mod metrics;
 pub mod netns;
 pub mod proto;
 pub mod resolve;
+pub mod socket;
 pub mod sockpage;
