@@ -486,3 +486,45 @@ impl FamTarget {
         })
     }
 }
+
+/// Stop-and-copy (the non-live baseline) through the same FAM directory: with the region
+/// frozen, dump every page to FAM (no target runs meanwhile: downtime = the whole dump), then
+/// restore at the target and resume. Source and target are both this process here (the
+/// target side is [`FamTarget::restore`] without a source, which is what another host runs).
+/// Returns the metrics and the restored target (every page already in FAM: faults never leave
+/// the target host).
+///
+/// # Safety
+/// Each `(base, len)` must stay mapped and unmodified until this returns.
+pub unsafe fn stop_and_copy(
+    cfg: FamSourceConfig,
+    regions: &[(*const u8, u64)],
+    blob: &[u8],
+) -> Result<(crate::metrics::Metrics, FamTarget)> {
+    let t0 = Instant::now();
+    let (fam, id, delay) = (cfg.fam.clone(), cfg.id, cfg.delay);
+    // SAFETY: forwarded caller contract.
+    let source = unsafe { FamSource::checkpoint(cfg, regions, blob)? };
+    // Nobody connects: serve returns when the dump is complete and persisted.
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| FamError::Other(format!("stop-and-copy listener: {e}")))?;
+    let report = source.serve(listener)?;
+    let target = FamTarget::restore(&fam, id, None, delay, Duration::from_secs(5))?;
+    let downtime_ns = t0.elapsed().as_nanos() as u64;
+    let resume_ns = target.complete();
+    let (from_fam, on_demand) = target.fault_counts();
+    Ok((
+        crate::metrics::Metrics {
+            method: "stop-and-copy".into(),
+            downtime_ns,
+            resume_ns,
+            busy_ns: report.busy_ns,
+            total_ns: downtime_ns + resume_ns,
+            pages_on_demand: on_demand,
+            faults_from_fam: from_fam,
+            pages_pushed: 0,
+            bytes: report.bytes,
+        },
+        target,
+    ))
+}

@@ -218,3 +218,34 @@ fn a_dead_source_fails_the_target_promptly() {
     assert!(!err.contains("UNEXPECTED"));
     assert!(took < Duration::from_secs(10), "no hang: {took:?}");
 }
+
+#[test]
+fn stop_and_copy_dumps_everything_before_resuming() {
+    let fam = tempfile::tempdir_in("/dev/shm").unwrap();
+    let len = 16 << 20;
+    let src = region(len, 6);
+    let cfg = FamSourceConfig {
+        fam: fam.path().to_path_buf(),
+        id: 21,
+        batching: Batching::MAX,
+        delay: DelayModel::preset("pcm-fam").unwrap(),
+        skip_untouched: false,
+    };
+    // SAFETY: `src` outlives the call and is not written.
+    let (m, t) =
+        unsafe { tiermem_migrate::fam::stop_and_copy(cfg, &[(src.as_ptr(), len as u64)], b"s&c") }
+            .unwrap();
+    let r = &t.regions()[0];
+    // SAFETY: complete() made every page present.
+    let dst = unsafe { std::slice::from_raw_parts(r.as_ptr() as *const u8, len) };
+    assert!(dst == &src[..]);
+    assert_eq!(t.blob(), b"s&c");
+    assert_eq!(m.pages_on_demand, 0);
+    assert!(
+        m.downtime_ns >= m.busy_ns,
+        "the application waits for the whole dump"
+    );
+    // At 2 GB/s, 16 MiB costs at least 8 ms of FAM bandwidth.
+    assert!(m.busy_ns >= 8_000_000, "{m:?}");
+    eprintln!("stop-and-copy 16 MiB pcm-fam: {m:?}");
+}
