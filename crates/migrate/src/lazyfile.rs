@@ -501,6 +501,44 @@ impl LazyFile {
         }
     }
 
+    /// Pre-copy: write `src` (a page-aligned range of a region that may still be running) at
+    /// image offset `offset` and persist it. It publishes nothing: pages written this way
+    /// count as dumped only once [`LazyFile::mark_complete`] is called, after the region was
+    /// frozen and its last written pages were copied (a running region may change them again).
+    pub fn write_image(&self, offset: u64, src: &[u8]) -> Result<()> {
+        let len = src.len() as u64;
+        if offset % self.page != 0
+            || len % self.page != 0
+            || !matches!(offset.checked_add(len), Some(e) if e <= self.region_len)
+        {
+            return Err(self.out_of_range(offset, len));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let mut iov = [libc::iovec {
+            iov_base: src.as_ptr() as *mut libc::c_void,
+            iov_len: src.len(),
+        }];
+        pwritev_all(
+            self.pool.as_raw_fd(),
+            &mut iov,
+            self.image_file_offset() + offset,
+            self.path(),
+        )?;
+        self.persist_image(offset, len)?;
+        self.pool.charge_write(len);
+        Ok(())
+    }
+
+    /// Pre-copy: every page of the image is final (the region is frozen and its last written
+    /// pages were written with [`LazyFile::write_image`]): publish the watermark and the
+    /// completion flag.
+    pub fn mark_complete(&self) -> Result<()> {
+        self.publish(OFF_WATERMARK, self.region_len)?;
+        self.publish(OFF_COMPLETE, 1)
+    }
+
     /// Make image range `[offset, offset + len)` durable after it was written with `pwritev`
     /// (see the module docs for the choice per medium).
     fn persist_image(&self, offset: u64, len: u64) -> Result<()> {

@@ -5,6 +5,7 @@
 //!
 //! Modules:
 //! * [`fam`]: FAM-aware post-copy — [`fam::FamSource`] and [`fam::FamTarget`];
+//! * [`precopy`]: the pre-copy baseline (rounds of written pages, then a short freeze);
 //! * [`checkpoint`]: the non-page checkpoint (region geometry, the application's blob);
 //! * [`lazyfile`]: the checkpoint and lazy-page files in the FAM directory, and the dumper;
 //! * [`proto`]: the page-server wire protocol;
@@ -29,6 +30,7 @@ pub mod link;
 pub mod lookup;
 pub mod metrics;
 pub mod netns;
+pub mod precopy;
 pub mod proto;
 pub mod resolve;
 pub mod socket;
