@@ -65,6 +65,20 @@ pub struct ResolverStats {
     pub bytes: AtomicU64,
     /// Faults that failed (source gone, ...).
     pub failed: AtomicU64,
+    /// Runs mapped as zero pages (their bytes in FAM were all zero).
+    pub zero_runs: AtomicU64,
+}
+
+/// Whether every byte of `b` is zero (word at a time; signal-safe).
+fn is_zero(b: &[u8]) -> bool {
+    if b.is_empty() {
+        return false;
+    }
+    let (head, words, tail) = {
+        // SAFETY: reinterpreting initialized bytes as u64 words (any bit pattern is valid).
+        unsafe { b.align_to::<u64>() }
+    };
+    head.iter().all(|&x| x == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&x| x == 0)
 }
 
 /// The FAM-aware post-copy resolver of one region (see the module documentation).
@@ -150,7 +164,14 @@ impl Resolver for FamResolver {
         let len = ((end - off) as usize).div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let src = self.image.image(off, len);
         self.image.charge_read(len as u64);
-        let n = ops.copy(fault.offset, src, false)?;
+        // A run of zeros (never-touched memory the dump skipped, or plain zeros) is mapped as
+        // the shared zero page: no copy and no memory at the target until it is written.
+        let n = if is_zero(src) {
+            self.stats.zero_runs.fetch_add(1, Ordering::Relaxed);
+            ops.zero(fault.offset, len)?
+        } else {
+            ops.copy(fault.offset, src, false)?
+        };
         self.stats.bytes.fetch_add(n as u64, Ordering::Relaxed);
         Ok(())
     }
