@@ -19,23 +19,7 @@ pub fn cdf_svg(title: &str, x_label: &str, series: &[Series<'_>]) -> String {
     let (left, right, top, bottom) = (70.0, 250.0, 40.0, 60.0);
     let pw = w - left - right;
     let ph = h - top - bottom;
-    let all = series
-        .iter()
-        .flat_map(|s| s.samples.iter().copied())
-        .filter(|x| *x > 0.0);
-    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
-    for x in all {
-        lo = lo.min(x);
-        hi = hi.max(x);
-    }
-    if !lo.is_finite() || hi <= 0.0 {
-        lo = 1.0;
-        hi = 10.0;
-    }
-    let (llo, lhi) = (
-        lo.log10().floor(),
-        hi.log10().ceil().max(lo.log10().floor() + 1.0),
-    );
+    let (lo, llo, lhi) = log_axis(series.iter().flat_map(|s| s.samples.iter().copied()));
     let xmap = |x: f64| left + (x.max(lo).log10() - llo) / (lhi - llo) * pw;
     let ymap = |q: f64| top + (1.0 - q) * ph;
     let mut s = String::new();
@@ -133,22 +117,10 @@ pub fn bars_svg(title: &str, y_label: &str, groups: &[&str], series: &[Bars<'_>]
     let (left, right, top, bottom) = (80.0, 200.0, 40.0, 60.0);
     let pw = w - left - right;
     let ph = h - top - bottom;
-    let vals = series
-        .iter()
-        .flat_map(|s| s.values.iter().flatten().copied())
-        .filter(|v| *v > 0.0);
-    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
-    for v in vals {
-        lo = lo.min(v);
-        hi = hi.max(v);
-    }
-    if !lo.is_finite() || hi <= 0.0 {
-        lo = 1.0;
-        hi = 10.0;
-    }
-    let (llo, lhi) = (
-        lo.log10().floor(),
-        hi.log10().ceil().max(lo.log10().floor() + 1.0),
+    let (_, llo, lhi) = log_axis(
+        series
+            .iter()
+            .flat_map(|s| s.values.iter().flatten().copied()),
     );
     let ymap = |v: f64| top + ph - (v.log10() - llo) / (lhi - llo) * ph;
     let mut s = String::new();
@@ -243,6 +215,22 @@ fn fmt_si(v: f64) -> String {
     } else {
         format!("{x:.1}{unit}")
     }
+}
+
+/// A log axis for `values` (non-positive ones ignored): the smallest value, and the decades
+/// (log10) the axis starts and ends at, at least one decade apart; 1..10 when nothing is left.
+fn log_axis(values: impl Iterator<Item = f64>) -> (f64, f64, f64) {
+    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+    for v in values.filter(|v| *v > 0.0) {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if !lo.is_finite() || hi <= 0.0 {
+        lo = 1.0;
+        hi = 10.0;
+    }
+    let llo = lo.log10().floor();
+    (lo, llo, hi.log10().ceil().max(llo + 1.0))
 }
 
 fn fmt_decade(d: f64) -> String {

@@ -26,11 +26,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    kv_harness::free_port().expect("a free port")
 }
 
 /// A client program on PATH, or `None` (and a note) when it is missing and not required.

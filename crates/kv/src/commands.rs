@@ -228,10 +228,9 @@ impl KvService {
     /// exclusively); returns the work done (0: no garbage). For an idle timer; the service
     /// also does it at each [`Service::round_end`].
     pub fn collect_garbage(&self, budget: u64) -> Result<u64> {
-        let _g = self.lock.write();
-        if self.frozen.load(SeqCst) {
+        let Some(_g) = self.write_unfrozen() else {
             return Ok(0);
-        }
+        };
         self.collect_locked(budget)
     }
 
@@ -247,6 +246,20 @@ impl KvService {
     /// Install the `TIERMEM.MIGRATE` handler (once; later calls are ignored).
     pub fn set_migrate_hook(&self, hook: MigrateHook) {
         let _ = self.migrate_hook.set(hook);
+    }
+
+    /// The engine-wide lock, shared, unless the service is frozen (checked once the lock is
+    /// held, so nothing reads past a freeze).
+    fn read_unfrozen(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        let g = self.lock.read();
+        (!self.frozen.load(SeqCst)).then_some(g)
+    }
+
+    /// The engine-wide lock, exclusive, unless the service is frozen (checked once the lock is
+    /// held, so nothing writes past a freeze).
+    fn write_unfrozen(&self) -> Option<RwLockWriteGuard<'_, ()>> {
+        let g = self.lock.write();
+        (!self.frozen.load(SeqCst)).then_some(g)
     }
 
     /// Whether [`KvService::freeze`] was called.
@@ -415,10 +428,10 @@ impl KvService {
                 }
                 Kind::Read => {
                     if matches!(held, Held::None) {
-                        held = Held::Read(self.lock.read());
-                        if self.frozen.load(SeqCst) {
+                        let Some(g) = self.read_unfrozen() else {
                             return Control::Close;
-                        }
+                        };
+                        held = Held::Read(g);
                     }
                     self.read(cx, &View::of(&self.heap), s, spec, r, out);
                 }
@@ -426,10 +439,10 @@ impl KvService {
                     if !matches!(held, Held::Write(_)) {
                         // Release a read lock before waiting for the write lock.
                         drop(std::mem::replace(&mut held, Held::None));
-                        held = Held::Write(self.lock.write());
-                        if self.frozen.load(SeqCst) {
+                        let Some(g) = self.write_unfrozen() else {
                             return Control::Close;
-                        }
+                        };
+                        held = Held::Write(g);
                     }
                     self.write_one(spec, r, out);
                 }
@@ -446,10 +459,9 @@ impl KvService {
         out: &mut Vec<u8>,
         cx: &mut data::Counters,
     ) -> Control {
-        let g = self.lock.write();
-        if self.frozen.load(SeqCst) {
+        let Some(g) = self.write_unfrozen() else {
             return Control::Close;
-        }
+        };
         let mark = out.len();
         let mut w = Wtx::new(&self.heap, self.store.root);
         let mut held = Held::None; // admin commands of a group need no lock of their own

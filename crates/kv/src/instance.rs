@@ -142,7 +142,7 @@ impl KvInstance {
                 .with_config(cfg.get("*")),
         );
         let trigger: Arc<std::sync::OnceLock<ShutdownTrigger>> = Arc::default();
-        if service.heap().engine().migration_region_available() {
+        if service.heap().engine().migratable() {
             service.set_migrate_hook(migrate_hook(
                 Arc::downgrade(&service),
                 trigger.clone(),
@@ -407,7 +407,7 @@ fn migrate_hook(
             .spawn(move || {
                 let t0 = Instant::now();
                 svc.freeze();
-                let _ = svc.heap().engine().migration_region();
+                svc.heap().engine().prepare_migration();
                 eprintln!(
                     "tiermem-kv: frozen for migration {id:x} in {:.1} ms; dumping {} MiB to {}",
                     t0.elapsed().as_secs_f64() * 1e3,

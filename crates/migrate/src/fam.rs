@@ -15,9 +15,11 @@ use crate::checkpoint::Checkpoint;
 use crate::lazyfile::{Batching, Dumper, LazyFile};
 use crate::link::SignalSafeLink;
 use crate::lookup::DumpedLookup;
+use crate::mapping::Mapping;
 use crate::proto::{Conn, Msg, ProtoError};
 use crate::resolve::{DumpedImage, FamResolver, PageServerLink, ResolverStats};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -47,18 +49,6 @@ pub enum FamError {
 
 /// Result type of this module.
 pub type Result<T> = std::result::Result<T, FamError>;
-
-/// Whether `s` has bytes to read (or EOF/error) within `ms` milliseconds.
-fn readable(s: &TcpStream, ms: i32) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd {
-        fd: s.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: polling one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, ms) > 0 }
-}
 
 /// The directory of migration `id` in the FAM directory `fam`.
 pub fn migration_dir(fam: &Path, id: u64) -> PathBuf {
@@ -181,7 +171,7 @@ impl FamSource {
             };
             // Wait for the start of a request without a read timeout that could cut a frame
             // in half; a started frame then gets the full timeout.
-            if !readable(c.stream(), 2) {
+            if !crate::sigsafe::readable(c.stream().as_raw_fd(), 2).unwrap_or(false) {
                 continue;
             }
             match c.recv_timeout(Some(Duration::from_secs(5))) {
@@ -280,30 +270,24 @@ impl PageServerLink for NoSource {
 
 /// One restored region at the target.
 pub struct TargetRegion {
-    base: *mut u8,
-    len: usize,
+    /// Unregistered before the mapping goes (see `Drop`).
     handle: Option<RegionHandle>,
+    map: Option<Mapping>,
     stats: Arc<ResolverStats>,
 }
-
-// SAFETY: the mapping is owned by the region for its whole life; faults are resolved by the
-// engine.
-unsafe impl Send for TargetRegion {}
-// SAFETY: see above.
-unsafe impl Sync for TargetRegion {}
 
 impl TargetRegion {
     /// Start of the region (pages arrive on first touch).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.base
+        self.map.as_ref().map_or(std::ptr::null_mut(), |m| m.ptr)
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.map.as_ref().map_or(0, |m| m.len)
     }
     /// `true` for an empty region.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
     /// The resolver's counters.
     pub fn stats(&self) -> &ResolverStats {
@@ -313,22 +297,20 @@ impl TargetRegion {
     /// the region no longer unmaps or unregisters on drop.
     pub fn into_parts(mut self) -> (*mut u8, usize, Option<RegionHandle>) {
         let h = self.handle.take();
-        let r = (self.base, self.len, h);
-        self.len = 0;
-        r
+        let (ptr, len) = self
+            .map
+            .take()
+            .map_or((std::ptr::null_mut(), 0), Mapping::into_raw);
+        (ptr, len, h)
     }
 }
 
 impl Drop for TargetRegion {
     fn drop(&mut self) {
-        if self.len == 0 {
-            return;
-        }
+        // Stop resolving faults before the memory goes (the mapping unmaps when dropped).
         if let Some(h) = self.handle.take() {
             let _ = h.unregister();
         }
-        // SAFETY: our own mapping, no longer used.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }
 }
 
@@ -391,23 +373,8 @@ impl FamTarget {
         let mut regions = Vec::new();
         for (i, f) in files.into_iter().enumerate() {
             let len = (f.region_len() as usize).div_ceil(4096) * 4096;
-            // SAFETY: a fresh private anonymous mapping; checked.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(FamError::Other(format!(
-                    "mapping region {i} ({len} bytes): {}",
-                    std::io::Error::last_os_error()
-                )));
-            }
+            let map = Mapping::new(len)
+                .map_err(|e| FamError::Other(format!("mapping region {i} ({len} bytes): {e}")))?;
             let lookup = Arc::new(DumpedLookup::new());
             lookup.advance(DumpedImage::watermark(&*f));
             for (s, l) in f.journal() {
@@ -426,16 +393,13 @@ impl FamTarget {
                 64 << 10,
             ));
             let stats = r.stats();
+            let spec = RegionSpec::new(map.ptr, len).missing(true).in_thread();
             let mut tr = TargetRegion {
-                base: p as *mut u8,
-                len,
                 handle: None,
+                map: Some(map),
                 stats,
             };
-            tr.handle = Some(
-                Engine::global()
-                    .register(RegionSpec::new(tr.base, len).missing(true).in_thread(), r)?,
-            );
+            tr.handle = Some(Engine::global().register(spec, r)?);
             regions.push(tr);
         }
         Ok(FamTarget {
@@ -471,7 +435,7 @@ impl FamTarget {
     pub fn complete(&self) -> u64 {
         for r in &self.regions {
             // SAFETY: the region's live, registered mapping.
-            unsafe { crate::resolve::prefetch(r.base, r.len) };
+            unsafe { crate::resolve::prefetch(r.as_ptr(), r.len()) };
         }
         self.restored.elapsed().as_nanos() as u64
     }

@@ -1081,46 +1081,6 @@ fn pwritev_all(fd: RawFd, iovs: &mut [libc::iovec], mut off: u64, path: &Path) -
     Ok(calls)
 }
 
-/// Anonymous private memory, for the benchmark's region.
-struct AnonRegion {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl AnonRegion {
-    fn new(len: usize) -> Result<AnonRegion> {
-        // SAFETY: anonymous mapping, result checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(LazyError::Io {
-                op: "mmap",
-                path: PathBuf::from("[anon]"),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        Ok(AnonRegion {
-            ptr: p as *mut u8,
-            len,
-        })
-    }
-}
-
-impl Drop for AnonRegion {
-    fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
-    }
-}
-
 /// Dump the same `region_len`-byte region (page multiple, filled with a pattern) both ways,
 /// [`Batching::PerVector`] and [`Batching::MAX`], `runs` times each (alternating), into fresh
 /// lazy files in `dir` with `delay`; returns the median seconds `(per_vector, batched)` of the
@@ -1131,7 +1091,12 @@ pub fn batching_ratio_in(
     delay: DelayModel,
     runs: usize,
 ) -> Result<(f64, f64)> {
-    let region = AnonRegion::new(region_len as usize)?;
+    let region =
+        crate::mapping::Mapping::new(region_len as usize).map_err(|source| LazyError::Io {
+            op: "mmap",
+            path: PathBuf::from("[anon]"),
+            source,
+        })?;
     // SAFETY: the region is our own read-write mapping of region_len bytes.
     let mem = unsafe { std::slice::from_raw_parts_mut(region.ptr, region.len) };
     for (i, c) in mem.chunks_mut(8).enumerate() {

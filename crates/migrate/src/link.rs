@@ -3,17 +3,14 @@
 //! async-signal-safe system calls (`send`, `recv`, `poll`). Never blocks past its timeout: a dead
 //! source (EOF, reset) or a silent one fails the request with a static reason.
 
-use crate::proto::{FRAME_MARKER, HEADER_LEN};
+use crate::proto::{FRAME_MARKER, HEADER_LEN, K_DONE, K_ERROR, K_FAULT_REPLY};
 use crate::resolve::{DumpReply, PageServerLink};
+use crate::sigsafe::{fault_frame, recv_exact, send_all, SpinLock};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-const K_FAULT: u16 = 3;
-const K_FAULT_REPLY: u16 = 4;
-const K_DONE: u16 = 5;
-const K_ERROR: u16 = 7;
 const FAULT_REPLY_LEN: usize = 29;
 const DONE_LEN: usize = 4;
 
@@ -21,7 +18,7 @@ const DONE_LEN: usize = 4;
 /// ([`crate::proto::Conn::client_handshake`]).
 pub struct SignalSafeLink {
     stream: TcpStream,
-    lock: AtomicBool,
+    lock: SpinLock,
     timeout_ms: i32,
     done: AtomicBool,
     requests: AtomicU64,
@@ -32,7 +29,7 @@ impl SignalSafeLink {
     pub fn new(stream: TcpStream, timeout: Duration) -> SignalSafeLink {
         SignalSafeLink {
             stream,
-            lock: AtomicBool::new(false),
+            lock: SpinLock::default(),
             timeout_ms: timeout.as_millis().clamp(1, i32::MAX as u128) as i32,
             done: AtomicBool::new(false),
             requests: AtomicU64::new(0),
@@ -49,75 +46,14 @@ impl SignalSafeLink {
         self.requests.load(Ordering::Relaxed)
     }
 
-    fn send_all(&self, mut b: &[u8]) -> Result<(), &'static str> {
-        let fd = self.stream.as_raw_fd();
-        while !b.is_empty() {
-            // SAFETY: sending from a live buffer on our own socket.
-            let n = unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
-            if n < 0 {
-                if errno() == libc::EINTR {
-                    continue;
-                }
-                return Err("the source is gone (send failed)");
-            }
-            b = &b[n as usize..];
-        }
-        Ok(())
-    }
-
-    /// Read exactly `buf.len()` bytes, waiting at most the link's timeout in total.
-    fn recv_exact(&self, buf: &mut [u8], deadline_ms: &mut i32) -> Result<(), &'static str> {
-        let fd = self.stream.as_raw_fd();
-        let mut got = 0;
-        while got < buf.len() {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let t0 = tiermem_media::now_ns();
-            // SAFETY: polling one valid pollfd.
-            let r = unsafe { libc::poll(&mut p, 1, *deadline_ms) };
-            let spent = ((tiermem_media::now_ns() - t0) / 1_000_000) as i32;
-            *deadline_ms = (*deadline_ms - spent).max(0);
-            if r < 0 {
-                if errno() == libc::EINTR {
-                    continue;
-                }
-                return Err("poll on the page-server connection failed");
-            }
-            if r == 0 {
-                return Err("the source's page-server did not answer in time");
-            }
-            // SAFETY: receiving into the unfilled part of our buffer.
-            let n = unsafe { libc::recv(fd, buf[got..].as_mut_ptr().cast(), buf.len() - got, 0) };
-            if n == 0 {
-                return Err("the source is gone (connection closed)");
-            }
-            if n < 0 {
-                if errno() == libc::EINTR || errno() == libc::EAGAIN {
-                    continue;
-                }
-                return Err("the source is gone (connection reset)");
-            }
-            got += n as usize;
-        }
-        Ok(())
-    }
-
     fn exchange(&self, region: u32, off: u64) -> Result<DumpReply, &'static str> {
-        let mut req = [0u8; HEADER_LEN + 12];
-        req[0..2].copy_from_slice(&FRAME_MARKER.to_le_bytes());
-        req[2..4].copy_from_slice(&K_FAULT.to_le_bytes());
-        req[4..8].copy_from_slice(&12u32.to_le_bytes());
-        req[8..12].copy_from_slice(&region.to_le_bytes());
-        req[12..20].copy_from_slice(&off.to_le_bytes());
-        self.send_all(&req)?;
+        let fd = self.stream.as_raw_fd();
+        send_all(fd, &fault_frame(region, off))?;
         self.requests.fetch_add(1, Ordering::Relaxed);
         let mut left = self.timeout_ms;
         loop {
             let mut h = [0u8; HEADER_LEN];
-            self.recv_exact(&mut h, &mut left)?;
+            recv_exact(fd, &mut h, &mut left)?;
             let marker = u16::from_le_bytes([h[0], h[1]]);
             let kind = u16::from_le_bytes([h[2], h[3]]);
             let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
@@ -127,7 +63,7 @@ impl SignalSafeLink {
             match (kind, len) {
                 (K_FAULT_REPLY, FAULT_REPLY_LEN) => {
                     let mut b = [0u8; FAULT_REPLY_LEN];
-                    self.recv_exact(&mut b, &mut left)?;
+                    recv_exact(fd, &mut b, &mut left)?;
                     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
                     let r_region = u32::from_le_bytes(b[0..4].try_into().unwrap());
                     if b[4] != 1 {
@@ -144,7 +80,7 @@ impl SignalSafeLink {
                 }
                 (K_DONE, DONE_LEN) => {
                     let mut b = [0u8; DONE_LEN];
-                    self.recv_exact(&mut b, &mut left)?;
+                    recv_exact(fd, &mut b, &mut left)?;
                     self.done.store(true, Ordering::Release);
                 }
                 (K_ERROR, _) => return Err("the page-server reported an error"),
@@ -156,21 +92,11 @@ impl SignalSafeLink {
 
 impl PageServerLink for SignalSafeLink {
     fn request(&self, region: u32, off: u64) -> Result<DumpReply, &'static str> {
-        while self
-            .lock
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
-        }
+        self.lock.lock();
         let r = self.exchange(region, off);
-        self.lock.store(false, Ordering::Release);
+        self.lock.unlock();
         r
     }
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -52,13 +52,14 @@ pub const MAX_PAYLOAD: usize = PAGES_FIXED + MAX_PAGES_DATA;
 /// Maximum length of an `Error` message text.
 pub const MAX_ERROR_LEN: usize = 4096;
 
+// Message kinds on the wire (`kind` of the frame header).
 const K_HELLO: u16 = 1;
 const K_HELLO_ACK: u16 = 2;
-const K_FAULT: u16 = 3;
-const K_FAULT_REPLY: u16 = 4;
-const K_DONE: u16 = 5;
-const K_PAGES: u16 = 6;
-const K_ERROR: u16 = 7;
+pub(crate) const K_FAULT: u16 = 3;
+pub(crate) const K_FAULT_REPLY: u16 = 4;
+pub(crate) const K_DONE: u16 = 5;
+pub(crate) const K_PAGES: u16 = 6;
+pub(crate) const K_ERROR: u16 = 7;
 
 /// One protocol message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -58,25 +58,24 @@ use std::cell::UnsafeCell;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tiermem_fault::{Engine, Fault, FaultOps, RegionHandle, RegionSpec, ResolveError, Resolver};
 use tiermem_media::{busy_wait_ns, now_ns, DelayModel};
 
+use crate::mapping::Mapping;
 use crate::metrics::Metrics;
-use crate::proto::{Conn, Msg, ProtoError, FRAME_MARKER, HEADER_LEN, MAX_PAGES_DATA, PAGE};
+use crate::proto::{
+    Conn, Msg, ProtoError, FRAME_MARKER, HEADER_LEN, K_DONE, K_ERROR, K_PAGES, MAX_PAGES_DATA, PAGE,
+};
+use crate::sigsafe::{fault_frame, readable, recv_exact, send_all, SpinLock};
 
 /// Bytes `vmsplice`d per call (and per pipe) while taking hold of the pages at freeze.
 pub const HOLD_CHUNK: usize = 2 << 20;
 /// The region index used on the wire (this baseline migrates one region per connection pair).
 pub const REGION: u32 = 0;
-
-const K_FAULT: u16 = 3;
-const K_DONE: u16 = 5;
-const K_PAGES: u16 = 6;
-const K_ERROR: u16 = 7;
 
 /// Errors of the socket post-copy baseline.
 #[derive(Debug, thiserror::Error)]
@@ -270,26 +269,6 @@ fn hold_pages(region: &[u8]) -> Result<(Vec<HeldPipe>, usize), SocketError> {
     Ok((pipes, chunk))
 }
 
-/// Polls `fd` for input for at most `ms` milliseconds; true if readable (or hung up).
-fn readable(fd: i32, ms: i32) -> Result<bool, SocketError> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        if r < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(io_err("poll"));
-        }
-        return Ok(r > 0);
-    }
-}
-
 struct Server<'a> {
     region: &'a [u8],
     opts: &'a SourceOptions,
@@ -445,7 +424,7 @@ impl SocketSource {
             } else {
                 (deadline - now).div_ceil(1_000_000).min(i32::MAX as u64) as i32
             };
-            if readable(ffd, wait_ms)? {
+            if readable(ffd, wait_ms).map_err(|_| io_err("poll"))? {
                 srv.on_fault(&mut fault)?;
                 deadline = now_ns() + exp_ns;
                 continue;
@@ -474,7 +453,7 @@ impl SocketSource {
                 break;
             }
             let ms = ((linger_end - now) / 1_000_000).clamp(1, i32::MAX as u64) as i32;
-            if !readable(ffd, ms)? {
+            if !readable(ffd, ms).map_err(|_| io_err("poll"))? {
                 continue;
             }
             match srv.on_fault(&mut fault) {
@@ -550,51 +529,10 @@ const RUNNING: u8 = 0;
 const DONE: u8 = 1;
 const FAILED: u8 = 2;
 
-/// Anonymous private mapping, unmapped on drop.
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is owned (unmapped once, on drop) and valid from any thread; who may
-// read or write its bytes is governed by its owners (`Shared`'s staging protocol, the region's
-// fault engine registration).
-unsafe impl Send for Mapping {}
-// SAFETY: as above; `Mapping` itself offers no access to the bytes.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    fn new(len: usize) -> Result<Mapping, SocketError> {
-        // SAFETY: a fresh anonymous mapping; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io_err("mmap"));
-        }
-        Ok(Mapping { ptr: p.cast(), len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: we own this mapping and nothing references it any more (its users are
-        // dropped before it: see the field order of `SocketTarget` / `Shared`).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 /// State shared by the target's resolver (signal context), receiver thread and API.
 struct Shared {
     fault: TcpStream,
-    lock: AtomicBool,
+    lock: SpinLock,
     /// One page, written and read only while `lock` is held.
     scratch: UnsafeCell<[u8; PAGE]>,
     /// Staging buffer: a page is written by the receiver only while its staged bit is clear
@@ -613,10 +551,6 @@ struct Shared {
 // protocol above (writes before a release store of the staged bit, reads after an acquire
 // load that saw it); everything else is atomic or immutable.
 unsafe impl Sync for Shared {}
-
-fn errno() -> i32 {
-    io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
 
 impl Shared {
     fn is_staged(&self, page: usize) -> bool {
@@ -649,88 +583,14 @@ impl Shared {
         unsafe { std::slice::from_raw_parts(self.staging.ptr.add(first * PAGE), n * PAGE) }
     }
 
-    fn lock(&self) {
-        while self
-            .lock
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
-        }
-    }
-
-    fn unlock(&self) {
-        self.lock.store(false, Ordering::Release);
-    }
-
-    fn send_all(&self, mut b: &[u8]) -> Result<(), &'static str> {
-        let fd = self.fault.as_raw_fd();
-        while !b.is_empty() {
-            // SAFETY: sending from a live buffer on our own socket.
-            let n = unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
-            if n < 0 {
-                if errno() == libc::EINTR {
-                    continue;
-                }
-                return Err("socket post-copy: the source is gone (send failed)");
-            }
-            b = &b[n as usize..];
-        }
-        Ok(())
-    }
-
-    /// Reads exactly `len` bytes to `dst`, within the remaining time `left_ms`.
-    fn recv_exact(&self, dst: *mut u8, len: usize, left_ms: &mut i32) -> Result<(), &'static str> {
-        let fd = self.fault.as_raw_fd();
-        let mut got = 0;
-        while got < len {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let t0 = now_ns();
-            // SAFETY: polling one valid pollfd.
-            let r = unsafe { libc::poll(&mut p, 1, *left_ms) };
-            *left_ms = (*left_ms - ((now_ns() - t0) / 1_000_000) as i32).max(0);
-            if r < 0 {
-                if errno() == libc::EINTR {
-                    continue;
-                }
-                return Err("socket post-copy: poll on the fault connection failed");
-            }
-            if r == 0 {
-                return Err("socket post-copy: the source did not answer the fault in time");
-            }
-            // SAFETY: `dst` has `len` writable bytes (caller), we fill the unfilled tail.
-            let n = unsafe { libc::recv(fd, dst.add(got).cast(), len - got, 0) };
-            if n == 0 {
-                return Err("socket post-copy: the source is gone (connection closed)");
-            }
-            if n < 0 {
-                if errno() == libc::EINTR || errno() == libc::EAGAIN {
-                    continue;
-                }
-                return Err("socket post-copy: the source is gone (connection reset)");
-            }
-            got += n as usize;
-        }
-        Ok(())
-    }
-
     /// One `Fault` → `Pages` exchange for `page` into the scratch page. Lock held by the caller.
     fn exchange(&self, page: usize) -> Result<(), &'static str> {
         let off = (page * PAGE) as u64;
-        let mut req = [0u8; HEADER_LEN + 12];
-        req[0..2].copy_from_slice(&FRAME_MARKER.to_le_bytes());
-        req[2..4].copy_from_slice(&K_FAULT.to_le_bytes());
-        req[4..8].copy_from_slice(&12u32.to_le_bytes());
-        req[8..12].copy_from_slice(&REGION.to_le_bytes());
-        req[12..20].copy_from_slice(&off.to_le_bytes());
-        self.send_all(&req)?;
+        let fd = self.fault.as_raw_fd();
+        send_all(fd, &fault_frame(REGION, off))?;
         let mut left = self.timeout_ms;
         let mut h = [0u8; HEADER_LEN + 12];
-        self.recv_exact(h.as_mut_ptr(), HEADER_LEN, &mut left)?;
+        recv_exact(fd, &mut h[..HEADER_LEN], &mut left)?;
         let marker = u16::from_le_bytes([h[0], h[1]]);
         let kind = u16::from_le_bytes([h[2], h[3]]);
         let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
@@ -743,14 +603,14 @@ impl Shared {
         if kind != K_PAGES || len != 12 + PAGE {
             return Err("socket post-copy: unexpected reply to a fault");
         }
-        // SAFETY: `h` has 12 bytes after the header.
-        self.recv_exact(unsafe { h.as_mut_ptr().add(HEADER_LEN) }, 12, &mut left)?;
+        recv_exact(fd, &mut h[HEADER_LEN..], &mut left)?;
         let region = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
         let o = u64::from_le_bytes(h[12..20].try_into().unwrap_or_default());
         if region != REGION || o != off {
             return Err("socket post-copy: the reply holds another page than asked");
         }
-        self.recv_exact(self.scratch.get().cast(), PAGE, &mut left)
+        // SAFETY: the caller holds the lock: the scratch page is ours until it unlocks.
+        recv_exact(fd, unsafe { &mut *self.scratch.get() }, &mut left)
     }
 
     /// Obtains `page` and hands it to `install(first_page, bytes)`: from staging (the whole
@@ -772,9 +632,9 @@ impl Shared {
             if self.state.load(Ordering::Acquire) == FAILED {
                 return Err("socket post-copy: the source is gone and this page never arrived");
             }
-            self.lock();
+            self.lock.lock();
             if self.is_staged(page) {
-                self.unlock();
+                self.lock.unlock();
                 continue;
             }
             let r = self.exchange(page).map(|()| {
@@ -782,7 +642,7 @@ impl Shared {
                 let b = unsafe { &*self.scratch.get() };
                 install(page, b, true)
             });
-            self.unlock();
+            self.lock.unlock();
             return match r {
                 Ok(v) => Ok(v),
                 Err(e) => {
@@ -879,7 +739,7 @@ impl SocketTarget {
         let fault = connect()?;
         let push = connect()?;
         let npages = len / PAGE;
-        let region = Mapping::new(len)?;
+        let region = Mapping::new(len).map_err(|_| io_err("mmap"))?;
         let fault_stream = fault
             .stream()
             .try_clone()
@@ -897,9 +757,9 @@ impl SocketTarget {
         drop(fault);
         let shared = Arc::new(Shared {
             fault: fault_stream,
-            lock: AtomicBool::new(false),
+            lock: SpinLock::default(),
             scratch: UnsafeCell::new([0; PAGE]),
-            staging: Mapping::new(len)?,
+            staging: Mapping::new(len).map_err(|_| io_err("mmap"))?,
             staged: (0..npages.div_ceil(64))
                 .map(|_| AtomicU64::new(0))
                 .collect(),

@@ -687,6 +687,35 @@ fn update_obj(w: &mut Wtx, e: &Entry, enc: u8, obj: u64) -> HResult {
     Ok(())
 }
 
+/// After adding to the collection of key `key` (probed as `p`, entry `e` if it existed):
+/// point the entry at the collection's new object, or insert the key with it.
+#[allow(clippy::too_many_arguments)]
+fn upsert_obj(
+    w: &mut Wtx,
+    st: &Store,
+    p: &dict::Probe,
+    key: &[u8],
+    e: Option<Entry>,
+    ty: u8,
+    enc: u8,
+    obj: u64,
+) -> HResult {
+    match e {
+        Some(e) => update_obj(w, &e, enc, obj),
+        None => ks::insert_object(w, st, p, key, ty, enc, obj),
+    }
+}
+
+/// After removing from the collection of entry `e`: delete the key when the collection is
+/// `empty` (Redis keeps no empty collections), else point it at the new object.
+fn shrink_obj(w: &mut Wtx, st: &Store, e: &Entry, empty: bool, enc: u8, obj: u64) -> HResult {
+    if empty {
+        ks::delete(w, st, &e.with_obj(enc, obj))
+    } else {
+        update_obj(w, e, enc, obj)
+    }
+}
+
 /// Execute write command `id` in `w`.
 pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
     match id {
@@ -916,10 +945,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 return Ok(());
             };
             let (n, s) = set::add(w, st, e.as_ref().map(set_obj), &a[2..])?;
-            match e {
-                Some(e) => update_obj(w, &e, s.enc, s.obj)?,
-                None => ks::insert_object(w, st, &p, a[1], T_SET, s.enc, s.obj)?,
-            }
+            upsert_obj(w, st, &p, a[1], e, T_SET, s.enc, s.obj)?;
             int(out, n as i64);
             Ok(())
         }
@@ -932,11 +958,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 return Ok(());
             };
             let (n, s) = set::remove(w, st, set_obj(&e), &a[2..])?;
-            if set::card(w, s) == 0 {
-                ks::delete(w, st, &e.with_obj(s.enc, s.obj))?;
-            } else {
-                update_obj(w, &e, s.enc, s.obj)?;
-            }
+            shrink_obj(w, st, &e, set::card(w, s) == 0, s.enc, s.obj)?;
             int(out, n as i64);
             Ok(())
         }
@@ -964,11 +986,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 return Ok(());
             };
             let (vals, s) = set::pop(w, st, set_obj(&e), count.unwrap_or(1))?;
-            if set::card(w, s) == 0 {
-                ks::delete(w, st, &e.with_obj(s.enc, s.obj))?;
-            } else {
-                update_obj(w, &e, s.enc, s.obj)?;
-            }
+            shrink_obj(w, st, &e, set::card(w, s) == 0, s.enc, s.obj)?;
             match count {
                 None => bulk(out, &vals[0]),
                 Some(_) => {
@@ -1002,10 +1020,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             }
             let pairs: Vec<(&[u8], &[u8])> = a[2..].chunks(2).map(|c| (c[0], c[1])).collect();
             let (n, h) = hash::set(w, st, e.as_ref().map(hash_obj), &pairs)?;
-            match e {
-                Some(e) => update_obj(w, &e, h.enc, h.obj)?,
-                None => ks::insert_object(w, st, &p, a[1], T_HASH, h.enc, h.obj)?,
-            }
+            upsert_obj(w, st, &p, a[1], e, T_HASH, h.enc, h.obj)?;
             if id == Id::Hmset {
                 reply::ok(out);
             } else {
@@ -1022,11 +1037,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 return Ok(());
             };
             let (n, h) = hash::del(w, st, hash_obj(&e), &a[2..])?;
-            if hash::len(w, h) == 0 {
-                ks::delete(w, st, &e.with_obj(h.enc, h.obj))?;
-            } else {
-                update_obj(w, &e, h.enc, h.obj)?;
-            }
+            shrink_obj(w, st, &e, hash::len(w, h) == 0, h.enc, h.obj)?;
             int(out, n as i64);
             Ok(())
         }
@@ -1055,10 +1066,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             let mut buf = Vec::with_capacity(20);
             reply::push_int(&mut buf, new);
             let (_, h) = hash::set(w, st, e.as_ref().map(hash_obj), &[(a[2], &buf)])?;
-            match e {
-                Some(e) => update_obj(w, &e, h.enc, h.obj)?,
-                None => ks::insert_object(w, st, &p, a[1], T_HASH, h.enc, h.obj)?,
-            }
+            upsert_obj(w, st, &p, a[1], e, T_HASH, h.enc, h.obj)?;
             int(out, new);
             Ok(())
         }

@@ -101,17 +101,14 @@ pub trait Engine: Send + Sync + 'static {
     fn max_tx_bytes(&self) -> Option<u64> {
         None
     }
-    /// The region a migration moves (`None`: this engine does not migrate — a durable engine
-    /// moves with its data directory). Called once the heap is frozen; the engine may give up
-    /// its fault-engine registration so the kernel can read every page.
-    fn migration_region(&self) -> Option<(*const u8, usize)> {
-        None
-    }
-    /// Whether this engine can migrate ([`Engine::migration_region`] would give a region);
-    /// asks without side effects.
-    fn migration_region_available(&self) -> bool {
+    /// Whether a migration may move this engine's memory (the heap's view, [`Heap::view`]).
+    /// Default: no — a durable engine moves with its data directory.
+    fn migratable(&self) -> bool {
         false
     }
+    /// The heap is frozen and a migration is about to read all of it: get it ready (e.g. give
+    /// up a fault-engine registration so the kernel can read every page). Default: nothing.
+    fn prepare_migration(&self) {}
     /// Make everything committed durable and applied (clean shutdown). Default: nothing.
     fn sync(&self) -> Result<()> {
         Ok(())

@@ -5,7 +5,7 @@
 use super::{Engine, EngineInfo, HeapError, Result, TxMemory};
 use std::path::{Path, PathBuf};
 use tiermem_vnvm::alloc::VnvmMemory;
-use tiermem_vnvm::{nv_init, Mode, Region, Vnvm, VnvmConfig};
+use tiermem_vnvm::{nv_init, Mode, Region, Tid, Vnvm, VnvmConfig, VnvmError};
 
 /// Sizes of the durable engine.
 #[derive(Clone, Debug)]
@@ -96,6 +96,14 @@ impl VnvmEngine {
         &self.report
     }
 
+    /// The region as vnvm's allocator adapter ([`VnvmMemory`]).
+    fn mem(&self) -> VnvmMemory<'_> {
+        VnvmMemory {
+            vn: self.vn(),
+            region: &self.region,
+        }
+    }
+
     fn vn(&self) -> &Vnvm {
         self.vn.as_ref().expect("vnvm instance released")
     }
@@ -163,39 +171,31 @@ impl Engine for VnvmEngine {
     }
 }
 
+/// The heap's memory is the region as vnvm's own adapter sees it; every call goes through it.
 impl TxMemory for VnvmEngine {
     fn base(&self) -> *const u8 {
-        self.region.as_ptr()
+        self.mem().base()
     }
     fn len(&self) -> usize {
-        self.region.len()
+        self.mem().len()
     }
     fn describe(&self) -> String {
-        self.region.path().display().to_string()
+        self.mem().describe()
     }
-    fn begin(&self) -> tiermem_vnvm::Tid {
-        self.vn().nv_txbegin()
+    fn begin(&self) -> Tid {
+        self.mem().begin()
     }
-    fn write(
-        &self,
-        tid: tiermem_vnvm::Tid,
-        off: u64,
-        src: &[u8],
-    ) -> std::result::Result<usize, tiermem_vnvm::VnvmError> {
-        VnvmMemory {
-            vn: self.vn(),
-            region: &self.region,
-        }
-        .write(tid, off, src)
+    fn write(&self, tid: Tid, off: u64, src: &[u8]) -> std::result::Result<usize, VnvmError> {
+        self.mem().write(tid, off, src)
     }
     fn wait_space(&self, timeout: std::time::Duration) -> bool {
-        self.vn().nv_wait_log_space(timeout)
+        self.mem().wait_space(timeout)
     }
-    fn commit(&self, tid: tiermem_vnvm::Tid) -> std::result::Result<(), tiermem_vnvm::VnvmError> {
-        self.vn().nv_commit(tid)
+    fn commit(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
+        self.mem().commit(tid)
     }
-    fn abort(&self, tid: tiermem_vnvm::Tid) -> std::result::Result<(), tiermem_vnvm::VnvmError> {
-        self.vn().nv_abort(tid)
+    fn abort(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
+        self.mem().abort(tid)
     }
 }
 

@@ -130,17 +130,16 @@ impl Engine for VolatileEngine {
     fn writes_visible_before_commit(&self) -> bool {
         true
     }
-    fn migration_region_available(&self) -> bool {
+    fn migratable(&self) -> bool {
         true
     }
-    fn migration_region(&self) -> Option<(*const u8, usize)> {
+    fn prepare_migration(&self) {
         // The migration's dumper reads the region with pwritev: a kernel access, which an
         // in-thread region refuses for pages never touched. Hand the region back to the
         // kernel first (its never-touched pages then read as the shared zero page).
         if let Some(h) = self.handle.lock().take() {
             let _ = h.unregister();
         }
-        Some((self.base, self.len))
     }
     fn info(&self) -> EngineInfo {
         EngineInfo {
