@@ -38,3 +38,8 @@ pub mod resolve;
 pub mod sigsafe;
 pub mod socket;
 pub mod sockpage;
+
+/// The source of a migration: FAM-aware post-copy, the product's method ([`fam::FamSource`]).
+pub use fam::FamSource as Source;
+/// The target of a migration: FAM-aware post-copy ([`fam::FamTarget`]).
+pub use fam::FamTarget as Target;
