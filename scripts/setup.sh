@@ -20,10 +20,12 @@ fi
 #   redis-server, redis-tools: Redis 7.0 (Debian 12) as the baseline of `tiermem bench kv` and
 #     the tiermem-kv tests; redis-cli and redis-benchmark as real clients of tiermem-kv.
 #   maven, default-jdk-headless: build and run YCSB 0.17.0 with tiermem's binding (bench/ycsb).
+#   librsvg2-bin, fonts-dejavu-core: rsvg-convert turns the benchmarks' SVG charts into PNG.
 APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procps
   libpmemobj-dev
   redis-server redis-tools
-  maven default-jdk-headless)
+  maven default-jdk-headless
+  librsvg2-bin fonts-dejavu-core)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

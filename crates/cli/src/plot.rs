@@ -248,6 +248,173 @@ fn esc(t: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// One line of a timeline panel: a label, a colour index, solid or dashed, and its points
+/// (x, y).
+pub struct Line<'a> {
+    pub label: &'a str,
+    pub color: usize,
+    pub dashed: bool,
+    pub points: &'a [(f64, f64)],
+}
+
+/// One panel of a timeline chart (shared x range across panels).
+pub struct Panel<'a> {
+    pub title: &'a str,
+    pub lines: Vec<Line<'a>>,
+}
+
+/// Render stacked timeline panels as one SVG document: x linear (`x_label`, shared range), y
+/// linear from 0 to `y_max` (`y_label`), one legend per panel; a vertical line at x = 0.
+pub fn timeline_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    y_max: f64,
+    panels: &[Panel<'_>],
+) -> String {
+    let (w, ph) = (980.0, 220.0);
+    let (left, right, top, gap) = (70.0, 290.0, 40.0, 50.0);
+    let pw = w - left - right;
+    let h = top + panels.len() as f64 * (ph + gap) + 10.0;
+    let xs = panels
+        .iter()
+        .flat_map(|p| p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.0)));
+    let (mut x0, mut x1) = (f64::MAX, f64::MIN);
+    for x in xs {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+    }
+    if x0 > x1 {
+        (x0, x1) = (0.0, 1.0);
+    }
+    let span = (x1 - x0).max(1e-9);
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="24" font-size="15" text-anchor="middle">{}</text>
+"#,
+        left + pw / 2.0,
+        esc(title)
+    );
+    for (pi, p) in panels.iter().enumerate() {
+        let pt = top + pi as f64 * (ph + gap);
+        let xmap = |x: f64| left + (x - x0) / span * pw;
+        let ymap = |y: f64| pt + ph - (y.clamp(0.0, y_max) / y_max) * ph;
+        let _ = writeln!(
+            s,
+            r##"<text x="{left}" y="{:.1}" font-size="13">{}</text><rect x="{left}" y="{pt:.1}" width="{pw:.1}" height="{ph:.1}" fill="none" stroke="#999"/>"##,
+            pt - 6.0,
+            esc(p.title)
+        );
+        for i in 0..=4 {
+            let y = y_max * i as f64 / 4.0;
+            let _ = writeln!(
+                s,
+                r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+                ymap(y),
+                left + pw,
+                ymap(y),
+                left - 6.0,
+                ymap(y) + 4.0,
+                fmt_si(y)
+            );
+        }
+        for i in 0..=8 {
+            let x = x0 + span * i as f64 / 8.0;
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                xmap(x),
+                pt + ph + 16.0,
+                fmt_si(x)
+            );
+        }
+        if x0 < 0.0 && x1 > 0.0 {
+            let _ = writeln!(
+                s,
+                r##"<line x1="{:.1}" y1="{pt:.1}" x2="{:.1}" y2="{:.1}" stroke="#444" stroke-dasharray="2,2"/>"##,
+                xmap(0.0),
+                xmap(0.0),
+                pt + ph
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="18" y="{:.1}" transform="rotate(-90 18 {:.1})" text-anchor="middle">{}</text>"#,
+            pt + ph / 2.0,
+            pt + ph / 2.0,
+            esc(y_label)
+        );
+        for (li, l) in p.lines.iter().enumerate() {
+            let color = COLORS[l.color % COLORS.len()];
+            let dash = if l.dashed {
+                r#" stroke-dasharray="5,3""#
+            } else {
+                ""
+            };
+            let mut d = String::new();
+            for (i, &(x, y)) in l.points.iter().enumerate() {
+                let _ = write!(
+                    d,
+                    "{}{:.1},{:.1} ",
+                    if i == 0 { "M" } else { "L" },
+                    xmap(x),
+                    ymap(y)
+                );
+            }
+            let _ = writeln!(
+                s,
+                r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.4"{dash}/>"#
+            );
+            let ly = pt + 10.0 + li as f64 * 18.0;
+            let _ = writeln!(
+                s,
+                r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
+                w - right + 15.0,
+                w - right + 40.0,
+                w - right + 46.0,
+                ly + 4.0,
+                esc(l.label)
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        left + pw / 2.0,
+        h - 4.0,
+        esc(x_label)
+    );
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Convert an SVG document to a PNG file with `rsvg-convert` (Debian's librsvg2-bin, installed
+/// by scripts/setup.sh). The SVG is written next to it (`.svg`) either way.
+pub fn write_png(svg: &str, png: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let svg_path = png.with_extension("svg");
+    std::fs::write(&svg_path, svg).with_context(|| format!("writing {}", svg_path.display()))?;
+    let out = std::process::Command::new("rsvg-convert")
+        .arg("-o")
+        .arg(png)
+        .arg(&svg_path)
+        .output()
+        .context(
+            "running rsvg-convert (Debian package librsvg2-bin; scripts/setup.sh installs it)",
+        )?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "rsvg-convert failed on {}: {}",
+            svg_path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

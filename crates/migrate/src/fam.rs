@@ -100,42 +100,129 @@ pub struct FamSource {
     checkpoint_ns: u64,
 }
 
+/// A migration's lazy files created and reserved in FAM before the application stops
+/// ([`FamSource::reserve`]): a full FAM directory fails there, with the application still
+/// running, and the reservation (a `fallocate` of every region's size) stays out of the
+/// downtime.
+pub struct Reservation {
+    cfg: FamSourceConfig,
+    files: Vec<Arc<LazyFile>>,
+    region_lens: Vec<u64>,
+}
+
+impl Reservation {
+    /// The migration's directory.
+    pub fn dir(&self) -> PathBuf {
+        migration_dir(&self.cfg.fam, self.cfg.id)
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // Not used (dropped before `checkpoint_reserved` took the files): release the space.
+        if !self.files.is_empty() {
+            self.files.clear();
+            let _ = std::fs::remove_dir_all(self.dir());
+        }
+    }
+}
+
 impl FamSource {
-    /// Write the checkpoint (`blob`, the regions' lengths) and create one lazy file per region
-    /// in `FAM/mig-<id>/`, reserving their space: a full FAM directory fails here, before the
-    /// target is told anything.
+    /// Create `FAM/mig-<id>/` and one lazy file per region of the given lengths, reserving
+    /// their space, while the application still runs. A full (or unwritable) FAM directory
+    /// fails here and leaves nothing behind.
+    pub fn reserve(cfg: FamSourceConfig, region_lens: &[u64]) -> Result<Reservation> {
+        let dir = migration_dir(&cfg.fam, cfg.id);
+        if dir.exists() {
+            return Err(FamError::Other(format!(
+                "{} already exists: migration id {:x} is in use in this FAM directory",
+                dir.display(),
+                cfg.id
+            )));
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| FamError::Other(format!("creating {}: {e}", dir.display())))?;
+        let mut files = Vec::new();
+        for (i, &len) in region_lens.iter().enumerate() {
+            match LazyFile::create(&dir, &lazy_name(i), len, cfg.delay) {
+                Ok(f) => files.push(Arc::new(f)),
+                Err(e) => {
+                    drop(files);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(Reservation {
+            cfg,
+            files,
+            region_lens: region_lens.to_vec(),
+        })
+    }
+
+    /// Write the checkpoint (`blob`, the regions' lengths) into a reservation: the step of the
+    /// freeze. `regions` must have the reserved lengths, in order.
     ///
     /// # Safety
     /// Each `(base, len)` must be readable memory of this process that stays mapped and frozen
     /// (nothing writes it) until [`FamSource::serve`] returns.
-    pub unsafe fn checkpoint(
-        cfg: FamSourceConfig,
+    pub unsafe fn checkpoint_reserved(
+        mut res: Reservation,
         regions: &[(*const u8, u64)],
         blob: &[u8],
     ) -> Result<FamSource> {
+        let lens: Vec<u64> = regions.iter().map(|r| r.1).collect();
+        if lens != res.region_lens {
+            return Err(FamError::Other(format!(
+                "the regions ({lens:?} bytes) are not those reserved ({:?})",
+                res.region_lens
+            )));
+        }
         let started = Instant::now();
-        let dir = migration_dir(&cfg.fam, cfg.id);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| FamError::Other(format!("creating {}: {e}", dir.display())))?;
+        let dir = res.dir();
+        let files = std::mem::take(&mut res.files);
+        let cfg = res.cfg.clone();
+        let fail = |e: FamError| {
+            let _ = std::fs::remove_dir_all(&dir);
+            e
+        };
         let mut dumpers = Vec::new();
-        for (i, &(base, len)) in regions.iter().enumerate() {
-            let f = Arc::new(LazyFile::create(&dir, &lazy_name(i), len, cfg.delay)?);
+        for (f, &(base, len)) in files.into_iter().zip(regions) {
             // SAFETY: forwarded caller contract (frozen, mapped).
-            let d = Arc::new(unsafe { Dumper::new(f, base, len, cfg.batching)? });
+            let d = Arc::new(
+                unsafe { Dumper::new(f, base, len, cfg.batching) }.map_err(|e| fail(e.into()))?,
+            );
             d.set_skip_untouched(cfg.skip_untouched);
             dumpers.push(d);
         }
         Checkpoint {
-            region_lens: regions.iter().map(|r| r.1).collect(),
+            region_lens: lens,
             blob: blob.to_vec(),
         }
-        .write(&dir.join("checkpoint"))?;
+        .write(&dir.join("checkpoint"))
+        .map_err(|e| fail(e.into()))?;
         Ok(FamSource {
             dumpers,
             cfg,
             started,
             checkpoint_ns: started.elapsed().as_nanos() as u64,
         })
+    }
+
+    /// [`FamSource::reserve`] then [`FamSource::checkpoint_reserved`], for callers that
+    /// reserve during the freeze.
+    ///
+    /// # Safety
+    /// As [`FamSource::checkpoint_reserved`].
+    pub unsafe fn checkpoint(
+        cfg: FamSourceConfig,
+        regions: &[(*const u8, u64)],
+        blob: &[u8],
+    ) -> Result<FamSource> {
+        let lens: Vec<u64> = regions.iter().map(|r| r.1).collect();
+        let res = FamSource::reserve(cfg, &lens)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { FamSource::checkpoint_reserved(res, regions, blob) }
     }
 
     /// Dump every region in the background and serve the target's page-server requests on
@@ -317,6 +404,8 @@ impl Drop for TargetRegion {
 /// The target of a FAM-aware migration.
 pub struct FamTarget {
     regions: Vec<TargetRegion>,
+    /// The lazy files, one per region (the background completion follows their watermarks).
+    files: Vec<Arc<LazyFile>>,
     blob: Vec<u8>,
     link: Option<Arc<SignalSafeLink>>,
     restored: Instant,
@@ -371,7 +460,7 @@ impl FamTarget {
             }
         };
         let mut regions = Vec::new();
-        for (i, f) in files.into_iter().enumerate() {
+        for (i, f) in files.iter().cloned().enumerate() {
             let len = (f.region_len() as usize).div_ceil(4096) * 4096;
             let map = Mapping::new(len)
                 .map_err(|e| FamError::Other(format!("mapping region {i} ({len} bytes): {e}")))?;
@@ -404,6 +493,7 @@ impl FamTarget {
         }
         Ok(FamTarget {
             regions,
+            files,
             blob: ck.blob,
             link,
             restored: Instant::now(),
@@ -436,6 +526,30 @@ impl FamTarget {
         for r in &self.regions {
             // SAFETY: the region's live, registered mapping.
             unsafe { crate::resolve::prefetch(r.as_ptr(), r.len()) };
+        }
+        self.restored.elapsed().as_nanos() as u64
+    }
+
+    /// Complete the migration without asking the source for anything: touch every page in
+    /// ascending order once the dump has reached it (the lazy file's watermark or journal),
+    /// waiting `poll` between looks while it has not — the source's dumper, not this thread,
+    /// sets the pace, and no page-server request is made on its behalf. Pages the application
+    /// faulted meanwhile are already present and cost a load. Returns the time from restore
+    /// to completion (resume time), ns.
+    pub fn complete_following(&self, poll: Duration) -> u64 {
+        for (r, f) in self.regions.iter().zip(&self.files) {
+            let (base, len) = (r.as_ptr() as *const u8, r.len() as u64);
+            let mut off = 0u64;
+            while off < len {
+                if !(f.is_complete() || f.dumped(off)) {
+                    std::thread::sleep(poll);
+                    continue;
+                }
+                // SAFETY: inside the region's live, registered mapping; a volatile read so the
+                // fault (resolved from FAM: the page is dumped) happens.
+                unsafe { std::ptr::read_volatile(base.add(off as usize)) };
+                off += 4096;
+            }
         }
         self.restored.elapsed().as_nanos() as u64
     }

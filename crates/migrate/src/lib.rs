@@ -17,6 +17,8 @@
 //! * [`netns`]: two "hosts" as network namespaces joined by a veth pair (tests, benchmarks);
 //! * [`socket`]: socket post-copy as CRIU does it (pages held in pipes at freeze, fault
 //!   page-server, expiration timer and push of the remaining pages);
+//! * [`workload`]: synthetic applications updating a region (sequential, uniform, zipfian);
+//! * [`harness`]: one migration of a running application by any method, measured;
 //! * [`sockpage`]: a minimal socket page-server and fault client (socket post-copy baseline).
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -26,6 +28,7 @@
 
 pub mod checkpoint;
 pub mod fam;
+pub mod harness;
 pub mod lazyfile;
 pub mod link;
 pub mod lookup;
@@ -38,6 +41,7 @@ pub mod resolve;
 pub mod sigsafe;
 pub mod socket;
 pub mod sockpage;
+pub mod workload;
 
 /// The source of a migration: FAM-aware post-copy, the product's method ([`fam::FamSource`]).
 pub use fam::FamSource as Source;

@@ -141,6 +141,17 @@ impl Resolver for FamResolver {
                     self.lookup.insert(r.vec_start, r.vec_len);
                     self.stats.on_demand.fetch_add(1, Ordering::Relaxed);
                 }
+                // The source may have finished the dump and left between our look at the
+                // file and the request (it persists the completion before it tells anyone):
+                // look again before failing.
+                Err(_) if self.image.dumped(off) => {
+                    self.lookup.advance(self.image.watermark());
+                    if !self.lookup.contains(off) {
+                        self.lookup
+                            .insert(off / PAGE_SIZE as u64 * PAGE_SIZE as u64, PAGE_SIZE as u64);
+                    }
+                    self.stats.from_fam.fetch_add(1, Ordering::Relaxed);
+                }
                 Err(e) => {
                     self.stats.failed.fetch_add(1, Ordering::Relaxed);
                     return Err(ResolveError::Resolver(e));

@@ -545,6 +545,9 @@ struct Shared {
     present: AtomicU64,
     on_demand: AtomicU64,
     from_staging: AtomicU64,
+    /// When the source last answered a fault ([`now_ns`]): a push stream silent while the
+    /// source answers faults is a source that has not expired its timer, not a dead one.
+    last_reply_ns: AtomicU64,
 }
 
 // SAFETY: `scratch` is only accessed under the spin lock; `staging` follows the publish
@@ -610,7 +613,9 @@ impl Shared {
             return Err("socket post-copy: the reply holds another page than asked");
         }
         // SAFETY: the caller holds the lock: the scratch page is ours until it unlocks.
-        recv_exact(fd, unsafe { &mut *self.scratch.get() }, &mut left)
+        recv_exact(fd, unsafe { &mut *self.scratch.get() }, &mut left)?;
+        self.last_reply_ns.store(now_ns(), Ordering::Release);
+        Ok(())
     }
 
     /// Obtains `page` and hands it to `install(first_page, bytes)`: from staging (the whole
@@ -767,6 +772,7 @@ impl SocketTarget {
             state: AtomicU8::new(RUNNING),
             timeout_ms: opts.io_timeout.as_millis().clamp(1, i32::MAX as u128) as i32,
             present: AtomicU64::new(0),
+            last_reply_ns: AtomicU64::new(now_ns()),
             on_demand: AtomicU64::new(0),
             from_staging: AtomicU64::new(0),
         });
@@ -975,7 +981,29 @@ fn receive(
         sh.state.store(FAILED, Ordering::Release);
         Err(SocketError::SourceGone(e))
     };
+    let push_fd = push.as_raw_fd();
+    let timeout_ns = sh.timeout_ms as u64 * 1_000_000;
     loop {
+        // Before the expiration timer fires the push stream is silent for as long as the
+        // application keeps faulting: wait for a frame as long as the source answers faults
+        // (or answered one within the timeout); a frame once started must arrive within it.
+        loop {
+            match readable(push_fd, sh.timeout_ms) {
+                Ok(true) => break,
+                Ok(false) => {
+                    let last = sh.last_reply_ns.load(Ordering::Acquire);
+                    if now_ns().saturating_sub(last) > timeout_ns {
+                        return fail(
+                            &sh,
+                            "the push stream stalled and no fault was answered within the I/O \
+                             timeout"
+                                .into(),
+                        );
+                    }
+                }
+                Err(_) => return fail(&sh, "polling the push stream failed".into()),
+            }
+        }
         match read_push(&mut push, &sh) {
             Ok(PushMsg::Pages { first, n }) => {
                 for p in first..first + n {

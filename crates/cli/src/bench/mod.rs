@@ -8,6 +8,7 @@ mod kv;
 #[allow(dead_code)]
 pub mod kv_harness;
 mod media;
+pub mod migrate;
 mod vnvm;
 
 use anyhow::Result;
@@ -43,6 +44,12 @@ pub enum BenchCommand {
     /// durable/volatile and durable/Redis. Needs redis-server, redis-tools and the YCSB binding
     /// (bench/ycsb, built by scripts/setup.sh).
     Kv(kv::KvOpts),
+    /// Live migration through a shared FAM pool against its baselines, side by side: synthetic
+    /// applications (sequential, uniform, zipfian updates) and tiermem-kv migrated between two
+    /// network namespaces by FAM-aware post-copy, socket post-copy (CRIU-like; expiration 0,
+    /// 3, 100, 150 ms), stop-and-copy and pre-copy; downtime, busy, total time, degradation,
+    /// the paper's ratios and a timeline PNG.
+    Migrate(migrate::MigrateOpts),
 }
 
 /// Run one benchmark.
@@ -52,6 +59,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Fault(o) => fault::run(o),
         BenchCommand::Vnvm(o) => vnvm::run(o),
         BenchCommand::Kv(o) => kv::run(o),
+        BenchCommand::Migrate(o) => migrate::run(o),
     }
 }
 

@@ -1,0 +1,474 @@
+//! `tiermem bench migrate`: every migration method side by side in one run (issue #5; paper
+//! 003 §V): synthetic applications owning a region (sequential, uniform, zipfian updates)
+//! migrated between two network namespaces that share a FAM directory, by FAM-aware post-copy
+//! (FAM with and without the `pcm-fam` delay), socket post-copy as CRIU does it (the real veth,
+//! and the `ethernet-10g` model; expiration 0, 3, 100, 150 ms), stop-and-copy and pre-copy;
+//! plus the live tiermem-kv case. Reports downtime, busy, total time and degradation per run,
+//! the paper's ratios, and a timeline PNG.
+
+use super::BenchOpts;
+use crate::plot;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tiermem_migrate::harness::{run_case, CaseResult, CaseSpec, Method};
+use tiermem_migrate::netns::TwoHosts;
+use tiermem_migrate::workload::Workload;
+
+/// Options of `tiermem bench migrate`.
+#[derive(Args, Clone)]
+pub struct MigrateOpts {
+    #[command(flatten)]
+    pub common: BenchOpts,
+    /// Region sizes (e.g. `256m,1g,4g`); default 256m with --quick, else 256m,1g,4g.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Option<Vec<String>>,
+    /// Workloads (sequential, uniform, zipfian); default all.
+    #[arg(long, value_delimiter = ',')]
+    pub workloads: Option<Vec<String>>,
+    /// Runs per case (the medians are reported); default 1 with --quick, else 3.
+    #[arg(long)]
+    pub reps: Option<usize>,
+    /// The FAM directory both hosts share (default: a fresh directory under /dev/shm,
+    /// removed afterwards).
+    #[arg(long)]
+    pub fam: Option<PathBuf>,
+    /// The timeline chart (PNG; its SVG is written next to it).
+    #[arg(long, default_value = "migrate-timeline.png")]
+    pub timeline: PathBuf,
+    /// Leave out the live tiermem-kv case.
+    #[arg(long)]
+    pub no_kv: bool,
+}
+
+/// The methods every workload is migrated by, in report order.
+fn methods() -> Vec<Method> {
+    let mut m = vec![
+        Method::Fam {
+            delay: "none".into(),
+        },
+        Method::Fam {
+            delay: "pcm-fam".into(),
+        },
+    ];
+    for delay in ["veth", "ethernet-10g"] {
+        for e in [0, 3, 100, 150] {
+            m.push(Method::Socket {
+                delay: delay.into(),
+                expiration_ms: e,
+            });
+        }
+    }
+    m.push(Method::StopAndCopy {
+        delay: "pcm-fam".into(),
+    });
+    m.push(Method::PreCopy {
+        delay: "pcm-fam".into(),
+    });
+    m
+}
+
+/// Parse `256m`, `1g`, `4096k`, or bytes.
+fn parse_size(s: &str) -> Result<usize> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mul) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (&t[..], 1),
+    };
+    let n: usize = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a size (e.g. 256m, 1g)"))?;
+    let b = n * mul;
+    if b < 4 << 20 || b & 4095 != 0 {
+        bail!("region size {s:?} must be a multiple of 4 KiB and at least 4 MiB");
+    }
+    Ok(b)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One case's medians over its runs.
+struct CaseRow {
+    workload: String,
+    size: usize,
+    method: Method,
+    downtime_ms: f64,
+    busy_ms: f64,
+    total_ms: f64,
+    degradation: f64,
+    steady_ops_per_s: f64,
+    during_ops_per_s: f64,
+    on_demand: f64,
+    from_fam: f64,
+    pushed: f64,
+    /// The timeline of the median run (by total time).
+    timeline: Vec<tiermem_migrate::harness::Sample>,
+}
+
+impl CaseRow {
+    fn from_runs(workload: &str, size: usize, method: &Method, runs: &[CaseResult]) -> CaseRow {
+        let f = |g: &dyn Fn(&CaseResult) -> f64| median(runs.iter().map(g).collect());
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let mut by_total: Vec<&CaseResult> = runs.iter().collect();
+        by_total.sort_by_key(|r| r.metrics.total_ns);
+        CaseRow {
+            workload: workload.into(),
+            size,
+            method: method.clone(),
+            downtime_ms: f(&|r| ms(r.metrics.downtime_ns)),
+            busy_ms: f(&|r| ms(r.metrics.busy_ns)),
+            total_ms: f(&|r| ms(r.metrics.total_ns)),
+            degradation: f(&|r| r.degradation),
+            steady_ops_per_s: f(&|r| r.steady_ops_per_s),
+            during_ops_per_s: f(&|r| r.during_ops_per_s),
+            on_demand: f(&|r| r.metrics.pages_on_demand as f64),
+            from_fam: f(&|r| r.metrics.faults_from_fam as f64),
+            pushed: f(&|r| r.metrics.pages_pushed as f64),
+            timeline: by_total[by_total.len() / 2].timeline.clone(),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "workload": self.workload,
+            "region_bytes": self.size,
+            "method": self.method.name(),
+            "delay": self.method.delay(),
+            "expiration_ms": self.method.expiration_ms(),
+            "downtime_ms": self.downtime_ms,
+            "busy_ms": self.busy_ms,
+            "total_ms": self.total_ms,
+            "degradation": self.degradation,
+            "steady_ops_per_s": self.steady_ops_per_s,
+            "during_ops_per_s": self.during_ops_per_s,
+            "faults_on_demand": self.on_demand,
+            "faults_from_fam": self.from_fam,
+            "pages_pushed": self.pushed,
+        })
+    }
+}
+
+/// The paper's ratios for one (workload, size).
+#[derive(Clone, Copy, Debug, Default)]
+struct Ratios {
+    busy_ratio_socket_over_fam_100ms: f64,
+    total_gain_pct: f64,
+    busy_gain_pct: f64,
+    downtime_gain_pct: f64,
+}
+
+fn find<'a>(rows: &'a [CaseRow], w: &str, size: usize, label: &str) -> Option<&'a CaseRow> {
+    rows.iter()
+        .find(|r| r.workload == w && r.size == size && r.method.label() == label)
+}
+
+fn ratios(rows: &[CaseRow], w: &str, size: usize) -> Option<Ratios> {
+    let fam = find(rows, w, size, "fam/pcm-fam")?;
+    let s100 = find(rows, w, size, "socket/ethernet-10g/100ms")?;
+    let s0 = find(rows, w, size, "socket/ethernet-10g/0ms")?;
+    let socket_downtime = median(
+        rows.iter()
+            .filter(|r| r.workload == w && r.size == size && r.method.name() == "socket")
+            .map(|r| r.downtime_ms)
+            .collect(),
+    );
+    Some(Ratios {
+        busy_ratio_socket_over_fam_100ms: s100.busy_ms / fam.busy_ms,
+        total_gain_pct: (1.0 - fam.total_ms / s0.total_ms) * 100.0,
+        busy_gain_pct: (1.0 - fam.busy_ms / s0.busy_ms) * 100.0,
+        downtime_gain_pct: (1.0 - fam.downtime_ms / socket_downtime) * 100.0,
+    })
+}
+
+/// Run the benchmark.
+pub fn run(o: MigrateOpts) -> Result<()> {
+    let quick = o.common.quick;
+    let sizes: Vec<usize> = match &o.sizes {
+        Some(v) => v.iter().map(|s| parse_size(s)).collect::<Result<_>>()?,
+        None if quick => vec![256 << 20],
+        None => vec![256 << 20, 1 << 30, 4 << 30],
+    };
+    let workloads: Vec<Workload> = match &o.workloads {
+        Some(v) => v
+            .iter()
+            .map(|s| {
+                Workload::parse(s).with_context(|| {
+                    format!("unknown workload {s:?} (sequential, uniform, zipfian)")
+                })
+            })
+            .collect::<Result<_>>()?,
+        None => Workload::ALL.to_vec(),
+    };
+    let reps = o.reps.unwrap_or(if quick { 1 } else { 3 }).max(1);
+    let methods = methods();
+    // The FAM directory must hold the largest region (the lazy file is reserved whole).
+    let own_fam = o.fam.is_none();
+    let fam = match &o.fam {
+        Some(p) => p.clone(),
+        None => {
+            let p = PathBuf::from(format!(
+                "/dev/shm/tiermem-bench-migrate-{}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
+            p
+        }
+    };
+    let hosts = TwoHosts::create("tmbench")
+        .context("creating the two hosts (network namespaces; needs root and iproute2)")?;
+    let total_cases = sizes.len() * workloads.len() * methods.len() * reps;
+    let started = Instant::now();
+    let mut done = 0usize;
+    let mut rows: Vec<CaseRow> = Vec::new();
+    let mut id = (std::process::id() as u64) << 32;
+    for &size in &sizes {
+        for &w in &workloads {
+            for m in &methods {
+                let mut runs = Vec::new();
+                for rep in 0..reps {
+                    id += 1;
+                    let spec = CaseSpec {
+                        workload: w,
+                        region_len: size,
+                        method: m.clone(),
+                        steady: Duration::from_millis(if quick { 150 } else { 300 }),
+                        tail: Duration::from_millis(if quick { 50 } else { 100 }),
+                        seed: id,
+                        id,
+                    };
+                    let r = run_case(&hosts, &fam, &spec).map_err(|e| {
+                        anyhow::anyhow!("{} MiB {} {}: {e}", size >> 20, w.name(), m.label())
+                    })?;
+                    let _ = std::fs::remove_dir_all(tiermem_migrate::fam::migration_dir(&fam, id));
+                    done += 1;
+                    eprintln!(
+                        "  … [{done}/{total_cases}, {:.0} s] {} MiB {:<10} {:<26} run {}: downtime \
+                         {:.1} ms, busy {:.1} ms, total {:.1} ms, degradation {:.2}",
+                        started.elapsed().as_secs_f64(),
+                        size >> 20,
+                        w.name(),
+                        m.label(),
+                        rep + 1,
+                        r.metrics.downtime_ns as f64 / 1e6,
+                        r.metrics.busy_ns as f64 / 1e6,
+                        r.metrics.total_ns as f64 / 1e6,
+                        r.degradation
+                    );
+                    runs.push(r);
+                }
+                rows.push(CaseRow::from_runs(w.name(), size, m, &runs));
+            }
+        }
+    }
+    drop(hosts);
+    if own_fam {
+        let _ = std::fs::remove_dir_all(&fam);
+    }
+
+    // The paper's ratios: per (workload, size), and their medians as the headline.
+    let mut per_case = Vec::new();
+    for &size in &sizes {
+        for &w in &workloads {
+            if let Some(r) = ratios(&rows, w.name(), size) {
+                per_case.push((w.name(), size, r));
+            }
+        }
+    }
+    let med = |f: &dyn Fn(&Ratios) -> f64| median(per_case.iter().map(|c| f(&c.2)).collect());
+    let headline = Ratios {
+        busy_ratio_socket_over_fam_100ms: med(&|r| r.busy_ratio_socket_over_fam_100ms),
+        total_gain_pct: med(&|r| r.total_gain_pct),
+        busy_gain_pct: med(&|r| r.busy_gain_pct),
+        downtime_gain_pct: med(&|r| r.downtime_gain_pct),
+    };
+
+    let timeline_written = write_timeline(&rows, sizes[0], &o.timeline);
+
+    if o.common.json {
+        let out = json!({
+            "benchmark": "migrate",
+            "quick": quick,
+            "reps": reps,
+            "machine": crate::machine::describe(),
+            "results": rows.iter().map(CaseRow::json).collect::<Vec<_>>(),
+            "ratios_by_case": per_case.iter().map(|(w, s, r)| json!({
+                "workload": w, "region_bytes": s,
+                "busy_ratio_socket_over_fam_100ms": r.busy_ratio_socket_over_fam_100ms,
+                "total_gain_fam2gbs_vs_socket10g_0ms_pct": r.total_gain_pct,
+                "busy_gain_fam2gbs_vs_socket10g_0ms_pct": r.busy_gain_pct,
+                "downtime_gain_vs_socket_pct": r.downtime_gain_pct,
+            })).collect::<Vec<_>>(),
+            "busy_ratio_socket_over_fam_100ms": headline.busy_ratio_socket_over_fam_100ms,
+            "total_gain_fam2gbs_vs_socket10g_0ms_pct": headline.total_gain_pct,
+            "busy_gain_fam2gbs_vs_socket10g_0ms_pct": headline.busy_gain_pct,
+            "downtime_gain_vs_socket_pct": headline.downtime_gain_pct,
+            "kv_throughput_gain_3ms_pct": Value::Null,
+            "timeline_png": timeline_written.as_ref().ok().map(|p| p.display().to_string()),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "tiermem bench migrate — {} run(s) per case, medians; time 0 = freeze (pre-copy: first round)",
+            reps
+        );
+        println!(
+            "{:>6} {:<10} {:<26} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>8}",
+            "MiB",
+            "workload",
+            "method/delay/expiration",
+            "down ms",
+            "busy ms",
+            "total ms",
+            "degr",
+            "demand",
+            "fromFAM",
+            "pushed"
+        );
+        for r in &rows {
+            println!(
+                "{:>6} {:<10} {:<26} {:>9.2} {:>9.1} {:>9.1} {:>6.2} {:>8.0} {:>8.0} {:>8.0}",
+                r.size >> 20,
+                r.workload,
+                r.method.label(),
+                r.downtime_ms,
+                r.busy_ms,
+                r.total_ms,
+                r.degradation,
+                r.on_demand,
+                r.from_fam,
+                r.pushed
+            );
+        }
+        println!();
+        for (w, s, r) in &per_case {
+            println!(
+                "{:>6} MiB {:<10} busy socket(10G,100ms)/FAM(2GB/s) {:>6.1}×  total gain {:>5.1} %  \
+                 busy gain {:>5.1} %  downtime gain {:>5.1} %",
+                s >> 20,
+                w,
+                r.busy_ratio_socket_over_fam_100ms,
+                r.total_gain_pct,
+                r.busy_gain_pct,
+                r.downtime_gain_pct
+            );
+        }
+        println!(
+            "median: busy_ratio_socket_over_fam_100ms {:.1} (≥ 10), total gain {:.1} % (≥ 15), \
+             busy gain {:.1} % (≥ 33), downtime gain {:.1} % (≥ 23)",
+            headline.busy_ratio_socket_over_fam_100ms,
+            headline.total_gain_pct,
+            headline.busy_gain_pct,
+            headline.downtime_gain_pct
+        );
+        match &timeline_written {
+            Ok(p) => println!("timeline: {}", p.display()),
+            Err(e) => println!("timeline not written: {e:#}"),
+        }
+    }
+    if let Err(e) = &timeline_written {
+        eprintln!("tiermem bench migrate: the timeline chart was not written: {e:#}");
+    }
+    Ok(())
+}
+
+/// One method's curves in a timeline panel: label, colour, throughput, pages present.
+type PlotLine = (String, usize, Vec<(f64, f64)>, Vec<(f64, f64)>);
+
+/// The timeline chart: for each workload at `size`, application throughput (relative to its
+/// steady state) and the fraction of the region present at the target, over time, for the
+/// methods worth comparing.
+fn write_timeline(rows: &[CaseRow], size: usize, png: &std::path::Path) -> Result<PathBuf> {
+    let shown = [
+        "fam/pcm-fam",
+        "socket/ethernet-10g/0ms",
+        "socket/ethernet-10g/100ms",
+        "stop-and-copy/pcm-fam",
+        "pre-copy/pcm-fam",
+    ];
+    let mut data: Vec<(String, Vec<PlotLine>)> = Vec::new();
+    for w in Workload::ALL {
+        let mut lines = Vec::new();
+        for (ci, label) in shown.iter().enumerate() {
+            let Some(r) = find(rows, w.name(), size, label) else {
+                continue;
+            };
+            let steady = r.steady_ops_per_s.max(1.0);
+            let tput = r
+                .timeline
+                .iter()
+                .map(|s| (s.t_ms, s.ops_per_s / steady))
+                .collect();
+            let present = r.timeline.iter().map(|s| (s.t_ms, s.present)).collect();
+            lines.push((label.to_string(), ci, tput, present));
+        }
+        if !lines.is_empty() {
+            data.push((w.name().to_string(), lines));
+        }
+    }
+    if data.is_empty() {
+        bail!("no case to plot");
+    }
+    let labels: Vec<Vec<(String, String)>> = data
+        .iter()
+        .map(|(_, ls)| {
+            ls.iter()
+                .map(|(l, ..)| (format!("{l} throughput"), format!("{l} pages present")))
+                .collect()
+        })
+        .collect();
+    let titles: Vec<String> = data
+        .iter()
+        .map(|(w, _)| format!("{w} updates, {} MiB region", size >> 20))
+        .collect();
+    let panels: Vec<plot::Panel<'_>> = data
+        .iter()
+        .enumerate()
+        .map(|(pi, (_, ls))| plot::Panel {
+            title: &titles[pi],
+            lines: ls
+                .iter()
+                .enumerate()
+                .flat_map(|(li, (_, ci, tput, present))| {
+                    [
+                        plot::Line {
+                            label: &labels[pi][li].0,
+                            color: *ci,
+                            dashed: false,
+                            points: tput,
+                        },
+                        plot::Line {
+                            label: &labels[pi][li].1,
+                            color: *ci,
+                            dashed: true,
+                            points: present,
+                        },
+                    ]
+                })
+                .collect(),
+        })
+        .collect();
+    let svg = plot::timeline_svg(
+        "Migration timeline: application throughput / steady state (solid), fraction of the region at the target (dashed)",
+        "ms since the migration started",
+        "relative",
+        1.2,
+        &panels,
+    );
+    plot::write_png(&svg, png)?;
+    Ok(png.to_path_buf())
+}
