@@ -113,6 +113,16 @@ typedef struct nv_region nv_region;
 typedef struct tiermem_kv tiermem_kv;
 
 /**
+ * The source side of a migration (opaque), from `tiermem_migrate_source_checkpoint`.
+ */
+typedef struct tiermem_migrate_source tiermem_migrate_source;
+
+/**
+ * The target side of a migration (opaque), from `tiermem_migrate_target_restore`.
+ */
+typedef struct tiermem_migrate_target tiermem_migrate_target;
+
+/**
  * Fill callback: write the 4096 bytes of the page at region offset `offset` into `page` and
  * return 0, or return a negative errno to fail the access (the process then gets SIGBUS).
  * For TIERMEM_RESOLVE_IN_THREAD regions it runs inside a signal handler on the faulting thread:
@@ -140,6 +150,50 @@ typedef struct TiermemStats {
   uint64_t persists;
   uint64_t fences;
 } TiermemStats;
+
+/**
+ * One region to migrate: `len` bytes at `base` (a positive multiple of the page size).
+ */
+typedef struct tiermem_migrate_region {
+  /**
+   * Start of the region (page aligned memory of this process).
+   */
+  const void *base;
+  /**
+   * Length in bytes (a positive multiple of the page size).
+   */
+  size_t len;
+} tiermem_migrate_region;
+
+/**
+ * What the source did, filled by `tiermem_migrate_source_serve`.
+ */
+typedef struct tiermem_migrate_source_report {
+  /**
+   * Checkpoint (blob + lazy files created and reserved), ns.
+   */
+  uint64_t checkpoint_ns;
+  /**
+   * From the checkpoint's start until every page was dumped and persisted, ns (busy time).
+   */
+  uint64_t busy_ns;
+  /**
+   * Page-server requests answered.
+   */
+  uint64_t requests;
+  /**
+   * 2 MiB vectors dumped on the target's demand.
+   */
+  uint64_t on_demand_vectors;
+  /**
+   * Bytes dumped to FAM.
+   */
+  uint64_t bytes;
+  /**
+   * 1 when a connected target was told the dump is done, else 0.
+   */
+  int told_done;
+} tiermem_migrate_source_report;
 
 #ifdef __cplusplus
 extern "C" {
@@ -322,6 +376,129 @@ void tiermem_flush(const void *addr, size_t len);
  * Store fence (sfence): orders earlier flushes and non-temporal stores before later stores.
  */
 void tiermem_fence(void);
+
+/**
+ * Checkpoint migration `id` of the `n` regions at `regions` (1 to 256) with the application
+ * state `blob` (`blob_len` bytes; `blob` may be NULL when `blob_len` is 0) into
+ * `fam_dir/mig-<id as 16 hex digits>/` and store the source handle in `*out`: the blob and
+ * region lengths are written and persisted, and one lazy-page file per region is created with
+ * its whole space reserved, so a full FAM directory fails here, before the target is told
+ * anything.
+ *
+ * `delay`: the delay model charged on the dump writes (NULL or "none" for none, "pcm-fam",
+ * or any model `TIERMEM_DELAY` accepts). `batched`: nonzero to dump with one `pwritev` per
+ * batch of vectors (up to 2 GiB), 0 for one write per 2 MiB vector.
+ *
+ * The regions must stay mapped and frozen (nothing writes them) until
+ * `tiermem_migrate_source_serve` returns or `tiermem_migrate_source_free` is called.
+ *
+ * Errors: EINVAL a NULL or bad argument (region count, a length that is not a positive page
+ * multiple, an unknown delay model), ENOSPC no room in the FAM directory, EEXIST the migration
+ * already exists, other media errors from creating the files.
+ */
+int tiermem_migrate_source_checkpoint(const char *fam_dir,
+                                      uint64_t id,
+                                      const struct tiermem_migrate_region *regions,
+                                      size_t n,
+                                      const void *blob,
+                                      size_t blob_len,
+                                      const char *delay,
+                                      int batched,
+                                      struct tiermem_migrate_source **out);
+
+/**
+ * Serve the migration: listen on `listen_addr` ("ip:port"), dump every region to FAM in the
+ * background and answer the target's page-server requests until every page is dumped and
+ * persisted, then tell a connected target and return (the end of the source's busy time: the
+ * regions may then be written or unmapped). A target that never connects does not delay the
+ * end. `*out` receives the report.
+ *
+ * Consumes the handle (it must not be used again), also when this fails — except when it
+ * returns EINVAL for a NULL argument, which leaves everything untouched.
+ *
+ * Errors: EINVAL a NULL argument or a bad address, EADDRINUSE and other socket errors, EIO a
+ * dump error (the text says which).
+ */
+int tiermem_migrate_source_serve(struct tiermem_migrate_source *source,
+                                 const char *listen_addr,
+                                 struct tiermem_migrate_source_report *out);
+
+/**
+ * Free a source handle that was never served (the migration is abandoned: its files stay in
+ * the FAM directory, incomplete). NULL is a no-op.
+ */
+void tiermem_migrate_source_free(struct tiermem_migrate_source *source);
+
+/**
+ * Restore migration `id` from `fam_dir` and store the target handle in `*out`: validate the
+ * checkpoint and the lazy-page files, connect to the source's page-server at `source_addr`
+ * ("ip:port"; NULL when the dump is already complete), map each region and register it with
+ * the fault engine (in-thread resolution: the kernel must not read a region's unfetched pages,
+ * e.g. with write(2), before `tiermem_migrate_target_complete`). The application may run as
+ * soon as this returns; pages arrive on first touch, from FAM when dumped, else on demand
+ * from the source. Requests to the source time out after `timeout_ms` (0: 5000). Page reads
+ * from FAM are charged the `TIERMEM_DELAY` model.
+ *
+ * Errors: EINVAL a NULL or bad argument, ENOENT no such migration, EBADMSG a corrupt or
+ * truncated checkpoint or lazy-page file, EIO the dump is incomplete and the source is
+ * unreachable or `source_addr` is NULL (the text says which), EPROTO a bad handshake,
+ * ENOSYS no userfaultfd.
+ */
+int tiermem_migrate_target_restore(const char *fam_dir,
+                                   uint64_t id,
+                                   const char *source_addr,
+                                   uint32_t timeout_ms,
+                                   struct tiermem_migrate_target **out);
+
+/**
+ * The number of restored regions, or a negative errno (EINVAL for a NULL handle).
+ */
+int tiermem_migrate_target_region_count(const struct tiermem_migrate_target *target);
+
+/**
+ * Store the start and length of restored region `index` (checkpoint order) in `*base` and
+ * `*len`. The memory stays valid until `tiermem_migrate_target_free`.
+ * Errors: EINVAL a NULL argument, ERANGE no region `index`.
+ */
+int tiermem_migrate_target_region(const struct tiermem_migrate_target *target,
+                                  size_t index,
+                                  void **base,
+                                  size_t *len);
+
+/**
+ * Store the application state blob (from the checkpoint) in `*p` and `*len`; `*p` stays valid
+ * until `tiermem_migrate_target_free` (non-NULL even for an empty blob).
+ * Errors: EINVAL a NULL argument.
+ */
+int tiermem_migrate_target_blob(const struct tiermem_migrate_target *target,
+                                const void **p,
+                                size_t *len);
+
+/**
+ * Fetch every page that has not arrived yet (a prefetch through the fault resolver), so the
+ * migration is complete and the source no longer needed; `*resume_ns` receives the time from
+ * restore to completion (the resume time).
+ * Errors: EINVAL a NULL argument. A page that cannot be fetched (the source died before the
+ * dump completed) fails the access itself, as any fault would (the process gets SIGBUS).
+ */
+int tiermem_migrate_target_complete(const struct tiermem_migrate_target *target,
+                                    uint64_t *resume_ns);
+
+/**
+ * Store the faults resolved so far over all regions: `*from_fam` read straight from the FAM
+ * directory with no message, `*on_demand` requested from the source's page-server.
+ * Errors: EINVAL a NULL argument.
+ */
+int tiermem_migrate_target_faults(const struct tiermem_migrate_target *target,
+                                  uint64_t *from_fam,
+                                  uint64_t *on_demand);
+
+/**
+ * Unregister and unmap the restored regions and close the connection to the source; the
+ * region pointers and the blob become invalid. NULL is a no-op. The migration's files stay in
+ * the FAM directory (`tiermem migrate rm` removes them).
+ */
+void tiermem_migrate_target_free(struct tiermem_migrate_target *target);
 
 /**
  * Start a vnvm instance (the thesis' `nv_init`) in directory `dir` (NULL: `$TIERMEM_VNVM_DIR`,

@@ -50,7 +50,7 @@ pub struct TiermemPageRange {
 }
 
 /// The errno a C caller sees for a fault-engine error.
-fn fault_errno(e: &FaultError) -> i32 {
+pub(crate) fn fault_errno(e: &FaultError) -> i32 {
     match e {
         FaultError::UffdUnavailable { .. } => libc::ENOSYS,
         FaultError::MissingFeature { .. } | FaultError::Unsupported(_) => libc::EOPNOTSUPP,

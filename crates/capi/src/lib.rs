@@ -15,12 +15,14 @@ mod error;
 mod fault;
 mod kv;
 mod media;
+mod migrate;
 mod vnvm;
 
 pub use error::*;
 pub use fault::*;
 pub use kv::*;
 pub use media::*;
+pub use migrate::*;
 pub use vnvm::*;
 
 /// The library's version as a NUL-terminated string ("MAJOR.MINOR.PATCH"); static storage.

@@ -8,6 +8,7 @@ mod bench;
 mod doctor;
 mod kv_cmd;
 mod machine;
+mod migrate_cmd;
 mod plot;
 mod pool_cmd;
 mod stats;
@@ -65,6 +66,12 @@ enum Command {
         #[command(subcommand)]
         action: kv_cmd::KvCommand,
     },
+    /// Migration of memory regions through a shared FAM directory: inspect and remove the
+    /// migrations a FAM directory holds.
+    Migrate {
+        #[command(subcommand)]
+        action: migrate_cmd::MigrateCommand,
+    },
     /// The quick-start job: doctor, then a short tour of the media and fault layers.
     Tour {
         /// Directory for the demo pools (default: $TIERMEM_DIR or /dev/shm/tiermem).
@@ -89,6 +96,7 @@ fn main() -> ExitCode {
         Command::Bench { which } => bench::run(which),
         Command::Vnvm { action } => vnvm_cmd::run(action),
         Command::Kv { action } => kv_cmd::run(action),
+        Command::Migrate { action } => migrate_cmd::run(action),
         Command::Tour { dir } => tour::run(dir),
     };
     match result {
