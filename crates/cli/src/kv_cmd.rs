@@ -1,9 +1,11 @@
 //! `tiermem kv serve`: the tiermem-kv server (Redis protocol) on a vnvm or volatile heap.
+//! `tiermem kv migrate`: live-migrate a volatile server to a new target process.
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 use tiermem_kv::config::KvConfig;
 use tiermem_kv::instance::KvInstance;
 use tiermem_kv::server::ShutdownTrigger;
@@ -14,6 +16,11 @@ pub enum KvCommand {
     /// Serve the Redis protocol (RESP2) over TCP and optionally a Unix socket, with the data in
     /// a tiermem heap. Stop it with SHUTDOWN, SIGTERM or SIGINT.
     Serve(ServeArgs),
+    /// Live-migrate a running volatile server: send it TIERMEM.MIGRATE, start the target
+    /// (`tiermem kv serve` restoring the migration, detached, optionally inside a network
+    /// namespace), wait until it serves and the migration is complete, print its address and
+    /// the migration's metrics. The source exits by itself once everything was sent.
+    Migrate(MigrateArgs),
 }
 
 /// Flags of `tiermem kv serve`. Every flag is also a configuration-file key (same name); flags
@@ -56,6 +63,7 @@ pub struct ServeArgs {
 pub fn run(cmd: KvCommand) -> Result<()> {
     match cmd {
         KvCommand::Serve(a) => serve(a),
+        KvCommand::Migrate(a) => migrate(a),
     }
 }
 
@@ -117,6 +125,407 @@ fn serve(a: ServeArgs) -> Result<()> {
         eprintln!("tiermem-kv: shut down cleanly: everything acknowledged is durable");
     } else {
         eprintln!("tiermem-kv: shut down");
+    }
+    Ok(())
+}
+
+/// Flags of `tiermem kv migrate`.
+#[derive(Args)]
+pub struct MigrateArgs {
+    /// The source server (a `tiermem kv serve --engine volatile`), ip:port.
+    #[arg(long, value_name = "IP:PORT")]
+    from: std::net::SocketAddr,
+    /// The FAM directory both hosts see (method fam); unused by method socket ("-").
+    #[arg(long, value_name = "DIR")]
+    fam: Option<PathBuf>,
+    /// fam (FAM-aware post-copy, default) or socket (socket post-copy, CRIU's way).
+    #[arg(long, value_name = "fam|socket", default_value = "fam")]
+    method: String,
+    /// Socket method: push every remaining page once no fault came for this long (default:
+    /// the source's, 100 ms).
+    #[arg(long, value_name = "N")]
+    expiration_ms: Option<u64>,
+    /// Where the source's page-server listens (default: the --from IP, a port it picks).
+    #[arg(long, value_name = "IP:PORT")]
+    page_server: Option<std::net::SocketAddr>,
+    /// The migration id (hex; default random).
+    #[arg(long, value_name = "HEX")]
+    id: Option<String>,
+    /// Start the target inside this network namespace (`ip netns exec NAME`); its readiness is
+    /// checked from inside it.
+    #[arg(long, value_name = "NAME")]
+    target_netns: Option<String>,
+    /// The target's TCP port (default: the source's port inside --target-netns, else a free
+    /// port).
+    #[arg(long, value_name = "P")]
+    target_port: Option<u16>,
+    /// Addresses the target listens on (default: * inside --target-netns, else the --from IP).
+    #[arg(long, value_name = "ADDRS")]
+    target_bind: Option<String>,
+    /// The target's log (default: kv-target-<id>.log in the FAM directory, or the temporary
+    /// directory for method socket).
+    #[arg(long, value_name = "FILE")]
+    target_log: Option<PathBuf>,
+    /// More arguments for the target's `tiermem kv serve` (repeatable), e.g.
+    /// `--target-arg=--threads --target-arg=2`.
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    target_arg: Vec<String>,
+    /// Give up after this many seconds (target start-up plus completion).
+    #[arg(long, value_name = "S", default_value_t = 120)]
+    timeout: u64,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A RESP2 reply (enough of it for PING, INFO and TIERMEM.MIGRATE).
+#[derive(Debug, PartialEq)]
+enum Reply {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+}
+
+/// Send one command to `addr` and read its reply; every step bounded by `timeout`.
+fn resp_command(
+    addr: std::net::SocketAddr,
+    args: &[&str],
+    timeout: std::time::Duration,
+) -> std::io::Result<Reply> {
+    use std::io::{BufRead, Read, Write};
+    let s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut req = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        req.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    (&s).write_all(&req)?;
+    let mut r = std::io::BufReader::new(s);
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let line = line.trim_end_matches(['\r', '\n']);
+    let bad = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not RESP: {line:?}"),
+        )
+    };
+    if line.is_empty() {
+        return Err(bad());
+    }
+    let (t, rest) = line.split_at(1);
+    Ok(match t {
+        "+" => Reply::Simple(rest.into()),
+        "-" => Reply::Error(rest.into()),
+        ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
+        "$" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            if n < 0 {
+                Reply::Bulk(None)
+            } else {
+                let mut b = vec![0u8; n as usize + 2];
+                r.read_exact(&mut b)?;
+                b.truncate(n as usize);
+                Reply::Bulk(Some(b))
+            }
+        }
+        _ => return Err(bad()),
+    })
+}
+
+/// Run `f` on a thread inside network namespace `netns` (when given; sockets it creates belong
+/// there), else on this thread.
+fn in_netns<T: Send>(netns: Option<&str>, f: impl FnOnce() -> T + Send) -> Result<T> {
+    let Some(name) = netns else { return Ok(f()) };
+    let path = PathBuf::from("/var/run/netns").join(name);
+    let file = std::fs::File::open(&path).map_err(|e| {
+        anyhow::anyhow!(
+            "network namespace {name}: cannot open {}: {e}",
+            path.display()
+        )
+    })?;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            use std::os::fd::AsRawFd;
+            // SAFETY: setns on an open namespace file; it changes only this thread's namespace.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                bail!(
+                    "cannot enter network namespace {name}: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread in network namespace {name} panicked"))?
+    })
+}
+
+/// The `# Migration` fields of a target's INFO, or why there are none yet.
+fn migration_info(
+    netns: Option<&str>,
+    addr: std::net::SocketAddr,
+) -> Result<std::io::Result<Vec<(String, String)>>> {
+    in_netns(netns, move || {
+        match resp_command(addr, &["INFO", "migration"], Duration::from_secs(5))? {
+            Reply::Bulk(Some(b)) => Ok(String::from_utf8_lossy(&b)
+                .lines()
+                .filter_map(|l| l.split_once(':'))
+                .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+                .collect()),
+            other => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("INFO answered {other:?}"),
+            )),
+        }
+    })
+}
+
+fn migrate(a: MigrateArgs) -> Result<()> {
+    use anyhow::Context;
+    let method = a.method.to_ascii_lowercase();
+    if method != "fam" && method != "socket" {
+        bail!("--method {:?}: fam or socket", a.method);
+    }
+    let fam = match (&a.fam, method.as_str()) {
+        (Some(f), _) if f.as_os_str() != "-" => Some(f.clone()),
+        (_, "fam") => bail!("--method fam needs --fam DIR (a directory both hosts see)"),
+        _ => None,
+    };
+    let id = match &a.id {
+        Some(h) => u64::from_str_radix(h.trim_start_matches("0x"), 16)
+            .map_err(|_| anyhow::anyhow!("--id {h:?}: not hexadecimal"))?,
+        None => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            // splitmix64 of time and pid: distinct ids for concurrent migrations.
+            let mut z = t ^ ((std::process::id() as u64) << 32);
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) | 1
+        }
+    };
+    let timeout = Duration::from_secs(a.timeout.max(1));
+    let netns = a.target_netns.as_deref();
+    let page_server = a
+        .page_server
+        .unwrap_or_else(|| std::net::SocketAddr::new(a.from.ip(), 0));
+    let target_port = match (a.target_port, netns) {
+        (Some(p), _) => p,
+        (None, Some(_)) => a.from.port(),
+        (None, None) => std::net::TcpListener::bind((a.from.ip(), 0))
+            .and_then(|l| l.local_addr())
+            .map(|x| x.port())
+            .context("finding a free port for the target")?,
+    };
+    let bind = a.target_bind.clone().unwrap_or_else(|| {
+        if netns.is_some() {
+            "*".to_string()
+        } else {
+            a.from.ip().to_string()
+        }
+    });
+    // Where this command reaches the target: its first specific bind address, else loopback.
+    let first = bind.split_whitespace().next().unwrap_or("*");
+    let target_ip: std::net::IpAddr = first
+        .trim_start_matches('-')
+        .parse()
+        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+    let target = std::net::SocketAddr::new(target_ip, target_port);
+
+    // 1. The source: freeze and serve.
+    let fam_arg = fam
+        .as_ref()
+        .map_or("-".to_string(), |f| f.display().to_string());
+    let mut margs = vec![
+        "TIERMEM.MIGRATE".to_string(),
+        fam_arg.clone(),
+        page_server.to_string(),
+        format!("{id:x}"),
+        method.clone(),
+    ];
+    if let Some(ms) = a.expiration_ms {
+        margs.push(ms.to_string());
+    }
+    let margs: Vec<&str> = margs.iter().map(|s| s.as_str()).collect();
+    let t0 = Instant::now();
+    let reply = resp_command(a.from, &margs, Duration::from_secs(10))
+        .with_context(|| format!("cannot reach the source at {}", a.from))?;
+    let text = match reply {
+        Reply::Simple(t) => t,
+        Reply::Error(e) => bail!("the source at {} refused: {e}", a.from),
+        other => bail!(
+            "the source at {} answered {other:?} to TIERMEM.MIGRATE",
+            a.from
+        ),
+    };
+    // MIGRATING <id> <page-server ip:port> <heap bytes>
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let (ps, heap): (std::net::SocketAddr, u64) = match f.as_slice() {
+        ["MIGRATING", _, ps, heap] => (
+            ps.parse().context("the page-server address in the reply")?,
+            heap.parse().context("the heap size in the reply")?,
+        ),
+        _ => bail!(
+            "unexpected reply to TIERMEM.MIGRATE from {}: {text:?}",
+            a.from
+        ),
+    };
+    let migrate_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    // 2. The target, detached (its own session; it outlives this command).
+    let log = a.target_log.clone().unwrap_or_else(|| {
+        fam.clone()
+            .unwrap_or_else(std::env::temp_dir)
+            .join(format!("kv-target-{id:x}.log"))
+    });
+    let logf = std::fs::File::create(&log)
+        .with_context(|| format!("creating the target's log {}", log.display()))?;
+    let exe = std::env::current_exe().context("locating the tiermem binary")?;
+    let mut cmd = match netns {
+        Some(n) => {
+            let mut c = std::process::Command::new("ip");
+            c.args(["netns", "exec", n]).arg(&exe);
+            c
+        }
+        None => std::process::Command::new(&exe),
+    };
+    cmd.args(["kv", "serve", "--engine", "volatile"])
+        .args(["--port", &target_port.to_string(), "--bind", &bind])
+        .args(["--heap-size", &heap.to_string()])
+        .args(["--set", &format!("migration-id={id:x}")])
+        .args(["--set", &format!("migration-source={ps}")])
+        .args(["--set", &format!("migration-method={method}")]);
+    if let Some(f) = &fam {
+        cmd.args(["--set", &format!("restore-from={}", f.display())]);
+    }
+    cmd.args(&a.target_arg)
+        .stdin(std::process::Stdio::null())
+        .stdout(logf.try_clone()?)
+        .stderr(logf);
+    // SAFETY: setsid is async-signal-safe and touches only the child.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the target")?;
+    let pid = child.id();
+    let tail = || crate::bench::kv_harness::log_tail(&log, 8);
+
+    // 3. Wait until it serves, then until the migration is complete.
+    let deadline = Instant::now() + timeout;
+    let mut serving_ms = None;
+    let fields = loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            bail!(
+                "the target exited ({st}) before the migration completed; its log {}: {}",
+                log.display(),
+                tail()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the target (pid {pid}) did not {} within {} s; its log {}: {}",
+                if serving_ms.is_none() {
+                    "answer PING"
+                } else {
+                    "complete the migration"
+                },
+                timeout.as_secs(),
+                log.display(),
+                tail()
+            );
+        }
+        if serving_ms.is_none() {
+            let ping = in_netns(netns, move || {
+                resp_command(target, &["PING"], Duration::from_secs(2))
+            })?;
+            if matches!(ping, Ok(Reply::Simple(ref p)) if p == "PONG") {
+                serving_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        if serving_ms.is_some() {
+            if let Ok(f) = migration_info(netns, target)? {
+                match f
+                    .iter()
+                    .find(|(k, _)| k == "migration_state")
+                    .map(|(_, v)| v.as_str())
+                {
+                    Some("complete") => break f,
+                    Some("failed") => bail!(
+                        "the migration failed at the target: {}; its log {}: {}",
+                        f.iter()
+                            .find(|(k, _)| k == "migration_error")
+                            .map_or("", |(_, v)| v.as_str()),
+                        log.display(),
+                        tail()
+                    ),
+                    Some(_) => {}
+                    None => bail!(
+                        "the target at {target} has no migration state in INFO (not a \
+                         migration target?)"
+                    ),
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let serving_ms = serving_ms.unwrap_or(total_ms);
+    if a.json {
+        let mut m = serde_json::Map::new();
+        let mut put = |k: &str, v: serde_json::Value| {
+            m.insert(k.to_string(), v);
+        };
+        put("id", format!("{id:x}").into());
+        put("method", method.clone().into());
+        put("source", a.from.to_string().into());
+        put("page_server", ps.to_string().into());
+        put("heap_bytes", heap.into());
+        put("target", target.to_string().into());
+        put(
+            "target_netns",
+            netns.map_or(serde_json::Value::Null, |n| n.into()),
+        );
+        put("target_pid", pid.into());
+        put("target_log", log.display().to_string().into());
+        put("migrate_reply_ms", migrate_ms.into());
+        put("target_serving_ms", serving_ms.into());
+        put("complete_seen_ms", total_ms.into());
+        for (k, v) in &fields {
+            let val = v
+                .parse::<u64>()
+                .map(serde_json::Value::from)
+                .or_else(|_| v.parse::<f64>().map(serde_json::Value::from))
+                .unwrap_or_else(|_| v.clone().into());
+            put(k, val);
+        }
+        println!("{}", serde_json::Value::Object(m));
+    } else {
+        println!(
+            "migration {id:x} ({method}) complete: the target serves at {target}{} (pid {pid}, \
+             log {})",
+            netns.map_or(String::new(), |n| format!(" in network namespace {n}")),
+            log.display()
+        );
+        println!(
+            "  source {} replied in {migrate_ms:.1} ms; target serving {serving_ms:.1} ms and \
+             complete (seen) {total_ms:.1} ms after TIERMEM.MIGRATE; heap {} MiB",
+            a.from,
+            heap >> 20
+        );
+        for (k, v) in &fields {
+            println!("  {k}: {v}");
+        }
     }
     Ok(())
 }

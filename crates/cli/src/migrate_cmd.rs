@@ -1,4 +1,10 @@
-//! `tiermem migrate inspect|rm FAM_DIR`: the migrations (`mig-<id>/`) of a FAM directory.
+//! `tiermem migrate run|inspect|rm`.
+//!
+//! `run`: migrate a running synthetic application (a region it keeps updating) between two
+//! hosts (network namespaces created for the run, sharing a FAM directory) by one method, and
+//! print the metrics (what `tiermem bench migrate` does for every method at once).
+//!
+//! `inspect|rm FAM_DIR`: the migrations (`mig-<id>/`) of a FAM directory.
 //!
 //! `inspect`: read-only: each migration's checkpoint (validity, blob length, region lengths)
 //! and lazy-page files (region length, watermark, completion flag, journal ranges); a corrupt,
@@ -18,6 +24,34 @@ use tiermem_migrate::lazyfile::LazyFile;
 /// migrate subcommands.
 #[derive(Subcommand)]
 pub enum MigrateCommand {
+    /// Migrate a running synthetic application between two hosts (network namespaces joined
+    /// by a veth pair, sharing a FAM directory) by one method; print downtime, busy time,
+    /// total time, degradation and page counts. Every byte is checked at the target.
+    Run {
+        /// The application's updates: sequential, uniform or zipfian.
+        #[arg(long, default_value = "uniform")]
+        workload: String,
+        /// Region size (e.g. 256m, 1g).
+        #[arg(long, default_value = "256m")]
+        size: String,
+        /// fam, socket, stop-and-copy or pre-copy.
+        #[arg(long, default_value = "fam")]
+        method: String,
+        /// Delay model of the medium: none or pcm-fam (default) on FAM; veth or ethernet-10g
+        /// (default) for socket. (The global --delay sets devices' models; this one is the
+        /// migration's.)
+        #[arg(long)]
+        delay_model: Option<String>,
+        /// Socket post-copy's expiration timer, ms.
+        #[arg(long, default_value_t = 100)]
+        expiration_ms: u64,
+        /// The FAM directory (default: a fresh one under /dev/shm, removed afterwards).
+        #[arg(long)]
+        fam: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the migrations in a FAM directory: checkpoint, lazy-page files, completion
     /// (read-only). Fails when a file is corrupt, truncated or missing.
     #[command(after_help = INSPECT_JSON_KEYS)]
@@ -66,6 +100,15 @@ fn parse_id(s: &str) -> std::result::Result<u64, String> {
 /// Run a migrate subcommand.
 pub fn run(cmd: MigrateCommand) -> Result<()> {
     match cmd {
+        MigrateCommand::Run {
+            workload,
+            size,
+            method,
+            delay_model,
+            expiration_ms,
+            fam,
+            json,
+        } => run_one(&workload, &size, &method, delay_model, expiration_ms, fam, json),
         MigrateCommand::Inspect { fam_dir, id, json } => inspect(&fam_dir, id, json),
         MigrateCommand::Rm { fam_dir, id, force } => rm(&fam_dir, id, force),
     }
@@ -356,6 +399,112 @@ fn rm(fam: &Path, id: u64, force: bool) -> Result<()> {
     Ok(())
 }
 
+/// `tiermem migrate run`.
+fn run_one(
+    workload: &str,
+    size: &str,
+    method: &str,
+    delay: Option<String>,
+    expiration_ms: u64,
+    fam: Option<PathBuf>,
+    json: bool,
+) -> Result<()> {
+    use tiermem_migrate::harness::{run_case, CaseSpec, Method};
+    use tiermem_migrate::workload::Workload;
+    let w = Workload::parse(workload)
+        .with_context(|| format!("unknown workload {workload:?} (sequential, uniform, zipfian)"))?;
+    let region_len = crate::bench::migrate::parse_size(size)?;
+    let delay = delay.unwrap_or_else(|| {
+        if method == "socket" {
+            "ethernet-10g".into()
+        } else {
+            "pcm-fam".into()
+        }
+    });
+    let m = Method::parse(method, &delay, expiration_ms).map_err(anyhow::Error::msg)?;
+    let own = fam.is_none();
+    let fam = fam.unwrap_or_else(|| {
+        PathBuf::from(format!(
+            "/dev/shm/tiermem-migrate-run-{}",
+            std::process::id()
+        ))
+    });
+    std::fs::create_dir_all(&fam).with_context(|| format!("creating {}", fam.display()))?;
+    let hosts = tiermem_migrate::netns::TwoHosts::create("tmrun")
+        .context("creating the two hosts (network namespaces; needs root and iproute2)")?;
+    let id = (std::process::id() as u64) << 20 | 1;
+    if !json {
+        eprintln!(
+            "  … migrating a {} MiB region under {} updates by {} between {} and {} (FAM {})",
+            region_len >> 20,
+            w.name(),
+            m.label(),
+            hosts.name(tiermem_migrate::netns::Host::Src),
+            hosts.name(tiermem_migrate::netns::Host::Dst),
+            fam.display()
+        );
+    }
+    let spec = CaseSpec {
+        workload: w,
+        region_len,
+        method: m.clone(),
+        steady: std::time::Duration::from_millis(300),
+        tail: std::time::Duration::from_millis(50),
+        seed: id,
+        id,
+    };
+    let r = run_case(&hosts, &fam, &spec);
+    let _ = std::fs::remove_dir_all(migration_dir(&fam, id));
+    if own {
+        let _ = std::fs::remove_dir_all(&fam);
+    }
+    let r = r.map_err(anyhow::Error::msg)?;
+    let x = &r.metrics;
+    let ms = |ns: u64| ns as f64 / 1e6;
+    if json {
+        let v = serde_json::json!({
+            "workload": w.name(),
+            "region_bytes": region_len,
+            "method": m.name(),
+            "delay": m.delay(),
+            "expiration_ms": m.expiration_ms(),
+            "downtime_ms": ms(x.downtime_ns),
+            "resume_ms": ms(x.resume_ns),
+            "busy_ms": ms(x.busy_ns),
+            "total_ms": ms(x.total_ns),
+            "degradation": r.degradation,
+            "steady_ops_per_s": r.steady_ops_per_s,
+            "during_ops_per_s": r.during_ops_per_s,
+            "faults_on_demand": x.pages_on_demand,
+            "faults_from_fam": x.faults_from_fam,
+            "pages_pushed": x.pages_pushed,
+            "bytes": x.bytes,
+            "verified": r.verified,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "{} {} MiB {}: downtime {:.2} ms, busy {:.1} ms, total {:.1} ms (resume {:.1} ms); \
+             degradation {:.3} ({:.0} ops/s during, {:.0} steady); faults on demand {}, from \
+             FAM {}, pages pushed {}; every byte verified at the target",
+            w.name(),
+            region_len >> 20,
+            m.label(),
+            ms(x.downtime_ns),
+            ms(x.busy_ns),
+            ms(x.total_ns),
+            ms(x.resume_ns),
+            r.degradation,
+            r.during_ops_per_s,
+            r.steady_ops_per_s,
+            x.pages_on_demand,
+            x.faults_from_fam,
+            x.pages_pushed
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,3 +524,4 @@ mod tests {
         assert_eq!(lazy_index("checkpoint"), None);
     }
 }
+

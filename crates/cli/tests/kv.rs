@@ -679,7 +679,15 @@ fn live_migration_of_a_volatile_server_loses_no_acknowledged_write() {
         &format!("127.0.0.1:{page_server}"),
         "5eed",
     ]);
-    assert_eq!(r, Reply::Simple("MIGRATING 5eed".into()), "{}", src.log());
+    assert_eq!(
+        r,
+        Reply::Simple(format!(
+            "MIGRATING 5eed 127.0.0.1:{page_server} {}",
+            64 << 20
+        )),
+        "{}",
+        src.log()
+    );
     let acked: Vec<Acked> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     stop.store(true, Ordering::Relaxed);
     let n: usize = acked
@@ -716,6 +724,9 @@ fn live_migration_of_a_volatile_server_loses_no_acknowledged_write() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(src.log().contains("dumped"), "{}", src.log());
+    let info = wait_migration_complete(&mut c);
+    assert!(info.contains("migration_method:fam"), "{info}");
+    assert!(info.contains("migration_id:5eed"), "{info}");
     assert!(
         dst.log().contains("restored migration 5eed"),
         "{}",
@@ -724,5 +735,440 @@ fn live_migration_of_a_volatile_server_loses_no_acknowledged_write() {
     eprintln!("migrated with {n} acknowledged writes checked at the target");
     drop(dst);
     src.kill9();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Poll the target's `INFO migration` until `migration_state:complete` (bounded); its text.
+fn wait_migration_complete(c: &mut Conn) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let Reply::Bulk(Some(b)) = c.cmd(&["INFO", "migration"]) else {
+            panic!("INFO migration")
+        };
+        let text = String::from_utf8(b).unwrap();
+        assert!(text.starts_with("# Migration"), "{text}");
+        assert!(!text.contains("migration_state:failed"), "{text}");
+        if text.contains("migration_state:complete") {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "never complete: {text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn socket_target_with_another_heap_size_refuses_clearly() {
+    let dir = scratch("migsize");
+    let mut src = Server::start("volatile", &dir, &["--heap-size", "64mb"]);
+    let page_server = free_port();
+    let mut c = Conn::connect(src.port).unwrap();
+    assert_eq!(c.cmd(&["SET", "k", "v"]), Reply::Simple("OK".into()));
+    let r = c.cmd(&[
+        "TIERMEM.MIGRATE",
+        "-",
+        &format!("127.0.0.1:{page_server}"),
+        "51ce",
+        "socket",
+        "3",
+    ]);
+    assert_eq!(
+        r,
+        Reply::Simple(format!(
+            "MIGRATING 51ce 127.0.0.1:{page_server} {}",
+            64 << 20
+        )),
+        "{}",
+        src.log()
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["kv", "serve", "--engine", "volatile", "--port", "0"])
+        .args(["--heap-size", "32mb", "--set", "migration-method=socket"])
+        .args(["--set", "migration-id=51ce"])
+        .arg("--set")
+        .arg(format!("migration-source=127.0.0.1:{page_server}"))
+        .env("TIERMEM_DIR", &dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("the source's heap is 67108864 bytes") && err.contains("--heap-size"),
+        "{err}"
+    );
+    // The target hung up: the source gives up and exits by itself.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while src.child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the source did not exit:\n{}",
+            src.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(src.log().contains("migration 51ce failed"), "{}", src.log());
+    src.kill9();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn migrate_refuses_bad_methods_and_unreachable_sources() {
+    let dir = scratch("migargs");
+    let src = Server::start("volatile", &dir, &["--heap-size", "64mb"]);
+    let mut c = Conn::connect(src.port).unwrap();
+    let r = c.cmd(&["TIERMEM.MIGRATE", "-", "127.0.0.1:0", "1", "carrier-pigeon"]);
+    assert!(
+        matches!(&r, Reply::Error(e) if e.contains("unknown method")),
+        "{r:?}"
+    );
+    let r = c.cmd(&["TIERMEM.MIGRATE", "-", "127.0.0.1:0", "1", "fam"]);
+    assert!(
+        matches!(&r, Reply::Error(e) if e.contains("FAM directory")),
+        "{r:?}"
+    );
+    assert_eq!(
+        c.cmd(&["PING"]),
+        Reply::Simple("PONG".into()),
+        "still serving"
+    );
+    // `tiermem kv migrate` against nothing, and against a durable server.
+    let nothing = free_port();
+    let out = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["kv", "migrate", "--method", "socket", "--from"])
+        .arg(format!("127.0.0.1:{nothing}"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cannot reach the source"), "{err}");
+    let vdir = scratch("migargs-vnvm");
+    let durable = Server::start("vnvm", &vdir, &["--heap-size", "64mb"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["kv", "migrate", "--method", "socket", "--from"])
+        .arg(format!("127.0.0.1:{}", durable.port))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("only the volatile engine migrates"), "{err}");
+    drop(durable);
+    drop(src);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&vdir);
+}
+
+/// Wait for `child` to exit within `secs`, else kill it; its status (`None`: killed).
+fn wait_bounded(child: &mut Child, secs: u64) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `tiermem kv migrate` between two network namespaces under load: a volatile source in Src
+/// with `redis-benchmark` and acknowledged writers running, the target started by the command
+/// in Dst; every acknowledged write is at the target, real clients work there, and the source
+/// exits by itself.
+fn migrate_between_namespaces(method: &str, extra: &[&str]) {
+    use tiermem_migrate::netns::{Host, TwoHosts};
+    let (Some(bench), Some(cli)) = (client("redis-benchmark"), client("redis-cli")) else {
+        return;
+    };
+    let hosts = match TwoHosts::create("tmkvm") {
+        Ok(h) => h,
+        Err(e) => {
+            assert!(
+                std::env::var("TIERMEM_REQUIRE_CLIENTS").as_deref() != Ok("1"),
+                "two network namespaces (root and iproute2 needed): {e}"
+            );
+            eprintln!("note: cannot create network namespaces ({e}): skipping");
+            return;
+        }
+    };
+    let dir = scratch(&format!("mig-ns-{method}"));
+    let fam = dir.join("fam");
+    std::fs::create_dir_all(&fam).unwrap();
+    let exe = env!("CARGO_BIN_EXE_tiermem");
+    let port = 6400u16;
+    let target_port = 6401u16;
+    // The source in Src, on loopback (the local clients) and its veth address.
+    let src_log = dir.join("source.log");
+    let mut src = hosts
+        .command(Host::Src, exe)
+        .args(["kv", "serve", "--engine", "volatile", "--bind", "*"])
+        .args(["--port", &port.to_string(), "--heap-size", "64mb"])
+        .env("TIERMEM_DIR", &dir)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&src_log).unwrap())
+        .stderr(std::fs::File::create(dir.join("source.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let log_of = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let src_err = dir.join("source.err");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let up = hosts
+            .run_in(Host::Src, || {
+                Conn::connect(port)
+                    .ok()
+                    .map(|mut c| c.cmd(&["PING"]) == Reply::Simple("PONG".into()))
+            })
+            .unwrap();
+        if up == Some(true) {
+            break;
+        }
+        assert!(src.try_wait().unwrap().is_none(), "{}", log_of(&src_err));
+        assert!(Instant::now() < deadline, "source never answered PING");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Load: redis-benchmark and acknowledged writers, all in Src.
+    let mut load = hosts
+        .command(Host::Src, bench.to_str().unwrap())
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-t", "set,lpush", "-n", "200000", "-q"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..3)
+        .map(|w| {
+            let stop = stop.clone();
+            hosts
+                .spawn_in(Host::Src, move || writer(port, format!("ns{w}"), stop))
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        load.try_wait().unwrap().is_none(),
+        "redis-benchmark is running while the migration starts"
+    );
+    let mut cmd = hosts.command(Host::Src, exe);
+    cmd.args(["kv", "migrate", "--json", "--timeout", "60"])
+        .arg("--from")
+        .arg(format!("{}:{port}", hosts.src_addr()))
+        .arg("--fam")
+        .arg(&fam)
+        .args(["--method", method])
+        .args(extra)
+        .args(["--target-netns", hosts.name(Host::Dst)])
+        .args(["--target-port", &target_port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut m = cmd.spawn().unwrap();
+    let (mut out, mut err) = (String::new(), String::new());
+    let status = wait_bounded(&mut m, 90);
+    m.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    m.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "tiermem kv migrate: {status:?}\n{out}\n{err}\nsource: {}",
+        log_of(&src_err)
+    );
+    let res: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    eprintln!("{method}: {res}");
+    let target_pid = res["target_pid"].as_u64().unwrap();
+    // The writers saw their connections close at the freeze.
+    stop.store(true, Ordering::Relaxed);
+    let acked: Vec<Acked> = writers
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    let _ = wait_bounded(&mut load, 30);
+    let n: usize = acked
+        .iter()
+        .map(|a| a.sets.len() + a.pushed + a.hash.len())
+        .sum();
+    assert!(n > 0, "writes were acknowledged before the migration");
+    eprintln!("{method}: {n} acknowledged writes to check at the target");
+    assert_eq!(res["migration_state"], "complete", "{res}");
+    assert_eq!(res["migration_method"], method, "{res}");
+    assert_eq!(res["heap_bytes"], 64u64 << 20, "{res}");
+    // Every acknowledged write is at the target, in Dst.
+    let key = acked
+        .iter()
+        .find_map(|a| a.sets.first().map(|(k, _)| k.clone()))
+        .expect("an acknowledged SET");
+    let (info, value) = hosts
+        .run_in(Host::Dst, || {
+            let mut c = Conn::connect(target_port).unwrap();
+            for a in &acked {
+                verify(&mut c, a);
+            }
+            let Reply::Bulk(Some(v)) = c.cmd(&["GET", &key]) else {
+                panic!("GET {key}")
+            };
+            (
+                wait_migration_complete(&mut c),
+                String::from_utf8(v).unwrap(),
+            )
+        })
+        .unwrap();
+    assert!(
+        info.contains(&format!("migration_method:{method}")),
+        "{info}"
+    );
+    // Real clients in Dst work against the target.
+    let run = |prog: &Path, args: &[&str]| {
+        let o = hosts
+            .command(Host::Dst, prog.to_str().unwrap())
+            .args(["-h", "127.0.0.1", "-p", &target_port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let got = run(&cli, &["GET", &key]);
+    assert_eq!(got.trim(), value, "redis-cli GET {key} at the target");
+    let b = run(&bench, &["-t", "set,lpush", "-n", "20000", "-q"]);
+    assert!(b.contains("SET") && b.contains("LPUSH"), "{b}");
+    // The source exits by itself.
+    assert!(
+        wait_bounded(&mut src, 30).is_some(),
+        "the source did not exit: {}",
+        log_of(&src_err)
+    );
+    // Stop the target (detached: it outlived the command).
+    hosts
+        .run_in(Host::Dst, || {
+            if let Ok(mut c) = Conn::connect(target_port) {
+                let _ = c.send(&["SHUTDOWN"]);
+            }
+        })
+        .unwrap();
+    // Gone, or a zombie waiting for a reaper.
+    let gone = |pid: u64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+            st.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone(target_pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !gone(target_pid) {
+        // SAFETY: kill(2) on the target's pid, which this test's command started.
+        unsafe { libc::kill(target_pid as i32, libc::SIGKILL) };
+        panic!("the target did not shut down");
+    }
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kv_migrate_between_namespaces_fam() {
+    migrate_between_namespaces("fam", &[]);
+}
+
+#[test]
+fn kv_migrate_between_namespaces_socket() {
+    migrate_between_namespaces("socket", &["--expiration-ms", "3"]);
+}
+
+/// Run `tiermem kv migrate --json` with `args`; its JSON result.
+fn kv_migrate(args: &[&str]) -> serde_json::Value {
+    let mut m = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["kv", "migrate", "--json", "--timeout", "60"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_bounded(&mut m, 90);
+    let (mut out, mut err) = (String::new(), String::new());
+    m.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    m.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "tiermem kv migrate {args:?}: {status:?}\n{out}\n{err}"
+    );
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+#[test]
+fn a_migrated_server_migrates_again_by_either_method() {
+    let dir = scratch("migchain");
+    let fam = dir.join("fam");
+    std::fs::create_dir_all(&fam).unwrap();
+    let src = Server::start("volatile", &dir, &["--heap-size", "64mb"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..2)
+        .map(|w| {
+            let (stop, port) = (stop.clone(), src.port);
+            std::thread::spawn(move || writer(port, format!("c{w}"), stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let (p1, p2) = (free_port(), free_port());
+    let fam_s = fam.to_str().unwrap();
+    // Socket first, then FAM from the socket target.
+    let r1 = kv_migrate(&[
+        "--from",
+        &format!("127.0.0.1:{}", src.port),
+        "--method",
+        "socket",
+        "--expiration-ms",
+        "3",
+        "--target-port",
+        &p1.to_string(),
+        "--target-log",
+        dir.join("t1.log").to_str().unwrap(),
+    ]);
+    stop.store(true, Ordering::Relaxed);
+    let acked: Vec<Acked> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(r1["migration_state"], "complete", "{r1}");
+    let r2 = kv_migrate(&[
+        "--from",
+        &format!("127.0.0.1:{p1}"),
+        "--fam",
+        fam_s,
+        "--target-port",
+        &p2.to_string(),
+    ]);
+    assert_eq!(r2["migration_method"], "fam", "{r2}");
+    let mut c = Conn::connect(p2).unwrap();
+    for a in &acked {
+        verify(&mut c, a);
+    }
+    assert_eq!(
+        c.cmd(&["SET", "after", "chain"]),
+        Reply::Simple("OK".into())
+    );
+    let _ = c.send(&["SHUTDOWN"]);
+    for r in [&r1, &r2] {
+        let pid = r["target_pid"].as_u64().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{pid}/status")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .unwrap_or_default()
+                .contains("zombie")
+        {
+            if Instant::now() > deadline {
+                // SAFETY: kill(2) on a target this test's command started.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                panic!("target {pid} did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    drop(src);
     let _ = std::fs::remove_dir_all(&dir);
 }

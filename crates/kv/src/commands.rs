@@ -67,7 +67,8 @@ impl Durability {
 /// section's own.
 pub trait InfoSource: Send + Sync {
     /// Append `(field, value)` pairs for INFO section `section` (lower case: `server`,
-    /// `clients`, `memory`, `persistence`, `stats`, `replication`, `cpu`, `keyspace`).
+    /// `clients`, `memory`, `persistence`, `stats`, `replication`, `cpu`, `keyspace`, and
+    /// `migration`, shown only when it has fields).
     fn info(&self, section: &str, out: &mut Vec<(String, String)>);
 }
 

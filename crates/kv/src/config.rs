@@ -180,6 +180,11 @@ pub struct KvConfig {
     /// The source's page-server address (`migration-source`, ip:port), with `restore-from`;
     /// not needed once the source's dump is complete.
     pub migration_source: Option<std::net::SocketAddr>,
+    /// How the migration's pages arrive (`migration-method`): `fam` (default: restore from the
+    /// FAM dump `restore-from` names, faults to the source's page-server) or `socket` (socket
+    /// post-copy from the source's page-server `migration-source`; `restore-from` unused, and
+    /// `heap-size` must equal the source's heap size).
+    pub migration_method: String,
 }
 
 impl Default for KvConfig {
@@ -196,6 +201,7 @@ impl Default for KvConfig {
             restore_from: None,
             migration_id: None,
             migration_source: None,
+            migration_method: "fam".to_string(),
         }
     }
 }
@@ -254,6 +260,7 @@ const KEYS: &[&str] = &[
     "restore-from",
     "migration-id",
     "migration-source",
+    "migration-method",
     "save",
     "appendonly",
     "maxmemory",
@@ -436,6 +443,13 @@ impl KvConfig {
                     Some(value.parse().map_err(|_| bad("an ip:port address"))?)
                 };
             }
+            "migration-method" => {
+                let v = value.to_ascii_lowercase();
+                if v != "fam" && v != "socket" {
+                    return Err(bad("fam or socket"));
+                }
+                self.migration_method = v;
+            }
             "cache-size" => {
                 self.cache_size = parse_optional_size(value)
                     .ok_or_else(|| bad("a size, or empty for the engine's default"))?
@@ -495,6 +509,7 @@ impl KvConfig {
             "migration-source" => self
                 .migration_source
                 .map_or(String::new(), |a| a.to_string()),
+            "migration-method" => self.migration_method.clone(),
             k => FIXED.iter().find(|(f, _)| *f == k)?.1.to_string(),
         })
     }

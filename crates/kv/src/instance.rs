@@ -63,6 +63,7 @@ impl KvInstance {
     ) -> Result<KvInstance, KvError> {
         let dir = cfg.dir.clone().unwrap_or_else(|| default_dir.to_path_buf());
         let storage = |what: String| move |source| KvError::Storage { what, source };
+        let mut migration: Option<Arc<MigrationStatus>> = None;
         let (engine, dir): (Box<dyn Engine>, Option<PathBuf>) = match cfg.engine.as_str() {
             "vnvm" => {
                 let ec = VnvmEngineConfig {
@@ -92,8 +93,10 @@ impl KvInstance {
                 });
                 (Box::new(e), Some(dir))
             }
-            "volatile" if cfg.restore_from.is_some() => {
-                (Box::new(restore_migrated(cfg, log)?), None)
+            "volatile" if cfg.restore_from.is_some() || cfg.migration_method == "socket" => {
+                let (e, status) = restore_migrated(cfg, log)?;
+                migration = Some(status);
+                (Box::new(e), None)
             }
             "volatile" => (
                 Box::new(
@@ -134,6 +137,7 @@ impl KvInstance {
             stats: stats.clone(),
             port: AtomicU64::new(0),
             started: Instant::now(),
+            migration: migration.clone(),
         });
         let service = Arc::new(
             KvService::new(heap, durability)
@@ -147,6 +151,7 @@ impl KvInstance {
                 Arc::downgrade(&service),
                 trigger.clone(),
                 cfg.clone(),
+                migration,
             ));
         }
         let handle =
@@ -265,6 +270,8 @@ struct NetInfo {
     stats: Arc<ServerStats>,
     port: AtomicU64,
     started: Instant,
+    /// This server is a migration target: its progress (INFO `migration`).
+    migration: Option<Arc<MigrationStatus>>,
 }
 
 impl InfoSource for NetInfo {
@@ -292,19 +299,156 @@ impl InfoSource for NetInfo {
                 );
                 put("tiermem_cut_output_buffer_limit", s.cut_output_buffer_limit);
             }
+            "migration" => {
+                if let Some(m) = &self.migration {
+                    m.fields(out);
+                }
+            }
             _ => {}
         }
     }
 }
 
-/// The volatile engine of a migration target: restore the migration `cfg.restore_from` names,
-/// adopt its region (its pages arrive on first touch, from FAM or the source's page-server),
-/// and complete it in the background.
-fn restore_migrated(cfg: &KvConfig, log: &mut dyn FnMut(&str)) -> Result<VolatileEngine, KvError> {
-    let fam = cfg.restore_from.clone().expect("restore-from");
+/// Migration states of [`MigrationStatus`].
+const MIG_RESTORING: u8 = 0;
+const MIG_COMPLETE: u8 = 1;
+const MIG_FAILED: u8 = 2;
+
+/// A migration target's progress, for INFO's `# Migration` section.
+struct MigrationStatus {
+    method: &'static str,
+    id: u64,
+    source: Option<SocketAddr>,
+    state: std::sync::atomic::AtomicU8,
+    /// Restore time (restore start to the heap being usable), µs.
+    restore_us: AtomicU64,
+    /// Restore start to every page present, µs (0 until complete).
+    complete_us: AtomicU64,
+    /// FAM: the resolver's live counters.
+    fam_stats: Option<Arc<tiermem_migrate::resolve::ResolverStats>>,
+    /// Socket: faults answered by the source, faults served from pushed pages, pages pushed
+    /// (known at completion).
+    on_demand: AtomicU64,
+    from_push: AtomicU64,
+    pushed: AtomicU64,
+    error: std::sync::Mutex<String>,
+}
+
+impl MigrationStatus {
+    fn new(
+        method: &'static str,
+        id: u64,
+        source: Option<SocketAddr>,
+        fam_stats: Option<Arc<tiermem_migrate::resolve::ResolverStats>>,
+    ) -> MigrationStatus {
+        MigrationStatus {
+            method,
+            id,
+            source,
+            state: std::sync::atomic::AtomicU8::new(MIG_RESTORING),
+            restore_us: AtomicU64::new(0),
+            complete_us: AtomicU64::new(0),
+            fam_stats,
+            on_demand: AtomicU64::new(0),
+            from_push: AtomicU64::new(0),
+            pushed: AtomicU64::new(0),
+            error: std::sync::Mutex::new(String::new()),
+        }
+    }
+
+    fn complete(&self, since_restore: Duration) {
+        self.complete_us
+            .store(since_restore.as_micros() as u64, Ordering::Relaxed);
+        self.state.store(MIG_COMPLETE, Ordering::Release);
+    }
+
+    fn fail(&self, why: String) {
+        if let Ok(mut e) = self.error.lock() {
+            *e = why;
+        }
+        self.state.store(MIG_FAILED, Ordering::Release);
+    }
+
+    /// The `# Migration` fields.
+    fn fields(&self, out: &mut Vec<(String, String)>) {
+        let mut put = |k: &str, v: String| out.push((k.to_string(), v));
+        let ms = |us: &AtomicU64| format!("{:.3}", us.load(Ordering::Relaxed) as f64 / 1e3);
+        put("migration_method", self.method.into());
+        put("migration_id", format!("{:x}", self.id));
+        put(
+            "migration_source",
+            self.source.map_or(String::new(), |a| a.to_string()),
+        );
+        let state = self.state.load(Ordering::Acquire);
+        put(
+            "migration_state",
+            match state {
+                MIG_COMPLETE => "complete",
+                MIG_FAILED => "failed",
+                _ => "restoring",
+            }
+            .into(),
+        );
+        put("migration_restore_ms", ms(&self.restore_us));
+        put("migration_complete_ms", ms(&self.complete_us));
+        let (fam, on_demand) = match &self.fam_stats {
+            Some(s) => (
+                s.from_fam.load(Ordering::Relaxed),
+                s.on_demand.load(Ordering::Relaxed),
+            ),
+            None => (0, self.on_demand.load(Ordering::Relaxed)),
+        };
+        put("migration_faults_from_fam", fam.to_string());
+        put("migration_faults_on_demand", on_demand.to_string());
+        put(
+            "migration_faults_from_push",
+            self.from_push.load(Ordering::Relaxed).to_string(),
+        );
+        put(
+            "migration_pages_pushed",
+            self.pushed.load(Ordering::Relaxed).to_string(),
+        );
+        if state == MIG_FAILED {
+            put(
+                "migration_error",
+                self.error.lock().map(|e| e.clone()).unwrap_or_default(),
+            );
+        }
+    }
+}
+
+/// The volatile engine of a migration target: restore the migration `cfg` names and adopt its
+/// region — pages arrive on first touch, from FAM (`migration-method fam`, the dump in
+/// `restore-from`) or from the source's page-server (`socket`) — and complete it in the
+/// background. Returns the engine and the migration's status for INFO.
+fn restore_migrated(
+    cfg: &KvConfig,
+    log: &mut dyn FnMut(&str),
+) -> Result<(VolatileEngine, Arc<MigrationStatus>), KvError> {
     let id = cfg
         .migration_id
-        .ok_or_else(|| KvError::Config("restore-from needs migration-id".into()))?;
+        .ok_or_else(|| KvError::Config("a migration target needs migration-id".into()))?;
+    match cfg.migration_method.as_str() {
+        "fam" => restore_fam(cfg, id, log),
+        "socket" => restore_socket(cfg, id, log),
+        other => Err(KvError::Config(format!(
+            "unknown migration-method {other:?} (fam or socket)"
+        ))),
+    }
+}
+
+fn restore_fam(
+    cfg: &KvConfig,
+    id: u64,
+    log: &mut dyn FnMut(&str),
+) -> Result<(VolatileEngine, Arc<MigrationStatus>), KvError> {
+    let fam = cfg
+        .restore_from
+        .clone()
+        .filter(|p| p.as_os_str() != "-")
+        .ok_or_else(|| {
+            KvError::Config("migration-method fam needs restore-from (the FAM directory)".into())
+        })?;
     let t0 = Instant::now();
     let mut target = tiermem_migrate::fam::FamTarget::restore(
         &fam,
@@ -326,7 +470,17 @@ fn restore_migrated(cfg: &KvConfig, log: &mut dyn FnMut(&str)) -> Result<Volatil
             regions.len()
         )));
     }
-    let (base, len, handle) = regions.remove(0).into_parts();
+    let region = regions.remove(0);
+    let status = Arc::new(MigrationStatus::new(
+        "fam",
+        id,
+        cfg.migration_source,
+        Some(region.shared_stats()),
+    ));
+    let (base, len, handle) = region.into_parts();
+    status
+        .restore_us
+        .store(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
     log(&format!(
         "restored migration {id:x} from {} in {:.1} ms: a {} MiB heap whose pages arrive on \
          first touch (from FAM, or from the source at {})",
@@ -339,13 +493,14 @@ fn restore_migrated(cfg: &KvConfig, log: &mut dyn FnMut(&str)) -> Result<Volatil
     ));
     // Complete the migration in the background: touch every page (each faults in through the
     // migration's resolver).
-    let (b, l) = (base as usize, len);
+    let (b, l, st) = (base as usize, len, status.clone());
     std::thread::Builder::new()
         .name("kv-mig-prefetch".into())
         .spawn(move || {
             // SAFETY: the region stays mapped for the engine's life (the engine owns it); the
             // thread only reads.
             unsafe { tiermem_migrate::resolve::prefetch(b as *const u8, l) };
+            st.complete(t0.elapsed());
             eprintln!(
                 "tiermem-kv: migration {id:x} complete: every page present {:.1} ms after restore",
                 t0.elapsed().as_secs_f64() * 1e3
@@ -357,32 +512,254 @@ fn restore_migrated(cfg: &KvConfig, log: &mut dyn FnMut(&str)) -> Result<Volatil
             source,
         })?;
     // SAFETY: the target handed the mapping and its registration over; nothing else writes it.
-    Ok(unsafe { VolatileEngine::adopt(base, len, handle, true) })
+    Ok((
+        unsafe { VolatileEngine::adopt(base, len, handle, true) },
+        status,
+    ))
 }
 
-/// `TIERMEM.MIGRATE <fam-dir> <listen ip:port> <id hex>`: reserve the migration's files in FAM
-/// (a full FAM refuses here, with the server still serving), then on a thread: freeze, serve
-/// the dump and the target's faults, and shut the server down when the dump is complete.
+/// Offset of the heap-end word in a tiermem heap's header (vnvm's allocator layout): the
+/// formatted heap's length rounded down to 16 bytes.
+const HEAP_END_WORD: usize = 24;
+
+fn restore_socket(
+    cfg: &KvConfig,
+    id: u64,
+    log: &mut dyn FnMut(&str),
+) -> Result<(VolatileEngine, Arc<MigrationStatus>), KvError> {
+    use tiermem_migrate::socket::{SocketTarget, TargetOptions};
+    let addr = cfg.migration_source.ok_or_else(|| {
+        KvError::Config(
+            "migration-method socket needs migration-source (the source's page-server)".into(),
+        )
+    })?;
+    let page = tiermem_fault::PAGE_SIZE as u64;
+    let len = cfg.heap_size.div_ceil(page) * page;
+    let t0 = Instant::now();
+    let opts = TargetOptions {
+        migration_id: id,
+        io_timeout: Duration::from_secs(5),
+        complete_timeout: Duration::from_secs(5),
+    };
+    let target = SocketTarget::connect(addr, len as usize, &opts).map_err(|e| {
+        KvError::Config(format!(
+            "connecting to migration {id:x}'s page-server at {addr}: {e}"
+        ))
+    })?;
+    let base = target.base();
+    // The wire does not carry the region's length: check it against the heap's own header (its
+    // first page comes from the source now) before anything else reads the heap.
+    // SAFETY: the target's region is mapped for `len` ≥ 4 KiB bytes; the read faults the first
+    // page in through the target's resolver. An aligned u64 inside the first page.
+    let end = unsafe { std::ptr::read_volatile(base.add(HEAP_END_WORD) as *const u64) };
+    if end != len & !15 {
+        return Err(KvError::Config(format!(
+            "migration {id:x}: the source's heap is {end} bytes (rounded down to 16), this \
+             target's heap-size is {len}: start the target with --heap-size equal to the \
+             source's heap size (the TIERMEM.MIGRATE reply's last field)"
+        )));
+    }
+    let status = Arc::new(MigrationStatus::new("socket", id, Some(addr), None));
+    status
+        .restore_us
+        .store(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+    log(&format!(
+        "restored migration {id:x} by socket post-copy from {addr} in {:.1} ms: a {} MiB heap \
+         whose pages arrive on first touch or pushed by the source",
+        t0.elapsed().as_secs_f64() * 1e3,
+        len >> 20
+    ));
+    // The region belongs to the target (its receiver fills it): the engine adopts it without
+    // owning it and holds the target through `slot` until it is dropped; the completion thread
+    // borrows the target from the slot while it waits.
+    let slot: Arc<std::sync::Mutex<Option<SocketTarget>>> =
+        Arc::new(std::sync::Mutex::new(Some(target)));
+    // SAFETY: the region stays mapped while the SocketTarget lives, which the engine's keeper
+    // (`slot`) or the completion thread guarantees for the engine's whole life; only the
+    // engine writes it (the resolver installs pages only where none is present).
+    let engine = unsafe { VolatileEngine::adopt(base, len as usize, None, false) };
+    engine.keep_alive(Box::new(slot.clone()));
+    let st = status.clone();
+    std::thread::Builder::new()
+        .name("kv-mig-socket".into())
+        .spawn(move || {
+            let taken = slot.lock().ok().and_then(|mut s| s.take());
+            let Some(mut target) = taken else { return };
+            match target.wait() {
+                Ok(ts) => {
+                    st.on_demand.store(ts.faults_on_demand, Ordering::Relaxed);
+                    st.from_push
+                        .store(ts.faults_from_staging, Ordering::Relaxed);
+                    st.pushed.store(ts.pages_pushed, Ordering::Relaxed);
+                    st.complete(t0.elapsed());
+                    eprintln!(
+                        "tiermem-kv: migration {id:x} complete: every page present {:.1} ms \
+                         after restore ({} faults on demand, {} pages pushed)",
+                        t0.elapsed().as_secs_f64() * 1e3,
+                        ts.faults_on_demand,
+                        ts.pages_pushed
+                    );
+                }
+                Err(e) => {
+                    eprintln!("tiermem-kv: migration {id:x} failed: {e}");
+                    st.fail(e.to_string());
+                }
+            }
+            // Hand the target back to the engine's keeper (if the engine is gone, it drops
+            // here, after the engine stopped using the region).
+            if let Ok(mut s) = slot.lock() {
+                *s = Some(target);
+            }
+        })
+        .map_err(|source| KvError::Io {
+            what: "starting the migration completion thread",
+            source,
+        })?;
+    Ok((engine, status))
+}
+
+/// Parse `TIERMEM.MIGRATE`'s arguments: `<fam-dir> <listen ip:port> <id hex> [METHOD
+/// [EXPIRATION_MS [NET_DELAY]]]`.
+struct MigrateArgs {
+    fam: PathBuf,
+    listen: SocketAddr,
+    id: u64,
+    socket: bool,
+    expiration: Duration,
+    delay: tiermem_media::DelayModel,
+}
+
+fn migrate_args(args: &[String]) -> Result<MigrateArgs, String> {
+    if args.len() < 3 || args.len() > 6 {
+        return Err(
+            "usage: TIERMEM.MIGRATE <fam-dir> <listen ip:port> <id hex> [fam|socket \
+             [expiration-ms [net-delay]]]"
+                .into(),
+        );
+    }
+    let listen: SocketAddr = args[1]
+        .parse()
+        .map_err(|_| format!("{:?} is not an ip:port address", args[1]))?;
+    let id = u64::from_str_radix(args[2].trim_start_matches("0x"), 16)
+        .map_err(|_| format!("{:?} is not a hexadecimal id", args[2]))?;
+    let socket = match args.get(3).map(|m| m.to_ascii_lowercase()).as_deref() {
+        None | Some("fam") => false,
+        Some("socket") => true,
+        Some(m) => return Err(format!("unknown method {m:?} (fam or socket)")),
+    };
+    let expiration = match args.get(4) {
+        None => tiermem_migrate::socket::SourceOptions::default().expiration,
+        Some(ms) => Duration::from_millis(
+            ms.parse()
+                .map_err(|_| format!("{ms:?} is not an expiration in milliseconds"))?,
+        ),
+    };
+    let delay = match args.get(5) {
+        None => tiermem_media::DelayModel::from_env()
+            .map_err(|e| format!("{}: {e}", "TIERMEM_DELAY"))?,
+        Some(d) => d
+            .parse()
+            .map_err(|e| format!("{d:?} is not a delay model: {e}"))?,
+    };
+    if !socket && args[0] == "-" {
+        return Err("the fam method needs a FAM directory (not \"-\")".into());
+    }
+    Ok(MigrateArgs {
+        fam: PathBuf::from(&args[0]),
+        listen,
+        id,
+        socket,
+        expiration,
+        delay,
+    })
+}
+
+/// `TIERMEM.MIGRATE <fam-dir> <listen ip:port> <id hex> [fam|socket [expiration-ms
+/// [net-delay]]]`, replying `MIGRATING <id hex> <listen ip:port> <heap bytes>`. A migration
+/// target accepts it only once its own incoming migration is complete.
+///
+/// * `fam` (default): reserve the migration's files in FAM (a full FAM refuses here, with the
+///   server still serving), then on a thread: freeze, serve the dump and the target's faults,
+///   and shut the server down when the dump is complete.
+/// * `socket`: socket post-copy (the FAM directory is unused, `-`): on a thread, freeze, hold
+///   the heap's pages, serve the target's two connections on `listen` (faults on demand; every
+///   remaining page pushed once no fault came for `expiration-ms`, default 100) and shut the
+///   server down when every page was sent. The target's heap-size must be the reply's heap
+///   bytes.
+///
+/// `net-delay` (a delay model, e.g. `ethernet-10g`; default `TIERMEM_DELAY`) is charged per
+/// message the source sends.
 fn migrate_hook(
     service: std::sync::Weak<KvService>,
     trigger: Arc<std::sync::OnceLock<ShutdownTrigger>>,
     cfg: KvConfig,
+    incoming: Option<Arc<MigrationStatus>>,
 ) -> crate::commands::MigrateHook {
     Box::new(move |args: &[String]| {
         let svc = service.upgrade().ok_or("the server is shutting down")?;
         if svc.is_frozen() {
             return Err("a migration is already under way".into());
         }
-        let fam = PathBuf::from(&args[0]);
-        let listen: SocketAddr = args[1]
-            .parse()
-            .map_err(|_| format!("{:?} is not an ip:port address", args[1]))?;
-        let id = u64::from_str_radix(args[2].trim_start_matches("0x"), 16)
-            .map_err(|_| format!("{:?} is not a hexadecimal id", args[2]))?;
+        if let Some(m) = &incoming {
+            if m.state.load(Ordering::Acquire) != MIG_COMPLETE {
+                return Err(format!(
+                    "this server's own incoming migration {:x} is not complete (INFO migration)",
+                    m.id
+                ));
+            }
+        }
+        let m = migrate_args(args)?;
+        let (fam, listen, id) = (m.fam.clone(), m.listen, m.id);
         let listener = std::net::TcpListener::bind(listen)
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        let listen = listener.local_addr().unwrap_or(listen);
         let view = svc.heap().view();
         let (base, len) = (view.as_ptr(), view.len() as u64);
+        let reply = format!("MIGRATING {id:x} {listen} {len}");
+        let trigger = trigger.clone();
+        let done = move || {
+            if let Some(t) = trigger.get() {
+                t.request();
+            }
+        };
+        if m.socket {
+            let opts = tiermem_migrate::socket::SourceOptions {
+                migration_id: id,
+                expiration: m.expiration,
+                delay: m.delay,
+                ..Default::default()
+            };
+            std::thread::Builder::new()
+                .name("kv-migrate".into())
+                .spawn(move || {
+                    let t0 = Instant::now();
+                    svc.freeze();
+                    svc.heap().engine().prepare_migration();
+                    eprintln!(
+                        "tiermem-kv: frozen for migration {id:x} in {:.1} ms; serving {} MiB by \
+                         socket post-copy on {listen} (expiration {} ms)",
+                        t0.elapsed().as_secs_f64() * 1e3,
+                        len >> 20,
+                        opts.expiration.as_millis()
+                    );
+                    let region = svc.heap().view();
+                    match tiermem_migrate::socket::SocketSource::freeze_and_serve(
+                        region, &listener, &opts,
+                    ) {
+                        Ok(s) => eprintln!(
+                            "tiermem-kv: migration {id:x} sent: busy {:.1} ms, {} pages on \
+                             demand, {} pushed; exiting",
+                            (s.busy_end_ns.saturating_sub(s.serve_start_ns)) as f64 / 1e6,
+                            s.pages_on_demand,
+                            s.pages_pushed
+                        ),
+                        Err(e) => eprintln!("tiermem-kv: migration {id:x} failed: {e}"),
+                    }
+                    done();
+                })
+                .map_err(|e| format!("cannot start the migration thread: {e}"))?;
+            return Ok(reply);
+        }
         let blob = format!(
             "tiermem-kv volatile heap of {len} bytes\nengine {}\n",
             cfg.engine
@@ -391,7 +768,7 @@ fn migrate_hook(
             fam: fam.clone(),
             id,
             batching: tiermem_migrate::lazyfile::Batching::PerVector,
-            delay: tiermem_media::DelayModel::from_env().unwrap_or(tiermem_media::DelayModel::NONE),
+            delay: m.delay,
             // A heap is mostly unused space above its bump pointer: dump only what was touched.
             skip_untouched: true,
         };
@@ -401,7 +778,6 @@ fn migrate_hook(
             tiermem_migrate::fam::FamSource::checkpoint(scfg, &[(base, len)], blob.as_bytes())
         }
         .map_err(|e| e.to_string())?;
-        let trigger = trigger.clone();
         std::thread::Builder::new()
             .name("kv-migrate".into())
             .spawn(move || {
@@ -424,11 +800,9 @@ fn migrate_hook(
                     ),
                     Err(e) => eprintln!("tiermem-kv: migration {id:x} failed: {e}"),
                 }
-                if let Some(t) = trigger.get() {
-                    t.request();
-                }
+                done();
             })
             .map_err(|e| format!("cannot start the migration thread: {e}"))?;
-        Ok(format!("MIGRATING {id:x}"))
+        Ok(reply)
     })
 }

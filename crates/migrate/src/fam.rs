@@ -10,6 +10,10 @@
 //! the page-server, maps each region and registers it with the fault engine under a
 //! [`FamResolver`]: faults on dumped pages are copied from the mapped file with no message.
 //! [`FamTarget::complete`] touches every page (prefetch) so the migration finishes.
+//!
+//! Hot-page manifest ([`crate::hot`]): [`FamSource::checkpoint_with_hot`] records the pages
+//! each region wrote last; the source dumps their vectors before its sweep and
+//! [`FamTarget::prefetch_hot`] waits for them in FAM and touches them first, with no message.
 
 use crate::checkpoint::Checkpoint;
 use crate::lazyfile::{Batching, Dumper, LazyFile};
@@ -90,6 +94,8 @@ pub struct SourceReport {
     pub bytes: u64,
     /// The target was told `Done` (it had connected).
     pub told_done: bool,
+    /// Hot vectors (the manifest's) dumped before the sweep, over all regions.
+    pub hot_vectors: u64,
 }
 
 /// The source of a FAM-aware migration (see the module documentation).
@@ -167,9 +173,29 @@ impl FamSource {
     /// Each `(base, len)` must be readable memory of this process that stays mapped and frozen
     /// (nothing writes it) until [`FamSource::serve`] returns.
     pub unsafe fn checkpoint_reserved(
+        res: Reservation,
+        regions: &[(*const u8, u64)],
+        blob: &[u8],
+    ) -> Result<FamSource> {
+        // SAFETY: forwarded caller contract.
+        unsafe { FamSource::checkpoint_reserved_with_hot(res, regions, blob, &[]) }
+    }
+
+    /// [`FamSource::checkpoint_reserved`] with a hot-page manifest: `hot` is empty or holds, per
+    /// region, the region offsets of its recently written pages (ascending, page aligned, at
+    /// most [`crate::checkpoint::MAX_HOT_PAGES`]; e.g. from
+    /// [`crate::hot::HotPageRecorder::take`]). The manifest goes into the checkpoint, and
+    /// [`FamSource::serve`] dumps the vectors holding those pages (the hottest first, as many
+    /// as the journal holds) before its sweep. On any failure the migration directory is
+    /// removed.
+    ///
+    /// # Safety
+    /// As [`FamSource::checkpoint_reserved`].
+    pub unsafe fn checkpoint_reserved_with_hot(
         mut res: Reservation,
         regions: &[(*const u8, u64)],
         blob: &[u8],
+        hot: &[Vec<u64>],
     ) -> Result<FamSource> {
         let lens: Vec<u64> = regions.iter().map(|r| r.1).collect();
         if lens != res.region_lens {
@@ -186,21 +212,25 @@ impl FamSource {
             let _ = std::fs::remove_dir_all(&dir);
             e
         };
+        let ck = Checkpoint {
+            region_lens: lens,
+            blob: blob.to_vec(),
+            hot: hot.to_vec(),
+        };
         let mut dumpers = Vec::new();
-        for (f, &(base, len)) in files.into_iter().zip(regions) {
+        for (i, (f, &(base, len))) in files.into_iter().zip(regions).enumerate() {
             // SAFETY: forwarded caller contract (frozen, mapped).
             let d = Arc::new(
                 unsafe { Dumper::new(f, base, len, cfg.batching) }.map_err(|e| fail(e.into()))?,
             );
             d.set_skip_untouched(cfg.skip_untouched);
+            if let Some(h) = hot.get(i) {
+                d.set_hot_vectors(&crate::hot::hot_vectors(h));
+            }
             dumpers.push(d);
         }
-        Checkpoint {
-            region_lens: lens,
-            blob: blob.to_vec(),
-        }
-        .write(&dir.join("checkpoint"))
-        .map_err(|e| fail(e.into()))?;
+        ck.write(&dir.join("checkpoint"))
+            .map_err(|e| fail(e.into()))?;
         Ok(FamSource {
             dumpers,
             cfg,
@@ -209,8 +239,24 @@ impl FamSource {
         })
     }
 
-    /// [`FamSource::reserve`] then [`FamSource::checkpoint_reserved`], for callers that
-    /// reserve during the freeze.
+    /// [`FamSource::reserve`] then [`FamSource::checkpoint_reserved_with_hot`], for callers
+    /// that reserve during the freeze.
+    ///
+    /// # Safety
+    /// As [`FamSource::checkpoint_reserved`].
+    pub unsafe fn checkpoint_with_hot(
+        cfg: FamSourceConfig,
+        regions: &[(*const u8, u64)],
+        blob: &[u8],
+        hot: &[Vec<u64>],
+    ) -> Result<FamSource> {
+        let lens: Vec<u64> = regions.iter().map(|r| r.1).collect();
+        let res = FamSource::reserve(cfg, &lens)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { FamSource::checkpoint_reserved_with_hot(res, regions, blob, hot) }
+    }
+
+    /// [`FamSource::checkpoint_with_hot`] without a manifest.
     ///
     /// # Safety
     /// As [`FamSource::checkpoint_reserved`].
@@ -219,10 +265,8 @@ impl FamSource {
         regions: &[(*const u8, u64)],
         blob: &[u8],
     ) -> Result<FamSource> {
-        let lens: Vec<u64> = regions.iter().map(|r| r.1).collect();
-        let res = FamSource::reserve(cfg, &lens)?;
         // SAFETY: forwarded caller contract.
-        unsafe { FamSource::checkpoint_reserved(res, regions, blob) }
+        unsafe { FamSource::checkpoint_with_hot(cfg, regions, blob, &[]) }
     }
 
     /// Dump every region in the background and serve the target's page-server requests on
@@ -306,6 +350,7 @@ impl FamSource {
             demand += s.demand_vectors;
         }
         let busy_ns = self.started.elapsed().as_nanos() as u64;
+        let hot_vectors = self.dumpers.iter().map(|d| d.hot_vectors_dumped()).sum();
         let told_done = match conn.as_mut() {
             Some(c) => c
                 .send(&Msg::Done {
@@ -321,6 +366,7 @@ impl FamSource {
             requests,
             bytes,
             told_done,
+            hot_vectors,
         })
     }
 }
@@ -380,6 +426,11 @@ impl TargetRegion {
     pub fn stats(&self) -> &ResolverStats {
         &self.stats
     }
+    /// The resolver's counters, shared: they stay readable after [`TargetRegion::into_parts`]
+    /// (e.g. by a server reporting the migration's progress).
+    pub fn shared_stats(&self) -> Arc<ResolverStats> {
+        self.stats.clone()
+    }
     /// Hand the mapping and its registration over (e.g. to a tiermem-kv volatile engine):
     /// the region no longer unmaps or unregisters on drop.
     pub fn into_parts(mut self) -> (*mut u8, usize, Option<RegionHandle>) {
@@ -404,11 +455,26 @@ impl Drop for TargetRegion {
 /// The target of a FAM-aware migration.
 pub struct FamTarget {
     regions: Vec<TargetRegion>,
-    /// The lazy files, one per region (the background completion follows their watermarks).
+    /// The lazy files, one per region (the background completion follows their watermarks;
+    /// the hot prefetch waits for its vectors).
     files: Vec<Arc<LazyFile>>,
     blob: Vec<u8>,
     link: Option<Arc<SignalSafeLink>>,
     restored: Instant,
+    /// The hot-page manifest, per region (empty without one).
+    hot: Vec<Vec<u64>>,
+    timeout: Duration,
+}
+
+/// What [`FamTarget::prefetch_hot`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HotPrefetch {
+    /// Hot pages touched.
+    pub pages: u64,
+    /// Of which were not in FAM after the wait (they asked the source).
+    pub not_in_fam: u64,
+    /// Time spent waiting for hot vectors to reach FAM, ns.
+    pub wait_ns: u64,
 }
 
 impl FamTarget {
@@ -497,7 +563,53 @@ impl FamTarget {
             blob: ck.blob,
             link,
             restored: Instant::now(),
+            hot: ck.hot,
+            timeout,
         })
+    }
+
+    /// The hot-page manifest: per region, the offsets of the pages the source wrote last
+    /// (empty when the source sent none).
+    pub fn hot_pages(&self) -> &[Vec<u64>] {
+        &self.hot
+    }
+
+    /// Touch the manifest's hot pages first (run it when the application resumes, before or
+    /// beside its work): vector by vector in the order the source dumps them, wait until the
+    /// lazy file shows the vector dumped (the source writes hot vectors before its sweep; the
+    /// wait is bounded by the restore's `timeout` per vector), then fault its hot pages in from
+    /// FAM with no message. A vector still missing after the wait is fetched on demand like any
+    /// fault (a dead source then fails the access, as in [`FamTarget::complete`]). Regions
+    /// taken with [`FamTarget::take_regions`] are skipped.
+    pub fn prefetch_hot(&self) -> HotPrefetch {
+        let mut rep = HotPrefetch::default();
+        let mut waited = Duration::ZERO;
+        for ((r, hot), f) in self.regions.iter().zip(&self.hot).zip(&self.files) {
+            for v in crate::hot::hot_vectors(hot) {
+                let lo = hot.partition_point(|&o| o < v * crate::lazyfile::VECTOR_SIZE);
+                let hi = hot.partition_point(|&o| o < (v + 1) * crate::lazyfile::VECTOR_SIZE);
+                let w0 = Instant::now();
+                let deadline = w0 + self.timeout;
+                let first = hot[lo];
+                while !f.dumped(first) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                waited += w0.elapsed();
+                if !f.dumped(first) {
+                    rep.not_in_fam += (hi - lo) as u64;
+                }
+                for &o in &hot[lo..hi] {
+                    if (o as usize) < r.len() {
+                        // SAFETY: inside the region's live, registered mapping; a volatile
+                        // read faults the page in through the resolver.
+                        unsafe { std::ptr::read_volatile(r.as_ptr().add(o as usize)) };
+                        rep.pages += 1;
+                    }
+                }
+            }
+        }
+        rep.wait_ns = waited.as_nanos() as u64;
+        rep
     }
 
     /// The application's state blob.

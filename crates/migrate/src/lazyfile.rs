@@ -728,6 +728,10 @@ pub struct Dumper {
     skip_untouched: AtomicBool,
     /// Vectors skipped that way.
     skipped: AtomicU64,
+    /// Vectors to dump before the ascending sweep (see [`Dumper::set_hot_vectors`]).
+    hot: Mutex<Vec<usize>>,
+    /// Hot vectors dumped (and journaled) first.
+    hot_dumped: AtomicU64,
 }
 
 // SAFETY: `base` points at a frozen memory range that the creator of the Dumper promised (in
@@ -795,6 +799,8 @@ impl Dumper {
             persist_nanos: AtomicU64::new(0),
             skip_untouched: AtomicBool::new(false),
             skipped: AtomicU64::new(0),
+            hot: Mutex::new(Vec::new()),
+            hot_dumped: AtomicU64::new(0),
         })
     }
 
@@ -843,6 +849,66 @@ impl Dumper {
     /// Vectors skipped as never touched.
     pub fn skipped_vectors(&self) -> u64 {
         self.skipped.load(Ordering::Relaxed)
+    }
+
+    /// Dump the vectors with these indices (in this order) before the ascending sweep, each
+    /// recorded in the journal as an out-of-order range so a target sees it at once (the
+    /// hot-page manifest, [`crate::hot`]). Indices past the region are ignored; only as many
+    /// as the journal has free slots are dumped first (the rest are left to the sweep). Call before [`Dumper::run_background`].
+    pub fn set_hot_vectors(&self, vectors: &[u64]) {
+        let n = self.vec_done.len() as u64;
+        *self.hot.lock() = vectors
+            .iter()
+            .filter(|&&v| v < n)
+            .map(|&v| v as usize)
+            .collect();
+    }
+
+    /// Hot vectors dumped first (and journaled) so far.
+    pub fn hot_vectors_dumped(&self) -> u64 {
+        self.hot_dumped.load(Ordering::Relaxed)
+    }
+
+    /// The hot vectors, one per batch slot so page-server requests interleave.
+    fn dump_hot(&self) -> Result<()> {
+        let hot = std::mem::take(&mut *self.hot.lock());
+        let mut free = (0..JOURNAL_SLOTS)
+            .filter(|&i| {
+                decode_entry(
+                    self.file
+                        .hdr_atomic(OFF_JOURNAL + 8 * i)
+                        .load(Ordering::Acquire),
+                    self.file.page,
+                )
+                .is_none()
+            })
+            .count();
+        for i in hot {
+            if free == 0 {
+                break;
+            }
+            self.control.begin();
+            let r = (|| -> Result<()> {
+                if self.vec_done[i].load(Ordering::Acquire) {
+                    return Ok(());
+                }
+                self.write_vectors(i, 1)?;
+                let (start, len) = self.vector(i);
+                // Without a slot (taken on demand meanwhile) the target learns of the vector
+                // when the watermark passes it (or from a page-server reply).
+                if self.file.journal_append(start, len)? {
+                    self.hot_dumped.fetch_add(1, Ordering::Relaxed);
+                    free -= 1;
+                } else {
+                    free = 0;
+                }
+                self.vec_done[i].store(true, Ordering::Release);
+                Ok(())
+            })();
+            self.control.end();
+            r?;
+        }
+        Ok(())
     }
 
     /// Whether any page of vector `i` was ever touched (present or swapped); `true` when that
@@ -941,6 +1007,7 @@ impl Dumper {
             Batching::Batched { max_bytes } => max_bytes.clamp(VECTOR_SIZE, MAX_WRITE_BYTES),
         };
         let max_vecs = ((max_bytes / VECTOR_SIZE) as usize).clamp(1, MAX_IOVECS);
+        self.dump_hot()?;
         loop {
             self.control.begin();
             let r = (|| -> Result<bool> {

@@ -5,6 +5,7 @@
 //!
 //! Modules:
 //! * [`fam`]: FAM-aware post-copy — [`fam::FamSource`] and [`fam::FamTarget`];
+//! * [`hot`]: the hot-page manifest (recorded at the source, dumped and prefetched first);
 //! * [`precopy`]: the pre-copy baseline (rounds of written pages, then a short freeze);
 //! * [`checkpoint`]: the non-page checkpoint (region geometry, the application's blob);
 //! * [`lazyfile`]: the checkpoint and lazy-page files in the FAM directory, and the dumper;
@@ -29,6 +30,7 @@
 pub mod checkpoint;
 pub mod fam;
 pub mod harness;
+pub mod hot;
 pub mod lazyfile;
 pub mod link;
 pub mod lookup;

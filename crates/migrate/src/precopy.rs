@@ -96,6 +96,7 @@ pub unsafe fn precopy(
     Checkpoint {
         region_lens: vec![len],
         blob: blob.to_vec(),
+        hot: Vec::new(),
     }
     .write(&dir.join("checkpoint"))?;
     file.mark_complete()?;

@@ -257,6 +257,66 @@ mod tests {
         p as *mut u8
     }
 
+    /// An image whose dump completes while the resolver asks a source that just left.
+    struct LateImage {
+        bytes: Vec<u8>,
+        complete: std::sync::atomic::AtomicBool,
+    }
+    impl DumpedImage for LateImage {
+        fn image(&self, off: u64, len: usize) -> &[u8] {
+            &self.bytes[off as usize..off as usize + len]
+        }
+        fn dumped(&self, _off: u64) -> bool {
+            self.complete.load(Ordering::Acquire)
+        }
+        fn watermark(&self) -> u64 {
+            if self.complete.load(Ordering::Acquire) {
+                self.bytes.len() as u64
+            } else {
+                0
+            }
+        }
+    }
+    /// A source that finishes the dump and closes the connection instead of replying.
+    struct LeavingServer(Arc<LateImage>);
+    impl PageServerLink for LeavingServer {
+        fn request(&self, _region: u32, _off: u64) -> Result<DumpReply, &'static str> {
+            self.0.complete.store(true, Ordering::Release);
+            Err("the source is gone (connection closed)")
+        }
+    }
+
+    #[test]
+    fn a_source_that_completes_and_leaves_mid_request_is_not_an_error() {
+        let len = 1 << 20;
+        let image = Arc::new(LateImage {
+            bytes: (0..len).map(|i| (i / 4096 + i) as u8).collect(),
+            complete: Default::default(),
+        });
+        let r = Arc::new(FamResolver::new(
+            0,
+            len as u64,
+            Arc::new(DumpedLookup::new()),
+            image.clone(),
+            Arc::new(LeavingServer(image.clone())),
+            64 << 10,
+        ));
+        let stats = r.stats();
+        let base = map(len);
+        let h = Engine::global()
+            .register(RegionSpec::new(base, len).missing(true).in_thread(), r)
+            .expect("register (needs root or vm.unprivileged_userfaultfd)");
+        // SAFETY: the registered mapping; the first fault's request fails but the file has it.
+        unsafe { prefetch(base, len) };
+        // SAFETY: every page is present now.
+        let got = unsafe { std::slice::from_raw_parts(base, len) };
+        assert!(got == &image.bytes[..]);
+        assert_eq!(stats.failed.load(Ordering::Relaxed), 0);
+        h.unregister().unwrap();
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(base as *mut libc::c_void, len) };
+    }
+
     #[test]
     fn dumped_pages_come_from_fam_others_ask_the_source() {
         let len = 8 << 20;

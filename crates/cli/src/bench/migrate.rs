@@ -70,8 +70,8 @@ fn methods() -> Vec<Method> {
     m
 }
 
-/// Parse `256m`, `1g`, `4096k`, or bytes.
-fn parse_size(s: &str) -> Result<usize> {
+/// Parse `256m`, `1g`, `4096k`, or bytes (a multiple of 4 KiB, at least 4 MiB).
+pub fn parse_size(s: &str) -> Result<usize> {
     let t = s.trim().to_ascii_lowercase();
     let (num, mul) = match t.chars().last() {
         Some('k') => (&t[..t.len() - 1], 1usize << 10),

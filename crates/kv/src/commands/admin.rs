@@ -231,6 +231,7 @@ impl KvService {
             Id::Wait => int(out, 0),
             Id::Migrate => {
                 // TIERMEM.MIGRATE <fam-dir> <listen ip:port> <migration id, hex>
+                //   [fam|socket [expiration-ms [net-delay]]]
                 let args: Vec<String> = a[1..]
                     .iter()
                     .map(|x| String::from_utf8_lossy(x).into_owned())
@@ -539,16 +540,22 @@ impl KvService {
             "cpu",
             "keyspace",
         ];
+        // `migration`: only a migration target has one (omitted when empty).
+        const EXTRA: &[&str] = &["migration"];
         let mut names: Vec<&str> = Vec::new();
         if a.len() == 1 {
             names.extend_from_slice(DEFAULT);
+            names.extend_from_slice(EXTRA);
         }
         for x in &a[1..] {
             let l = String::from_utf8_lossy(x).to_ascii_lowercase();
             match l.as_str() {
-                "all" | "everything" | "default" => names.extend_from_slice(DEFAULT),
+                "all" | "everything" | "default" => {
+                    names.extend_from_slice(DEFAULT);
+                    names.extend_from_slice(EXTRA);
+                }
                 _ => {
-                    if let Some(n) = DEFAULT.iter().find(|d| **d == l) {
+                    if let Some(n) = DEFAULT.iter().chain(EXTRA).find(|d| **d == l) {
                         names.push(n);
                     }
                 }
@@ -561,6 +568,10 @@ impl KvService {
                 continue;
             }
             seen.push(n);
+            let fields = self.section(m, n);
+            if fields.is_empty() && EXTRA.contains(&n) {
+                continue;
+            }
             if !text.is_empty() {
                 text.push_str("\r\n");
             }
@@ -570,7 +581,7 @@ impl KvService {
                 title = "CPU".into();
             }
             let _ = write!(text, "# {title}\r\n");
-            for (k, v) in self.section(m, n) {
+            for (k, v) in fields {
                 let v: String = v
                     .chars()
                     .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })

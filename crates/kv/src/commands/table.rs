@@ -72,7 +72,7 @@ commands! {
     Bgsave "bgsave" -1 Admin (0, 0, 0);
     Lastsave "lastsave" 1 Admin (0, 0, 0);
     Wait "wait" 3 Admin (0, 0, 0);
-    Migrate "tiermem.migrate" 4 Admin (0, 0, 0);
+    Migrate "tiermem.migrate" -4 Admin (0, 0, 0);
     Info "info" -1 Read (0, 0, 0);
     Dbsize "dbsize" 1 Read (0, 0, 0);
     Flushall "flushall" -1 Write (0, 0, 0);

@@ -36,6 +36,9 @@ pub struct VolatileEngine {
     tx: Mutex<TxState>,
     /// The engine unmaps the region when dropped (it mapped it, or was given it to own).
     owns_mapping: bool,
+    /// Whatever owns the region when the engine does not (a migration target): dropped with
+    /// the engine, after it stopped using the region.
+    keeper: Mutex<Option<Box<dyn Send>>>,
 }
 
 // SAFETY: the mapping is owned by the engine for its whole life; writes happen only inside
@@ -90,6 +93,7 @@ impl VolatileEngine {
             handle: Mutex::new(handle),
             tx: Mutex::new(TxState::default()),
             owns_mapping: true,
+            keeper: Mutex::new(None),
         })
     }
 
@@ -114,7 +118,15 @@ impl VolatileEngine {
             handle: Mutex::new(handle),
             tx: Mutex::new(TxState::default()),
             owns_mapping,
+            keeper: Mutex::new(None),
         }
+    }
+
+    /// Hold `owner` — what keeps an adopted region mapped when the engine does not own it
+    /// (`owns_mapping == false`), e.g. a socket post-copy target — until the engine is dropped.
+    /// A second call replaces (and drops) the first owner.
+    pub fn keep_alive(&self, owner: Box<dyn Send>) {
+        *self.keeper.lock() = Some(owner);
     }
 
     /// The fault-engine region id of the heap (`None`: not registered).
