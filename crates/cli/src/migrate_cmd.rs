@@ -108,7 +108,15 @@ pub fn run(cmd: MigrateCommand) -> Result<()> {
             expiration_ms,
             fam,
             json,
-        } => run_one(&workload, &size, &method, delay_model, expiration_ms, fam, json),
+        } => run_one(
+            &workload,
+            &size,
+            &method,
+            delay_model,
+            expiration_ms,
+            fam,
+            json,
+        ),
         MigrateCommand::Inspect { fam_dir, id, json } => inspect(&fam_dir, id, json),
         MigrateCommand::Rm { fam_dir, id, force } => rm(&fam_dir, id, force),
     }
@@ -524,4 +532,3 @@ mod tests {
         assert_eq!(lazy_index("checkpoint"), None);
     }
 }
-

@@ -272,8 +272,8 @@ pub fn timeline_svg(
     y_max: f64,
     panels: &[Panel<'_>],
 ) -> String {
-    let (w, ph) = (980.0, 220.0);
-    let (left, right, top, gap) = (70.0, 290.0, 40.0, 50.0);
+    let (w, ph) = (1060.0, 220.0);
+    let (left, right, top, gap) = (70.0, 340.0, 46.0, 50.0);
     let pw = w - left - right;
     let h = top + panels.len() as f64 * (ph + gap) + 10.0;
     let xs = panels
@@ -293,11 +293,18 @@ pub fn timeline_svg(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
 <rect width="100%" height="100%" fill="white"/>
-<text x="{}" y="24" font-size="15" text-anchor="middle">{}</text>
+<text x="10" y="22" font-size="14">{}</text>
 "#,
-        left + pw / 2.0,
         esc(title)
     );
+    // Round x ticks: a step of 1, 2 or 5 × 10^k giving 5 to 10 ticks.
+    let raw = span / 8.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|st| span / st <= 10.0)
+        .unwrap_or(10.0 * mag);
     for (pi, p) in panels.iter().enumerate() {
         let pt = top + pi as f64 * (ph + gap);
         let xmap = |x: f64| left + (x - x0) / span * pw;
@@ -318,18 +325,23 @@ pub fn timeline_svg(
                 ymap(y),
                 left - 6.0,
                 ymap(y) + 4.0,
-                fmt_si(y)
+                format!("{y:.1}")
             );
         }
-        for i in 0..=8 {
-            let x = x0 + span * i as f64 / 8.0;
+        let mut x = (x0 / step).ceil() * step;
+        while x <= x1 + 1e-9 {
             let _ = writeln!(
                 s,
-                r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#999"/><text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                xmap(x),
+                pt + ph,
+                xmap(x),
+                pt + ph + 4.0,
                 xmap(x),
                 pt + ph + 16.0,
-                fmt_si(x)
+                (x * 1e6).round() / 1e6
             );
+            x += step;
         }
         if x0 < 0.0 && x1 > 0.0 {
             let _ = writeln!(
