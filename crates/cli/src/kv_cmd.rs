@@ -239,7 +239,7 @@ fn resp_command(
 
 /// Run `f` on a thread inside network namespace `netns` (when given; sockets it creates belong
 /// there), else on this thread.
-fn in_netns<T: Send>(netns: Option<&str>, f: impl FnOnce() -> T + Send) -> Result<T> {
+pub(crate) fn in_netns<T: Send>(netns: Option<&str>, f: impl FnOnce() -> T + Send) -> Result<T> {
     let Some(name) = netns else { return Ok(f()) };
     let path = PathBuf::from("/var/run/netns").join(name);
     let file = std::fs::File::open(&path).map_err(|e| {

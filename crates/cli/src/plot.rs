@@ -319,13 +319,13 @@ pub fn timeline_svg(
             let y = y_max * i as f64 / 4.0;
             let _ = writeln!(
                 s,
-                r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+                r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{:.1}</text>"##,
                 ymap(y),
                 left + pw,
                 ymap(y),
                 left - 6.0,
                 ymap(y) + 4.0,
-                format!("{y:.1}")
+                y
             );
         }
         let mut x = (x0 / step).ceil() * step;

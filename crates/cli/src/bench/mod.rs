@@ -9,6 +9,7 @@ mod kv;
 pub mod kv_harness;
 mod media;
 pub mod migrate;
+mod migrate_kv;
 mod vnvm;
 
 use anyhow::Result;
