@@ -45,8 +45,8 @@ fn bench_reports_every_method_the_ratios_and_a_timeline_png() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let results = v["results"].as_array().unwrap();
-    // 2 workloads × (FAM ×2, socket ×8, stop-and-copy, pre-copy).
-    assert_eq!(results.len(), 24, "{v:#}");
+    // 2 workloads × (FAM ×2, FAM + hot-page manifest, socket ×8, stop-and-copy, pre-copy).
+    assert_eq!(results.len(), 26, "{v:#}");
     for r in results {
         for k in ["downtime_ms", "busy_ms", "total_ms", "degradation"] {
             let x = r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
@@ -54,7 +54,7 @@ fn bench_reports_every_method_the_ratios_and_a_timeline_png() {
         }
         assert!(r["total_ms"].as_f64().unwrap() >= r["downtime_ms"].as_f64().unwrap());
         let m = r["method"].as_str().unwrap();
-        assert!(["fam", "socket", "stop-and-copy", "pre-copy"].contains(&m));
+        assert!(["fam", "fam+hot", "socket", "stop-and-copy", "pre-copy"].contains(&m));
         assert_eq!(r["expiration_ms"].is_null(), m != "socket", "{r}");
         assert!(r["workload"].is_string() && r["delay"].is_string());
     }
@@ -75,6 +75,7 @@ fn bench_reports_every_method_the_ratios_and_a_timeline_png() {
         assert!(v[k].as_f64().unwrap().is_finite(), "{k}: {}", v[k]);
     }
     assert!(v.get("kv_throughput_gain_3ms_pct").is_some());
+    assert_eq!(v["hot_manifest"].as_array().unwrap().len(), 2);
     let bytes = std::fs::read(&png).expect("the timeline PNG");
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
     assert!(dir.join("timeline.svg").exists());

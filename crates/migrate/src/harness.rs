@@ -36,6 +36,12 @@ pub enum Method {
         /// Delay model name.
         delay: String,
     },
+    /// FAM-aware post-copy with the hot-page manifest: the pages written in the last
+    /// [`HOT_WINDOW`] before the freeze are dumped first and prefetched first by the target.
+    FamHot {
+        /// Delay model name.
+        delay: String,
+    },
     /// Socket post-copy as CRIU does it; `delay` on the network (`veth`: the real veth only,
     /// or `ethernet-10g`), expiration timer in ms.
     Socket {
@@ -61,6 +67,7 @@ impl Method {
     pub fn name(&self) -> &'static str {
         match self {
             Method::Fam { .. } => "fam",
+            Method::FamHot { .. } => "fam+hot",
             Method::Socket { .. } => "socket",
             Method::StopAndCopy { .. } => "stop-and-copy",
             Method::PreCopy { .. } => "pre-copy",
@@ -71,6 +78,7 @@ impl Method {
     pub fn delay(&self) -> &str {
         match self {
             Method::Fam { delay }
+            | Method::FamHot { delay }
             | Method::Socket { delay, .. }
             | Method::StopAndCopy { delay }
             | Method::PreCopy { delay } => delay,
@@ -104,6 +112,9 @@ impl Method {
             "fam" => Method::Fam {
                 delay: fam_delay(delay)?,
             },
+            "fam+hot" => Method::FamHot {
+                delay: fam_delay(delay)?,
+            },
             "socket" => Method::Socket {
                 delay: match delay {
                     "veth" | "none" => "veth".into(),
@@ -119,7 +130,7 @@ impl Method {
             },
             other => {
                 return Err(format!(
-                    "unknown method {other:?} (fam, socket, stop-and-copy, pre-copy)"
+                    "unknown method {other:?} (fam, fam+hot, socket, stop-and-copy, pre-copy)"
                 ))
             }
         })
@@ -134,6 +145,11 @@ pub fn delay_model(name: &str) -> Result<DelayModel, String> {
         n => DelayModel::preset(n).ok_or_else(|| format!("unknown delay model {n:?}")),
     }
 }
+
+/// How long before the freeze the hot-page manifest records writes.
+pub const HOT_WINDOW: Duration = Duration::from_millis(10);
+/// At most this many pages in the manifest.
+pub const HOT_CAP: usize = 8192;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -379,17 +395,33 @@ fn migrate_with(
     let region = [(source.ptr as *const u8, len as u64)];
     let poll = Duration::from_micros(50);
     match &spec.method {
-        Method::Fam { .. } => {
+        Method::Fam { .. } | Method::FamHot { .. } => {
+            let with_hot = matches!(spec.method, Method::FamHot { .. });
             let (listener, addr) = listener_in(hosts)?;
             // The lazy file is reserved while the application runs (a full FAM fails here).
             let res = FamSource::reserve(fam_cfg(false), &[len as u64])
                 .map_err(|e| format!("reserving FAM: {e}"))?;
+            let mut recorder = if with_hot {
+                let r = crate::hot::HotPageRecorder::start(source.ptr, len, HOT_CAP)
+                    .map_err(|e| format!("hot-page recorder: {e}"))?;
+                std::thread::sleep(HOT_WINDOW);
+                Some(r)
+            } else {
+                None
+            };
             st.start = now_ns();
             app.freeze();
+            let hot = match recorder.as_mut() {
+                Some(r) => vec![r.take().map_err(|e| format!("hot pages: {e}"))?],
+                None => Vec::new(),
+            };
+            // Stop tracking: the dump reads the region, nothing writes it any more.
+            drop(recorder);
             // SAFETY: the application is frozen and stays so (it resumes on the target's
             // copy); `source` outlives the scope below, which joins the serving thread.
-            let src = unsafe { FamSource::checkpoint_reserved(res, &region, b"workload") }
-                .map_err(|e| format!("checkpoint: {e}"))?;
+            let src =
+                unsafe { FamSource::checkpoint_reserved_with_hot(res, &region, b"workload", &hot) }
+                    .map_err(|e| format!("checkpoint: {e}"))?;
             std::thread::scope(|s| {
                 let server = s.spawn(|| {
                     let r = src.serve(listener);
@@ -407,6 +439,9 @@ fn migrate_with(
                 // application is stopped (the harness drops the target last).
                 unsafe { app.resume_at(base) };
                 st.resume = now_ns();
+                if with_hot {
+                    target.prefetch_hot();
+                }
                 target.complete_following(poll);
                 st.complete = now_ns();
                 // An error from here on: freeze the application before the target's copy goes.
@@ -422,7 +457,7 @@ fn migrate_with(
                 let (from_fam, on_demand) = target.fault_counts();
                 Ok((
                     Metrics {
-                        method: "fam".into(),
+                        method: spec.method.name().into(),
                         pages_on_demand: on_demand,
                         faults_from_fam: from_fam,
                         bytes: rep.bytes,

@@ -76,6 +76,12 @@ fn every_method_moves_a_region_under_updates() {
             Method::parse("socket", "ethernet-10g", 0).unwrap(),
             0x300 + i as u64,
         );
+        case(
+            &hosts,
+            w,
+            Method::parse("fam+hot", "pcm-fam", 0).unwrap(),
+            0x280 + i as u64,
+        );
     }
 }
 

@@ -52,6 +52,9 @@ fn methods() -> Vec<Method> {
         Method::Fam {
             delay: "pcm-fam".into(),
         },
+        Method::FamHot {
+            delay: "pcm-fam".into(),
+        },
     ];
     for delay in ["veth", "ethernet-10g"] {
         for e in [0, 3, 100, 150] {
@@ -390,6 +393,20 @@ pub fn run(o: MigrateOpts) -> Result<()> {
         downtime_gain_pct: med(&|r| r.downtime_gain_pct),
     };
 
+    // The hot-page manifest: the target's on-demand faults (requests to the source) with and
+    // without it, FAM at 2 GB/s.
+    let mut hot = Vec::new();
+    for &size in &sizes {
+        for &w in &workloads {
+            if let (Some(a), Some(b)) = (
+                find(&rows, w.name(), size, "fam/pcm-fam"),
+                find(&rows, w.name(), size, "fam+hot/pcm-fam"),
+            ) {
+                hot.push((w.name(), size, a.on_demand, b.on_demand));
+            }
+        }
+    }
+
     let timeline_written = write_timeline(&rows, sizes[0], &o.timeline);
 
     if o.common.json {
@@ -405,6 +422,10 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                 "total_gain_fam2gbs_vs_socket10g_0ms_pct": r.total_gain_pct,
                 "busy_gain_fam2gbs_vs_socket10g_0ms_pct": r.busy_gain_pct,
                 "downtime_gain_vs_socket_pct": r.downtime_gain_pct,
+            })).collect::<Vec<_>>(),
+            "hot_manifest": hot.iter().map(|(w, s, without, with)| json!({
+                "workload": w, "region_bytes": s,
+                "faults_on_demand_without": without, "faults_on_demand_with": with,
             })).collect::<Vec<_>>(),
             "busy_ratio_socket_over_fam_100ms": headline.busy_ratio_socket_over_fam_100ms,
             "total_gain_fam2gbs_vs_socket10g_0ms_pct": headline.total_gain_pct,
@@ -458,6 +479,14 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                 r.total_gain_pct,
                 r.busy_gain_pct,
                 r.downtime_gain_pct
+            );
+        }
+        for (w, sz, without, with) in &hot {
+            println!(
+                "{:>6} MiB {:<10} hot-page manifest: faults asking the source {without:.0} without, \
+                 {with:.0} with",
+                sz >> 20,
+                w
             );
         }
         println!(
