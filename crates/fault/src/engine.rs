@@ -207,6 +207,42 @@ impl RegionHandle {
             .writeprotect(base + offset, len, on, false)
             .map_err(|e| Error::errno("UFFDIO_WRITEPROTECT", e))
     }
+    /// Installs `src` at region offset `offset` outside any fault (MISSING regions): one
+    /// `UFFDIO_COPY` of the whole run (threads waiting on these pages are woken); pages already
+    /// present are skipped and keep their contents. Returns the bytes installed. For
+    /// background completion (prefetch) without taking a fault per page.
+    pub fn install(&self, offset: usize, src: &[u8]) -> Result<usize> {
+        let dst = self.checked(offset, src.len())?;
+        self.region
+            .ctx
+            .uffd
+            .copy(dst, src.as_ptr() as usize, src.len(), 0)
+            .map_err(|e| Error::errno("UFFDIO_COPY", e))
+    }
+    /// Maps zero pages over `[offset, offset+len)` outside any fault (MISSING regions); present
+    /// pages are skipped. Returns the bytes mapped.
+    pub fn install_zero(&self, offset: usize, len: usize) -> Result<usize> {
+        let dst = self.checked(offset, len)?;
+        self.region
+            .ctx
+            .uffd
+            .zeropage(dst, len, 0)
+            .map_err(|e| Error::errno("UFFDIO_ZEROPAGE", e))
+    }
+    fn checked(&self, offset: usize, len: usize) -> Result<usize> {
+        let (base, rlen) = region::slot_range(self.region.slot);
+        if !self.is_alive()
+            || offset % PAGE_SIZE != 0
+            || len % PAGE_SIZE != 0
+            || len == 0
+            || offset.checked_add(len).map_or(true, |e| e > rlen)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "range {offset:#x}+{len:#x} is unaligned, empty or outside the region ({rlen:#x} bytes)"
+            )));
+        }
+        Ok(base + offset)
+    }
     /// Unregisters the region now (same as dropping the handle, but reports errors). Threads
     /// faulting on it concurrently retry and then see ordinary memory.
     pub fn unregister(self) -> Result<()> {

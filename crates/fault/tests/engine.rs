@@ -590,3 +590,35 @@ fn failing_in_thread_resolver_crashes_with_sigbus() {
         "the failure must be reported: {stderr}"
     );
 }
+
+#[test]
+fn install_outside_a_fault_skips_present_pages() {
+    for res in MODES {
+        let pages = 16;
+        let a = Area::anon(pages);
+        let r = PatternResolver::new(pages);
+        let h = Engine::global()
+            .register(RegionSpec::new(a.ptr, a.len).resolution(res), r.clone())
+            .unwrap();
+        // Page 3 faults in through the resolver (its pattern); then install pages 0..8 with
+        // 0xAB and zero pages 8..16: page 3 keeps its pattern, the others get the installs.
+        check_page(a.ptr, 3, 3);
+        let img = vec![0xABu8; 8 * PS];
+        let n = h.install(0, &img).unwrap();
+        assert_eq!(n, 7 * PS, "{res:?}: the present page is skipped");
+        assert_eq!(h.install_zero(8 * PS, 8 * PS).unwrap(), 8 * PS);
+        for p in 0..pages {
+            // SAFETY: every page is present now (no fault).
+            let b = unsafe { std::slice::from_raw_parts(a.page(p), PS) };
+            match p {
+                3 => check_page(a.ptr, 3, 3),
+                0..=7 => assert!(b.iter().all(|&x| x == 0xAB), "{res:?} page {p}"),
+                _ => assert!(b.iter().all(|&x| x == 0), "{res:?} page {p}"),
+            }
+        }
+        assert_eq!(r.fills.load(Ordering::Relaxed), 1, "only page 3 faulted");
+        assert!(h.install(1, &img).is_err(), "unaligned offset refused");
+        assert!(h.install(12 * PS, &img).is_err(), "past the end refused");
+        drop(h);
+    }
+}

@@ -70,7 +70,7 @@ pub struct ResolverStats {
 }
 
 /// Whether every byte of `b` is zero (word at a time; signal-safe).
-fn is_zero(b: &[u8]) -> bool {
+pub(crate) fn is_zero(b: &[u8]) -> bool {
     if b.is_empty() {
         return false;
     }
