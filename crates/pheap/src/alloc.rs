@@ -1,0 +1,576 @@
+//! The allocator: size classes over superblocks, large objects as page runs, the object table.
+//!
+//! Everything here works on *heap offsets* (bytes from the start of the heap's memfd), never on
+//! addresses: the views ([`crate::Heap`]) translate. The allocator is plain data guarded by the
+//! heap's lock.
+//!
+//! * Pages `[0, capacity/PAGE)` are handed out by a first-fit page-run allocator
+//!   (`free_runs`). A superblock is an aligned run of `sb_pages` pages serving one size class;
+//!   a large object (more than one page) is a run of whole pages of its own.
+//! * Small objects never straddle a page boundary: a page of a class of size `s` holds
+//!   `PAGE / s` slots at in-page offsets `0, s, 2s, ...`.
+//! * Every live object is in `objs` (offset → size, slot capacity, name); names are unique.
+//! * `journal` lists the table changes since the last committed checkpoint (the metadata redo
+//!   log), and `fresh` the objects created or moved since then (their bytes are copied at the
+//!   next checkpoint even if no user write was seen: realloc copies through the library view).
+
+use crate::error::{Error, Result};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Page size (x86-64).
+pub const PAGE: usize = 4096;
+
+/// Slot sizes of the small classes. Each divides into a page without a slot crossing a page
+/// boundary; the largest is one page.
+pub const CLASSES: [usize; 15] = [
+    16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1360, 2048, 4096,
+];
+
+/// The class index for `size` (≤ one page).
+pub fn class_for(size: usize) -> Option<usize> {
+    CLASSES.iter().position(|&c| c >= size.max(1))
+}
+
+/// One live object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Obj {
+    /// Requested size in bytes (what a checkpoint copies).
+    pub size: usize,
+    /// Slot capacity: the class size for small objects, `pages * PAGE` for large ones.
+    pub slot: usize,
+    /// Optional unique name.
+    pub name: Option<String>,
+}
+
+impl Obj {
+    /// True for whole-page objects.
+    pub fn is_large(&self) -> bool {
+        self.slot > PAGE
+    }
+}
+
+/// A change of the object table (the metadata redo log of one checkpoint interval).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaRec {
+    /// Object created or resized at `off`.
+    Alloc {
+        /// Heap offset.
+        off: usize,
+        /// The object.
+        obj: Obj,
+    },
+    /// Object at `off` freed.
+    Free {
+        /// Heap offset.
+        off: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    Free,
+    /// Page of superblock `sb`.
+    Small(u32),
+    /// Page of the large object starting at page `start`.
+    Large(u32),
+}
+
+#[derive(Debug)]
+struct Sb {
+    class: usize,
+    first_page: usize,
+    used: Vec<u64>,
+    nused: usize,
+    nslots: usize,
+    in_partial: bool,
+}
+
+/// Allocator state over a heap of fixed capacity.
+#[derive(Debug)]
+pub struct Alloc {
+    cap_pages: usize,
+    sb_pages: usize,
+    free_runs: BTreeMap<usize, usize>,
+    pages: Vec<Owner>,
+    sbs: Vec<Option<Sb>>,
+    sb_free_ids: Vec<u32>,
+    partial: Vec<Vec<u32>>,
+    /// Live objects by heap offset.
+    pub objs: BTreeMap<usize, Obj>,
+    /// Name → heap offset.
+    pub names: HashMap<String, usize>,
+    /// Table changes since the last committed checkpoint.
+    pub journal: Vec<MetaRec>,
+    /// Objects created or moved since the last checkpoint.
+    pub fresh: HashSet<usize>,
+}
+
+impl Alloc {
+    /// An empty allocator over `capacity` bytes with superblocks of `sb_size` bytes (both
+    /// multiples of the page size; `capacity` a multiple of `sb_size`).
+    pub fn new(capacity: usize, sb_size: usize) -> Alloc {
+        let cap_pages = capacity / PAGE;
+        let mut free_runs = BTreeMap::new();
+        if cap_pages > 0 {
+            free_runs.insert(0, cap_pages);
+        }
+        Alloc {
+            cap_pages,
+            sb_pages: sb_size / PAGE,
+            free_runs,
+            pages: vec![Owner::Free; cap_pages],
+            sbs: Vec::new(),
+            sb_free_ids: Vec::new(),
+            partial: vec![Vec::new(); CLASSES.len()],
+            objs: BTreeMap::new(),
+            names: HashMap::new(),
+            journal: Vec::new(),
+            fresh: HashSet::new(),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.cap_pages * PAGE
+    }
+
+    /// First-fit run of `n` pages whose start is a multiple of `align` pages.
+    fn take_pages(&mut self, n: usize, align: usize) -> Option<usize> {
+        let mut found = None;
+        for (&s, &l) in &self.free_runs {
+            let a = s.div_ceil(align) * align;
+            if a + n <= s + l {
+                found = Some((s, l, a));
+                break;
+            }
+        }
+        let (s, l, a) = found?;
+        self.free_runs.remove(&s);
+        if a > s {
+            self.free_runs.insert(s, a - s);
+        }
+        if a + n < s + l {
+            self.free_runs.insert(a + n, s + l - a - n);
+        }
+        Some(a)
+    }
+
+    fn give_pages(&mut self, start: usize, n: usize) {
+        let (mut s, mut l) = (start, n);
+        if let Some((&ps, &pl)) = self.free_runs.range(..start).next_back() {
+            if ps + pl == start {
+                self.free_runs.remove(&ps);
+                s = ps;
+                l += pl;
+            }
+        }
+        if let Some(&nl) = self.free_runs.get(&(start + n)) {
+            self.free_runs.remove(&(start + n));
+            l += nl;
+        }
+        self.free_runs.insert(s, l);
+        for p in &mut self.pages[start..start + n] {
+            *p = Owner::Free;
+        }
+    }
+
+    fn new_sb(&mut self, class: usize, first_page: usize) -> u32 {
+        let per_page = PAGE / CLASSES[class];
+        let nslots = per_page * self.sb_pages;
+        let sb = Sb {
+            class,
+            first_page,
+            used: vec![0; nslots.div_ceil(64)],
+            nused: 0,
+            nslots,
+            in_partial: false,
+        };
+        let id = match self.sb_free_ids.pop() {
+            Some(id) => {
+                self.sbs[id as usize] = Some(sb);
+                id
+            }
+            None => {
+                self.sbs.push(Some(sb));
+                (self.sbs.len() - 1) as u32
+            }
+        };
+        for p in &mut self.pages[first_page..first_page + self.sb_pages] {
+            *p = Owner::Small(id);
+        }
+        id
+    }
+
+    fn slot_off(&self, sb: &Sb, slot: usize) -> usize {
+        let size = CLASSES[sb.class];
+        let per_page = PAGE / size;
+        (sb.first_page + slot / per_page) * PAGE + (slot % per_page) * size
+    }
+
+    /// Allocates `size` bytes (≥ 1) and returns the heap offset. Records the object in the
+    /// table, the journal and the fresh set. Fails with [`Error::NameTaken`] or
+    /// [`Error::OutOfMemory`].
+    pub fn alloc(&mut self, size: usize, name: Option<&str>) -> Result<usize> {
+        if let Some(n) = name {
+            if self.names.contains_key(n) {
+                return Err(Error::NameTaken(n.to_string()));
+            }
+            if n.len() > u16::MAX as usize {
+                return Err(Error::InvalidArgument(
+                    "object name longer than 65535 bytes".into(),
+                ));
+            }
+        }
+        let size = size.max(1);
+        let (off, slot) = if size > PAGE {
+            let n = size.div_ceil(PAGE);
+            let start = self.take_pages(n, 1).ok_or(Error::OutOfMemory {
+                requested: size,
+                capacity: self.capacity(),
+            })?;
+            for p in &mut self.pages[start..start + n] {
+                *p = Owner::Large(start as u32);
+            }
+            (start * PAGE, n * PAGE)
+        } else {
+            let c = class_for(size).expect("size <= PAGE has a class");
+            (self.alloc_small(c, size)?, CLASSES[c])
+        };
+        let obj = Obj {
+            size,
+            slot,
+            name: name.map(str::to_string),
+        };
+        if let Some(n) = name {
+            self.names.insert(n.to_string(), off);
+        }
+        self.journal.push(MetaRec::Alloc {
+            off,
+            obj: obj.clone(),
+        });
+        self.objs.insert(off, obj);
+        self.fresh.insert(off);
+        Ok(off)
+    }
+
+    fn alloc_small(&mut self, c: usize, size: usize) -> Result<usize> {
+        let id = loop {
+            match self.partial[c].last().copied() {
+                Some(id) => {
+                    let ok = matches!(&self.sbs[id as usize], Some(sb) if sb.class == c && sb.nused < sb.nslots);
+                    if ok {
+                        break id;
+                    }
+                    self.partial[c].pop();
+                    if let Some(sb) = self.sbs[id as usize].as_mut() {
+                        if sb.class == c {
+                            sb.in_partial = false;
+                        }
+                    }
+                }
+                None => {
+                    let first = self.take_pages(self.sb_pages, self.sb_pages).ok_or(
+                        Error::OutOfMemory {
+                            requested: size,
+                            capacity: self.capacity(),
+                        },
+                    )?;
+                    let id = self.new_sb(c, first);
+                    self.sbs[id as usize].as_mut().unwrap().in_partial = true;
+                    self.partial[c].push(id);
+                    break id;
+                }
+            }
+        };
+        let sb = self.sbs[id as usize].as_mut().unwrap();
+        let (wi, w) = sb
+            .used
+            .iter()
+            .enumerate()
+            .find(|(_, w)| **w != u64::MAX)
+            .map(|(i, w)| (i, *w))
+            .expect("partial superblock has a free slot");
+        let slot = wi * 64 + (!w).trailing_zeros() as usize;
+        debug_assert!(slot < sb.nslots);
+        sb.used[wi] |= 1 << (slot % 64);
+        sb.nused += 1;
+        if sb.nused == sb.nslots {
+            sb.in_partial = false;
+            self.partial[c].retain(|&x| x != id);
+        }
+        let sb = self.sbs[id as usize].as_ref().unwrap();
+        Ok(self.slot_off(sb, slot))
+    }
+
+    /// Frees the object at heap offset `off`; [`Error::InvalidPointer`] (carrying `addr`) when
+    /// no object starts there.
+    pub fn free(&mut self, off: usize, addr: usize) -> Result<Obj> {
+        let obj = self.objs.remove(&off).ok_or(Error::InvalidPointer(addr))?;
+        if let Some(n) = &obj.name {
+            self.names.remove(n);
+        }
+        self.fresh.remove(&off);
+        self.journal.push(MetaRec::Free { off });
+        let page = off / PAGE;
+        if obj.is_large() {
+            self.give_pages(page, obj.slot / PAGE);
+        } else if let Owner::Small(id) = self.pages[page] {
+            let sb = self.sbs[id as usize].as_mut().expect("live superblock");
+            let size = CLASSES[sb.class];
+            let per_page = PAGE / size;
+            let slot = (page - sb.first_page) * per_page + (off % PAGE) / size;
+            sb.used[slot / 64] &= !(1 << (slot % 64));
+            sb.nused -= 1;
+            if sb.nused == 0 {
+                let (first, class) = (sb.first_page, sb.class);
+                self.sbs[id as usize] = None;
+                self.sb_free_ids.push(id);
+                self.partial[class].retain(|&x| x != id);
+                self.give_pages(first, self.sb_pages);
+            } else if !sb.in_partial {
+                sb.in_partial = true;
+                let c = sb.class;
+                self.partial[c].push(id);
+            }
+        }
+        Ok(obj)
+    }
+
+    /// Changes the recorded size of the object at `off` in place (`new_size <= slot`).
+    pub fn resize_in_place(&mut self, off: usize, new_size: usize) {
+        let obj = self.objs.get_mut(&off).expect("live object");
+        obj.size = new_size.max(1);
+        let obj = obj.clone();
+        self.journal.push(MetaRec::Alloc { off, obj });
+        self.fresh.insert(off);
+    }
+
+    /// Sets or clears the name of the object at `off` (used when realloc moves an object).
+    pub fn set_name(&mut self, off: usize, name: Option<String>) {
+        let obj = self.objs.get_mut(&off).expect("live object");
+        if let Some(old) = obj.name.take() {
+            self.names.remove(&old);
+        }
+        if let Some(n) = &name {
+            self.names.insert(n.clone(), off);
+        }
+        obj.name = name;
+        let obj = obj.clone();
+        self.journal.push(MetaRec::Alloc { off, obj });
+    }
+
+    /// The user view (of `views`) an object at heap offset `off` with slot `slot` is returned
+    /// through: the page is split into `views` parts of `PAGE / views` bytes and the object
+    /// goes to the part containing its **first** byte. With two views this is the paper's rule
+    /// (§3, Fig. 3, pages drawn with address 0 on top): objects in the upper (first) half via
+    /// view 0, the bottom half via view 1, and an object crossing the middle via the upper
+    /// view, whose page then also covers the crossing object's tail in the bottom half. Large
+    /// objects (whole pages) always use view 0. Any rule is correct as long as it is a
+    /// function of the slot: a write anywhere in the object goes through its one view.
+    pub fn view_of(views: usize, off: usize, slot: usize) -> usize {
+        if slot > PAGE || views == 1 {
+            return 0;
+        }
+        (off % PAGE) / (PAGE / views)
+    }
+
+    /// Appends to `out` the byte ranges `(offset, len, object offset)` of the objects visible
+    /// through page `page` of user view `view` (of `views`): the small objects of that page
+    /// assigned to the view, and (view 0) the part of a large object lying in that page.
+    pub fn visible(
+        &self,
+        views: usize,
+        view: usize,
+        page: usize,
+        out: &mut Vec<(usize, usize, usize)>,
+    ) {
+        match self.pages.get(page).copied().unwrap_or(Owner::Free) {
+            Owner::Free => {}
+            Owner::Large(start) => {
+                if view != 0 {
+                    return;
+                }
+                let off = start as usize * PAGE;
+                if let Some(o) = self.objs.get(&off) {
+                    let (ps, pe) = (page * PAGE, (page + 1) * PAGE);
+                    let (s, e) = (off.max(ps), (off + o.size).min(pe));
+                    if s < e {
+                        out.push((s, e - s, off));
+                    }
+                }
+            }
+            Owner::Small(id) => {
+                let sb = self.sbs[id as usize].as_ref().expect("live superblock");
+                let size = CLASSES[sb.class];
+                let per_page = PAGE / size;
+                let base = (page - sb.first_page) * per_page;
+                for k in 0..per_page {
+                    let slot = base + k;
+                    if sb.used[slot / 64] & (1 << (slot % 64)) == 0 {
+                        continue;
+                    }
+                    let off = page * PAGE + k * size;
+                    if Self::view_of(views, off, size) != view {
+                        continue;
+                    }
+                    if let Some(o) = self.objs.get(&off) {
+                        out.push((off, o.size, off));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pages that belong to a superblock or a large object (their working-copy bytes matter).
+    pub fn used_pages(&self) -> impl Iterator<Item = usize> + '_ {
+        self.pages
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| **o != Owner::Free)
+            .map(|(i, _)| i)
+    }
+
+    /// Rebuilds an allocator from a committed object table. Fails with a description when the
+    /// table is inconsistent (overlaps, bad slot sizes, out of range).
+    pub fn rebuild(
+        capacity: usize,
+        sb_size: usize,
+        table: BTreeMap<usize, Obj>,
+    ) -> std::result::Result<Alloc, String> {
+        let mut a = Alloc::new(capacity, sb_size);
+        for (&off, obj) in &table {
+            if obj.size == 0 || obj.size > obj.slot || off + obj.slot > capacity {
+                return Err(format!(
+                    "object at {off:#x}: bad size {} / slot {}",
+                    obj.size, obj.slot
+                ));
+            }
+            let page = off / PAGE;
+            if obj.is_large() {
+                let n = obj.slot / PAGE;
+                if off % PAGE != 0 || obj.slot % PAGE != 0 {
+                    return Err(format!("large object at {off:#x} not page aligned"));
+                }
+                if a.pages[page..page + n].iter().any(|p| *p != Owner::Free) {
+                    return Err(format!("large object at {off:#x} overlaps another object"));
+                }
+                a.remove_free(page, n)?;
+                for p in &mut a.pages[page..page + n] {
+                    *p = Owner::Large(page as u32);
+                }
+            } else {
+                let c = CLASSES
+                    .iter()
+                    .position(|&s| s == obj.slot)
+                    .ok_or_else(|| format!("object at {off:#x}: slot {} is no class", obj.slot))?;
+                if (off % PAGE) % obj.slot != 0 || (off % PAGE) + obj.slot > PAGE {
+                    return Err(format!(
+                        "object at {off:#x} misaligned for class {}",
+                        obj.slot
+                    ));
+                }
+                let first = page - page % a.sb_pages;
+                let id = match a.pages[page] {
+                    Owner::Small(id) if a.sbs[id as usize].as_ref().unwrap().class == c => id,
+                    Owner::Free => {
+                        a.remove_free(first, a.sb_pages)?;
+                        a.new_sb(c, first)
+                    }
+                    _ => return Err(format!("object at {off:#x} overlaps another superblock")),
+                };
+                let sb = a.sbs[id as usize].as_mut().unwrap();
+                let per_page = PAGE / obj.slot;
+                let slot = (page - first) * per_page + (off % PAGE) / obj.slot;
+                if sb.used[slot / 64] & (1 << (slot % 64)) != 0 {
+                    return Err(format!("object at {off:#x} listed twice"));
+                }
+                sb.used[slot / 64] |= 1 << (slot % 64);
+                sb.nused += 1;
+            }
+            if let Some(n) = &obj.name {
+                if a.names.insert(n.clone(), off).is_some() {
+                    return Err(format!("name {n:?} used twice"));
+                }
+            }
+        }
+        for (id, sb) in a.sbs.iter_mut().enumerate() {
+            if let Some(sb) = sb {
+                if sb.nused < sb.nslots {
+                    sb.in_partial = true;
+                    a.partial[sb.class].push(id as u32);
+                }
+            }
+        }
+        a.objs = table;
+        Ok(a)
+    }
+
+    fn remove_free(&mut self, start: usize, n: usize) -> std::result::Result<(), String> {
+        let (&s, &l) = self
+            .free_runs
+            .range(..=start)
+            .next_back()
+            .ok_or_else(|| format!("pages {start}+{n} not free"))?;
+        if s + l < start + n {
+            return Err(format!("pages {start}+{n} not free"));
+        }
+        self.free_runs.remove(&s);
+        if start > s {
+            self.free_runs.insert(s, start - s);
+        }
+        if start + n < s + l {
+            self.free_runs.insert(start + n, s + l - start - n);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_objects_never_cross_pages() {
+        let mut a = Alloc::new(1 << 20, 64 << 10);
+        for &s in &[1usize, 17, 40, 100, 1000, 1300, 2000, 4096] {
+            for _ in 0..50 {
+                let off = a.alloc(s, None).unwrap();
+                let slot = a.objs[&off].slot;
+                assert_eq!(off / PAGE, (off + slot - 1) / PAGE, "size {s} at {off:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn view_rule_two_views() {
+        // first half, second half, crossing the middle (1360-byte slot at 1360..2720).
+        assert_eq!(Alloc::view_of(2, 0, 64), 0);
+        assert_eq!(Alloc::view_of(2, 2048, 64), 1);
+        assert_eq!(Alloc::view_of(2, 2047 - 63, 64), 0);
+        assert_eq!(Alloc::view_of(2, 1360, 1360), 0);
+        assert_eq!(Alloc::view_of(2, 8192, 3 * PAGE), 0);
+        assert_eq!(Alloc::view_of(4, 3 * 1024, 1024), 3);
+        assert_eq!(Alloc::view_of(4, 2720, 1360), 2);
+        assert_eq!(Alloc::view_of(1, 3000, 16), 0);
+    }
+
+    #[test]
+    fn rebuild_round_trip_and_reject_overlap() {
+        let mut a = Alloc::new(1 << 20, 64 << 10);
+        let x = a.alloc(10, Some("x")).unwrap();
+        let big = a.alloc(9000, None).unwrap();
+        a.alloc(700, None).unwrap();
+        let b = Alloc::rebuild(1 << 20, 64 << 10, a.objs.clone()).unwrap();
+        assert_eq!(b.names["x"], x);
+        assert_eq!(b.objs, a.objs);
+        let mut bad = a.objs.clone();
+        bad.insert(
+            big + PAGE,
+            Obj {
+                size: 16,
+                slot: 16,
+                name: None,
+            },
+        );
+        assert!(Alloc::rebuild(1 << 20, 64 << 10, bad).is_err());
+    }
+}

@@ -1,0 +1,808 @@
+//! [`Heap`]: aliased views over a memfd, write tracking per user view, checkpoints into a pool.
+
+use crate::alloc::{Alloc, PAGE};
+use crate::error::{Error, Result};
+use crate::format::{self, encode_meta, Header, HEAP_VERSION, MAX_VIEWS};
+use parking_lot::Mutex;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use tiermem_fault::{PageRange, TrackerOptions, TrackingMethod, WriteTracker};
+use tiermem_media::{OpenOptions, Pool, PoolOptions, PowerDomain};
+
+/// Options of [`Heap::create`] (all fields) and [`Heap::open_with`] (`force_mprotect` and
+/// `domain` only: the geometry of an existing heap comes from its pool).
+#[derive(Debug, Clone)]
+pub struct HeapOptions {
+    /// Heap capacity in bytes (a multiple of `sb_size`). Fixed for the heap's life. Default 64 MiB.
+    pub capacity: usize,
+    /// User views per superblock: 1 (PGCK: whole written pages copied), 2 (the paper's FGCK),
+    /// 4 or 8 (finer tracking units of `4096 / views` bytes). Default 2.
+    pub views: usize,
+    /// Superblock size in bytes (a multiple of the page size). Default 64 KiB.
+    pub sb_size: usize,
+    /// Track writes with mprotect + SIGSEGV instead of userfaultfd WP_ASYNC (for comparison;
+    /// kernel writes such as `read(2)` into a protected page then fail with EFAULT).
+    pub force_mprotect: bool,
+    /// Attach the checkpoint pool to this crash-model domain (tests of crash consistency at
+    /// every fence; see `tiermem_media::crash`). Default none.
+    pub domain: Option<PowerDomain>,
+}
+
+impl Default for HeapOptions {
+    fn default() -> Self {
+        HeapOptions {
+            capacity: 64 << 20,
+            views: 2,
+            sb_size: 64 << 10,
+            force_mprotect: false,
+            domain: None,
+        }
+    }
+}
+
+/// What one checkpoint did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CkStats {
+    /// Checkpoint number after this checkpoint (complete checkpoints since creation).
+    pub epoch: u64,
+    /// User-view pages reported written since the previous checkpoint (all views).
+    pub pages_written: usize,
+    /// Distinct objects (wholly or partly) copied.
+    pub objects_copied: usize,
+    /// Bytes copied from the working copy into the checkpoint (FGCK: object bytes; PGCK: whole
+    /// pages), after merging overlapping ranges.
+    pub bytes_copied: usize,
+    /// Bytes of metadata journal (or snapshot) written.
+    pub meta_bytes: usize,
+    /// Wall time of the checkpoint in nanoseconds.
+    pub nanos: u64,
+}
+
+struct Views {
+    memfd: OwnedFd,
+    len: usize,
+    bases: Vec<usize>,
+}
+
+impl Views {
+    /// Maps the memfd at each address in `bases` with MAP_FIXED_NOREPLACE (index 0 = library
+    /// view). On failure unmaps what it mapped and says which view failed.
+    fn map(memfd: OwnedFd, len: usize, bases: &[usize]) -> Result<Views> {
+        let mut v = Views {
+            memfd,
+            len,
+            bases: Vec::new(),
+        };
+        for (i, &b) in bases.iter().enumerate() {
+            // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the kernel
+            // validates the fd and range.
+            let p = unsafe {
+                libc::mmap(
+                    b as *mut libc::c_void,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+                    v.memfd.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED || p as usize != b {
+                let reason = if p == libc::MAP_FAILED {
+                    let e = std::io::Error::last_os_error();
+                    if e.raw_os_error() == Some(libc::EEXIST) {
+                        "the range is already mapped".to_string()
+                    } else {
+                        e.to_string()
+                    }
+                } else {
+                    // SAFETY: unmapping the mapping we just got at the wrong address.
+                    unsafe { libc::munmap(p, len) };
+                    "kernel ignored MAP_FIXED_NOREPLACE (Linux < 4.17)".to_string()
+                };
+                return Err(Error::AddressTaken {
+                    view: i,
+                    addr: b,
+                    len,
+                    reason,
+                });
+            }
+            v.bases.push(b);
+        }
+        Ok(v)
+    }
+}
+
+impl Drop for Views {
+    fn drop(&mut self) {
+        for &b in &self.bases {
+            // SAFETY: each base is a live mapping of `len` bytes created by `Views::map`.
+            unsafe { libc::munmap(b as *mut libc::c_void, self.len) };
+        }
+    }
+}
+
+struct Inner {
+    trackers: Vec<WriteTracker>,
+    alloc: Alloc,
+    pool: Pool,
+    hdr: Header,
+    meta_hasher: crc32fast::Hasher,
+    scan_buf: Vec<PageRange>,
+    last_copied: Vec<usize>,
+    totals: CkStats,
+}
+
+/// A persistent heap with object-granular incremental checkpoints (FGCK).
+///
+/// The working copy lives in a memfd (DRAM) mapped `1 + views` times at fixed addresses: one
+/// library view (never tracked, used for copies) and `views` user views. Every pointer handed
+/// out is in a user view; the view is chosen by [`Alloc::view_of`](crate::alloc::Alloc::view_of)
+/// so that a first write after a checkpoint marks only the view page of that object's part of
+/// the page. The checkpoint space is a `media::Pool` (see [`crate::format`]).
+///
+/// Thread safety: all methods take `&self` and serialize on one lock. **Contract**: while
+/// [`Heap::ckall`] / [`Heap::ckone`] run, no thread may write heap objects (the caller quiesces
+/// its writers, as the paper's explicit checkpoint calls assume); writes racing a checkpoint may
+/// or may not be in it.
+pub struct Heap {
+    // Field order matters for Drop: `inner` (holding the trackers) goes before the views, so
+    // tracking stops before the views are unmapped.
+    inner: Mutex<Inner>,
+    views: Views,
+    path: PathBuf,
+    nviews: usize,
+    capacity: usize,
+}
+
+impl std::fmt::Debug for Heap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Heap")
+            .field("path", &self.path)
+            .field("views", &self.nviews)
+            .field("capacity", &self.capacity)
+            .field("bases", &self.views.bases)
+            .finish()
+    }
+}
+
+fn memfd(len: usize) -> Result<OwnedFd> {
+    // SAFETY: memfd_create with a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"tiermem-pheap".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::last_os("memfd_create"));
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on our memfd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } < 0 {
+        return Err(Error::last_os("ftruncate(memfd)"));
+    }
+    Ok(fd)
+}
+
+/// Finds `n` free, adjacent ranges of `len` bytes for the views of a new heap.
+///
+/// The span is placed at a random 1 GiB-aligned address in `[16 TiB, 96 TiB)`, below the
+/// region where the kernel's top-down mmap allocator puts ordinary mappings (near 128 TiB), so
+/// the same addresses are very likely free again when the heap is reopened by another process
+/// or after a close in this one. Up to 32 random tries (each an `MAP_FIXED_NOREPLACE`
+/// reservation), then a kernel-chosen address.
+fn pick_addresses(n: usize, len: usize) -> Result<Vec<usize>> {
+    use std::hash::{BuildHasher, Hasher};
+    let span = n * len;
+    const LO: usize = 16 << 40;
+    const HI: usize = 96 << 40;
+    const ALIGN: usize = 1 << 30;
+    let try_at = |hint: usize, flags: libc::c_int| -> Option<usize> {
+        // SAFETY: an anonymous PROT_NONE reservation; MAP_FIXED_NOREPLACE never replaces an
+        // existing mapping.
+        let p = unsafe {
+            libc::mmap(
+                hint as *mut libc::c_void,
+                span,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | flags,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        // SAFETY: releasing the reservation made just above.
+        unsafe { libc::munmap(p, span) };
+        if hint != 0 && p as usize != hint {
+            return None;
+        }
+        Some(p as usize)
+    };
+    let mut found = None;
+    if span < HI - LO {
+        for _ in 0..32 {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(span);
+            let r = h.finish() as usize;
+            let hint = LO + (r % ((HI - LO - span) / ALIGN)) * ALIGN;
+            if let Some(p) = try_at(hint, libc::MAP_FIXED_NOREPLACE) {
+                found = Some(p);
+                break;
+            }
+        }
+    }
+    let p = match found {
+        Some(p) => p,
+        None => try_at(0, 0).ok_or_else(|| Error::last_os("mmap(address reservation)"))?,
+    };
+    Ok((0..n).map(|i| p + i * len).collect())
+}
+
+impl Heap {
+    /// Creates a new heap whose checkpoint space is a new pool file at `path` (fails with a
+    /// media error if it exists), maps the views at fresh addresses and starts tracking.
+    /// The pool gets `capacity * 3 + ~2 MiB` bytes (see [`format::area_sizes`]).
+    pub fn create(path: impl AsRef<Path>, opts: &HeapOptions) -> Result<Heap> {
+        let path = path.as_ref().to_path_buf();
+        if ![1, 2, 4, 8].contains(&opts.views) {
+            return Err(Error::InvalidArgument(format!(
+                "views must be 1, 2, 4 or 8, not {}",
+                opts.views
+            )));
+        }
+        if opts.sb_size == 0 || opts.sb_size % PAGE != 0 {
+            return Err(Error::InvalidArgument(
+                "sb_size must be a positive multiple of 4096".into(),
+            ));
+        }
+        if opts.capacity == 0 || opts.capacity % opts.sb_size != 0 || opts.capacity >= 1 << 40 {
+            return Err(Error::InvalidArgument(format!(
+                "capacity {} must be a positive multiple of sb_size {} below 1 TiB",
+                opts.capacity, opts.sb_size
+            )));
+        }
+        let cap = opts.capacity;
+        let fd = memfd(cap)?;
+        let bases = pick_addresses(1 + opts.views, cap)?;
+        let views = Views::map(fd, cap, &bases)?;
+        let (meta_size, log_size) = format::area_sizes(cap);
+        let mut view_base = [0u64; MAX_VIEWS];
+        for (i, b) in bases[1..].iter().enumerate() {
+            view_base[i] = *b as u64;
+        }
+        let hdr = Header {
+            version: HEAP_VERSION,
+            views: opts.views as u32,
+            capacity: cap as u64,
+            sb_size: opts.sb_size as u64,
+            lib_base: bases[0] as u64,
+            view_base,
+            seq: 1,
+            meta_size: meta_size as u64,
+            log_size: log_size as u64,
+            ..Default::default()
+        };
+        let mut popts =
+            PoolOptions::new((tiermem_media::pool::HEADER_SIZE as usize + hdr.data_len()) as u64)
+                .tag("pheap");
+        popts.domain = opts.domain.clone();
+        let pool = Pool::create(&path, &popts)?;
+        pool.write_persist((hdr.seq % 2) as u64 * PAGE as u64, &hdr.encode())?;
+        let trackers = Self::track(&bases[1..], cap, opts.force_mprotect)?;
+        Ok(Heap {
+            inner: Mutex::new(Inner {
+                trackers,
+                alloc: Alloc::new(cap, opts.sb_size),
+                pool,
+                hdr,
+                meta_hasher: crc32fast::Hasher::new(),
+                scan_buf: Vec::new(),
+                last_copied: Vec::new(),
+                totals: CkStats::default(),
+            }),
+            views,
+            path,
+            nviews: opts.views,
+            capacity: cap,
+        })
+    }
+
+    fn track(bases: &[usize], len: usize, force_mprotect: bool) -> Result<Vec<WriteTracker>> {
+        bases
+            .iter()
+            .map(|&b| {
+                WriteTracker::new(b as *mut u8, len, TrackerOptions { force_mprotect })
+                    .map_err(Error::from)
+            })
+            .collect()
+    }
+
+    /// Opens an existing heap: validates the pool (media header: magic, version, CRC) and the
+    /// heap header (two copies, magic, CRC, version), replays a committed redo log left by a
+    /// crash, rebuilds the object table, maps the views at their recorded addresses
+    /// ([`Error::AddressTaken`] if any is in use) and restores the working copy from the last
+    /// complete checkpoint. Writes are tracked with userfaultfd WP_ASYNC when available.
+    pub fn open(path: impl AsRef<Path>) -> Result<Heap> {
+        Self::open_with(path, &HeapOptions::default())
+    }
+
+    /// [`Heap::open`] honouring [`HeapOptions::force_mprotect`] and [`HeapOptions::domain`]
+    /// (the other fields are ignored).
+    pub fn open_with(path: impl AsRef<Path>, opts: &HeapOptions) -> Result<Heap> {
+        let force_mprotect = opts.force_mprotect;
+        let path = path.as_ref().to_path_buf();
+        let corrupt = |what: String| Error::Corrupt {
+            path: path.clone(),
+            what,
+        };
+        let oo = OpenOptions {
+            domain: opts.domain.clone(),
+            ..OpenOptions::default()
+        };
+        let pool = Pool::open(&path, &oo)?;
+        if pool.tag() != "pheap" {
+            return Err(corrupt(format!(
+                "pool tag is {:?}, not \"pheap\": not a persistent heap",
+                pool.tag()
+            )));
+        }
+        let mut best: Option<Header> = None;
+        let mut why = Vec::new();
+        for i in 0..2u64 {
+            let mut b = [0u8; 256];
+            pool.read(i * PAGE as u64, &mut b)?;
+            match Header::decode(&b) {
+                Ok(h) if best.map_or(true, |x| h.seq > x.seq) => best = Some(h),
+                Ok(_) => {}
+                Err(e) => why.push(format!("copy {}: {e}", if i == 0 { 'A' } else { 'B' })),
+            }
+        }
+        let mut hdr =
+            best.ok_or_else(|| corrupt(format!("no valid heap header ({})", why.join("; "))))?;
+        if hdr.version != HEAP_VERSION {
+            return Err(Error::VersionMismatch {
+                path,
+                found: hdr.version,
+                expected: HEAP_VERSION,
+            });
+        }
+        let cap = hdr.capacity as usize;
+        let (ms, ls) = format::area_sizes(cap);
+        if ![1, 2, 4, 8].contains(&hdr.views)
+            || hdr.sb_size == 0
+            || hdr.sb_size as usize % PAGE != 0
+            || cap % hdr.sb_size as usize != 0
+            || hdr.meta_size as usize != ms
+            || hdr.log_size as usize != ls
+            || hdr.data_len() > pool.data_len()
+            || hdr.meta_active > 1
+            || hdr.meta_len > hdr.meta_size
+            || hdr.log_len > hdr.log_size
+        {
+            return Err(corrupt(format!("inconsistent heap header {hdr:?}")));
+        }
+        // Redo a committed checkpoint whose log was not applied.
+        if hdr.log_len > 0 {
+            let mut log = vec![0u8; hdr.log_len as usize];
+            pool.read(hdr.log_off() as u64, &mut log)?;
+            if crc32fast::hash(&log) != hdr.log_crc {
+                return Err(corrupt("committed redo log fails its checksum".into()));
+            }
+            let mut p = 0;
+            while p < log.len() {
+                if p + 16 > log.len() {
+                    return Err(corrupt("redo log record truncated".into()));
+                }
+                let off = u64::from_le_bytes(log[p..p + 8].try_into().unwrap()) as usize;
+                let len = u64::from_le_bytes(log[p + 8..p + 16].try_into().unwrap()) as usize;
+                p += 16;
+                if p + len > log.len() || off + len > cap {
+                    return Err(corrupt(format!(
+                        "redo log record {off:#x}+{len} out of range"
+                    )));
+                }
+                pool.write((hdr.image_off() + off) as u64, &log[p..p + len])?;
+                p += len;
+            }
+            pool.fence();
+            hdr.log_len = 0;
+            hdr.seq += 1;
+            pool.write_persist((hdr.seq % 2) * PAGE as u64, &hdr.encode())?;
+        }
+        let mut journal = vec![0u8; hdr.meta_len as usize];
+        pool.read(hdr.meta_off(hdr.meta_active) as u64, &mut journal)?;
+        let mut meta_hasher = crc32fast::Hasher::new();
+        meta_hasher.update(&journal);
+        if meta_hasher.clone().finalize() != hdr.meta_crc {
+            return Err(corrupt(
+                "committed metadata journal fails its checksum".into(),
+            ));
+        }
+        let mut table = std::collections::BTreeMap::new();
+        format::replay_meta(&journal, &mut table).map_err(corrupt)?;
+        let alloc = Alloc::rebuild(cap, hdr.sb_size as usize, table).map_err(corrupt)?;
+        let nviews = hdr.views as usize;
+        let mut bases = vec![hdr.lib_base as usize];
+        bases.extend(hdr.view_base[..nviews].iter().map(|&b| b as usize));
+        if bases.iter().any(|&b| b == 0 || b % PAGE != 0) {
+            return Err(corrupt("view address 0 or unaligned".into()));
+        }
+        let views = Views::map(memfd(cap)?, cap, &bases)?;
+        // Restore the working copy (only pages the object table uses).
+        let img = hdr.image_off();
+        for p in alloc.used_pages() {
+            // SAFETY: page p < capacity lies inside the library view mapping (cap bytes).
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut((bases[0] + p * PAGE) as *mut u8, PAGE) };
+            pool.read((img + p * PAGE) as u64, dst)?;
+        }
+        let trackers = Self::track(&bases[1..], cap, force_mprotect)?;
+        Ok(Heap {
+            inner: Mutex::new(Inner {
+                trackers,
+                alloc,
+                pool,
+                hdr,
+                meta_hasher,
+                scan_buf: Vec::new(),
+                last_copied: Vec::new(),
+                totals: CkStats {
+                    epoch: hdr.epoch,
+                    ..Default::default()
+                },
+            }),
+            views,
+            path,
+            nviews,
+            capacity: cap,
+        })
+    }
+
+    /// Path of the heap's pool file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of user views (1 = PGCK).
+    pub fn views(&self) -> usize {
+        self.nviews
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// How writes are tracked (all user views use the same method).
+    pub fn tracking_method(&self) -> TrackingMethod {
+        self.inner.lock().trackers[0].method()
+    }
+
+    /// Base addresses: `[library view, user view 0, user view 1, ...]`.
+    pub fn view_bases(&self) -> Vec<usize> {
+        self.views.bases.clone()
+    }
+
+    fn user_ptr(&self, off: usize, slot: usize) -> *mut u8 {
+        let v = Alloc::view_of(self.nviews, off, slot);
+        (self.views.bases[1 + v] + off) as *mut u8
+    }
+
+    /// Heap offset of an address in any view (library or user), if it lies in one.
+    fn offset_of(&self, addr: usize) -> Option<usize> {
+        self.views
+            .bases
+            .iter()
+            .find(|&&b| addr >= b && addr - b < self.capacity)
+            .map(|&b| addr - b)
+    }
+
+    /// Allocates `size` bytes (0 is treated as 1) and returns a pointer in the user view that
+    /// tracks the object's part of its page. `name`, if given, must be unique; the object can
+    /// then be found with [`Heap::get`] after a restart. Memory is not zeroed. Errors:
+    /// [`Error::NameTaken`], [`Error::OutOfMemory`].
+    pub fn malloc(&self, size: usize, name: Option<&str>) -> Result<*mut u8> {
+        let mut g = self.inner.lock();
+        let off = g.alloc.alloc(size, name)?;
+        let slot = g.alloc.objs[&off].slot;
+        Ok(self.user_ptr(off, slot))
+    }
+
+    /// Frees the object starting at `ptr` (an address in any view: user or library).
+    /// [`Error::InvalidPointer`] when no live object starts there (double free included).
+    pub fn free(&self, ptr: *mut u8) -> Result<()> {
+        let addr = ptr as usize;
+        let off = self.offset_of(addr).ok_or(Error::InvalidPointer(addr))?;
+        self.inner.lock().alloc.free(off, addr).map(|_| ())
+    }
+
+    /// Resizes the object at `ptr` (any view; null behaves as `malloc(size, None)`), keeping
+    /// its contents up to the smaller size and its name. Grows or shrinks in place when the
+    /// slot allows, else moves (the copy goes through the library view and the moved object is
+    /// checkpointed in full at the next checkpoint). Returns the user pointer.
+    pub fn realloc(&self, ptr: *mut u8, size: usize) -> Result<*mut u8> {
+        if ptr.is_null() {
+            return self.malloc(size, None);
+        }
+        let addr = ptr as usize;
+        let off = self.offset_of(addr).ok_or(Error::InvalidPointer(addr))?;
+        let mut g = self.inner.lock();
+        let obj = g
+            .alloc
+            .objs
+            .get(&off)
+            .cloned()
+            .ok_or(Error::InvalidPointer(addr))?;
+        let size = size.max(1);
+        let fits = size <= obj.slot && (obj.is_large() == (size > PAGE));
+        if fits {
+            g.alloc.resize_in_place(off, size);
+            return Ok(self.user_ptr(off, obj.slot));
+        }
+        let new = g.alloc.alloc(size, None)?;
+        let lib = self.views.bases[0];
+        // SAFETY: both ranges lie in the library view (offsets of live objects with at least
+        // min(size, obj.size) bytes) and are distinct objects, so they do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (lib + off) as *const u8,
+                (lib + new) as *mut u8,
+                size.min(obj.size),
+            )
+        };
+        if obj.name.is_some() {
+            g.alloc.set_name(off, None);
+        }
+        g.alloc.free(off, addr)?;
+        if obj.name.is_some() {
+            g.alloc.set_name(new, obj.name.clone());
+        }
+        let slot = g.alloc.objs[&new].slot;
+        Ok(self.user_ptr(new, slot))
+    }
+
+    /// The user pointer of the object named `name`, if any.
+    pub fn get(&self, name: &str) -> Option<*mut u8> {
+        let g = self.inner.lock();
+        let off = *g.alloc.names.get(name)?;
+        Some(self.user_ptr(off, g.alloc.objs[&off].slot))
+    }
+
+    /// Requested size of the object starting at `ptr` (any view), if it is live.
+    pub fn size_of(&self, ptr: *const u8) -> Option<usize> {
+        let off = self.offset_of(ptr as usize)?;
+        self.inner.lock().alloc.objs.get(&off).map(|o| o.size)
+    }
+
+    /// Number of live objects.
+    pub fn len(&self) -> usize {
+        self.inner.lock().alloc.objs.len()
+    }
+
+    /// True when no object is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checkpoints the heap: collects the user-view pages written since the previous
+    /// checkpoint (re-protecting them), copies the objects visible through each written view
+    /// page (PGCK, `views == 1`: the whole page) and every object created or moved since, plus
+    /// the object-table changes, into the redo log; commits with one header write (the atomic
+    /// point); applies the log to the checkpoint image; marks the log empty. A crash before the
+    /// commit leaves the previous checkpoint; after it, [`Heap::open`] replays the log.
+    /// See the type's contract about concurrent writers.
+    pub fn ckall(&self) -> Result<CkStats> {
+        self.checkpoint(None)
+    }
+
+    /// Checkpoints one named object (its current bytes in full) plus the object-table changes,
+    /// with the same atomicity as [`Heap::ckall`]. Write tracking is not consumed: the pages
+    /// stay recorded as written for the next `ckall`. Other objects created since the last
+    /// checkpoint are recorded in the table but keep their previously checkpointed bytes until
+    /// the next `ckall`. [`Error::NoSuchName`] if no object has that name.
+    pub fn ckone(&self, name: &str) -> Result<CkStats> {
+        let off = *self
+            .inner
+            .lock()
+            .alloc
+            .names
+            .get(name)
+            .ok_or_else(|| Error::NoSuchName(name.to_string()))?;
+        self.checkpoint(Some(off))
+    }
+
+    /// Totals over all checkpoints of this open heap (`epoch` is the last epoch).
+    pub fn totals(&self) -> CkStats {
+        self.inner.lock().totals
+    }
+
+    /// User pointers of the objects copied by the last checkpoint, ascending by heap offset
+    /// (for tests and diagnostics).
+    pub fn last_copied(&self) -> Vec<*mut u8> {
+        let g = self.inner.lock();
+        g.last_copied
+            .iter()
+            .filter_map(|off| g.alloc.objs.get(off).map(|o| self.user_ptr(*off, o.slot)))
+            .collect()
+    }
+
+    fn checkpoint(&self, only: Option<usize>) -> Result<CkStats> {
+        let t0 = std::time::Instant::now();
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        let mut ranges: Vec<(usize, usize, usize)> = Vec::new();
+        let mut pages_written = 0;
+        let mut objs_seen: Vec<(usize, usize, usize)> = Vec::new();
+        match only {
+            Some(off) => {
+                let o = &g.alloc.objs[&off];
+                ranges.push((off, o.size, off));
+                g.alloc.fresh.remove(&off);
+            }
+            None => {
+                for v in 0..g.trackers.len() {
+                    g.trackers[v].scan(&mut g.scan_buf)?;
+                    for r in &g.scan_buf {
+                        for p in r.offset / PAGE..(r.offset + r.len) / PAGE {
+                            pages_written += 1;
+                            if self.nviews == 1 {
+                                objs_seen.clear();
+                                g.alloc.visible(1, 0, p, &mut objs_seen);
+                                ranges.extend(objs_seen.iter().map(|&(_, _, o)| (o, 0, o)));
+                                ranges.push((p * PAGE, PAGE, usize::MAX));
+                            } else {
+                                g.alloc.visible(self.nviews, v, p, &mut ranges);
+                            }
+                        }
+                    }
+                }
+                for &off in &g.alloc.fresh {
+                    ranges.push((off, g.alloc.objs[&off].size, off));
+                }
+                g.alloc.fresh.clear();
+            }
+        }
+        g.last_copied.clear();
+        g.last_copied
+            .extend(ranges.iter().filter(|r| r.2 != usize::MAX).map(|r| r.2));
+        g.last_copied.sort_unstable();
+        g.last_copied.dedup();
+        // Merge into disjoint copy ranges.
+        ranges.retain(|r| r.1 > 0);
+        ranges.sort_unstable_by_key(|r| r.0);
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
+        for &(o, l, _) in &ranges {
+            match merged.last_mut() {
+                Some((mo, ml)) if o <= *mo + *ml => *ml = (*ml).max(o + l - *mo),
+                _ => merged.push((o, l)),
+            }
+        }
+        let lib = self.views.bases[0];
+        let hdr = g.hdr;
+        let pool = &g.pool;
+        // 1. Redo log.
+        let mut pos = 0usize;
+        let mut crc = crc32fast::Hasher::new();
+        let mut bytes = 0usize;
+        for &(o, l) in &merged {
+            let mut rh = [0u8; 16];
+            rh[..8].copy_from_slice(&(o as u64).to_le_bytes());
+            rh[8..].copy_from_slice(&(l as u64).to_le_bytes());
+            // SAFETY: [lib+o, lib+o+l) lies inside the library view (object ranges and whole
+            // pages are below capacity).
+            let data = unsafe { std::slice::from_raw_parts((lib + o) as *const u8, l) };
+            if pos + 16 + l > hdr.log_size as usize {
+                return Err(Error::Corrupt {
+                    path: self.path.clone(),
+                    what: "redo log overflow (internal error: log sized for the worst case)".into(),
+                });
+            }
+            pool.write((hdr.log_off() + pos) as u64, &rh)?;
+            pool.write((hdr.log_off() + pos + 16) as u64, data)?;
+            crc.update(&rh);
+            crc.update(data);
+            pos += 16 + l;
+            bytes += l;
+        }
+        // 2. Metadata journal (append) or snapshot (switch areas).
+        let mut mbuf = Vec::new();
+        for r in &g.alloc.journal {
+            encode_meta(r, &mut mbuf);
+        }
+        let mut nh = hdr;
+        let mut hasher;
+        if hdr.meta_len as usize + mbuf.len() <= hdr.meta_size as usize {
+            pool.write(
+                (hdr.meta_off(hdr.meta_active) + hdr.meta_len as usize) as u64,
+                &mbuf,
+            )?;
+            hasher = g.meta_hasher.clone();
+            hasher.update(&mbuf);
+            nh.meta_len += mbuf.len() as u64;
+        } else {
+            mbuf.clear();
+            for (&off, obj) in &g.alloc.objs {
+                encode_meta(
+                    &crate::alloc::MetaRec::Alloc {
+                        off,
+                        obj: obj.clone(),
+                    },
+                    &mut mbuf,
+                );
+            }
+            if mbuf.len() > hdr.meta_size as usize {
+                return Err(Error::MetadataFull {
+                    needed: mbuf.len(),
+                    available: hdr.meta_size as usize,
+                });
+            }
+            nh.meta_active = 1 - hdr.meta_active;
+            pool.write(hdr.meta_off(nh.meta_active) as u64, &mbuf)?;
+            hasher = crc32fast::Hasher::new();
+            hasher.update(&mbuf);
+            nh.meta_len = mbuf.len() as u64;
+        }
+        pool.fence();
+        fail_point("before-commit");
+        // 3. Commit.
+        nh.meta_crc = hasher.clone().finalize();
+        nh.log_len = pos as u64;
+        nh.log_crc = crc.finalize();
+        nh.epoch += 1;
+        nh.seq += 1;
+        pool.write_persist((nh.seq % 2) * PAGE as u64, &nh.encode())?;
+        fail_point("after-commit");
+        // 4. Apply to the image, 5. mark the log empty.
+        if pos > 0 {
+            let base = pool.data_ptr() as usize;
+            let mut p = 0;
+            for (i, &(o, l)) in merged.iter().enumerate() {
+                if i == merged.len() / 2 {
+                    fail_point("mid-apply");
+                }
+                // SAFETY: the log record lies inside the pool's data mapping (written above)
+                // and does not overlap the image range it is copied to.
+                let src = unsafe {
+                    std::slice::from_raw_parts((base + hdr.log_off() + p + 16) as *const u8, l)
+                };
+                pool.write((hdr.image_off() + o) as u64, src)?;
+                p += 16 + l;
+            }
+            pool.fence();
+            nh.log_len = 0;
+            nh.seq += 1;
+            pool.write_persist((nh.seq % 2) * PAGE as u64, &nh.encode())?;
+        }
+        g.hdr = nh;
+        g.meta_hasher = hasher;
+        g.alloc.journal.clear();
+        let st = CkStats {
+            epoch: nh.epoch,
+            pages_written,
+            objects_copied: g.last_copied.len(),
+            bytes_copied: bytes,
+            meta_bytes: mbuf.len(),
+            nanos: t0.elapsed().as_nanos() as u64,
+        };
+        let t = &mut g.totals;
+        t.epoch = st.epoch;
+        t.pages_written += st.pages_written;
+        t.objects_copied += st.objects_copied;
+        t.bytes_copied += st.bytes_copied;
+        t.meta_bytes += st.meta_bytes;
+        t.nanos += st.nanos;
+        Ok(st)
+    }
+
+    /// Takes a final checkpoint ([`Heap::ckall`]) and closes the heap (stops tracking, unmaps
+    /// the views). Dropping a heap without `close` does not checkpoint.
+    pub fn close(self) -> Result<CkStats> {
+        self.ckall()
+    }
+}
+
+/// Test hook: when `TIERMEM_PHEAP_FAIL_AT` names this point, the process aborts here
+/// (simulates a crash at a precise step of a checkpoint).
+fn fail_point(name: &str) {
+    if std::env::var("TIERMEM_PHEAP_FAIL_AT").map_or(false, |v| v == name) {
+        std::process::abort();
+    }
+}

@@ -1,0 +1,474 @@
+//! Integration tests of the persistent heap: tracking exactness, kernel writes, restart,
+//! corrupt headers, address conflicts, FGCK vs PGCK bytes, concurrency.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use tiermem_pheap::alloc::{Alloc, PAGE};
+use tiermem_pheap::format::Header;
+use tiermem_pheap::{Error, Heap, HeapOptions, TrackingMethod};
+
+fn dir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm").unwrap()
+}
+
+fn opts(views: usize, capacity: usize) -> HeapOptions {
+    HeapOptions {
+        capacity,
+        views,
+        ..HeapOptions::default()
+    }
+}
+
+fn write_bytes(p: *mut u8, len: usize, v: u8) {
+    // SAFETY: callers pass a live heap object of at least `len` bytes.
+    unsafe { std::ptr::write_bytes(p, v, len) }
+}
+
+fn read_bytes(p: *const u8, len: usize) -> Vec<u8> {
+    // SAFETY: callers pass a live heap object of at least `len` bytes.
+    unsafe { std::slice::from_raw_parts(p, len).to_vec() }
+}
+
+fn view_of_ptr(h: &Heap, p: *mut u8) -> usize {
+    let b = h.view_bases();
+    let a = p as usize;
+    (1..b.len())
+        .find(|&i| a >= b[i] && a - b[i] < h.capacity())
+        .expect("pointer in a user view")
+        - 1
+}
+
+#[test]
+fn tracking_is_exact_per_view_page() {
+    let d = dir();
+    for views in [2usize, 4] {
+        let h = Heap::create(
+            d.path().join(format!("exact{views}")),
+            &opts(views, 4 << 20),
+        )
+        .unwrap();
+        eprintln!("tracking method: {:?}", h.tracking_method());
+        // 64-byte objects fill both halves of pages; 1360-byte slots include one crossing the
+        // middle of the page (in-page offset 1360..2720); plus a large object.
+        let mut objs: Vec<(*mut u8, usize)> = Vec::new();
+        for _ in 0..256 {
+            objs.push((h.malloc(64, None).unwrap(), 64));
+        }
+        for _ in 0..9 {
+            objs.push((h.malloc(1300, None).unwrap(), 1300));
+        }
+        objs.push((h.malloc(3 * PAGE + 100, None).unwrap(), 3 * PAGE + 100));
+        let crossing: Vec<_> = objs
+            .iter()
+            .filter(|(p, s)| *s == 1300 && (*p as usize % PAGE) == 1360)
+            .collect();
+        assert!(!crossing.is_empty());
+        for (p, _) in &crossing {
+            assert_eq!(
+                view_of_ptr(&h, *p),
+                1360 / (PAGE / views),
+                "a crossing object goes to the view of its first byte"
+            );
+        }
+        let st = h.ckall().unwrap();
+        assert_eq!(
+            st.objects_copied,
+            objs.len(),
+            "new objects are copied in full"
+        );
+        assert_eq!(
+            h.ckall().unwrap().bytes_copied,
+            0,
+            "nothing written, nothing copied"
+        );
+
+        let mut rng = 12345u64;
+        for round in 0..4 {
+            let mut written = Vec::new();
+            for (i, &(p, s)) in objs.iter().enumerate() {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                if (rng >> 33) % 7 == 0 || (round == 0 && s == 1300) {
+                    // Write one byte at a random position of the object (round 0, 1300-byte
+                    // objects: at +1000, i.e. for the crossing one in the second half).
+                    let at = if round == 0 && s == 1300 {
+                        1000
+                    } else {
+                        (rng >> 40) as usize % s
+                    };
+                    write_bytes(unsafe_add(p, at), 1, round as u8 + 1);
+                    written.push(i);
+                }
+            }
+            // Expected: every object sharing (page of its start, view) with a written object.
+            // Large objects: the pages written.
+            // (page, view) of a small object.
+            let key = |p: *mut u8| -> (usize, usize) {
+                let v = view_of_ptr(&h, p);
+                ((p as usize - h.view_bases()[1 + v]) / PAGE, v)
+            };
+            let mut dirty = BTreeSet::new();
+            for &i in &written {
+                let (p, s) = objs[i];
+                if s <= PAGE {
+                    dirty.insert(key(p));
+                }
+            }
+            let st = h.ckall().unwrap();
+            let copied: BTreeSet<usize> = h.last_copied().iter().map(|p| *p as usize).collect();
+            let expected: BTreeSet<usize> = objs
+                .iter()
+                .filter(|(p, s)| *s <= PAGE && dirty.contains(&key(*p)))
+                .map(|(p, _)| *p as usize)
+                .collect();
+            let copied_small: BTreeSet<usize> = copied
+                .iter()
+                .copied()
+                .filter(|a| objs.iter().any(|(p, s)| *p as usize == *a && *s <= PAGE))
+                .collect();
+            assert_eq!(copied_small, expected, "views={views} round {round}");
+            for &i in &written {
+                assert!(
+                    copied.contains(&(objs[i].0 as usize)),
+                    "written object not copied"
+                );
+            }
+            eprintln!(
+                "views={views} round {round}: {} written, {} copied, {} bytes, {} pages",
+                written.len(),
+                st.objects_copied,
+                st.bytes_copied,
+                st.pages_written
+            );
+        }
+        // A lower-half write never copies an upper-half object of the same page (2 views).
+        if views == 2 {
+            let lo = objs
+                .iter()
+                .find(|(p, s)| *s == 64 && (*p as usize % PAGE) == 0)
+                .unwrap()
+                .0;
+            write_bytes(lo, 1, 9);
+            h.ckall().unwrap();
+            let copied = h.last_copied();
+            assert!(copied.contains(&lo));
+            assert!(copied.iter().all(|p| view_of_ptr(&h, *p) == 0));
+            assert_eq!(copied.len(), 32, "the 32 objects of the lower half");
+        }
+    }
+}
+
+fn unsafe_add(p: *mut u8, n: usize) -> *mut u8 {
+    p.wrapping_add(n)
+}
+
+#[test]
+fn kernel_write_into_protected_view() {
+    let d = dir();
+    let h = Heap::create(d.path().join("pipe"), &opts(2, 1 << 20)).unwrap();
+    assert_eq!(
+        h.tracking_method(),
+        TrackingMethod::UffdWpAsync,
+        "this kernel supports WP_ASYNC on memfd views"
+    );
+    let buf = h.malloc(1000, Some("buf")).unwrap();
+    h.ckall().unwrap();
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) with a valid 2-int array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let msg: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+    // SAFETY: writing our buffer to the pipe; reading into a live 1000-byte heap object that
+    // is write-protected in its user view (the kernel write must resolve the WP fault).
+    unsafe {
+        assert_eq!(libc::write(fds[1], msg.as_ptr().cast(), 1000), 1000);
+        assert_eq!(libc::read(fds[0], buf.cast(), 1000), 1000);
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    assert_eq!(read_bytes(buf, 1000), msg);
+    let st = h.ckall().unwrap();
+    assert!(
+        h.last_copied().contains(&buf),
+        "the kernel write was tracked"
+    );
+    assert!(st.bytes_copied >= 1000);
+    drop(h);
+    let h = Heap::open(d.path().join("pipe")).unwrap();
+    assert_eq!(read_bytes(h.get("buf").unwrap(), 1000), msg);
+}
+
+#[test]
+fn restart_restores_contents_names_and_addresses() {
+    let d = dir();
+    let path = d.path().join("restart");
+    let h = Heap::create(&path, &opts(2, 2 << 20)).unwrap();
+    let bases = h.view_bases();
+    let a = h.malloc(100, Some("a")).unwrap();
+    let b = h.malloc(20000, Some("big")).unwrap();
+    let c = h.malloc(40, None).unwrap();
+    write_bytes(a, 100, 1);
+    write_bytes(b, 20000, 2);
+    write_bytes(c, 40, 3);
+    h.ckall().unwrap();
+    // Changes after the last checkpoint are lost on restart.
+    write_bytes(a, 100, 7);
+    let gone = h.malloc(10, Some("uncommitted")).unwrap();
+    write_bytes(gone, 10, 9);
+    drop(h);
+    let h = Heap::open(&path).unwrap();
+    assert_eq!(h.view_bases(), bases);
+    assert_eq!(h.get("a"), Some(a));
+    assert_eq!(h.get("big"), Some(b));
+    assert_eq!(h.get("uncommitted"), None);
+    assert_eq!(read_bytes(a, 100), vec![1; 100]);
+    assert_eq!(read_bytes(b, 20000), vec![2; 20000]);
+    assert_eq!(read_bytes(c, 40), vec![3; 40]);
+    assert_eq!(h.len(), 3);
+    // The restored heap keeps working: free, realloc keeping the name, close checkpoints.
+    h.free(c).unwrap();
+    assert!(matches!(h.free(c), Err(Error::InvalidPointer(_))));
+    let a2 = h.realloc(a, 5000).unwrap();
+    assert_eq!(read_bytes(a2, 100), vec![1; 100]);
+    assert_eq!(h.get("a"), Some(a2));
+    h.close().unwrap();
+    let h = Heap::open(&path).unwrap();
+    assert_eq!(h.len(), 2);
+    assert_eq!(read_bytes(h.get("a").unwrap(), 100), vec![1; 100]);
+    // The same heap cannot be mapped twice in one process: its addresses are taken.
+    let e = Heap::open(&path).unwrap_err();
+    assert!(matches!(e, Error::AddressTaken { .. }), "{e}");
+    eprintln!("{e}");
+}
+
+fn data_off_in_file() -> u64 {
+    tiermem_media::pool::HEADER_SIZE
+}
+
+fn patch(path: &PathBuf, off: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, off).unwrap();
+}
+
+#[test]
+fn corrupt_headers_are_refused() {
+    let d = dir();
+    let path = d.path().join("corrupt");
+    let h = Heap::create(&path, &opts(2, 1 << 20)).unwrap();
+    let p = h.malloc(10, Some("x")).unwrap();
+    write_bytes(p, 10, 5);
+    h.close().unwrap();
+    // One torn copy: the other copy is used.
+    let a = data_off_in_file();
+    let b = a + PAGE as u64;
+    let read = |off: u64| {
+        use std::os::unix::fs::FileExt;
+        let mut v = vec![0u8; 256];
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_exact_at(&mut v, off)
+            .unwrap();
+        v
+    };
+    let (ha, hb) = (
+        Header::decode(&read(a)).unwrap(),
+        Header::decode(&read(b)).unwrap(),
+    );
+    let newest = if ha.seq > hb.seq { a } else { b };
+    let saved = read(newest);
+    patch(&path, newest + 40, &[0xff; 8]);
+    let h = Heap::open(&path).unwrap();
+    assert_eq!(read_bytes(h.get("x").unwrap(), 10), vec![5; 10]);
+    drop(h);
+    // Both copies bad: refused with a clear message.
+    patch(&path, a + 40, &[0xee; 8]);
+    patch(&path, b + 40, &[0xee; 8]);
+    let e = Heap::open(&path).unwrap_err();
+    let m = e.to_string();
+    assert!(matches!(e, Error::Corrupt { .. }), "{m}");
+    assert!(
+        m.contains("no valid heap header") && m.contains("checksum"),
+        "{m}"
+    );
+    eprintln!("{m}");
+    // A newer format version: refused as such.
+    let mut h2 = Header::decode(&saved).unwrap();
+    h2.version = 99;
+    patch(&path, a, &h2.encode());
+    let e = Heap::open(&path).unwrap_err();
+    assert!(matches!(e, Error::VersionMismatch { found: 99, .. }), "{e}");
+    // Not a heap at all (magic).
+    patch(&path, a, b"NOTAHEAP");
+    patch(&path, b, b"NOTAHEAP");
+    let m = Heap::open(&path).unwrap_err().to_string();
+    assert!(m.contains("bad magic"), "{m}");
+    // The pool's own header corrupt: the media layer refuses it.
+    patch(&path, 8, &[0xaa; 4]);
+    let e = Heap::open(&path).unwrap_err();
+    assert!(matches!(e, Error::Media(_)), "{e}");
+    eprintln!("{e}");
+}
+
+/// Bytes copied by one checkpoint after updating `pct`% of `n` objects of `size` bytes.
+fn sparse_update_bytes(views: usize, n: usize, size: usize, per_mille: usize) -> (usize, usize) {
+    let d = dir();
+    let h = Heap::create(d.path().join("sparse"), &opts(views, 8 << 20)).unwrap();
+    let objs: Vec<*mut u8> = (0..n).map(|_| h.malloc(size, None).unwrap()).collect();
+    for &p in &objs {
+        write_bytes(p, size, 1);
+    }
+    h.ckall().unwrap();
+    let mut rng = 42u64;
+    let mut total = (0, 0);
+    for _ in 0..3 {
+        for _ in 0..n * per_mille / 1000 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let p = objs[(rng >> 33) as usize % n];
+            write_bytes(p, size, (rng >> 20) as u8);
+        }
+        let st = h.ckall().unwrap();
+        total.0 += st.bytes_copied;
+        total.1 += st.pages_written;
+    }
+    total
+}
+
+#[test]
+fn fgck_copies_no_more_than_pgck() {
+    for &(size, pm) in &[(64usize, 10usize), (128, 10), (64, 100), (64, 500)] {
+        let n = 20000;
+        let (pg, pgp) = sparse_update_bytes(1, n, size, pm);
+        let mut line = format!(
+            "{n} x {size} B, {}% updated: PGCK {pg} B ({pgp} pages)",
+            pm / 10
+        );
+        for views in [2usize, 4, 8] {
+            let (fg, fgp) = sparse_update_bytes(views, n, size, pm);
+            line += &format!(
+                ", views={views} {fg} B ({fgp} view pages, {:.1}% saved)",
+                100.0 * (1.0 - fg as f64 / pg as f64)
+            );
+            assert!(fg <= pg, "FGCK (views={views}) copied {fg} > PGCK {pg}");
+        }
+        eprintln!("{line}");
+    }
+}
+
+#[test]
+fn concurrent_malloc_free() {
+    let d = dir();
+    let h = std::sync::Arc::new(Heap::create(d.path().join("conc"), &opts(2, 32 << 20)).unwrap());
+    let ts: Vec<_> = (0..4u8)
+        .map(|t| {
+            let h = h.clone();
+            std::thread::spawn(move || {
+                let mut mine = Vec::new();
+                for i in 0..3000usize {
+                    let s = 1 + (i * 37 + t as usize * 11) % 2000;
+                    let p = h.malloc(s, None).unwrap();
+                    write_bytes(p, s, t);
+                    mine.push((p as usize, s));
+                    if i % 3 == 0 {
+                        let (p, s) = mine.swap_remove(i % mine.len());
+                        assert!(read_bytes(p as *mut u8, s).iter().all(|&b| b == t));
+                        h.free(p as *mut u8).unwrap();
+                    }
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for (t, j) in ts.into_iter().enumerate() {
+        for (p, s) in j.join().unwrap() {
+            assert!(read_bytes(p as *mut u8, s).iter().all(|&b| b == t as u8));
+            all.push((p, s));
+        }
+    }
+    assert_eq!(h.len(), all.len());
+    let _ = Alloc::view_of(2, 0, 16);
+}
+
+#[test]
+fn metadata_journal_overflow_switches_to_snapshot() {
+    // 1 MiB heap: each metadata area is 1.25 MiB; ~45 000 alloc/free records overflow it.
+    let d = dir();
+    let path = d.path().join("journal");
+    let h = Heap::create(&path, &opts(2, 1 << 20)).unwrap();
+    let keep: Vec<*mut u8> = (0..100)
+        .map(|i| h.malloc(24, Some(&format!("k{i}"))).unwrap())
+        .collect();
+    for (i, &p) in keep.iter().enumerate() {
+        write_bytes(p, 24, i as u8);
+    }
+    let mut meta = 0;
+    for round in 0..60 {
+        for _ in 0..1000 {
+            let p = h.malloc(16, None).unwrap();
+            h.free(p).unwrap();
+        }
+        let st = h.ckall().unwrap();
+        meta += st.meta_bytes;
+        if round == 59 {
+            eprintln!(
+                "metadata bytes written in total: {meta}, last checkpoint {}",
+                st.meta_bytes
+            );
+        }
+    }
+    assert!(
+        meta > 1_300_000,
+        "the journal must have overflowed at least once ({meta})"
+    );
+    drop(h);
+    let h = Heap::open(&path).unwrap();
+    assert_eq!(h.len(), 100);
+    for i in 0..100 {
+        assert_eq!(
+            read_bytes(h.get(&format!("k{i}")).unwrap(), 24),
+            vec![i as u8; 24]
+        );
+    }
+}
+
+#[test]
+fn wp_async_and_mprotect_trackers_agree_and_timings() {
+    // Same workload under both trackers: first writes to 4096 objects of 2048 bytes (one per
+    // view page, both views), then a checkpoint. Prints the per-first-write cost.
+    let d = dir();
+    let mut copied = Vec::new();
+    for force in [false, true] {
+        let h = Heap::create(
+            d.path().join(format!("m{force}")),
+            &HeapOptions {
+                capacity: 16 << 20,
+                views: 2,
+                force_mprotect: force,
+                ..HeapOptions::default()
+            },
+        )
+        .unwrap();
+        let objs: Vec<*mut u8> = (0..4096).map(|_| h.malloc(2048, None).unwrap()).collect();
+        h.ckall().unwrap();
+        let t = std::time::Instant::now();
+        for &p in &objs {
+            write_bytes(p, 1, 7);
+        }
+        let ns = t.elapsed().as_nanos() as f64 / objs.len() as f64;
+        let st = h.ckall().unwrap();
+        eprintln!(
+            "{:?}: {ns:.0} ns per first write (incl. fault), checkpoint {} pages {} bytes in {} us",
+            h.tracking_method(),
+            st.pages_written,
+            st.bytes_copied,
+            st.nanos / 1000
+        );
+        assert_eq!(st.objects_copied, objs.len());
+        assert_eq!(st.pages_written, objs.len());
+        copied.push(st.bytes_copied);
+    }
+    assert_eq!(copied[0], copied[1]);
+}
