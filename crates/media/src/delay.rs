@@ -478,6 +478,20 @@ pub fn busy_wait_ns(ns: u64) {
     spin_until(start.saturating_add(cycles.saturating_sub(c.overshoot_cycles)));
 }
 
+/// Pace a transfer: spin until `cost_ns` have passed since `since_ns` (a [`now_ns`] stamp
+/// taken when the transfer started), so that the transfer takes the model's time whatever part
+/// of it the real work (the DRAM copy standing in for the medium) already took. Returns the
+/// nanoseconds waited (0 when the real work took longer than the model).
+pub fn pace_ns(since_ns: u64, cost_ns: u64) -> u64 {
+    let end = since_ns.saturating_add(cost_ns);
+    let now = now_ns();
+    if now >= end {
+        return 0;
+    }
+    busy_wait_ns(end - now);
+    end - now
+}
+
 /// Spin until the TSC reaches `end`. `pause` costs up to ~140 cycles on recent cores: use it
 /// only while far from the deadline so that the overshoot stays within one RDTSC.
 #[inline]

@@ -63,7 +63,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tiermem_fault::{Engine, Fault, FaultOps, RegionHandle, RegionSpec, ResolveError, Resolver};
-use tiermem_media::{busy_wait_ns, now_ns, DelayModel};
+use tiermem_media::{now_ns, pace_ns, DelayModel};
 
 use crate::mapping::Mapping;
 use crate::metrics::Metrics;
@@ -127,7 +127,8 @@ pub struct SourceOptions {
     pub migration_id: u64,
     /// Expiration timer: push every remaining page once no fault arrived for this long.
     pub expiration: Duration,
-    /// Network delay charged (busy-wait of `write_delay_ns(bytes)`) per message sent;
+    /// Network model: each message sent takes at least `write_delay_ns(bytes)` from the start
+    /// of its send (pacing; the real send is part of that time);
     /// [`DelayModel::NONE`] for the real veth only, `DelayModel::preset("ethernet-10g")` for
     /// the paper's 10 GbE.
     pub delay: DelayModel,
@@ -278,8 +279,10 @@ struct Server<'a> {
 }
 
 impl Server<'_> {
-    fn charge(&self, bytes: usize) {
-        busy_wait_ns(self.opts.delay.write_delay_ns(bytes as u64));
+    /// Pace a send of `bytes` that started at `since` ([`now_ns`]) to the network model: it
+    /// ends no earlier than the model's time after its start (the real send is part of it).
+    fn pace(&self, bytes: usize, since: u64) {
+        pace_ns(since, self.opts.delay.write_delay_ns(bytes as u64));
     }
 
     /// Answers one message on the fault connection.
@@ -293,8 +296,9 @@ impl Server<'_> {
                     })?;
                     return Ok(());
                 }
-                self.charge(PAGE);
+                let since = now_ns();
                 fault.send_pages(REGION, page as u64, &self.region[page..page + PAGE])?;
+                self.pace(PAGE, since);
                 self.st.bytes += PAGE as u64;
                 let i = page / PAGE;
                 if self.sent[i] {
@@ -336,12 +340,13 @@ impl Server<'_> {
             end += 1;
         }
         let bytes = (end - start) * PAGE;
-        self.charge(bytes);
+        let since = now_ns();
         push.send_pages(
             REGION,
             (start * PAGE) as u64,
             &self.region[start * PAGE..end * PAGE],
         )?;
+        self.pace(bytes, since);
         for s in &mut self.sent[start..end] {
             *s = true;
         }
