@@ -409,14 +409,14 @@ fn migrate_with(
             } else {
                 None
             };
-            st.start = now_ns();
-            app.freeze();
+            // The manifest is read just before the freeze (a scan of the whole region is not
+            // downtime); the tracker is released after the target resumed.
             let hot = match recorder.as_mut() {
                 Some(r) => vec![r.take().map_err(|e| format!("hot pages: {e}"))?],
                 None => Vec::new(),
             };
-            // Stop tracking: the dump reads the region, nothing writes it any more.
-            drop(recorder);
+            st.start = now_ns();
+            app.freeze();
             // SAFETY: the application is frozen and stays so (it resumes on the target's
             // copy); `source` outlives the scope below, which joins the serving thread.
             let src =
@@ -439,6 +439,8 @@ fn migrate_with(
                 // application is stopped (the harness drops the target last).
                 unsafe { app.resume_at(base) };
                 st.resume = now_ns();
+                // Stop tracking the source region (nothing writes it any more).
+                drop(recorder);
                 if with_hot {
                     target.prefetch_hot();
                 }

@@ -48,14 +48,15 @@ impl HotPageRecorder {
     pub fn take(&mut self) -> tiermem_fault::Result<Vec<u64>> {
         self.tracker.scan(&mut self.ranges)?;
         let mut out = Vec::new();
-        'all: for r in &self.ranges {
+        for r in &self.ranges {
             for p in 0..r.pages() {
-                if out.len() == self.cap {
-                    break 'all;
-                }
                 out.push((r.offset + p * PAGE_SIZE) as u64);
             }
         }
+        // A scan that raced with writers may report ranges out of order or twice.
+        out.sort_unstable();
+        out.dedup();
+        out.truncate(self.cap);
         Ok(out)
     }
 }
