@@ -9,8 +9,8 @@ pub struct Series<'a> {
     pub samples: &'a [f64],
 }
 
-const COLORS: [&str; 6] = [
-    "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02",
+const COLORS: [&str; 8] = [
+    "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4",
 ];
 
 /// Render the empirical CDF of each series as an SVG document (x: log10 scale).
@@ -339,7 +339,8 @@ pub fn timeline_svg(
                 pt + ph + 4.0,
                 xmap(x),
                 pt + ph + 16.0,
-                (x * 1e6).round() / 1e6
+                // (+ 0.0: no "-0" label)
+                (x * 1e6).round() / 1e6 + 0.0
             );
             x += step;
         }

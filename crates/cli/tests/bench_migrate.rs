@@ -76,6 +76,12 @@ fn bench_reports_every_method_the_ratios_and_a_timeline_png() {
     }
     assert!(v.get("kv_throughput_gain_3ms_pct").is_some());
     assert_eq!(v["hot_manifest"].as_array().unwrap().len(), 2);
+    let b = v["batching"].as_array().unwrap();
+    assert_eq!(b.len(), 2);
+    assert!(b
+        .iter()
+        .all(|x| x["per_vector_ms"].as_f64().unwrap() > 0.0
+            && x["batched_ms"].as_f64().unwrap() > 0.0));
     let bytes = std::fs::read(&png).expect("the timeline PNG");
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
     assert!(dir.join("timeline.svg").exists());
