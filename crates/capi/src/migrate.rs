@@ -75,6 +75,7 @@ fn fam_errno(e: &FamError) -> i32 {
             _ => libc::EIO,
         },
         FamError::Proto(_) => libc::EPROTO,
+        FamError::InUse { .. } => libc::EEXIST,
         FamError::Fault(f) => fault_errno(f),
         _ => libc::EIO,
     }

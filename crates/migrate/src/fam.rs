@@ -46,6 +46,14 @@ pub enum FamError {
     /// The fault engine.
     #[error("fault engine: {0}")]
     Fault(#[from] tiermem_fault::Error),
+    /// The migration's directory already exists in the FAM directory (its id is in use).
+    #[error("{} already exists: migration id {id:x} is in use in this FAM directory", dir.display())]
+    InUse {
+        /// The existing directory.
+        dir: PathBuf,
+        /// The migration id.
+        id: u64,
+    },
     /// Anything else, said in words.
     #[error("{0}")]
     Other(String),
@@ -140,11 +148,7 @@ impl FamSource {
     pub fn reserve(cfg: FamSourceConfig, region_lens: &[u64]) -> Result<Reservation> {
         let dir = migration_dir(&cfg.fam, cfg.id);
         if dir.exists() {
-            return Err(FamError::Other(format!(
-                "{} already exists: migration id {:x} is in use in this FAM directory",
-                dir.display(),
-                cfg.id
-            )));
+            return Err(FamError::InUse { dir, id: cfg.id });
         }
         std::fs::create_dir_all(&dir)
             .map_err(|e| FamError::Other(format!("creating {}: {e}", dir.display())))?;
