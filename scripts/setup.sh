@@ -21,11 +21,15 @@ fi
 #     the tiermem-kv tests; redis-cli and redis-benchmark as real clients of tiermem-kv.
 #   maven, default-jdk-headless: build and run YCSB 0.17.0 with tiermem's binding (bench/ycsb).
 #   librsvg2-bin, fonts-dejavu-core: rsvg-convert turns the benchmarks' SVG charts into PNG.
+#   tokyocabinet-bin, sqlite3: unmodified programs (Tokyo Cabinet's on-memory database tools,
+#     sqlite3 on :memory:) run under the pheap LD_PRELOAD library (crates/pheap-preload tests,
+#     tiermem bench pheap).
 APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procps
   libpmemobj-dev
   redis-server redis-tools
   maven default-jdk-headless
-  librsvg2-bin fonts-dejavu-core)
+  librsvg2-bin fonts-dejavu-core
+  tokyocabinet-bin sqlite3)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -1,0 +1,813 @@
+//! # libtiermem_pheap_preload — an unmodified program's heap in a tiermem pheap
+//!
+//! `LD_PRELOAD=libtiermem_pheap_preload.so program ...` routes the program's `malloc`, `free`,
+//! `calloc`, `realloc`, `reallocarray`, `posix_memalign`, `aligned_alloc`, `memalign`,
+//! `valloc`, `pvalloc` and `malloc_usable_size` into a [`tiermem_pheap::Heap`], and takes
+//! incremental checkpoints of it (FGCK with 2, 4 or 8 views; PGCK with 1) every
+//! `TIERMEM_CKPT_MS` milliseconds and at exit. See `docs/pheap.md` ("Unmodified programs") for
+//! the environment variables, the consistency contract and the limits.
+//!
+//! Ownership of a pointer is decided by address: inside the heap's views → the pheap, anything
+//! else → glibc. The library's own Rust allocations, calls made before the heap is ready and
+//! re-entrant calls on a thread that is already inside the library (heap creation, a
+//! checkpoint, the exit handler) go to glibc's `__libc_*` functions, so nothing recurses.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::io::Write;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use tiermem_pheap::{Heap, HeapOptions};
+
+extern "C" {
+    fn __libc_malloc(size: usize) -> *mut c_void;
+    fn __libc_free(p: *mut c_void);
+    fn __libc_calloc(n: usize, size: usize) -> *mut c_void;
+    fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
+    fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
+}
+
+/// The library's own allocator: glibc's malloc under its internal names, never the exported
+/// `malloc` of this library (which would recurse into the heap).
+struct LibcAlloc;
+
+// SAFETY: the __libc_* functions implement malloc/free/realloc/memalign with their documented
+// contracts; alignments above 16 go through __libc_memalign (and realloc copies by hand).
+unsafe impl GlobalAlloc for LibcAlloc {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: plain glibc allocation calls.
+        unsafe {
+            if l.align() <= 16 {
+                __libc_malloc(l.size()) as *mut u8
+            } else {
+                __libc_memalign(l.align(), l.size()) as *mut u8
+            }
+        }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, _l: Layout) {
+        // SAFETY: `p` came from `alloc`/`realloc` above, i.e. from glibc.
+        unsafe { __libc_free(p as *mut c_void) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        // SAFETY: plain glibc allocation calls; the memalign result is zeroed by hand.
+        unsafe {
+            if l.align() <= 16 {
+                __libc_calloc(1, l.size()) as *mut u8
+            } else {
+                let p = self.alloc(l);
+                if !p.is_null() {
+                    ptr::write_bytes(p, 0, l.size());
+                }
+                p
+            }
+        }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        // SAFETY: `p` is a live glibc block of `l.size()` bytes (GlobalAlloc contract).
+        unsafe {
+            if l.align() <= 16 {
+                return __libc_realloc(p as *mut c_void, new) as *mut u8;
+            }
+            let q = self.alloc(Layout::from_size_align_unchecked(new, l.align()));
+            if !q.is_null() {
+                ptr::copy_nonoverlapping(p, q, l.size().min(new));
+                __libc_free(p as *mut c_void);
+            }
+            q
+        }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: LibcAlloc = LibcAlloc;
+
+const UNINIT: u8 = 0;
+const INITIALIZING: u8 = 1;
+const READY: u8 = 2;
+const DISABLED: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static HEAP: AtomicPtr<Heap> = AtomicPtr::new(ptr::null_mut());
+/// `[LO, HI)`: all views of the heap (they are adjacent); 0/0 until the heap is ready.
+static LO: AtomicUsize = AtomicUsize::new(0);
+static HI: AtomicUsize = AtomicUsize::new(0);
+/// Set in a forked child: the child's heap is a private copy, never checkpointed.
+static IN_CHILD: AtomicU8 = AtomicU8::new(0);
+
+static CKPT_NS: AtomicU64 = AtomicU64::new(0);
+static CKPT_CALLS: AtomicU64 = AtomicU64::new(0);
+static NEXT_CKPT_NS: AtomicU64 = AtomicU64::new(u64::MAX);
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static FREES: AtomicU64 = AtomicU64::new(0);
+static FALLBACK: AtomicU64 = AtomicU64::new(0);
+static CHECKPOINTS: AtomicU64 = AtomicU64::new(0);
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+static WARNED_THREADS: AtomicU8 = AtomicU8::new(0);
+static WARNED_FULL: AtomicU8 = AtomicU8::new(0);
+static WARNED_BAD_FREE: AtomicU8 = AtomicU8::new(0);
+
+/// glibc's `malloc_usable_size` (the next definition after ours), resolved at init.
+static LIBC_USABLE: AtomicUsize = AtomicUsize::new(0);
+static STATS_PATH: OnceLock<Option<String>> = OnceLock::new();
+
+thread_local! {
+    /// True while this thread runs library code that may allocate: such calls go to glibc.
+    static IN_LIB: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the current thread as inside the library until dropped (restores the old value).
+struct Guard(bool);
+
+impl Guard {
+    fn enter() -> Guard {
+        Guard(IN_LIB.try_with(|c| c.replace(true)).unwrap_or(true))
+    }
+
+    /// True when the thread was already inside the library (a re-entrant call: no safe point).
+    fn was_inside(&self) -> bool {
+        self.0
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let old = self.0;
+        let _ = IN_LIB.try_with(|c| c.set(old));
+    }
+}
+
+fn in_lib() -> bool {
+    IN_LIB.try_with(|c| c.get()).unwrap_or(true)
+}
+
+/// The heap if it is ready and this thread is not already inside the library.
+fn ready_heap() -> Option<&'static Heap> {
+    if STATE.load(Ordering::Acquire) != READY || in_lib() {
+        return None;
+    }
+    // SAFETY: HEAP is set (to a leaked Box, never freed) before STATE becomes READY.
+    Some(unsafe { &*HEAP.load(Ordering::Acquire) })
+}
+
+/// True when `p` lies in one of the heap's views (so the pheap owns it).
+fn owned(p: *const c_void) -> bool {
+    let a = p as usize;
+    a >= LO.load(Ordering::Acquire) && a < HI.load(Ordering::Acquire)
+}
+
+/// The heap, for a pointer it owns (`owned(p)` implies the heap was ready).
+fn owner_heap() -> &'static Heap {
+    // SAFETY: LO/HI are only non-empty once HEAP points to the leaked, never-freed heap.
+    unsafe { &*HEAP.load(Ordering::Acquire) }
+}
+
+fn warn_once(flag: &AtomicU8, msg: &str) {
+    if flag.swap(1, Ordering::Relaxed) == 0 {
+        let _ = writeln!(std::io::stderr(), "tiermem-pheap-preload: {msg}");
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn env_num(name: &str) -> Result<Option<u64>, String> {
+    match env(name) {
+        None => Ok(None),
+        Some(v) => parse_size(&v)
+            .map(Some)
+            .ok_or_else(|| format!("{name}={v:?} is not a number (optionally with K/M/G)")),
+    }
+}
+
+/// Parses `123`, `64K`, `256M`, `1G` (binary units).
+fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, mul) = match v.chars().last()? {
+        'k' | 'K' => (&v[..v.len() - 1], 1u64 << 10),
+        'm' | 'M' => (&v[..v.len() - 1], 1 << 20),
+        'g' | 'G' => (&v[..v.len() - 1], 1 << 30),
+        _ => (v, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mul)
+}
+
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass (vDSO, no allocation).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Default heap path: `$TIERMEM_DIR` (or `/dev/shm/tiermem`) + `/pheap/<progname>-<uid>.heap`.
+fn default_path() -> String {
+    let dir = env("TIERMEM_DIR").unwrap_or_else(|| "/dev/shm/tiermem".to_string());
+    let prog = std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().replace('/', "_"))
+        .unwrap_or_else(|_| "prog".to_string());
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    format!("{dir}/pheap/{prog}-{uid}.heap")
+}
+
+/// Default capacity: enough for the test programs (Tokyo Cabinet and sqlite3 runs of tens of
+/// MiB). The pool file takes about three times this (see docs/pheap.md).
+const DEFAULT_CAPACITY: u64 = 128 << 20;
+
+fn init_heap() -> Result<Heap, String> {
+    let views = env_num("TIERMEM_PHEAP_VIEWS")?.unwrap_or(2) as usize;
+    let capacity = env_num("TIERMEM_PHEAP_CAPACITY")?.unwrap_or(DEFAULT_CAPACITY);
+    let sb = 64u64 << 10;
+    let capacity = capacity.div_ceil(sb) * sb;
+    let ms = env_num("TIERMEM_CKPT_MS")?.unwrap_or(0);
+    CKPT_NS.store(ms.saturating_mul(1_000_000), Ordering::Relaxed);
+    CKPT_CALLS.store(
+        env_num("TIERMEM_CKPT_CALLS")?.unwrap_or(0),
+        Ordering::Relaxed,
+    );
+    let _ = STATS_PATH.set(env("TIERMEM_PHEAP_STATS"));
+    let path = env("TIERMEM_PHEAP_PATH").unwrap_or_else(default_path);
+    let path = std::path::PathBuf::from(path);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    // A fresh heap per run: an unmodified program cannot use restored state.
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(format!(
+                "cannot remove the old heap {}: {e}",
+                path.display()
+            ))
+        }
+    }
+    let opts = HeapOptions {
+        capacity: capacity as usize,
+        views,
+        ..HeapOptions::default()
+    };
+    Heap::create(&path, &opts).map_err(|e| format!("cannot create heap {}: {e}", path.display()))
+}
+
+/// Runs once, from the library's constructor (before the program's `main` and its own
+/// constructors). Until it has finished every call goes to glibc.
+extern "C" fn init() {
+    if STATE
+        .compare_exchange(UNINIT, INITIALIZING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    let _g = Guard::enter();
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds glibc's definition.
+    let usable = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
+    LIBC_USABLE.store(usable as usize, Ordering::Relaxed);
+    if env("TIERMEM_PHEAP_DISABLE").is_some() {
+        STATE.store(DISABLED, Ordering::Release);
+        return;
+    }
+    let heap = match init_heap() {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "tiermem-pheap-preload: {e}; the program runs on glibc malloc"
+            );
+            STATE.store(DISABLED, Ordering::Release);
+            return;
+        }
+    };
+    let bases = heap.view_bases();
+    let cap = heap.capacity();
+    let lo = *bases.iter().min().expect("at least two views");
+    let hi = bases.iter().max().expect("at least two views") + cap;
+    // The views are adjacent (heap.rs maps them as one span); anything else in [lo, hi) would
+    // be misattributed, so insist on it.
+    assert_eq!(hi - lo, bases.len() * cap, "pheap views are not adjacent");
+    HEAP.store(Box::into_raw(Box::new(heap)), Ordering::Release);
+    LO.store(lo, Ordering::Release);
+    HI.store(hi, Ordering::Release);
+    let ns = CKPT_NS.load(Ordering::Relaxed);
+    if ns > 0 {
+        NEXT_CKPT_NS.store(now_ns().saturating_add(ns), Ordering::Relaxed);
+    }
+    // SAFETY: registering plain extern "C" functions without arguments.
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(None, None, Some(after_fork_child));
+    }
+    STATE.store(READY, Ordering::Release);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+/// Number of threads of this process (from /proc/self/stat; 1 if unreadable).
+fn thread_count() -> usize {
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return 1;
+    };
+    // Fields after the parenthesised comm: state is field 3, num_threads field 20.
+    s.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(17)?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Checkpoints now if single-threaded; otherwise counts a skipped checkpoint and warns once.
+/// Must be called with the guard held and with no heap lock held by this thread.
+fn checkpoint(h: &Heap) {
+    if IN_CHILD.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    let n = thread_count();
+    if n > 1 {
+        SKIPPED.fetch_add(1, Ordering::Relaxed);
+        warn_once(
+            &WARNED_THREADS,
+            &format!(
+                "{n} threads: checkpoints are only consistent for single-threaded programs; \
+                 skipping them"
+            ),
+        );
+        return;
+    }
+    match h.ckall() {
+        Ok(_) => {
+            CHECKPOINTS.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => {
+            SKIPPED.fetch_add(1, Ordering::Relaxed);
+            let _ = writeln!(std::io::stderr(), "tiermem-pheap-preload: checkpoint: {e}");
+        }
+    }
+}
+
+/// The safe point: called at the start of every allocator call that reaches the heap.
+fn maybe_checkpoint(h: &Heap) {
+    let calls = CKPT_CALLS.load(Ordering::Relaxed);
+    let due_calls = calls > 0 && CALLS.fetch_add(1, Ordering::Relaxed) % calls == calls - 1;
+    let next = NEXT_CKPT_NS.load(Ordering::Relaxed);
+    let due_time = next != u64::MAX && {
+        let now = now_ns();
+        now >= next && {
+            let ns = CKPT_NS.load(Ordering::Relaxed);
+            NEXT_CKPT_NS
+                .compare_exchange(next, now + ns, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        }
+    };
+    if due_calls || due_time {
+        checkpoint(h);
+    }
+}
+
+extern "C" fn at_exit() {
+    let Some(h) = ready_heap() else { return };
+    let _g = Guard::enter();
+    if IN_CHILD.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    checkpoint(h);
+    if let Some(Some(path)) = STATS_PATH.get() {
+        let t = h.totals();
+        let json = format!(
+            "{{\"views\":{},\"checkpoints\":{},\"bytes_copied\":{},\"objects_copied\":{},\
+             \"pages_written\":{},\"ckpt_ns_total\":{},\"allocs\":{},\"frees\":{},\
+             \"fallback_allocs\":{},\"heap_path\":{}}}\n",
+            h.views(),
+            CHECKPOINTS.load(Ordering::Relaxed),
+            t.bytes_copied,
+            t.objects_copied,
+            t.pages_written,
+            t.nanos,
+            ALLOCS.load(Ordering::Relaxed),
+            FREES.load(Ordering::Relaxed),
+            FALLBACK.load(Ordering::Relaxed),
+            json_str(&h.path().to_string_lossy()),
+        );
+        if let Err(e) = std::fs::write(path, json) {
+            let _ = writeln!(
+                std::io::stderr(),
+                "tiermem-pheap-preload: write {path}: {e}"
+            );
+        }
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// In a forked child the views would still share the parent's memfd, so the child's writes
+/// would land in the parent's heap. Give the child a private copy: a new memfd holding the
+/// resident pages, mapped over every view at the same addresses. The child never checkpoints.
+extern "C" fn after_fork_child() {
+    if STATE.load(Ordering::Acquire) != READY {
+        return;
+    }
+    IN_CHILD.store(1, Ordering::Relaxed);
+    let h = owner_heap();
+    let cap = h.capacity();
+    let bases = h.view_bases();
+    let fail = |what: &str| -> ! {
+        let _ = writeln!(
+            std::io::stderr(),
+            "tiermem-pheap-preload: fork child: {what}: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: terminating the child; its heap would alias the parent's.
+        unsafe { libc::_exit(127) }
+    };
+    // SAFETY: memfd_create/ftruncate on a fresh descriptor.
+    let fd = unsafe { libc::memfd_create(c"tiermem-pheap-child".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        fail("memfd_create");
+    }
+    // SAFETY: ftruncate of our new memfd.
+    if unsafe { libc::ftruncate(fd, cap as libc::off_t) } < 0 {
+        fail("ftruncate");
+    }
+    let pages = cap / 4096;
+    // SAFETY: glibc allocation of the mincore vector (the child is single-threaded).
+    let vec = unsafe { __libc_malloc(pages) } as *mut u8;
+    if vec.is_null() {
+        fail("malloc");
+    }
+    let lib = bases[0];
+    // SAFETY: the library view is a mapping of `cap` bytes; `vec` has one byte per page.
+    if unsafe { libc::mincore(lib as *mut c_void, cap, vec) } < 0 {
+        fail("mincore");
+    }
+    let mut i = 0;
+    while i < pages {
+        // SAFETY: i < pages, the length of `vec`.
+        if unsafe { *vec.add(i) } & 1 == 0 {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        // SAFETY: as above.
+        while i < pages && unsafe { *vec.add(i) } & 1 != 0 {
+            i += 1;
+        }
+        let (off, len) = (start * 4096, (i - start) * 4096);
+        let mut done = 0;
+        while done < len {
+            // SAFETY: reading from the library view (readable, `cap` bytes) into our memfd.
+            let n = unsafe {
+                libc::pwrite(
+                    fd,
+                    (lib + off + done) as *const c_void,
+                    len - done,
+                    (off + done) as libc::off_t,
+                )
+            };
+            if n <= 0 {
+                fail("pwrite");
+            }
+            done += n as usize;
+        }
+    }
+    // SAFETY: freeing the vector allocated above.
+    unsafe { __libc_free(vec as *mut c_void) };
+    for &b in &bases {
+        // SAFETY: replaces exactly the child's view mapping at `b` (the heap's own mapping)
+        // with the private copy; all views alias it again.
+        let p = unsafe {
+            libc::mmap(
+                b as *mut c_void,
+                cap,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            fail("mmap");
+        }
+    }
+    // SAFETY: the mappings keep the memfd alive.
+    unsafe { libc::close(fd) };
+}
+
+/// `aligned` allocation through the heap when the alignment can be honoured by size classes
+/// (power-of-two slots are naturally aligned; multi-page objects are page-aligned), else glibc.
+fn heap_alloc(size: usize, align: usize) -> *mut c_void {
+    let Some(h) = ready_heap() else {
+        // SAFETY: plain glibc allocation.
+        return unsafe {
+            if align <= 16 {
+                __libc_malloc(size)
+            } else {
+                __libc_memalign(align, size)
+            }
+        };
+    };
+    let _g = Guard::enter();
+    maybe_checkpoint(h);
+    let req = if align <= 16 {
+        Some(size)
+    } else if align <= 4096 {
+        let r = size.max(align);
+        if r <= 4096 {
+            Some(r.next_power_of_two())
+        } else {
+            Some(r)
+        }
+    } else {
+        None
+    };
+    if let Some(req) = req {
+        match h.malloc(req, None) {
+            Ok(p) if (p as usize) % align.max(1) == 0 => {
+                ALLOCS.fetch_add(1, Ordering::Relaxed);
+                return p as *mut c_void;
+            }
+            Ok(p) => {
+                // Not reached with the current size classes; stay correct if they change.
+                let _ = h.free(p);
+            }
+            Err(_) => warn_once(&WARNED_FULL, "heap full: falling back to glibc malloc"),
+        }
+    }
+    FALLBACK.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: plain glibc allocation.
+    unsafe {
+        if align <= 16 {
+            __libc_malloc(size)
+        } else {
+            __libc_memalign(align, size)
+        }
+    }
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// `malloc(3)`: from the pheap when it is ready (glibc when it is full, before it is ready, or
+/// for re-entrant calls).
+///
+/// # Safety
+/// As `malloc(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    let p = heap_alloc(size, 16);
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    p
+}
+
+/// `free(3)`: pheap pointers (by address) go back to the pheap, others to glibc.
+///
+/// # Safety
+/// As `free(3)`: `p` is null or a live allocation of this process.
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    if !owned(p) {
+        // SAFETY: not in the heap's views, so glibc allocated it.
+        unsafe { __libc_free(p) };
+        return;
+    }
+    let h = owner_heap();
+    let g = Guard::enter();
+    if h.free(p as *mut u8).is_ok() {
+        FREES.fetch_add(1, Ordering::Relaxed);
+    } else {
+        warn_once(
+            &WARNED_BAD_FREE,
+            "free() of an invalid pheap pointer ignored",
+        );
+    }
+    if !g.was_inside() {
+        maybe_checkpoint(h);
+    }
+}
+
+/// `calloc(3)`: zeroed memory (overflow of `n * size` → null, ENOMEM).
+///
+/// # Safety
+/// As `calloc(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    let Some(total) = n.checked_mul(size) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    if ready_heap().is_none() {
+        // SAFETY: plain glibc allocation.
+        return unsafe { __libc_calloc(n, size) };
+    }
+    let p = heap_alloc(total, 16);
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    } else if owned(p) {
+        // SAFETY: `p` is a fresh heap object of at least `total` bytes.
+        unsafe { ptr::write_bytes(p as *mut u8, 0, total) };
+    } else {
+        // Fallback block from __libc_malloc: not zeroed either.
+        // SAFETY: `p` is a fresh glibc block of at least `total` bytes.
+        unsafe { ptr::write_bytes(p as *mut u8, 0, total) };
+    }
+    p
+}
+
+/// `realloc(3)`: a pheap object stays in the pheap (moving to glibc only when the heap is
+/// full), a glibc block stays in glibc. `realloc(p, 0)` frees `p` and returns null (glibc).
+///
+/// # Safety
+/// As `realloc(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        // SAFETY: as malloc.
+        return unsafe { malloc(size) };
+    }
+    if size == 0 {
+        // SAFETY: as free.
+        unsafe { free(p) };
+        return ptr::null_mut();
+    }
+    if !owned(p) {
+        // SAFETY: a glibc block.
+        return unsafe { __libc_realloc(p, size) };
+    }
+    let h = owner_heap();
+    let g = Guard::enter();
+    if !g.was_inside() {
+        maybe_checkpoint(h);
+    }
+    match h.realloc(p as *mut u8, size) {
+        Ok(q) => q as *mut c_void,
+        Err(tiermem_pheap::Error::OutOfMemory { .. }) => {
+            warn_once(&WARNED_FULL, "heap full: falling back to glibc malloc");
+            let old = h.size_of(p as *const u8).unwrap_or(0);
+            // SAFETY: glibc allocation; copy the old object's bytes; then free it in the heap.
+            let q = unsafe { __libc_malloc(size) };
+            if q.is_null() {
+                set_errno(libc::ENOMEM);
+                return ptr::null_mut();
+            }
+            // SAFETY: `p` has `old` readable bytes, `q` has `size` writable bytes.
+            unsafe { ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size)) };
+            let _ = h.free(p as *mut u8);
+            FALLBACK.fetch_add(1, Ordering::Relaxed);
+            q
+        }
+        Err(_) => {
+            warn_once(&WARNED_BAD_FREE, "realloc() of an invalid pheap pointer");
+            set_errno(libc::EINVAL);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `reallocarray(3)`: `realloc(p, n * size)` with overflow → null, ENOMEM.
+///
+/// # Safety
+/// As `reallocarray(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: as realloc.
+        Some(t) => unsafe { realloc(p, t) },
+        None => {
+            set_errno(libc::ENOMEM);
+            ptr::null_mut()
+        }
+    }
+}
+
+fn valid_align(a: usize) -> bool {
+    a.is_power_of_two()
+}
+
+/// `posix_memalign(3)`: EINVAL unless `align` is a power of two multiple of `sizeof(void *)`.
+///
+/// # Safety
+/// As `posix_memalign(3)`: `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    if !valid_align(align) || align % std::mem::size_of::<usize>() != 0 {
+        return libc::EINVAL;
+    }
+    let p = heap_alloc(size, align);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller passes a writable pointer.
+    unsafe { *out = p };
+    0
+}
+
+/// `aligned_alloc(3)`: null and EINVAL unless `align` is a power of two.
+///
+/// # Safety
+/// As `aligned_alloc(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if !valid_align(align) {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    let p = heap_alloc(size, align);
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    p
+}
+
+/// `memalign(3)`: like glibc, a non-power-of-two alignment is rounded up to one.
+///
+/// # Safety
+/// As `memalign(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    let Some(a) = align.max(1).checked_next_power_of_two() else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    let p = heap_alloc(size, a);
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    p
+}
+
+/// `valloc(3)`: page-aligned.
+///
+/// # Safety
+/// As `valloc(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    // SAFETY: as memalign.
+    unsafe { memalign(4096, size) }
+}
+
+/// `pvalloc(3)`: page-aligned, size rounded up to whole pages.
+///
+/// # Safety
+/// As `pvalloc(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    let Some(s) = size.max(1).checked_next_multiple_of(4096) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    // SAFETY: as memalign.
+    unsafe { memalign(4096, s) }
+}
+
+/// `malloc_usable_size(3)`: for a pheap object its requested size (always usable), else
+/// glibc's answer.
+///
+/// # Safety
+/// As `malloc_usable_size(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    if owned(p) {
+        let _g = Guard::enter();
+        return owner_heap().size_of(p as *const u8).unwrap_or(0);
+    }
+    let f = LIBC_USABLE.load(Ordering::Relaxed);
+    if f == 0 {
+        return 0;
+    }
+    // SAFETY: `f` is glibc's malloc_usable_size (dlsym RTLD_NEXT) and `p` a glibc block.
+    unsafe {
+        let f: unsafe extern "C" fn(*mut c_void) -> usize = std::mem::transmute(f);
+        f(p)
+    }
+}

@@ -1,0 +1,300 @@
+//! Unmodified programs under `LD_PRELOAD=libtiermem_pheap_preload.so`: Tokyo Cabinet's
+//! on-memory database tools (Debian tokyocabinet-bin) and sqlite3 on `:memory:` must print the
+//! same output as without the library, while checkpoints are taken (stats file). A small C
+//! program checks every allocator entry point. FGCK (2 views) against PGCK (1 view) bytes
+//! copied are printed for each program (no threshold).
+//!
+//! Needs the cdylib built in the same target directory (cargo builds it for this test), the
+//! programs (`scripts/setup.sh` installs them) and a C compiler. Without the programs the
+//! program test is skipped with a message unless `TIERMEM_REQUIRE_CLIENTS` is set.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The target directory holding this test binary's profile (…/target/<profile>).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // …/target/<profile>/deps/<test>-HASH
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+fn preload_lib() -> PathBuf {
+    let so = profile_dir().join("libtiermem_pheap_preload.so");
+    assert!(
+        so.exists(),
+        "{} is missing: build it with cargo build --release -p tiermem-pheap-preload",
+        so.display()
+    );
+    so
+}
+
+fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Drops the lines whose content depends on timing or process state (Tokyo Cabinet's test
+/// tools end with `sys_*` resource figures and `time:`).
+fn filter(out: &[u8]) -> String {
+    String::from_utf8_lossy(out)
+        .lines()
+        .filter(|l| !l.starts_with("sys_") && !l.starts_with("time:"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+struct Prog {
+    name: &'static str,
+    argv: Vec<String>,
+    stdin: Option<PathBuf>,
+}
+
+#[derive(Debug)]
+struct Stats {
+    views: u64,
+    checkpoints: u64,
+    bytes_copied: u64,
+    objects_copied: u64,
+    pages_written: u64,
+    allocs: u64,
+    frees: u64,
+    fallback_allocs: u64,
+}
+
+/// Runs `p` with `env` (plus a deterministic Tokyo Cabinet seed); returns filtered stdout.
+fn run(p: &Prog, env: &[(&str, String)]) -> String {
+    let mut c = Command::new(&p.argv[0]);
+    c.args(&p.argv[1..]).env("TCRNDSEED", "42");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.stdin(match &p.stdin {
+        Some(f) => Stdio::from(std::fs::File::open(f).expect("open stdin file")),
+        None => Stdio::null(),
+    });
+    let out = c.output().unwrap_or_else(|e| panic!("run {}: {e}", p.name));
+    assert!(
+        out.status.success(),
+        "{} {:?} failed ({}):\n{}",
+        p.name,
+        env,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    filter(&out.stdout)
+}
+
+fn read_stats(path: &Path) -> Stats {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("stats file {}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
+    let n = |k: &str| {
+        v[k].as_u64()
+            .unwrap_or_else(|| panic!("stats key {k} missing in {text}"))
+    };
+    assert!(v["heap_path"].is_string(), "heap_path missing in {text}");
+    assert!(
+        v["ckpt_ns_total"].is_u64(),
+        "ckpt_ns_total missing in {text}"
+    );
+    Stats {
+        views: n("views"),
+        checkpoints: n("checkpoints"),
+        bytes_copied: n("bytes_copied"),
+        objects_copied: n("objects_copied"),
+        pages_written: n("pages_written"),
+        allocs: n("allocs"),
+        frees: n("frees"),
+        fallback_allocs: n("fallback_allocs"),
+    }
+}
+
+/// Runs `p` under the preload library with `views` and the checkpoint trigger `trigger`
+/// (an environment variable and value), checks its output against `expected`, returns stats.
+fn run_preloaded(
+    p: &Prog,
+    dir: &Path,
+    views: usize,
+    trigger: (&str, &str),
+    expected: &str,
+) -> Stats {
+    let tag = format!("{}-v{views}-{}", p.name, trigger.0);
+    let heap = dir.join(format!("{tag}.heap"));
+    let stats = dir.join(format!("{tag}.json"));
+    let env = [
+        ("LD_PRELOAD", preload_lib().display().to_string()),
+        ("TIERMEM_PHEAP_PATH", heap.display().to_string()),
+        ("TIERMEM_PHEAP_VIEWS", views.to_string()),
+        ("TIERMEM_PHEAP_CAPACITY", "64M".to_string()),
+        ("TIERMEM_PHEAP_STATS", stats.display().to_string()),
+        (trigger.0, trigger.1.to_string()),
+    ];
+    let out = run(p, &env);
+    assert_eq!(
+        out, expected,
+        "{} with the preload library (views={views}, {}={}) printed something else",
+        p.name, trigger.0, trigger.1
+    );
+    let s = read_stats(&stats);
+    assert_eq!(s.views, views as u64, "{tag}: {s:?}");
+    assert!(s.allocs > 0 && s.frees > 0, "{tag}: heap not used: {s:?}");
+    assert!(
+        s.checkpoints >= 1 && s.bytes_copied > 0,
+        "{tag}: no checkpoint: {s:?}"
+    );
+    assert_eq!(s.fallback_allocs, 0, "{tag}: heap too small: {s:?}");
+    // The heap's pool file is the checkpoint; the next run of the same path replaces it.
+    assert!(heap.exists(), "{tag}: heap file {} missing", heap.display());
+    std::fs::remove_file(&heap).unwrap();
+    s
+}
+
+fn programs() -> Vec<Prog> {
+    let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    vec![
+        Prog {
+            name: "tcatest-misc-mdb",
+            argv: v(&["tcatest", "misc", "*", "20000"]),
+            stdin: None,
+        },
+        Prog {
+            name: "tcatest-misc-ndb",
+            argv: v(&["tcatest", "misc", "+", "20000"]),
+            stdin: None,
+        },
+        Prog {
+            name: "tcutest-mdb-rnd",
+            argv: v(&["tcutest", "mdb", "-rnd", "50000"]),
+            stdin: None,
+        },
+        Prog {
+            name: "sqlite3-memory",
+            argv: v(&["sqlite3", ":memory:"]),
+            stdin: Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/sqlite_mem.sql")),
+        },
+    ]
+}
+
+#[test]
+fn unmodified_programs_same_output_with_checkpoints() {
+    let missing: Vec<&str> = ["tcatest", "tcutest", "sqlite3"]
+        .into_iter()
+        .filter(|p| !have(p))
+        .collect();
+    if !missing.is_empty() {
+        if std::env::var_os("TIERMEM_REQUIRE_CLIENTS").is_some() {
+            panic!("programs missing: {missing:?} (install with scripts/setup.sh: tokyocabinet-bin sqlite3)");
+        }
+        eprintln!(
+            "SKIPPED: programs missing: {missing:?} (apt-get install tokyocabinet-bin sqlite3; \
+             set TIERMEM_REQUIRE_CLIENTS to make this a failure)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for p in programs() {
+        let expected = run(&p, &[]);
+        assert!(
+            expected.lines().count() > 5,
+            "{}: suspiciously short output:\n{expected}",
+            p.name
+        );
+        // Time-driven checkpoints, as a user would run it.
+        for views in [2, 1] {
+            let s = run_preloaded(&p, dir.path(), views, ("TIERMEM_CKPT_MS", "100"), &expected);
+            println!(
+                "{:<18} views={views} CKPT_MS=100: {} checkpoints, {} bytes, {} objects, {} view pages written, {} allocs",
+                p.name, s.checkpoints, s.bytes_copied, s.objects_copied, s.pages_written, s.allocs
+            );
+        }
+        // Checkpoints every 2000 allocator calls: the same program points in both modes, so
+        // the bytes copied compare FGCK against PGCK on equal terms.
+        let fg = run_preloaded(&p, dir.path(), 2, ("TIERMEM_CKPT_CALLS", "2000"), &expected);
+        let pg = run_preloaded(&p, dir.path(), 1, ("TIERMEM_CKPT_CALLS", "2000"), &expected);
+        assert!(
+            fg.checkpoints >= 2 && fg.checkpoints == pg.checkpoints,
+            "{}: call-driven checkpoints differ: FGCK {fg:?} PGCK {pg:?}",
+            p.name
+        );
+        println!(
+            "{:<18} every 2000 calls, {} checkpoints: PGCK {} bytes, FGCK {} bytes ({:+.1} %)",
+            p.name,
+            fg.checkpoints,
+            pg.bytes_copied,
+            fg.bytes_copied,
+            (fg.bytes_copied as f64 / pg.bytes_copied as f64 - 1.0) * 100.0
+        );
+    }
+}
+
+#[test]
+fn allocator_entry_points() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/api.c");
+    let exe = dir.path().join("api");
+    let cc = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run cc (install build-essential)");
+    assert!(
+        cc.status.success(),
+        "compiling {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let p = Prog {
+        name: "api",
+        argv: vec![exe.display().to_string()],
+        stdin: None,
+    };
+    assert_eq!(run(&p, &[]), "api ok\n");
+    for views in [1, 2, 4, 8] {
+        // A checkpoint every 50 allocator calls: many safe points in the middle of the run.
+        let heap = dir.path().join(format!("api-{views}.heap"));
+        let stats = dir.path().join(format!("api-{views}.json"));
+        let out = run(
+            &p,
+            &[
+                ("LD_PRELOAD", preload_lib().display().to_string()),
+                ("TIERMEM_PHEAP_PATH", heap.display().to_string()),
+                ("TIERMEM_PHEAP_VIEWS", views.to_string()),
+                ("TIERMEM_PHEAP_CAPACITY", "64M".to_string()),
+                ("TIERMEM_PHEAP_STATS", stats.display().to_string()),
+                ("TIERMEM_CKPT_CALLS", "50".to_string()),
+            ],
+        );
+        assert_eq!(out, "api ok\n", "views={views}");
+        let s = read_stats(&stats);
+        assert!(s.allocs >= 2000 && s.frees >= 1000, "views={views}: {s:?}");
+        assert!(s.checkpoints > 10, "views={views}: {s:?}");
+        // Alignments above a page (8 KiB, 64 KiB; three calls each) are glibc's.
+        assert_eq!(s.fallback_allocs, 6, "views={views}: {s:?}");
+    }
+    // A heap too small for the program: allocations fall back to glibc and are counted.
+    let stats = dir.path().join("api-small.json");
+    let out = run(
+        &p,
+        &[
+            ("LD_PRELOAD", preload_lib().display().to_string()),
+            (
+                "TIERMEM_PHEAP_PATH",
+                dir.path().join("api-small.heap").display().to_string(),
+            ),
+            ("TIERMEM_PHEAP_CAPACITY", "256K".to_string()),
+            ("TIERMEM_PHEAP_STATS", stats.display().to_string()),
+        ],
+    );
+    assert_eq!(out, "api ok\n");
+    let s = read_stats(&stats);
+    assert!(s.fallback_allocs > 100 && s.allocs > 0, "{s:?}");
+}
