@@ -195,6 +195,52 @@ typedef struct tiermem_migrate_source_report {
   int told_done;
 } tiermem_migrate_source_report;
 
+/**
+ * Options of `nvh_open` when it creates a heap (ignored when the heap exists: its geometry
+ * is in its file). Zero fields take the defaults.
+ */
+typedef struct nvh_options {
+  /**
+   * User views per superblock: 1 (PGCK, whole written pages copied), 2 (the paper's FGCK,
+   * the default), 4 or 8. 0 = default.
+   */
+  uint32_t views;
+  /**
+   * Heap capacity in bytes, a multiple of 64 KiB (fixed for the heap's life). 0 = 64 MiB.
+   */
+  uint64_t capacity;
+} nvh_options;
+
+/**
+ * What one checkpoint did (`nvh_ckall`, `nvh_ckone`).
+ */
+typedef struct nvh_ckpt_stats {
+  /**
+   * Complete checkpoints since the heap was created, this one included.
+   */
+  uint64_t epoch;
+  /**
+   * User-view pages written since the previous checkpoint (all views).
+   */
+  uint64_t pages_written;
+  /**
+   * Objects (wholly or partly) copied.
+   */
+  uint64_t objects_copied;
+  /**
+   * Bytes copied into the checkpoint (FGCK: object bytes; PGCK: whole pages).
+   */
+  uint64_t bytes_copied;
+  /**
+   * Bytes of allocation metadata written.
+   */
+  uint64_t meta_bytes;
+  /**
+   * Wall time of the checkpoint in nanoseconds.
+   */
+  uint64_t nanos;
+} nvh_ckpt_stats;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -499,6 +545,68 @@ int tiermem_migrate_target_faults(const struct tiermem_migrate_target *target,
  * the FAM directory (`tiermem migrate rm` removes them).
  */
 void tiermem_migrate_target_free(struct tiermem_migrate_target *target);
+
+/**
+ * Opens the persistent heap whose checkpoint file is `path` as this process's heap, creating
+ * it when the file does not exist (with `opts`, or the defaults when `opts` is NULL: 2 views,
+ * 64 MiB). Reopening maps the heap at the addresses it was created at and restores its last
+ * complete checkpoint (a crash in the middle of a checkpoint restarts from the previous one).
+ * One heap per process at a time.
+ *
+ * Returns 0 or a negative errno (text in tiermem_last_error()): EBUSY a heap is already open,
+ * EINVAL bad options or path, EADDRINUSE the heap's addresses are taken in this process,
+ * EBADMSG a corrupt checkpoint file (both header copies bad, checksum failures), EPROTO a
+ * file of another format version, ENOENT/EACCES/ENOSPC media errors.
+ */
+int nvh_open(const char *path, const struct nvh_options *opts);
+
+/**
+ * Takes a final checkpoint of the heap and closes it (every pointer into it becomes invalid;
+ * nvh_open can open it, or another heap, again). The heap is closed even if the checkpoint
+ * fails. Returns 0, -EBADF when no heap is open, or the checkpoint's error.
+ */
+int nvh_close(void);
+
+/**
+ * Allocates `size` bytes (not zeroed) in the heap; `name` (NULL: anonymous) makes the object
+ * findable with nvh_get after a restart and must be unique. Returns the pointer, or NULL with
+ * the reason in tiermem_last_error() (no heap open, name taken, heap full, bad name).
+ */
+void *nvh_malloc(size_t size, const char *name);
+
+/**
+ * Frees an object of the heap (NULL is a no-op). Returns 0, -EINVAL when `ptr` is not the
+ * start of a live object (double free included), -EBADF when no heap is open. The free is
+ * durable at the next checkpoint.
+ */
+int nvh_free(void *ptr);
+
+/**
+ * Resizes an object (NULL `ptr` = nvh_malloc(size, NULL)), keeping its contents up to the
+ * smaller size and its name; it may move. Returns the new pointer, or NULL with the reason in
+ * tiermem_last_error() (the old object is then unchanged).
+ */
+void *nvh_realloc(void *ptr, size_t size);
+
+/**
+ * The object named `name`, or NULL (reason in tiermem_last_error(): no such name, no heap
+ * open, bad name). After a restart it holds the object's bytes of the last checkpoint.
+ */
+void *nvh_get(const char *name);
+
+/**
+ * Checkpoints the heap atomically: copies the objects written since the previous checkpoint
+ * (FGCK: the objects visible through written view pages; PGCK, 1 view: whole written pages)
+ * and the allocation changes; durable when it returns. No thread may write heap objects while
+ * it runs. Fills `*out` when it is not NULL. Returns 0 or a negative errno.
+ */
+int nvh_ckall(struct nvh_ckpt_stats *out);
+
+/**
+ * Checkpoints the one object named `name` (in full) plus the allocation changes, atomically.
+ * Returns 0, -ENOENT when no object has that name, or another negative errno.
+ */
+int nvh_ckone(const char *name);
 
 /**
  * Start a vnvm instance (the thesis' `nv_init`) in directory `dir` (NULL: `$TIERMEM_VNVM_DIR`,

@@ -16,6 +16,7 @@ mod fault;
 mod kv;
 mod media;
 mod migrate;
+mod pheap;
 mod vnvm;
 
 pub use error::*;
@@ -23,6 +24,7 @@ pub use fault::*;
 pub use kv::*;
 pub use media::*;
 pub use migrate::*;
+pub use pheap::*;
 pub use vnvm::*;
 
 /// The library's version as a NUL-terminated string ("MAJOR.MINOR.PATCH"); static storage.

@@ -9,6 +9,7 @@ mod doctor;
 mod kv_cmd;
 mod machine;
 mod migrate_cmd;
+mod pheap_cmd;
 mod plot;
 mod pool_cmd;
 mod stats;
@@ -72,6 +73,12 @@ enum Command {
         #[command(subcommand)]
         action: migrate_cmd::MigrateCommand,
     },
+    /// Persistent heaps with object-granular checkpoints (FGCK): describe, verify and remove
+    /// a heap's checkpoint file.
+    Pheap {
+        #[command(subcommand)]
+        action: pheap_cmd::PheapCommand,
+    },
     /// The quick-start job: doctor, then a short tour of the media and fault layers.
     Tour {
         /// Directory for the demo pools (default: $TIERMEM_DIR or /dev/shm/tiermem).
@@ -97,6 +104,7 @@ fn main() -> ExitCode {
         Command::Vnvm { action } => vnvm_cmd::run(action),
         Command::Kv { action } => kv_cmd::run(action),
         Command::Migrate { action } => migrate_cmd::run(action),
+        Command::Pheap { action } => pheap_cmd::run(action),
         Command::Tour { dir } => tour::run(dir),
     };
     match result {

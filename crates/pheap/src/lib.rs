@@ -28,6 +28,7 @@ pub mod alloc;
 pub mod error;
 pub mod format;
 mod heap;
+pub mod inspect;
 
 pub use error::{Error, Result};
 pub use heap::{CkStats, Heap, HeapOptions};
@@ -101,4 +102,10 @@ pub fn nvh_ckall() -> Result<CkStats> {
 /// [`Heap::ckone`] on the global heap.
 pub fn nvh_ckone(name: &str) -> Result<CkStats> {
     global()?.ckone(name)
+}
+
+/// True when a process-global heap is open ([`nvh_open`] succeeded and [`nvh_close`] was not
+/// called since).
+pub fn nvh_is_open() -> bool {
+    GLOBAL.read().is_some()
 }

@@ -10,6 +10,7 @@ pub mod kv_harness;
 mod media;
 pub mod migrate;
 mod migrate_kv;
+mod pheap;
 mod vnvm;
 
 use anyhow::Result;
@@ -51,6 +52,12 @@ pub enum BenchCommand {
     /// 3, 100, 150 ms), stop-and-copy and pre-copy; downtime, busy, total time, degradation,
     /// the paper's ratios and a timeline PNG.
     Migrate(migrate::MigrateOpts),
+    /// The persistent heap: FGCK (2 user views, object-granular checkpoints) against PGCK (1
+    /// view, whole pages), plus 4 and 8 views, on sparse/dense random updates of 64 B and
+    /// 128 B objects and Tokyo Cabinet-style hash-table inserts (64 B, 128 B, 1 KiB records,
+    /// checkpoint intervals 5/10/15 scaled seconds): bytes copied per checkpoint, checkpoint
+    /// time, run time, minor faults, and the tracking overhead against glibc malloc.
+    Pheap(BenchOpts),
 }
 
 /// Run one benchmark.
@@ -61,6 +68,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Vnvm(o) => vnvm::run(o),
         BenchCommand::Kv(o) => kv::run(o),
         BenchCommand::Migrate(o) => migrate::run(o),
+        BenchCommand::Pheap(o) => pheap::run(o),
     }
 }
 

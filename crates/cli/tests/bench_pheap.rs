@@ -1,0 +1,100 @@
+//! `tiermem bench pheap --quick --json`: the report's shape (no timing thresholds here): every
+//! workload × size × rate/interval × system row, the headline figures, and no heap files left.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn quick_json_has_every_row_and_the_headline_figures() {
+    let dir = PathBuf::from("/dev/shm").join(format!("tiermem-benchpheap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["bench", "pheap", "--quick", "--json"])
+        .env("TIERMEM_DIR", &dir)
+        .env_remove("TIERMEM_DELAY")
+        .output()
+        .expect("run tiermem");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "tiermem failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(left.is_empty(), "heap files left behind: {left:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("update 64 B"),
+        "progress on stderr: {stderr}"
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    for k in ["bytes_saved_pct", "speedup_pct", "tracking_overhead_pct"] {
+        let x = v[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {v}"));
+        assert!(x.is_finite(), "{k} = {x}");
+    }
+    let progs = &v["programs"];
+    assert!(
+        progs.get("skipped").is_some() || progs["rows"].is_array(),
+        "programs: skipped reason or rows: {progs}"
+    );
+    let rows = v["results"].as_array().expect("results array");
+    let ckpt = ["pgck", "fgck", "fgck4", "fgck8"];
+    let base = ["heap-nockpt", "malloc"];
+    let has = |f: &dyn Fn(&Value) -> bool| rows.iter().filter(|r| f(r)).count();
+    for size in [64, 128] {
+        for pct in [1, 10, 50] {
+            for sys in ckpt.iter().chain(base.iter()) {
+                let n = has(&|r| {
+                    r["workload"] == "update"
+                        && r["object_size"] == size
+                        && r["update_pct"] == pct
+                        && r["system"] == *sys
+                });
+                assert_eq!(n, 1, "update {size} B {pct} % {sys}");
+            }
+        }
+    }
+    for size in [64, 128, 1024] {
+        for secs in [5, 10, 15] {
+            for sys in ckpt {
+                let n = has(&|r| {
+                    r["workload"] == "insert"
+                        && r["object_size"] == size
+                        && r["interval_s"] == secs
+                        && r["system"] == sys
+                });
+                assert_eq!(n, 1, "insert {size} B {secs} s {sys}");
+            }
+        }
+        for sys in base {
+            let n = has(&|r| {
+                r["workload"] == "insert" && r["object_size"] == size && r["system"] == sys
+            });
+            assert_eq!(n, 1, "insert {size} B {sys}");
+        }
+    }
+    assert_eq!(rows.len(), 6 * 6 + 3 * (3 * 4 + 2));
+    for r in rows {
+        let sys = r["system"].as_str().unwrap();
+        let ckpts = r["checkpoints"].as_u64().unwrap();
+        let bytes = r["bytes_copied_total"].as_u64().unwrap();
+        let run_ms = r["run_ms"].as_f64().unwrap();
+        assert!(run_ms > 0.0, "{r}");
+        assert!(r["minor_faults"].as_u64().is_some(), "{r}");
+        if base.contains(&sys) {
+            assert_eq!((ckpts, bytes), (0, 0), "{r}");
+        } else {
+            assert!(ckpts > 0 && bytes > 0, "{r}");
+            assert!(r["ckpt_ms_mean"].as_f64().unwrap() >= 0.0, "{r}");
+            let views = r["views"].as_u64().unwrap();
+            assert_eq!(
+                views,
+                [1, 2, 4, 8][ckpt.iter().position(|s| *s == sys).unwrap()]
+            );
+        }
+    }
+}
