@@ -678,30 +678,31 @@ impl Heap {
         let lib = self.views.bases[0];
         let hdr = g.hdr;
         let pool = &g.pool;
-        // 1. Redo log.
-        let mut pos = 0usize;
-        let mut crc = crc32fast::Hasher::new();
+        // 1. Redo log: records built in DRAM, written to the pool in one streaming copy.
+        let mut logbuf: Vec<u8> =
+            Vec::with_capacity(merged.iter().map(|&(_, l)| 16 + l).sum::<usize>());
         let mut bytes = 0usize;
         for &(o, l) in &merged {
-            let mut rh = [0u8; 16];
-            rh[..8].copy_from_slice(&(o as u64).to_le_bytes());
-            rh[8..].copy_from_slice(&(l as u64).to_le_bytes());
             // SAFETY: [lib+o, lib+o+l) lies inside the library view (object ranges and whole
             // pages are below capacity).
             let data = unsafe { std::slice::from_raw_parts((lib + o) as *const u8, l) };
-            if pos + 16 + l > hdr.log_size as usize {
-                return Err(Error::Corrupt {
-                    path: self.path.clone(),
-                    what: "redo log overflow (internal error: log sized for the worst case)".into(),
-                });
-            }
-            pool.write((hdr.log_off() + pos) as u64, &rh)?;
-            pool.write((hdr.log_off() + pos + 16) as u64, data)?;
-            crc.update(&rh);
-            crc.update(data);
-            pos += 16 + l;
+            logbuf.extend_from_slice(&(o as u64).to_le_bytes());
+            logbuf.extend_from_slice(&(l as u64).to_le_bytes());
+            logbuf.extend_from_slice(data);
             bytes += l;
         }
+        let pos = logbuf.len();
+        if pos > hdr.log_size as usize {
+            return Err(Error::Corrupt {
+                path: self.path.clone(),
+                what: "redo log overflow (internal error: log sized for the worst case)".into(),
+            });
+        }
+        if pos > 0 {
+            pool.write(hdr.log_off() as u64, &logbuf)?;
+        }
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&logbuf);
         // 2. Metadata journal (append) or snapshot (switch areas).
         let mut mbuf = Vec::new();
         for r in &g.alloc.journal {
@@ -752,18 +753,13 @@ impl Heap {
         fail_point("after-commit");
         // 4. Apply to the image, 5. mark the log empty.
         if pos > 0 {
-            let base = pool.data_ptr() as usize;
+            // From the DRAM copy of the log: the same bytes as the pool's (written above).
             let mut p = 0;
             for (i, &(o, l)) in merged.iter().enumerate() {
                 if i == merged.len() / 2 {
                     fail_point("mid-apply");
                 }
-                // SAFETY: the log record lies inside the pool's data mapping (written above)
-                // and does not overlap the image range it is copied to.
-                let src = unsafe {
-                    std::slice::from_raw_parts((base + hdr.log_off() + p + 16) as *const u8, l)
-                };
-                pool.write((hdr.image_off() + o) as u64, src)?;
+                pool.write((hdr.image_off() + o) as u64, &logbuf[p + 16..p + 16 + l])?;
                 p += 16 + l;
             }
             pool.fence();
