@@ -547,7 +547,8 @@ int tiermem_migrate_target_faults(const struct tiermem_migrate_target *target,
 void tiermem_migrate_target_free(struct tiermem_migrate_target *target);
 
 /**
- * Opens the persistent heap whose checkpoint file is `path` as this process's heap, creating
+ * Opens the persistent heap whose checkpoint file is `path` (NULL: this program's and user's
+ * default, `$TIERMEM_DIR/pheap/<program>-<uid>.heap`) as this process's heap, creating
  * it when the file does not exist (with `opts`, or the defaults when `opts` is NULL: 2 views,
  * 64 MiB). Reopening maps the heap at the addresses it was created at and restores its last
  * complete checkpoint (a crash in the middle of a checkpoint restarts from the previous one).

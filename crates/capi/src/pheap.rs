@@ -98,7 +98,8 @@ fn put_stats(out: *mut nvh_ckpt_stats, s: CkStats) {
     }
 }
 
-/// Opens the persistent heap whose checkpoint file is `path` as this process's heap, creating
+/// Opens the persistent heap whose checkpoint file is `path` (NULL: this program's and user's
+/// default, `$TIERMEM_DIR/pheap/<program>-<uid>.heap`) as this process's heap, creating
 /// it when the file does not exist (with `opts`, or the defaults when `opts` is NULL: 2 views,
 /// 64 MiB). Reopening maps the heap at the addresses it was created at and restores its last
 /// complete checkpoint (a crash in the middle of a checkpoint restarts from the previous one).
@@ -111,9 +112,14 @@ fn put_stats(out: *mut nvh_ckpt_stats, s: CkStats) {
 #[no_mangle]
 pub extern "C" fn nvh_open(path: *const c_char, opts: *const nvh_options) -> c_int {
     guard(|| {
-        let path = match cstr(path, "path") {
-            Ok(p) => p,
-            Err(e) => return e,
+        // NULL: this program's and user's default heap.
+        let path: std::path::PathBuf = if path.is_null() {
+            tiermem_pheap::default_path()
+        } else {
+            match cstr(path, "path") {
+                Ok(p) => p.into(),
+                Err(e) => return e,
+            }
         };
         let mut o = HeapOptions::default();
         if !opts.is_null() {
@@ -126,7 +132,7 @@ pub extern "C" fn nvh_open(path: *const c_char, opts: *const nvh_options) -> c_i
                 o.capacity = c.capacity as usize;
             }
         }
-        match tiermem_pheap::nvh_open_with(path, &o) {
+        match tiermem_pheap::nvh_open_with(&path, &o) {
             Ok(()) => 0,
             Err(e) => pfail(e),
         }

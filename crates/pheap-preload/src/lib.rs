@@ -209,15 +209,10 @@ fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Default heap path: `$TIERMEM_DIR` (or `/dev/shm/tiermem`) + `/pheap/<progname>-<uid>.heap`.
+/// Default heap path: the pheap's per-program, per-user default
+/// (`$TIERMEM_DIR` or `/dev/shm/tiermem` + `/pheap/<progname>-<uid>.heap`).
 fn default_path() -> String {
-    let dir = env("TIERMEM_DIR").unwrap_or_else(|| "/dev/shm/tiermem".to_string());
-    let prog = std::fs::read_to_string("/proc/self/comm")
-        .map(|s| s.trim().replace('/', "_"))
-        .unwrap_or_else(|_| "prog".to_string());
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
-    format!("{dir}/pheap/{prog}-{uid}.heap")
+    tiermem_pheap::default_path().display().to_string()
 }
 
 /// Default capacity: enough for the test programs (Tokyo Cabinet and sqlite3 runs of tens of

@@ -44,6 +44,23 @@ fn global() -> Result<Arc<Heap>> {
     GLOBAL.read().clone().ok_or(Error::NotOpen)
 }
 
+/// The default heap of this program and user (as the paper's per-program metadata):
+/// `$TIERMEM_DIR` (default `/dev/shm/tiermem`) + `/pheap/<program name>-<uid>.heap`; the
+/// directory is created if missing.
+pub fn default_path() -> std::path::PathBuf {
+    let dir = std::env::var_os("TIERMEM_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| std::path::PathBuf::from("/dev/shm/tiermem"), Into::into)
+        .join("pheap");
+    let _ = std::fs::create_dir_all(&dir);
+    let prog = std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().replace('/', "_"))
+        .unwrap_or_else(|_| "prog".to_string());
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    dir.join(format!("{prog}-{uid}.heap"))
+}
+
 /// Opens the heap at `path` as the process-global heap, creating it with
 /// [`HeapOptions::default`] when the file does not exist. [`Error::AlreadyOpen`] if a global
 /// heap is open.

@@ -232,6 +232,16 @@ pub fn run(o: MigrateOpts) -> Result<()> {
             p
         }
     };
+    // Remove a FAM directory of our own whatever happens (errors included).
+    struct RemoveOnDrop(Option<PathBuf>);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            if let Some(p) = &self.0 {
+                let _ = std::fs::remove_dir_all(p);
+            }
+        }
+    }
+    let _fam_guard = RemoveOnDrop(own_fam.then(|| fam.clone()));
     let hosts = TwoHosts::create("tmbench")
         .context("creating the two hosts (network namespaces; needs root and iproute2)")?;
     let total_cases = sizes.len() * workloads.len() * methods.len() * reps;
@@ -395,9 +405,6 @@ pub fn run(o: MigrateOpts) -> Result<()> {
         }
     }
     drop(hosts);
-    if own_fam {
-        let _ = std::fs::remove_dir_all(&fam);
-    }
 
     // The paper's ratios: per (workload, size), and their medians as the headline.
     let mut per_case = Vec::new();
