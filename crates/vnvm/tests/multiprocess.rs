@@ -259,10 +259,27 @@ fn kill_one_of_four_processes() {
         eprintln!("round {round}: killed the victim after {ack0:?} acknowledged");
         // The survivors finish: the victim blocks nobody.
         wait_all(&mut kids, Duration::from_secs(120));
+        // Normally a survivor reaped the victim (its committed logs reached its file) and the
+        // last one to leave shut the instance down cleanly. On a loaded machine the survivors
+        // may all have left before the victim died: nobody was there to reap it, and its
+        // committed logs wait in NVM for the next nv_init or recover. Either way, after
+        // recovery every acknowledged transaction is in the files.
+        let rep = recover(cfg(dir).dir).unwrap();
+        eprintln!(
+            "round {round}: {}",
+            if rep.was_clean {
+                "reaped by a survivor".to_string()
+            } else {
+                format!(
+                    "the survivors had left before the victim died; recovery replayed {} \
+                     transactions",
+                    rep.transactions_replayed
+                )
+            }
+        );
         let mut last = vec![verify(dir, 0, ack0)];
         last.extend((1..4).map(|k| verify(dir, k, (n, n))));
         verify_overlap(dir, &last);
-        assert!(recover(cfg(dir).dir).unwrap().was_clean);
     }
 }
 
