@@ -537,19 +537,7 @@ fn migrate_with(
             let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
             let rep = src.serve(l).map_err(|e| format!("dump: {e}"))?;
             st.busy_end = now_ns();
-            let target = hosts
-                .run_in(Host::Dst, || {
-                    FamTarget::restore(fam, spec.id, None, delay, Duration::from_secs(5))
-                })
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("restore: {e}"))?;
-            let base = target.regions()[0].as_ptr();
-            sampler.set_target(base);
-            // SAFETY: as for FAM.
-            unsafe { app.resume_at(base) };
-            st.resume = now_ns();
-            target.complete_following(poll);
-            st.complete = now_ns();
+            let target = resume_from_complete_dump(hosts, fam, spec.id, delay, app, sampler, st)?;
             let (from_fam, on_demand) = target.fault_counts();
             Ok((
                 Metrics {
@@ -587,19 +575,7 @@ fn migrate_with(
             }
             .map_err(|e| format!("pre-copy: {e}"))?;
             st.busy_end = now_ns();
-            let target = hosts
-                .run_in(Host::Dst, || {
-                    FamTarget::restore(fam, spec.id, None, delay, Duration::from_secs(5))
-                })
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("restore: {e}"))?;
-            let base = target.regions()[0].as_ptr();
-            sampler.set_target(base);
-            // SAFETY: as for FAM.
-            unsafe { app.resume_at(base) };
-            st.resume = now_ns();
-            target.complete_following(poll);
-            st.complete = now_ns();
+            let target = resume_from_complete_dump(hosts, fam, spec.id, delay, app, sampler, st)?;
             let (from_fam, on_demand) = target.fault_counts();
             let mut m = st.metrics();
             m.downtime_ns = st.resume.saturating_sub(freeze_at);
@@ -616,6 +592,34 @@ fn migrate_with(
             ))
         }
     }
+}
+
+/// The target side of the non-live methods (the dump in FAM is complete): restore in the
+/// target host, resume the application on the restored copy, install every page behind it.
+fn resume_from_complete_dump(
+    hosts: &TwoHosts,
+    fam: &Path,
+    id: u64,
+    delay: DelayModel,
+    app: &App,
+    sampler: &Sampler,
+    st: &mut Stamps,
+) -> Result<FamTarget, String> {
+    let target = hosts
+        .run_in(Host::Dst, || {
+            FamTarget::restore(fam, id, None, delay, Duration::from_secs(5))
+        })
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("restore: {e}"))?;
+    let base = target.regions()[0].as_ptr();
+    sampler.set_target(base);
+    // SAFETY: the target's region is registered and stays mapped until the application is
+    // stopped (the harness drops the target last).
+    unsafe { app.resume_at(base) };
+    st.resume = now_ns();
+    target.complete_following(Duration::from_micros(50));
+    st.complete = now_ns();
+    Ok(target)
 }
 
 impl Stamps {
