@@ -579,5 +579,9 @@ pub fn recover(dir: impl AsRef<Path>) -> Result<RecoveryReport> {
     if let Ok(Some(s)) = crate::shm::Shm::open(dir, &geo) {
         s.unlink();
     }
+    // So are the dirty bitmaps of the shared regions they used.
+    for s in 0..crate::shm::MAX_SHARED {
+        crate::shm::Bitmaps::unlink_name(dir, s);
+    }
     r
 }
