@@ -23,8 +23,10 @@ pub enum PheapCommand {
     },
     /// Check a heap's checkpoint image for internal consistency: both header copies, the
     /// metadata journal CRC, the object table (within bounds, slot classes, non-overlapping,
-    /// unique names), the redo log (empty, or committed with a valid CRC and in-range records).
-    /// Read-only; exits 1 listing every problem.
+    /// unique names), the redo log (empty, or committed with a valid CRC and in-range records)
+    /// and every checkpointed object's bytes against their CRC-32. Read-only. Exit status: 0
+    /// all good; 1 on any problem (the heap cannot be opened) and also on a warning (it opens,
+    /// but one header copy is damaged: "WARNING" lines; in --json `ok` is true, `clean` false).
     Verify {
         /// The heap's checkpoint file.
         path: PathBuf,
@@ -89,6 +91,9 @@ fn report_json(r: &Report) -> Value {
     json!({
         "path": r.path,
         "ok": r.problems.is_empty(),
+        "clean": r.problems.is_empty() && r.warnings.is_empty(),
+        "warnings": r.warnings,
+        "checksummed_chunks": r.checksummed_chunks,
         "file_size": r.file_size,
         "header_copies": [copy_json(r, 0), copy_json(r, 1)],
         "active_copy": r.active_copy.map(|i| if i == 0 { "A" } else { "B" }),
@@ -118,6 +123,9 @@ fn report_json(r: &Report) -> Value {
 fn print_problems(r: &Report) {
     for n in &r.notes {
         println!("note: {n}");
+    }
+    for w in &r.warnings {
+        println!("WARNING: {w}");
     }
     for p in &r.problems {
         println!("PROBLEM: {p}");
@@ -209,6 +217,10 @@ fn verify(path: &Path, as_json: bool) -> Result<()> {
                 "metadata journal: CRC ok; object table: {} objects within bounds, no overlaps",
                 r.objects.len()
             );
+            println!(
+                "checkpoint image: {} object chunks match their CRC-32",
+                r.checksummed_chunks
+            );
             match r.log {
                 Some(LogState::Empty) => println!("redo log: empty (last checkpoint applied)"),
                 Some(LogState::Committed { records, bytes }) => println!(
@@ -224,6 +236,13 @@ fn verify(path: &Path, as_json: bool) -> Result<()> {
             "{}: checkpoint image is inconsistent: {}",
             path.display(),
             r.problems.join("; ")
+        );
+    }
+    if !r.warnings.is_empty() {
+        bail!(
+            "{}: the heap opens to its last checkpoint, but it is damaged: {}",
+            path.display(),
+            r.warnings.join("; ")
         );
     }
     if !as_json {

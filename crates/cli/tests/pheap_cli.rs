@@ -220,16 +220,54 @@ fn verify_reports_corrupted_copies() {
         assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     };
 
-    // One torn header copy: tolerated (the other rules), reported as a note.
+    // One torn header copy: the heap opens from the other, but verify flags it and exits 1
+    // (before issue #13 it exited 0 with a note).
     let p = copy("torn");
     let (_, active) = newest(&p);
     flip(&p, DATA + active * 4096 + 40);
     let out = tiermem(&["verify", "--json"], &p);
-    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let v = json_of(&out);
     let bad = if active == 0 { 0 } else { 1 };
     assert_eq!(v["header_copies"][bad]["valid"], false);
-    assert!(v["notes"][0].as_str().unwrap().contains("not valid"), "{v}");
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["clean"], false, "{v}");
+    assert!(
+        v["warnings"][0].as_str().unwrap().contains("damaged"),
+        "{v}"
+    );
+    let out = tiermem(&["verify"], &p);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("WARNING: header copy"),
+        "{}",
+        text(&out)
+    );
+    // Open still works (the other copy describes the same checkpoint).
+    let heap = Heap::open(&p).unwrap();
+    // SAFETY: "alpha" holds at least one byte.
+    assert_eq!(unsafe { *heap.get("alpha").unwrap() }, 1);
+    drop(heap);
+    // A flipped byte of an object's checkpointed bytes: refused by verify and by open.
+    let p = copy("image");
+    let (h, _) = newest(&p);
+    let off = {
+        let heap = Heap::open(&p).unwrap();
+        let a = heap.get("alpha").unwrap() as usize;
+        let off = heap
+            .view_bases()
+            .into_iter()
+            .filter(|&b| a >= b)
+            .map(|b| a - b)
+            .min()
+            .unwrap();
+        drop(heap);
+        off
+    };
+    flip(&p, DATA + h.image_off() as u64 + off as u64);
+    fails_with(&p, "fail their checksum");
+    let e = Heap::open(&p).unwrap_err().to_string();
+    assert!(e.contains("fail their checksum"), "{e}");
 
     // Both header copies bad.
     let p = copy("both");

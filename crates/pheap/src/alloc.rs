@@ -64,6 +64,45 @@ pub enum MetaRec {
         /// Heap offset.
         off: usize,
     },
+    /// The checkpoint image bytes `[off, off+len)` of one object chunk (see [`chunks`]) have
+    /// CRC-32 `crc`. Follows the `Alloc` record of its object (an `Alloc` or `Free` record drops
+    /// the checksums of the object's slot).
+    Crc {
+        /// Heap offset of the chunk.
+        off: usize,
+        /// Chunk length in bytes.
+        len: usize,
+        /// CRC-32 of the chunk's image bytes.
+        crc: u32,
+    },
+}
+
+/// The checksummed chunks `(offset, len)` of the object at `off`: a small object is one chunk;
+/// a large one has a chunk per page it covers (a checkpoint copies a large object's written
+/// pages, so each page's part is checksummed on its own).
+pub fn chunks(off: usize, obj: &Obj) -> impl Iterator<Item = (usize, usize)> {
+    let end = off.saturating_add(obj.size);
+    let step = if obj.is_large() {
+        PAGE
+    } else {
+        obj.size.max(1)
+    };
+    (off..end)
+        .step_by(step)
+        .map(move |c| (c, step.min(end - c)))
+}
+
+/// The chunk of the object at `objoff` that contains heap offset `at`, if `at` lies in it.
+pub fn chunk_at(objoff: usize, obj: &Obj, at: usize) -> Option<(usize, usize)> {
+    let end = objoff.checked_add(obj.size)?;
+    if at < objoff || at >= end {
+        return None;
+    }
+    if !obj.is_large() {
+        return Some((objoff, obj.size));
+    }
+    let c = objoff + (at - objoff) / PAGE * PAGE;
+    Some((c, PAGE.min(end - c)))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +142,9 @@ pub struct Alloc {
     pub journal: Vec<MetaRec>,
     /// Objects created or moved since the last checkpoint.
     pub fresh: HashSet<usize>,
+    /// Committed checksums of the checkpoint image: chunk offset → (length, CRC-32). A chunk
+    /// without an entry has never been checkpointed since its object was (re)recorded.
+    pub crcs: BTreeMap<usize, (usize, u32)>,
 }
 
 impl Alloc {
@@ -126,6 +168,19 @@ impl Alloc {
             names: HashMap::new(),
             journal: Vec::new(),
             fresh: HashSet::new(),
+            crcs: BTreeMap::new(),
+        }
+    }
+
+    /// Drops the checksums of the chunks in `[off, off+slot)` (the object there changed).
+    fn forget_crcs(&mut self, off: usize, slot: usize) {
+        let keys: Vec<usize> = self
+            .crcs
+            .range(off..off.saturating_add(slot))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in keys {
+            self.crcs.remove(&k);
         }
     }
 
@@ -232,7 +287,8 @@ impl Alloc {
             }
             (start * PAGE, n * PAGE)
         } else {
-            let c = class_for(size).expect("size <= PAGE has a class");
+            // size <= PAGE here and the last class is PAGE, so a class exists.
+            let c = class_for(size).unwrap_or(CLASSES.len() - 1);
             (self.alloc_small(c, size)?, CLASSES[c])
         };
         let obj = Obj {
@@ -247,6 +303,7 @@ impl Alloc {
             off,
             obj: obj.clone(),
         });
+        self.forget_crcs(off, slot);
         self.objs.insert(off, obj);
         self.fresh.insert(off);
         Ok(off)
@@ -309,6 +366,7 @@ impl Alloc {
             self.names.remove(n);
         }
         self.fresh.remove(&off);
+        self.forget_crcs(off, obj.slot);
         self.journal.push(MetaRec::Free { off });
         let page = off / PAGE;
         if obj.is_large() {
@@ -335,18 +393,25 @@ impl Alloc {
         Ok(obj)
     }
 
-    /// Changes the recorded size of the object at `off` in place (`new_size <= slot`).
+    /// Changes the recorded size of the object at `off` in place (`new_size <= slot`); no-op
+    /// when no object starts at `off`.
     pub fn resize_in_place(&mut self, off: usize, new_size: usize) {
-        let obj = self.objs.get_mut(&off).expect("live object");
+        let Some(obj) = self.objs.get_mut(&off) else {
+            return;
+        };
         obj.size = new_size.max(1);
         let obj = obj.clone();
+        self.forget_crcs(off, obj.slot);
         self.journal.push(MetaRec::Alloc { off, obj });
         self.fresh.insert(off);
     }
 
-    /// Sets or clears the name of the object at `off` (used when realloc moves an object).
+    /// Sets or clears the name of the object at `off` (used when realloc moves an object); no-op
+    /// when no object starts at `off`.
     pub fn set_name(&mut self, off: usize, name: Option<String>) {
-        let obj = self.objs.get_mut(&off).expect("live object");
+        let Some(obj) = self.objs.get_mut(&off) else {
+            return;
+        };
         if let Some(old) = obj.name.take() {
             self.names.remove(&old);
         }
@@ -355,6 +420,7 @@ impl Alloc {
         }
         obj.name = name;
         let obj = obj.clone();
+        self.forget_crcs(off, obj.slot);
         self.journal.push(MetaRec::Alloc { off, obj });
     }
 
@@ -436,9 +502,17 @@ impl Alloc {
         sb_size: usize,
         table: BTreeMap<usize, Obj>,
     ) -> std::result::Result<Alloc, String> {
+        if sb_size == 0 || sb_size % PAGE != 0 || capacity % sb_size != 0 {
+            return Err(format!(
+                "superblock size {sb_size} does not divide capacity {capacity} in pages"
+            ));
+        }
         let mut a = Alloc::new(capacity, sb_size);
         for (&off, obj) in &table {
-            if obj.size == 0 || obj.size > obj.slot || off + obj.slot > capacity {
+            if obj.size == 0
+                || obj.size > obj.slot
+                || off.checked_add(obj.slot).map_or(true, |e| e > capacity)
+            {
                 return Err(format!(
                     "object at {off:#x}: bad size {} / slot {}",
                     obj.size, obj.slot
@@ -468,17 +542,30 @@ impl Alloc {
                         obj.slot
                     ));
                 }
+                // page < cap_pages (off + slot <= capacity) and capacity is a multiple of
+                // sb_size (checked above), so the superblock [first, first + sb_pages) fits.
                 let first = page - page % a.sb_pages;
+                let class_of = |id: u32| {
+                    a.sbs
+                        .get(id as usize)
+                        .and_then(|s| s.as_ref())
+                        .map(|s| s.class)
+                };
                 let id = match a.pages[page] {
-                    Owner::Small(id) if a.sbs[id as usize].as_ref().unwrap().class == c => id,
+                    Owner::Small(id) if class_of(id) == Some(c) => id,
                     Owner::Free => {
                         a.remove_free(first, a.sb_pages)?;
                         a.new_sb(c, first)
                     }
                     _ => return Err(format!("object at {off:#x} overlaps another superblock")),
                 };
-                let sb = a.sbs[id as usize].as_mut().unwrap();
+                let sb = a
+                    .sbs
+                    .get_mut(id as usize)
+                    .and_then(|s| s.as_mut())
+                    .ok_or_else(|| format!("object at {off:#x}: superblock {id} missing"))?;
                 let per_page = PAGE / obj.slot;
+                // slot < nslots: page - first < sb_pages and the in-page index < per_page.
                 let slot = (page - first) * per_page + (off % PAGE) / obj.slot;
                 if sb.used[slot / 64] & (1 << (slot % 64)) != 0 {
                     return Err(format!("object at {off:#x} listed twice"));

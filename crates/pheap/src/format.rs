@@ -17,15 +17,21 @@
 //!   written to the other area and the header switches to it (same commit).
 //! * **Redo log**: records `[off u64][len u64][bytes]` of the objects copied by one checkpoint.
 //!   The header commits its length and CRC; then the records are applied to the image and a
-//!   second header write marks the log empty. Recovery replays a committed, non-empty log.
+//!   second header write marks the log empty (also when the log is empty, so that after a
+//!   complete checkpoint both header copies describe it). Recovery replays a committed,
+//!   non-empty log.
+//! * **Image checksums**: every object chunk (a small object, or one page's part of a large
+//!   object) copied by a checkpoint gets a `Crc` record in the journal; `open` and `inspect`
+//!   verify the image against them, so a damaged image is refused rather than served.
 
-use crate::alloc::{MetaRec, Obj, PAGE};
+use crate::alloc::{chunk_at, MetaRec, Obj, PAGE};
 use std::collections::BTreeMap;
 
 /// Magic of the heap header.
 pub const HEAP_MAGIC: [u8; 8] = *b"TMPHEAP1";
-/// Format version.
-pub const HEAP_VERSION: u32 = 1;
+/// Format version. 2: the metadata journal carries CRC-32s of the checkpoint image's object
+/// chunks ([`MetaRec::Crc`]); version 1 heaps are refused (`VersionMismatch`).
+pub const HEAP_VERSION: u32 = 2;
 /// Bytes of a header covered by its CRC (the CRC sits right after them).
 pub const HDR_CRC_AT: usize = 252;
 /// Maximum number of user views.
@@ -106,7 +112,8 @@ impl Header {
         if b[..8] != HEAP_MAGIC {
             return Err("bad magic (not a tiermem persistent heap)".into());
         }
-        let crc = u32::from_le_bytes(b[HDR_CRC_AT..HDR_CRC_AT + 4].try_into().unwrap());
+        // b.len() >= 256 (checked above), so the 4-byte CRC slice exists and converts.
+        let crc = u32::from_le_bytes(b[HDR_CRC_AT..HDR_CRC_AT + 4].try_into().unwrap_or([0; 4]));
         if crc != crc32fast::hash(&b[..HDR_CRC_AT]) {
             return Err("header checksum mismatch".into());
         }
@@ -187,11 +194,34 @@ pub fn encode_meta(r: &MetaRec, out: &mut Vec<u8>) {
             out.push(2);
             out.extend_from_slice(&(*off as u64).to_le_bytes());
         }
+        MetaRec::Crc { off, len, crc } => {
+            out.push(3);
+            out.extend_from_slice(&(*off as u64).to_le_bytes());
+            out.extend_from_slice(&(*len as u32).to_le_bytes());
+            out.extend_from_slice(&crc.to_le_bytes());
+        }
     }
 }
 
-/// Applies an encoded journal to `table`. `Err` describes the first malformed record.
-pub fn replay_meta(mut b: &[u8], table: &mut BTreeMap<usize, Obj>) -> Result<(), String> {
+/// Drops the checksums of the chunks in `[off, off+slot)`.
+fn forget(crcs: &mut BTreeMap<usize, (usize, u32)>, off: usize, slot: usize) {
+    let keys: Vec<usize> = crcs
+        .range(off..off.saturating_add(slot))
+        .map(|(&k, _)| k)
+        .collect();
+    for k in keys {
+        crcs.remove(&k);
+    }
+}
+
+/// Applies an encoded journal to `table` (offset → object) and `crcs` (chunk offset → (length,
+/// CRC-32) of the checkpoint image). `Err` describes the first malformed record, including a
+/// checksum record that is not exactly one chunk of a live object.
+pub fn replay_meta(
+    mut b: &[u8],
+    table: &mut BTreeMap<usize, Obj>,
+    crcs: &mut BTreeMap<usize, (usize, u32)>,
+) -> Result<(), String> {
     let take = |b: &mut &[u8], n: usize| -> Result<Vec<u8>, String> {
         if b.len() < n {
             return Err("metadata journal truncated".into());
@@ -200,7 +230,9 @@ pub fn replay_meta(mut b: &[u8], table: &mut BTreeMap<usize, Obj>) -> Result<(),
         *b = t;
         Ok(h.to_vec())
     };
-    let u64_of = |v: Vec<u8>| u64::from_le_bytes(v.try_into().unwrap()) as usize;
+    // `take(n)` returns exactly n bytes, so the conversions below cannot fail.
+    let u64_of = |v: Vec<u8>| u64::from_le_bytes(v.try_into().unwrap_or([0; 8])) as usize;
+    let u32_of = |v: Vec<u8>| u32::from_le_bytes(v.try_into().unwrap_or([0; 4]));
     while !b.is_empty() {
         let tag = take(&mut b, 1)?[0];
         match tag {
@@ -209,20 +241,39 @@ pub fn replay_meta(mut b: &[u8], table: &mut BTreeMap<usize, Obj>) -> Result<(),
                 let size = u64_of(take(&mut b, 8)?);
                 let slot = u64_of(take(&mut b, 8)?);
                 let has = take(&mut b, 1)?[0];
-                let nl = u16::from_le_bytes(take(&mut b, 2)?.try_into().unwrap()) as usize;
+                let nl = u16::from_le_bytes(take(&mut b, 2)?.try_into().unwrap_or([0; 2])) as usize;
                 let name = take(&mut b, nl)?;
                 let name = if has == 1 {
                     Some(String::from_utf8(name).map_err(|_| "object name is not UTF-8")?)
                 } else {
                     None
                 };
-                table.insert(off, Obj { size, slot, name });
+                if let Some(old) = table.insert(off, Obj { size, slot, name }) {
+                    forget(crcs, off, old.slot);
+                }
+                forget(crcs, off, slot);
             }
             2 => {
                 let off = u64_of(take(&mut b, 8)?);
-                if table.remove(&off).is_none() {
-                    return Err(format!("metadata journal frees unknown object {off:#x}"));
+                match table.remove(&off) {
+                    Some(old) => forget(crcs, off, old.slot),
+                    None => return Err(format!("metadata journal frees unknown object {off:#x}")),
                 }
+            }
+            3 => {
+                let off = u64_of(take(&mut b, 8)?);
+                let len = u32_of(take(&mut b, 4)?) as usize;
+                let crc = u32_of(take(&mut b, 4)?);
+                let chunk = table
+                    .range(..=off)
+                    .next_back()
+                    .and_then(|(&o, obj)| chunk_at(o, obj, off));
+                if chunk != Some((off, len)) {
+                    return Err(format!(
+                        "metadata journal: checksum record {off:#x}+{len} is not a chunk of a live object"
+                    ));
+                }
+                crcs.insert(off, (len, crc));
             }
             t => return Err(format!("metadata journal: unknown record tag {t}")),
         }
@@ -244,15 +295,17 @@ impl Writer<'_> {
     }
 }
 
+/// Reads fixed-width fields; only used by `Header::decode` on a buffer of at least 256 bytes
+/// whose fields end at byte 252, so the slices are in range.
 struct Reader<'a>(&'a [u8], usize);
 impl Reader<'_> {
     fn u32(&mut self) -> u32 {
-        let v = u32::from_le_bytes(self.0[self.1..self.1 + 4].try_into().unwrap());
+        let v = u32::from_le_bytes(self.0[self.1..self.1 + 4].try_into().unwrap_or([0; 4]));
         self.1 += 4;
         v
     }
     fn u64(&mut self) -> u64 {
-        let v = u64::from_le_bytes(self.0[self.1..self.1 + 8].try_into().unwrap());
+        let v = u64::from_le_bytes(self.0[self.1..self.1 + 8].try_into().unwrap_or([0; 8]));
         self.1 += 8;
         v
     }
@@ -300,10 +353,31 @@ mod tests {
             &mut out,
         );
         encode_meta(&MetaRec::Free { off: 48 }, &mut out);
+        encode_meta(
+            &MetaRec::Crc {
+                off: 32,
+                len: 10,
+                crc: 7,
+            },
+            &mut out,
+        );
         let mut t = BTreeMap::new();
-        replay_meta(&out, &mut t).unwrap();
+        let mut c = BTreeMap::new();
+        replay_meta(&out, &mut t, &mut c).unwrap();
         assert_eq!(t.len(), 1);
         assert_eq!(t[&32], obj);
-        assert!(replay_meta(&out[..out.len() - 1], &mut BTreeMap::new()).is_err());
+        assert_eq!(c[&32], (10, 7));
+        assert!(replay_meta(&out[..out.len() - 1], &mut BTreeMap::new(), &mut c).is_err());
+        // A checksum of something that is not a chunk of a live object is refused.
+        let mut bad = Vec::new();
+        encode_meta(
+            &MetaRec::Crc {
+                off: 48,
+                len: 10,
+                crc: 7,
+            },
+            &mut bad,
+        );
+        assert!(replay_meta(&bad, &mut t, &mut c).is_err());
     }
 }

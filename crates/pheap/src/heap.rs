@@ -285,7 +285,13 @@ impl Heap {
                 .tag("pheap");
         popts.domain = opts.domain.clone();
         let pool = Pool::create(&path, &popts)?;
-        pool.write_persist((hdr.seq % 2) as u64 * PAGE as u64, &hdr.encode())?;
+        // Both copies, so that a valid heap never has an invalid copy (verify flags one).
+        let mut hdr = hdr;
+        for _ in 0..2 {
+            pool.write_persist((hdr.seq % 2) * PAGE as u64, &hdr.encode())?;
+            hdr.seq += 1;
+        }
+        hdr.seq -= 1;
         let trackers = Self::track(&bases[1..], cap, opts.force_mprotect)?;
         Ok(Heap {
             inner: Mutex::new(Inner {
@@ -417,8 +423,10 @@ impl Heap {
             ));
         }
         let mut table = std::collections::BTreeMap::new();
-        format::replay_meta(&journal, &mut table).map_err(corrupt)?;
-        let alloc = Alloc::rebuild(cap, hdr.sb_size as usize, table).map_err(corrupt)?;
+        let mut crcs = std::collections::BTreeMap::new();
+        format::replay_meta(&journal, &mut table, &mut crcs).map_err(corrupt)?;
+        let mut alloc = Alloc::rebuild(cap, hdr.sb_size as usize, table).map_err(corrupt)?;
+        alloc.crcs = crcs;
         let nviews = hdr.views as usize;
         let mut bases = vec![hdr.lib_base as usize];
         bases.extend(hdr.view_base[..nviews].iter().map(|&b| b as usize));
@@ -433,6 +441,24 @@ impl Heap {
             let dst =
                 unsafe { std::slice::from_raw_parts_mut((bases[0] + p * PAGE) as *mut u8, PAGE) };
             pool.read((img + p * PAGE) as u64, dst)?;
+        }
+        // Verify the restored objects against the image checksums of the journal.
+        for (&c, &(len, crc)) in &alloc.crcs {
+            // SAFETY: replay_meta accepted only chunks of live objects, and rebuild checked
+            // that every object lies below capacity: [c, c+len) is inside the library view.
+            let b = unsafe { std::slice::from_raw_parts((bases[0] + c) as *const u8, len) };
+            if crc32fast::hash(b) != crc {
+                let (o, obj) = alloc
+                    .objs
+                    .range(..=c)
+                    .next_back()
+                    .map(|(o, obj)| (*o, obj.name.clone()))
+                    .unwrap_or((c, None));
+                return Err(corrupt(format!(
+                    "checkpoint image damaged: bytes {c:#x}+{len} of the object at {o:#x}{} fail their checksum",
+                    obj.map(|n| format!(" ({n:?})")).unwrap_or_default()
+                )));
+            }
         }
         let trackers = Self::track(&bases[1..], cap, force_mprotect)?;
         Ok(Heap {
@@ -633,7 +659,7 @@ impl Heap {
         let mut objs_seen: Vec<(usize, usize, usize)> = Vec::new();
         match only {
             Some(off) => {
-                let o = &g.alloc.objs[&off];
+                let o = g.alloc.objs.get(&off).ok_or(Error::InvalidPointer(off))?;
                 ranges.push((off, o.size, off));
                 g.alloc.fresh.remove(&off);
             }
@@ -646,7 +672,7 @@ impl Heap {
                             if self.nviews == 1 {
                                 objs_seen.clear();
                                 g.alloc.visible(1, 0, p, &mut objs_seen);
-                                ranges.extend(objs_seen.iter().map(|&(_, _, o)| (o, 0, o)));
+                                ranges.extend(objs_seen.iter().copied());
                                 ranges.push((p * PAGE, PAGE, usize::MAX));
                             } else {
                                 g.alloc.visible(self.nviews, v, p, &mut ranges);
@@ -655,7 +681,10 @@ impl Heap {
                     }
                 }
                 for &off in &g.alloc.fresh {
-                    ranges.push((off, g.alloc.objs[&off].size, off));
+                    // `fresh` only holds live objects (free removes its entry).
+                    if let Some(o) = g.alloc.objs.get(&off) {
+                        ranges.push((off, o.size, off));
+                    }
                 }
                 g.alloc.fresh.clear();
             }
@@ -682,7 +711,9 @@ impl Heap {
         let mut logbuf: Vec<u8> =
             Vec::with_capacity(merged.iter().map(|&(_, l)| 16 + l).sum::<usize>());
         let mut bytes = 0usize;
+        let mut logpos = Vec::with_capacity(merged.len());
         for &(o, l) in &merged {
+            logpos.push(logbuf.len());
             // SAFETY: [lib+o, lib+o+l) lies inside the library view (object ranges and whole
             // pages are below capacity).
             let data = unsafe { std::slice::from_raw_parts((lib + o) as *const u8, l) };
@@ -703,10 +734,38 @@ impl Heap {
         }
         let mut crc = crc32fast::Hasher::new();
         crc.update(&logbuf);
+        // Image checksums of every object chunk copied (each lies in one merged range).
+        let mut chunk_list: Vec<(usize, usize)> = Vec::new();
+        for &(o, l, obj) in &ranges {
+            if obj == usize::MAX {
+                continue;
+            }
+            if let Some(ob) = g.alloc.objs.get(&obj) {
+                chunk_list.extend(
+                    crate::alloc::chunks(obj, ob).filter(|&(c, cl)| c + cl > o && c < o + l),
+                );
+            }
+        }
+        chunk_list.sort_unstable();
+        chunk_list.dedup();
+        let mut new_crcs: Vec<(usize, usize, Option<u32>)> = Vec::with_capacity(chunk_list.len());
+        for &(c, cl) in &chunk_list {
+            let i = merged.partition_point(|&(mo, _)| mo <= c).wrapping_sub(1);
+            let sum = merged.get(i).and_then(|&(mo, ml)| {
+                let at = logpos[i] + 16 + (c - mo);
+                (c + cl <= mo + ml).then(|| crc32fast::hash(&logbuf[at..at + cl]))
+            });
+            new_crcs.push((c, cl, sum));
+        }
         // 2. Metadata journal (append) or snapshot (switch areas).
         let mut mbuf = Vec::new();
         for r in &g.alloc.journal {
             encode_meta(r, &mut mbuf);
+        }
+        for &(off, len, sum) in &new_crcs {
+            if let Some(crc) = sum {
+                encode_meta(&crate::alloc::MetaRec::Crc { off, len, crc }, &mut mbuf);
+            }
         }
         let mut nh = hdr;
         let mut hasher;
@@ -728,6 +787,16 @@ impl Heap {
                     },
                     &mut mbuf,
                 );
+            }
+            let mut all = g.alloc.crcs.clone();
+            for &(off, len, sum) in &new_crcs {
+                match sum {
+                    Some(crc) => all.insert(off, (len, crc)),
+                    None => all.remove(&off),
+                };
+            }
+            for (&off, &(len, crc)) in &all {
+                encode_meta(&crate::alloc::MetaRec::Crc { off, len, crc }, &mut mbuf);
             }
             if mbuf.len() > hdr.meta_size as usize {
                 return Err(Error::MetadataFull {
@@ -763,11 +832,19 @@ impl Heap {
                 p += 16 + l;
             }
             pool.fence();
-            nh.log_len = 0;
-            nh.seq += 1;
-            pool.write_persist((nh.seq % 2) * PAGE as u64, &nh.encode())?;
         }
+        // The other header copy too (also with nothing to apply): after a complete checkpoint
+        // both copies describe it, so one damaged copy never falls back to an older one.
+        nh.log_len = 0;
+        nh.seq += 1;
+        pool.write_persist((nh.seq % 2) * PAGE as u64, &nh.encode())?;
         g.hdr = nh;
+        for &(off, len, sum) in &new_crcs {
+            match sum {
+                Some(crc) => g.alloc.crcs.insert(off, (len, crc)),
+                None => g.alloc.crcs.remove(&off),
+            };
+        }
         g.meta_hasher = hasher;
         g.alloc.journal.clear();
         let st = CkStats {
