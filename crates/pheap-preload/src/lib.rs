@@ -237,16 +237,16 @@ fn init_heap() -> Result<Heap, String> {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
-    // A fresh heap per run: an unmodified program cannot use restored state.
-    match std::fs::remove_file(&path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(format!(
-                "cannot remove the old heap {}: {e}",
-                path.display()
-            ))
+    // A fresh heap per run (an unmodified program cannot use restored state), but only over a
+    // heap of ours: anything else at the path is the user's and is left alone.
+    match std::fs::symlink_metadata(&path) {
+        Ok(md) => {
+            replaceable(&path, &md)?;
+            std::fs::remove_file(&path)
+                .map_err(|e| format!("cannot remove the old heap {}: {e}", path.display()))?;
         }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot examine {}: {e}", path.display())),
     }
     let opts = HeapOptions {
         capacity: capacity as usize,
@@ -254,6 +254,43 @@ fn init_heap() -> Result<Heap, String> {
         ..HeapOptions::default()
     };
     Heap::create(&path, &opts).map_err(|e| format!("cannot create heap {}: {e}", path.display()))
+}
+
+/// `Ok` when the existing file at `path` is a persistent heap of this library's format that
+/// opens cleanly (the previous run's checkpoint, possibly with a committed log or one torn
+/// header copy left by a crash), so a new run may replace it. Anything else — not a regular
+/// file, read-only, not a pheap pool, another format version, a damaged heap — is refused with
+/// the reason and what to do; the file is not touched.
+fn replaceable(path: &std::path::Path, md: &std::fs::Metadata) -> Result<(), String> {
+    let p = path.display();
+    let keep = "left untouched; remove it yourself (`tiermem pheap rm`) or set TIERMEM_PHEAP_PATH to another file";
+    if md.is_dir() {
+        return Err(format!("TIERMEM_PHEAP_PATH {p} is a directory ({keep})"));
+    }
+    if !md.is_file() {
+        return Err(format!("{p} is not a regular file ({keep})"));
+    }
+    if md.permissions().readonly() {
+        return Err(format!("{p} is read-only ({keep})"));
+    }
+    let r = tiermem_pheap::inspect::inspect_metadata(path)
+        .map_err(|e| format!("{p} is not a tiermem persistent heap ({e}); {keep}"))?;
+    if let Some(h) = r.header {
+        if h.version != tiermem_pheap::format::HEAP_VERSION {
+            return Err(format!(
+                "{p} is a persistent heap of format version {}, this library writes version {} ({keep})",
+                h.version,
+                tiermem_pheap::format::HEAP_VERSION
+            ));
+        }
+    }
+    if r.header.is_none() || !r.problems.is_empty() {
+        return Err(format!(
+            "{p} is not a usable persistent heap ({}); {keep} (`tiermem pheap verify` shows what is wrong)",
+            r.problems.join("; ")
+        ));
+    }
+    Ok(())
 }
 
 /// Runs once, from the library's constructor (before the program's `main` and its own

@@ -298,3 +298,105 @@ fn allocator_entry_points() {
     let s = read_stats(&stats);
     assert!(s.fallback_allocs > 100 && s.allocs > 0, "{s:?}");
 }
+
+/// Runs `echo ok` under the library with the heap at `heap`; returns (exit ok, stdout,
+/// stderr).
+fn echo_with_heap(heap: &Path) -> (bool, String, String) {
+    let out = Command::new("echo")
+        .arg("ok")
+        .env("LD_PRELOAD", preload_lib())
+        .env("TIERMEM_PHEAP_PATH", heap)
+        .env("TIERMEM_PHEAP_CAPACITY", "1M")
+        .output()
+        .expect("run echo");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue #13 defect 5: the library used to delete whatever was at `TIERMEM_PHEAP_PATH` (a text
+/// file was replaced by a heap, exit 0, no message). Now only a previous run's heap of this
+/// format is replaced; anything else is left byte for byte as it was, the program runs on
+/// glibc malloc (its output unchanged, exit 0) and one message on stderr says why.
+#[test]
+fn never_replaces_what_is_not_its_own_heap() {
+    use std::os::unix::fs::PermissionsExt;
+    const DATA: u64 = 4096; // the media pool header
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |path: &Path, why: &str| {
+        let before = std::fs::read(path).ok();
+        let (ok, out, err) = echo_with_heap(path);
+        assert!(ok && out == "ok\n", "{}: {out} {err}", path.display());
+        assert!(
+            err.contains("the program runs on glibc malloc") && err.contains(why),
+            "{}: expected {why:?} in stderr: {err}",
+            path.display()
+        );
+        assert!(err.contains("left untouched"), "{err}");
+        assert_eq!(std::fs::read(path).ok(), before, "{} changed", path.display());
+    };
+
+    // A user's text file.
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "my precious data\n").unwrap();
+    refused(&text, "is not a tiermem persistent heap");
+    assert_eq!(
+        std::fs::read_to_string(&text).unwrap(),
+        "my precious data\n"
+    );
+
+    // A directory.
+    let d = dir.path().join("adir");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("inside"), "x").unwrap();
+    let (ok, _, err) = echo_with_heap(&d);
+    assert!(ok && err.contains("is a directory"), "{err}");
+    assert!(d.join("inside").exists());
+
+    // A previous run's heap is replaced silently (the documented fresh heap per run).
+    let heap = dir.path().join("h.heap");
+    let (ok, _, err) = echo_with_heap(&heap);
+    assert!(ok && err.is_empty(), "{err}");
+    assert!(heap.exists());
+    let (ok, _, err) = echo_with_heap(&heap);
+    assert!(ok && err.is_empty(), "a heap of ours must be replaced quietly: {err}");
+
+    let header = |p: &Path, copy: u64| {
+        let f = std::fs::File::open(p).unwrap();
+        let mut b = [0u8; 256];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, DATA + copy * 4096).unwrap();
+        b
+    };
+    let put = |p: &Path, copy: u64, b: &[u8]| {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b, DATA + copy * 4096).unwrap();
+    };
+
+    // A damaged heap of ours (both header copies bad).
+    let damaged = dir.path().join("damaged.heap");
+    std::fs::copy(&heap, &damaged).unwrap();
+    for c in 0..2 {
+        let mut b = header(&damaged, c);
+        b[40] ^= 0xff;
+        put(&damaged, c, &b);
+    }
+    refused(&damaged, "no valid heap header");
+
+    // A heap of another format version (valid CRC).
+    let other = dir.path().join("v1.heap");
+    std::fs::copy(&heap, &other).unwrap();
+    for c in 0..2 {
+        let mut h = tiermem_pheap::format::Header::decode(&header(&other, c)).unwrap();
+        h.version = 1;
+        put(&other, c, &h.encode());
+    }
+    refused(&other, "format version 1");
+
+    // A heap the user made read-only.
+    let ro = dir.path().join("ro.heap");
+    std::fs::copy(&heap, &ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
+    refused(&ro, "is read-only");
+}
