@@ -323,11 +323,18 @@ extern "C" fn init() {
     };
     let bases = heap.view_bases();
     let cap = heap.capacity();
-    let lo = *bases.iter().min().expect("at least two views");
-    let hi = bases.iter().max().expect("at least two views") + cap;
+    let lo = bases.iter().copied().min().unwrap_or(0);
+    let hi = bases.iter().copied().max().unwrap_or(0) + cap;
     // The views are adjacent (heap.rs maps them as one span); anything else in [lo, hi) would
     // be misattributed, so insist on it.
-    assert_eq!(hi - lo, bases.len() * cap, "pheap views are not adjacent");
+    if bases.is_empty() || hi - lo != bases.len() * cap {
+        let _ = writeln!(
+            std::io::stderr(),
+            "tiermem-pheap-preload: the heap's views are not adjacent ({bases:x?}); the program runs on glibc malloc"
+        );
+        STATE.store(DISABLED, Ordering::Release);
+        return;
+    }
     HEAP.store(Box::into_raw(Box::new(heap)), Ordering::Release);
     LO.store(lo, Ordering::Release);
     HI.store(hi, Ordering::Release);

@@ -332,12 +332,17 @@ impl Alloc {
                         },
                     )?;
                     let id = self.new_sb(c, first);
-                    self.sbs[id as usize].as_mut().unwrap().in_partial = true;
+                    // new_sb just stored Some at index id.
+                    if let Some(sb) = self.sbs[id as usize].as_mut() {
+                        sb.in_partial = true;
+                    }
                     self.partial[c].push(id);
                     break id;
                 }
             }
         };
+        // `id` is a live superblock of class c with nused < nslots: checked in the loop above
+        // (`ok`) or created just now; so the unwrap and the search below cannot fail.
         let sb = self.sbs[id as usize].as_mut().unwrap();
         let (wi, w) = sb
             .used
@@ -354,7 +359,7 @@ impl Alloc {
             sb.in_partial = false;
             self.partial[c].retain(|&x| x != id);
         }
-        let sb = self.sbs[id as usize].as_ref().unwrap();
+        let sb = self.sbs[id as usize].as_ref().unwrap(); // still the live superblock `id`
         Ok(self.slot_off(sb, slot))
     }
 
@@ -372,6 +377,8 @@ impl Alloc {
         if obj.is_large() {
             self.give_pages(page, obj.slot / PAGE);
         } else if let Owner::Small(id) = self.pages[page] {
+            // A page owned by Small(id) belongs to a live superblock: the owner is reset to
+            // Free (give_pages) in the same step that drops the superblock.
             let sb = self.sbs[id as usize].as_mut().expect("live superblock");
             let size = CLASSES[sb.class];
             let per_page = PAGE / size;
@@ -465,6 +472,7 @@ impl Alloc {
                 }
             }
             Owner::Small(id) => {
+                // Small(id) pages always have a live superblock (see `free`).
                 let sb = self.sbs[id as usize].as_ref().expect("live superblock");
                 let size = CLASSES[sb.class];
                 let per_page = PAGE / size;

@@ -371,6 +371,14 @@ impl Heap {
             });
         }
         let cap = hdr.capacity as usize;
+        // Bound the capacity by the file first: every size derived from it below (area sizes,
+        // data_len, the allocator's page table) then cannot overflow or exhaust memory.
+        if cap == 0 || cap % PAGE != 0 || cap >= 1 << 40 || cap > pool.data_len() {
+            return Err(corrupt(format!(
+                "heap capacity {cap} is impossible for a pool of {} data bytes",
+                pool.data_len()
+            )));
+        }
         let (ms, ls) = format::area_sizes(cap);
         if ![1, 2, 4, 8].contains(&hdr.views)
             || hdr.sb_size == 0
@@ -397,10 +405,12 @@ impl Heap {
                 if p + 16 > log.len() {
                     return Err(corrupt("redo log record truncated".into()));
                 }
-                let off = u64::from_le_bytes(log[p..p + 8].try_into().unwrap()) as usize;
-                let len = u64::from_le_bytes(log[p + 8..p + 16].try_into().unwrap()) as usize;
+                // p + 16 <= log.len() (checked above): 8-byte slices, the conversions hold.
+                let off = u64::from_le_bytes(log[p..p + 8].try_into().unwrap_or([0; 8])) as usize;
+                let len =
+                    u64::from_le_bytes(log[p + 8..p + 16].try_into().unwrap_or([0; 8])) as usize;
                 p += 16;
-                if p + len > log.len() || off + len > cap {
+                if p.saturating_add(len) > log.len() || off.saturating_add(len) > cap {
                     return Err(corrupt(format!(
                         "redo log record {off:#x}+{len} out of range"
                     )));

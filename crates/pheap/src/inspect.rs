@@ -177,6 +177,13 @@ fn inspect_impl(path: &Path, data: bool) -> std::result::Result<Report, String> 
         return Ok(r);
     }
     let cap = hdr.capacity as usize;
+    if cap == 0 || cap % PAGE != 0 || cap >= 1 << 40 || cap > pool.data_len() {
+        r.problems.push(format!(
+            "inconsistent header: heap capacity {cap} is impossible for a pool of {} data bytes",
+            pool.data_len()
+        ));
+        return Ok(r);
+    }
     let (ms, ls) = format::area_sizes(cap);
     let mut geo = Vec::new();
     if ![1, 2, 4, 8].contains(&hdr.views) {
@@ -245,8 +252,11 @@ fn inspect_impl(path: &Path, data: bool) -> std::result::Result<Report, String> 
                         bad = Some(format!("redo log record at {p} truncated"));
                         break;
                     }
-                    let off = u64::from_le_bytes(log[p..p + 8].try_into().unwrap()) as usize;
-                    let len = u64::from_le_bytes(log[p + 8..p + 16].try_into().unwrap()) as usize;
+                    // p + 16 <= log.len() (checked above): the conversions hold.
+                    let off =
+                        u64::from_le_bytes(log[p..p + 8].try_into().unwrap_or([0; 8])) as usize;
+                    let len = u64::from_le_bytes(log[p + 8..p + 16].try_into().unwrap_or([0; 8]))
+                        as usize;
                     p += 16;
                     if p.saturating_add(len) > log.len() || off.saturating_add(len) > cap {
                         bad = Some(format!("redo log record {off:#x}+{len} out of range"));
