@@ -335,7 +335,12 @@ fn never_replaces_what_is_not_its_own_heap() {
             path.display()
         );
         assert!(err.contains("left untouched"), "{err}");
-        assert_eq!(std::fs::read(path).ok(), before, "{} changed", path.display());
+        assert_eq!(
+            std::fs::read(path).ok(),
+            before,
+            "{} changed",
+            path.display()
+        );
     };
 
     // A user's text file.
@@ -361,7 +366,10 @@ fn never_replaces_what_is_not_its_own_heap() {
     assert!(ok && err.is_empty(), "{err}");
     assert!(heap.exists());
     let (ok, _, err) = echo_with_heap(&heap);
-    assert!(ok && err.is_empty(), "a heap of ours must be replaced quietly: {err}");
+    assert!(
+        ok && err.is_empty(),
+        "a heap of ours must be replaced quietly: {err}"
+    );
 
     let header = |p: &Path, copy: u64| {
         let f = std::fs::File::open(p).unwrap();
