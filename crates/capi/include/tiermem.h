@@ -299,7 +299,7 @@ int64_t tiermem_tracker_scan(struct TiermemTracker *tracker,
 
 /**
  * How a tracker observes writes: TIERMEM_TRACK_UFFD_WP_ASYNC or TIERMEM_TRACK_MPROTECT
- * (-EINVAL for NULL).
+ * (-EINVAL for NULL, -EBADF for a closed handle).
  */
 int tiermem_tracker_method(const struct TiermemTracker *tracker);
 
@@ -353,7 +353,8 @@ int tiermem_pool_create(const char *path,
 int tiermem_pool_open(const char *path, struct TiermemPool **out);
 
 /**
- * Unmap and close a pool. The file stays. NULL is ignored.
+ * Unmap and close a pool. The file stays. NULL is ignored; a handle that is not open (closed
+ * twice) only sets tiermem_last_error().
  */
 void tiermem_pool_close(struct TiermemPool *pool);
 
@@ -363,13 +364,13 @@ void tiermem_pool_close(struct TiermemPool *pool);
 int tiermem_pool_remove(const char *path);
 
 /**
- * Start of the pool's data area (after the header), or NULL for a NULL handle. Loads and stores
+ * Start of the pool's data area (after the header), or NULL for a NULL or closed handle. Loads and stores
  * through it are the fast path; make stores durable with tiermem_pool_persist.
  */
 void *tiermem_pool_base(const struct TiermemPool *pool);
 
 /**
- * Size of the data area in bytes (0 for a NULL handle).
+ * Size of the data area in bytes (0 for a NULL or closed handle).
  */
 uint64_t tiermem_pool_size(const struct TiermemPool *pool);
 
@@ -460,7 +461,8 @@ int tiermem_migrate_source_checkpoint(const char *fam_dir,
  * end. `*out` receives the report.
  *
  * Consumes the handle (it must not be used again), also when this fails — except when it
- * returns EINVAL for a NULL argument, which leaves everything untouched.
+ * returns EINVAL for a NULL argument or an unparsable address, or EBADF for a handle that is
+ * not open, which leave everything untouched.
  *
  * Errors: EINVAL a NULL argument or a bad address, EADDRINUSE and other socket errors, EIO a
  * dump error (the text says which).

@@ -1,7 +1,7 @@
 //! C ABI over the fault engine: lazily filled regions with a C fill callback, and written-page
 //! tracking.
 
-use crate::error::{fail, guard};
+use crate::error::{fail, guard, handles};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 use tiermem_fault::{
@@ -110,7 +110,7 @@ pub extern "C" fn tiermem_region_register(
     ctx: *mut c_void,
     out: *mut *mut TiermemRegion,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_region_register", || {
         let Some(fill) = fill else {
             return fail(libc::EINVAL, "fill callback is NULL");
         };
@@ -131,9 +131,9 @@ pub extern "C" fn tiermem_region_register(
             Ok(handle) => {
                 // SAFETY: out was checked non-NULL (ABI contract: writable).
                 unsafe {
-                    *out = Box::into_raw(Box::new(TiermemRegion {
+                    *out = handles::issue(TiermemRegion {
                         handle: Some(handle),
-                    }))
+                    })
                 };
                 0
             }
@@ -145,14 +145,9 @@ pub extern "C" fn tiermem_region_register(
 /// Number of faults resolved so far in a region (0 for NULL).
 #[no_mangle]
 pub extern "C" fn tiermem_region_faults(region: *const TiermemRegion) -> u64 {
-    if region.is_null() {
-        return 0;
-    }
-    // SAFETY: a non-NULL handle came from tiermem_region_register and is not yet unregistered.
-    unsafe { &*region }
-        .handle
-        .as_ref()
-        .map_or(0, |h| h.faults())
+    guard("tiermem_region_faults", || {
+        handles::get(region, "region").map_or(0, |r| r.handle.as_ref().map_or(0, |h| h.faults()))
+    })
 }
 
 /// Unregister a region and free the handle; pages already filled stay mapped. NULL is ignored.
@@ -161,9 +156,11 @@ pub extern "C" fn tiermem_region_unregister(region: *mut TiermemRegion) -> c_int
     if region.is_null() {
         return 0;
     }
-    guard(|| {
-        // SAFETY: the handle came from Box::into_raw in tiermem_region_register; freed once.
-        let mut r = unsafe { Box::from_raw(region) };
+    guard("tiermem_region_unregister", || {
+        let mut r = match handles::take(region, "region") {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
         match r.handle.take().map(|h| h.unregister()) {
             Some(Err(e)) => fault_fail(e),
             _ => 0,
@@ -180,7 +177,7 @@ pub extern "C" fn tiermem_tracker_create(
     flags: u32,
     out: *mut *mut TiermemTracker,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_tracker_create", || {
         if out.is_null() {
             return fail(libc::EINVAL, "out is NULL");
         }
@@ -195,7 +192,7 @@ pub extern "C" fn tiermem_tracker_create(
                     cursor: 0,
                 };
                 // SAFETY: out was checked non-NULL (ABI contract: writable).
-                unsafe { *out = Box::into_raw(Box::new(t)) };
+                unsafe { *out = handles::issue(t) };
                 0
             }
             Err(e) => fault_fail(e),
@@ -213,13 +210,15 @@ pub extern "C" fn tiermem_tracker_scan(
     ranges: *mut TiermemPageRange,
     cap: usize,
 ) -> i64 {
-    i64::from(guard(|| {
-        if tracker.is_null() || (ranges.is_null() && cap > 0) {
-            return fail(libc::EINVAL, "tracker or ranges is NULL");
+    i64::from(guard("tiermem_tracker_scan", || {
+        if ranges.is_null() && cap > 0 {
+            return fail(libc::EINVAL, "ranges is NULL");
         }
-        // SAFETY: a live handle from tiermem_tracker_create, used by one thread at a time
-        // (documented contract).
-        let t = unsafe { &mut *tracker };
+        // Used by one thread at a time (documented contract).
+        let t = match handles::get_mut(tracker, "tracker") {
+            Ok(t) => t,
+            Err(e) => return e,
+        };
         if t.cursor >= t.pending.len() {
             t.pending.clear();
             t.cursor = 0;
@@ -244,24 +243,24 @@ pub extern "C" fn tiermem_tracker_scan(
 }
 
 /// How a tracker observes writes: TIERMEM_TRACK_UFFD_WP_ASYNC or TIERMEM_TRACK_MPROTECT
-/// (-EINVAL for NULL).
+/// (-EINVAL for NULL, -EBADF for a closed handle).
 #[no_mangle]
 pub extern "C" fn tiermem_tracker_method(tracker: *const TiermemTracker) -> c_int {
-    if tracker.is_null() {
-        return -libc::EINVAL;
-    }
-    // SAFETY: a live handle from tiermem_tracker_create.
-    match unsafe { &*tracker }.tracker.method() {
-        TrackingMethod::UffdWpAsync => TIERMEM_TRACK_UFFD_WP_ASYNC,
-        TrackingMethod::Mprotect => TIERMEM_TRACK_MPROTECT,
-    }
+    guard("tiermem_tracker_method", || {
+        match handles::get(tracker, "tracker").map(|t| t.tracker.method()) {
+            Ok(TrackingMethod::UffdWpAsync) => TIERMEM_TRACK_UFFD_WP_ASYNC,
+            Ok(TrackingMethod::Mprotect) => TIERMEM_TRACK_MPROTECT,
+            Err(e) => e,
+        }
+    })
 }
 
 /// Stop tracking (pages are made writable again) and free the handle. NULL is ignored.
 #[no_mangle]
 pub extern "C" fn tiermem_tracker_destroy(tracker: *mut TiermemTracker) {
-    if !tracker.is_null() {
-        // SAFETY: the handle came from Box::into_raw in tiermem_tracker_create; freed once.
-        drop(unsafe { Box::from_raw(tracker) });
-    }
+    guard("tiermem_tracker_destroy", || {
+        if !tracker.is_null() {
+            let _ = handles::take(tracker, "tracker").map(drop);
+        }
+    })
 }

@@ -32,7 +32,7 @@ fn kv_errno(e: &KvError) -> i32 {
 /// EIO a storage error (a damaged instance is reported, not modified).
 #[no_mangle]
 pub extern "C" fn tiermem_kv_start(settings: *const c_char, out: *mut *mut tiermem_kv) -> c_int {
-    guard(|| {
+    guard("tiermem_kv_start", || {
         if out.is_null() {
             return fail(libc::EINVAL, "out is NULL");
         }
@@ -65,7 +65,7 @@ pub extern "C" fn tiermem_kv_start(settings: *const c_char, out: *mut *mut tierm
 /// NULL handle, ENOTCONN when it listens on no TCP address.
 #[no_mangle]
 pub extern "C" fn tiermem_kv_port(kv: *const tiermem_kv) -> c_int {
-    guard(|| {
+    guard("tiermem_kv_port", || {
         if kv.is_null() {
             return fail(libc::EINVAL, "kv handle is NULL");
         }
@@ -83,7 +83,7 @@ pub extern "C" fn tiermem_kv_port(kv: *const tiermem_kv) -> c_int {
 /// sync failed; the data stays recoverable).
 #[no_mangle]
 pub extern "C" fn tiermem_kv_stop(kv: *mut tiermem_kv) -> c_int {
-    guard(|| {
+    guard("tiermem_kv_stop", || {
         if kv.is_null() {
             return fail(libc::EINVAL, "kv handle is NULL");
         }

@@ -4,7 +4,11 @@
 //! - fallible functions return `0` on success or a negative errno-style code; the message of the
 //!   last error on the calling thread is [`tiermem_last_error`];
 //! - handles are opaque pointers, owned by the caller until the matching close/destroy call;
-//! - no function panics across the ABI: panics are caught and reported as `-EIO`.
+//! - no function panics across the ABI: every exported function runs its body in
+//!   [`error::guard`], which catches a panic and reports it as `-EIO` (NULL / 0 for functions
+//!   returning a pointer or a count) with "internal error (panic) in NAME: …" as the last error;
+//! - handles are checked against a registry of live handles: NULL is `-EINVAL`, a closed or
+//!   never-issued handle `-EBADF` (not undefined behaviour; kv handles excepted for now).
 //!
 //! The exported functions take raw pointers from C and are not `unsafe fn`: C cannot see Rust's
 //! `unsafe`, each function documents the pointer contract its C caller must keep, and Rust code
@@ -30,5 +34,7 @@ pub use vnvm::*;
 /// The library's version as a NUL-terminated string ("MAJOR.MINOR.PATCH"); static storage.
 #[no_mangle]
 pub extern "C" fn tiermem_version() -> *const libc::c_char {
-    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+    error::guard("tiermem_version", || {
+        concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+    })
 }

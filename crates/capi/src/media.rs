@@ -1,6 +1,6 @@
 //! C ABI over the media layer: pools, persistence primitives, the delay model.
 
-use crate::error::{cstr, fail, guard};
+use crate::error::{cstr, fail, guard, handles};
 use std::ffi::{c_char, c_int, c_void};
 use tiermem_media::{persist, DelayModel, MediaError, OpenOptions, Pool, PoolKind, PoolOptions};
 
@@ -33,14 +33,10 @@ fn media_fail(e: MediaError) -> i32 {
     fail(e.errno(), e)
 }
 
-/// Borrow the pool behind a handle, or fail with -EINVAL.
+/// Borrow the pool behind a live handle, or fail with -EINVAL (NULL) / -EBADF (closed).
+/// The pool is Sync, so shared access from several threads is fine.
 fn pool_ref<'a>(p: *const TiermemPool) -> Result<&'a Pool, i32> {
-    if p.is_null() {
-        return Err(fail(libc::EINVAL, "pool handle is NULL"));
-    }
-    // SAFETY: a non-NULL handle came from tiermem_pool_create/open and has not been closed
-    // (ABI contract); the pool is Sync, so shared access from several threads is fine.
-    Ok(unsafe { &(*p).pool })
+    handles::get(p, "pool").map(|h| &h.pool)
 }
 
 /// Create a pool file of `size` bytes (including its 4 KiB header) at `path`.
@@ -54,7 +50,7 @@ pub extern "C" fn tiermem_pool_create(
     flags: u32,
     out: *mut *mut TiermemPool,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_pool_create", || {
         let path = match cstr(path, "path") {
             Ok(p) => p,
             Err(e) => return e,
@@ -73,7 +69,7 @@ pub extern "C" fn tiermem_pool_create(
         match Pool::create(path, &opts) {
             Ok(pool) => {
                 // SAFETY: out was checked non-NULL and points to writable storage (ABI contract).
-                unsafe { *out = Box::into_raw(Box::new(TiermemPool { pool })) };
+                unsafe { *out = handles::issue(TiermemPool { pool }) };
                 0
             }
             Err(e) => media_fail(e),
@@ -84,7 +80,7 @@ pub extern "C" fn tiermem_pool_create(
 /// Open and validate an existing pool (header magic, version, checksum, size).
 #[no_mangle]
 pub extern "C" fn tiermem_pool_open(path: *const c_char, out: *mut *mut TiermemPool) -> c_int {
-    guard(|| {
+    guard("tiermem_pool_open", || {
         let path = match cstr(path, "path") {
             Ok(p) => p,
             Err(e) => return e,
@@ -95,7 +91,7 @@ pub extern "C" fn tiermem_pool_open(path: *const c_char, out: *mut *mut TiermemP
         match Pool::open(path, &OpenOptions::default()) {
             Ok(pool) => {
                 // SAFETY: out was checked non-NULL and points to writable storage (ABI contract).
-                unsafe { *out = Box::into_raw(Box::new(TiermemPool { pool })) };
+                unsafe { *out = handles::issue(TiermemPool { pool }) };
                 0
             }
             Err(e) => media_fail(e),
@@ -103,37 +99,43 @@ pub extern "C" fn tiermem_pool_open(path: *const c_char, out: *mut *mut TiermemP
     })
 }
 
-/// Unmap and close a pool. The file stays. NULL is ignored.
+/// Unmap and close a pool. The file stays. NULL is ignored; a handle that is not open (closed
+/// twice) only sets tiermem_last_error().
 #[no_mangle]
 pub extern "C" fn tiermem_pool_close(pool: *mut TiermemPool) {
-    if !pool.is_null() {
-        // SAFETY: the handle came from Box::into_raw in create/open and is closed once.
-        drop(unsafe { Box::from_raw(pool) });
-    }
+    guard("tiermem_pool_close", || {
+        if !pool.is_null() {
+            let _ = handles::take(pool, "pool").map(drop);
+        }
+    })
 }
 
 /// Remove a pool file; refuses files that are not tiermem pools.
 #[no_mangle]
 pub extern "C" fn tiermem_pool_remove(path: *const c_char) -> c_int {
-    guard(|| match cstr(path, "path") {
+    guard("tiermem_pool_remove", || match cstr(path, "path") {
         Ok(p) => Pool::remove(p).map(|_| 0).unwrap_or_else(media_fail),
         Err(e) => e,
     })
 }
 
-/// Start of the pool's data area (after the header), or NULL for a NULL handle. Loads and stores
+/// Start of the pool's data area (after the header), or NULL for a NULL or closed handle. Loads and stores
 /// through it are the fast path; make stores durable with tiermem_pool_persist.
 #[no_mangle]
 pub extern "C" fn tiermem_pool_base(pool: *const TiermemPool) -> *mut c_void {
-    pool_ref(pool)
-        .map(|p| p.data_ptr().cast())
-        .unwrap_or(std::ptr::null_mut())
+    guard("tiermem_pool_base", || {
+        pool_ref(pool)
+            .map(|p| p.data_ptr().cast())
+            .unwrap_or(std::ptr::null_mut())
+    })
 }
 
-/// Size of the data area in bytes (0 for a NULL handle).
+/// Size of the data area in bytes (0 for a NULL or closed handle).
 #[no_mangle]
 pub extern "C" fn tiermem_pool_size(pool: *const TiermemPool) -> u64 {
-    pool_ref(pool).map(|p| p.data_len() as u64).unwrap_or(0)
+    guard("tiermem_pool_size", || {
+        pool_ref(pool).map(|p| p.data_len() as u64).unwrap_or(0)
+    })
 }
 
 /// Copy `len` bytes at data offset `off` into `buf`, charging the read delay model.
@@ -144,7 +146,7 @@ pub extern "C" fn tiermem_pool_read(
     buf: *mut c_void,
     len: usize,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_pool_read", || {
         let p = match pool_ref(pool) {
             Ok(p) => p,
             Err(e) => return e,
@@ -171,7 +173,7 @@ pub extern "C" fn tiermem_pool_write(
     buf: *const c_void,
     len: usize,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_pool_write", || {
         let p = match pool_ref(pool) {
             Ok(p) => p,
             Err(e) => return e,
@@ -195,7 +197,7 @@ pub extern "C" fn tiermem_pool_write(
 /// on a block-backed file.
 #[no_mangle]
 pub extern "C" fn tiermem_pool_persist(pool: *const TiermemPool, off: u64, len: usize) -> c_int {
-    guard(|| match pool_ref(pool) {
+    guard("tiermem_pool_persist", || match pool_ref(pool) {
         Ok(p) => p.persist(off, len).map(|_| 0).unwrap_or_else(media_fail),
         Err(e) => e,
     })
@@ -205,7 +207,7 @@ pub extern "C" fn tiermem_pool_persist(pool: *const TiermemPool, off: u64, len: 
 /// explicit values (`read=1us,write=1us,bw=2GB/s`).
 #[no_mangle]
 pub extern "C" fn tiermem_pool_set_delay(pool: *const TiermemPool, model: *const c_char) -> c_int {
-    guard(|| {
+    guard("tiermem_pool_set_delay", || {
         let p = match pool_ref(pool) {
             Ok(p) => p,
             Err(e) => return e,
@@ -227,7 +229,7 @@ pub extern "C" fn tiermem_pool_set_delay(pool: *const TiermemPool, model: *const
 /// Copy the pool's counters into `*out`.
 #[no_mangle]
 pub extern "C" fn tiermem_pool_stats(pool: *const TiermemPool, out: *mut TiermemStats) -> c_int {
-    guard(|| {
+    guard("tiermem_pool_stats", || {
         let p = match pool_ref(pool) {
             Ok(p) => p,
             Err(e) => return e,
@@ -258,8 +260,10 @@ pub extern "C" fn tiermem_pool_stats(pool: *const TiermemPool, out: *mut Tiermem
 /// `dst` and `src` must be valid for `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn tiermem_nt_copy(dst: *mut c_void, src: *const c_void, len: usize) {
-    // SAFETY: forwarded caller contract.
-    unsafe { persist::nt_copy(dst.cast(), src.cast(), len) }
+    guard("tiermem_nt_copy", || {
+        // SAFETY: forwarded caller contract.
+        unsafe { persist::nt_copy(dst.cast(), src.cast(), len) }
+    })
 }
 
 /// Write back the cache lines of `[addr, addr+len)` (clwb, else clflushopt, else clflush) without
@@ -269,12 +273,14 @@ pub unsafe extern "C" fn tiermem_nt_copy(dst: *mut c_void, src: *const c_void, l
 /// The range must be mapped.
 #[no_mangle]
 pub unsafe extern "C" fn tiermem_flush(addr: *const c_void, len: usize) {
-    // SAFETY: forwarded caller contract.
-    unsafe { persist::flush_lines(addr.cast(), len) }
+    guard("tiermem_flush", || {
+        // SAFETY: forwarded caller contract.
+        unsafe { persist::flush_lines(addr.cast(), len) }
+    })
 }
 
 /// Store fence (sfence): orders earlier flushes and non-temporal stores before later stores.
 #[no_mangle]
 pub extern "C" fn tiermem_fence() {
-    persist::fence()
+    guard("tiermem_fence", persist::fence)
 }

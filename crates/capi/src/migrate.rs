@@ -7,7 +7,7 @@
 //! on first touch), `tiermem_migrate_target_complete` to fetch the rest, then
 //! `tiermem_migrate_target_free`.
 
-use crate::error::{cstr, fail, guard};
+use crate::error::{cstr, fail, guard, handles};
 use crate::fault::fault_errno;
 use ::tiermem_migrate::checkpoint::{CheckpointError, MAX_REGIONS};
 use ::tiermem_migrate::fam::{FamError, FamSource, FamSourceConfig, FamTarget};
@@ -129,7 +129,7 @@ pub extern "C" fn tiermem_migrate_source_checkpoint(
     batched: c_int,
     out: *mut *mut tiermem_migrate_source,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_migrate_source_checkpoint", || {
         if out.is_null() {
             return fail(libc::EINVAL, "out is NULL");
         }
@@ -195,7 +195,7 @@ pub extern "C" fn tiermem_migrate_source_checkpoint(
         match unsafe { FamSource::checkpoint(cfg, &spans, blob) } {
             Ok(src) => {
                 // SAFETY: out is non-NULL and points to writable storage (ABI contract).
-                unsafe { *out = Box::into_raw(Box::new(tiermem_migrate_source { src })) };
+                unsafe { *out = handles::issue(tiermem_migrate_source { src }) };
                 0
             }
             Err(e) => fam_fail(e),
@@ -210,7 +210,8 @@ pub extern "C" fn tiermem_migrate_source_checkpoint(
 /// end. `*out` receives the report.
 ///
 /// Consumes the handle (it must not be used again), also when this fails — except when it
-/// returns EINVAL for a NULL argument, which leaves everything untouched.
+/// returns EINVAL for a NULL argument or an unparsable address, or EBADF for a handle that is
+/// not open, which leave everything untouched.
 ///
 /// Errors: EINVAL a NULL argument or a bad address, EADDRINUSE and other socket errors, EIO a
 /// dump error (the text says which).
@@ -220,21 +221,20 @@ pub extern "C" fn tiermem_migrate_source_serve(
     listen_addr: *const c_char,
     out: *mut tiermem_migrate_source_report,
 ) -> c_int {
-    guard(|| {
-        if source.is_null() {
-            return fail(libc::EINVAL, "source handle is NULL");
+    guard("tiermem_migrate_source_serve", || {
+        if let Err(e) = handles::get(source, "source") {
+            return e;
         }
         if out.is_null() {
             return fail(libc::EINVAL, "out (the report) is NULL");
         }
-        if listen_addr.is_null() {
-            return fail(libc::EINVAL, "listen_addr is NULL");
-        }
-        // SAFETY: a handle from tiermem_migrate_source_checkpoint, served or freed at most once
-        // (ABI contract).
-        let s = unsafe { Box::from_raw(source) };
         let addr = match socket_addr(listen_addr, "listen_addr") {
             Ok(a) => a,
+            Err(e) => return e,
+        };
+        // Consumed from here on (the handle is closed whatever serve returns).
+        let s = match handles::take(source, "source") {
+            Ok(s) => s,
             Err(e) => return e,
         };
         let listener = match TcpListener::bind(addr) {
@@ -272,11 +272,8 @@ pub extern "C" fn tiermem_migrate_source_free(source: *mut tiermem_migrate_sourc
     if source.is_null() {
         return;
     }
-    let _ = guard(|| {
-        // SAFETY: a handle from tiermem_migrate_source_checkpoint, not served nor freed before
-        // (ABI contract).
-        drop(unsafe { Box::from_raw(source) });
-        0
+    guard("tiermem_migrate_source_free", || {
+        let _ = handles::take(source, "source").map(drop);
     });
 }
 
@@ -301,7 +298,7 @@ pub extern "C" fn tiermem_migrate_target_restore(
     timeout_ms: u32,
     out: *mut *mut tiermem_migrate_target,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_migrate_target_restore", || {
         if out.is_null() {
             return fail(libc::EINVAL, "out is NULL");
         }
@@ -329,7 +326,7 @@ pub extern "C" fn tiermem_migrate_target_restore(
         match FamTarget::restore(&fam, id, source, delay, timeout) {
             Ok(t) => {
                 // SAFETY: out is non-NULL and points to writable storage (ABI contract).
-                unsafe { *out = Box::into_raw(Box::new(tiermem_migrate_target { t })) };
+                unsafe { *out = handles::issue(tiermem_migrate_target { t }) };
                 0
             }
             Err(e) => fam_fail(e),
@@ -339,12 +336,7 @@ pub extern "C" fn tiermem_migrate_target_restore(
 
 /// Borrow the target behind a handle, or fail with -EINVAL.
 fn target_ref<'a>(t: *const tiermem_migrate_target) -> Result<&'a FamTarget, i32> {
-    if t.is_null() {
-        return Err(fail(libc::EINVAL, "target handle is NULL"));
-    }
-    // SAFETY: a non-NULL handle from tiermem_migrate_target_restore, not yet freed (ABI
-    // contract).
-    Ok(unsafe { &(*t).t })
+    handles::get(t, "target").map(|h| &h.t)
 }
 
 /// The number of restored regions, or a negative errno (EINVAL for a NULL handle).
@@ -352,9 +344,11 @@ fn target_ref<'a>(t: *const tiermem_migrate_target) -> Result<&'a FamTarget, i32
 pub extern "C" fn tiermem_migrate_target_region_count(
     target: *const tiermem_migrate_target,
 ) -> c_int {
-    guard(|| match target_ref(target) {
-        Ok(t) => t.regions().len() as c_int,
-        Err(e) => e,
+    guard("tiermem_migrate_target_region_count", || {
+        match target_ref(target) {
+            Ok(t) => t.regions().len() as c_int,
+            Err(e) => e,
+        }
     })
 }
 
@@ -368,7 +362,7 @@ pub extern "C" fn tiermem_migrate_target_region(
     base: *mut *mut c_void,
     len: *mut usize,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_migrate_target_region", || {
         let t = match target_ref(target) {
             Ok(t) => t,
             Err(e) => return e,
@@ -403,7 +397,7 @@ pub extern "C" fn tiermem_migrate_target_blob(
     p: *mut *const c_void,
     len: *mut usize,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_migrate_target_blob", || {
         let t = match target_ref(target) {
             Ok(t) => t,
             Err(e) => return e,
@@ -431,7 +425,7 @@ pub extern "C" fn tiermem_migrate_target_complete(
     target: *const tiermem_migrate_target,
     resume_ns: *mut u64,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_migrate_target_complete", || {
         let t = match target_ref(target) {
             Ok(t) => t,
             Err(e) => return e,
@@ -455,7 +449,7 @@ pub extern "C" fn tiermem_migrate_target_faults(
     from_fam: *mut u64,
     on_demand: *mut u64,
 ) -> c_int {
-    guard(|| {
+    guard("tiermem_migrate_target_faults", || {
         let t = match target_ref(target) {
             Ok(t) => t,
             Err(e) => return e,
@@ -481,11 +475,8 @@ pub extern "C" fn tiermem_migrate_target_free(target: *mut tiermem_migrate_targe
     if target.is_null() {
         return;
     }
-    let _ = guard(|| {
-        // SAFETY: a handle from tiermem_migrate_target_restore, freed at most once (ABI
-        // contract).
-        drop(unsafe { Box::from_raw(target) });
-        0
+    guard("tiermem_migrate_target_free", || {
+        let _ = handles::take(target, "target").map(drop);
     });
 }
 

@@ -111,7 +111,7 @@ fn put_stats(out: *mut nvh_ckpt_stats, s: CkStats) {
 /// file of another format version, ENOENT/EACCES/ENOSPC media errors.
 #[no_mangle]
 pub extern "C" fn nvh_open(path: *const c_char, opts: *const nvh_options) -> c_int {
-    guard(|| {
+    guard("nvh_open", || {
         // NULL: this program's and user's default heap.
         let path: std::path::PathBuf = if path.is_null() {
             tiermem_pheap::default_path()
@@ -144,7 +144,7 @@ pub extern "C" fn nvh_open(path: *const c_char, opts: *const nvh_options) -> c_i
 /// fails. Returns 0, -EBADF when no heap is open, or the checkpoint's error.
 #[no_mangle]
 pub extern "C" fn nvh_close() -> c_int {
-    guard(|| match tiermem_pheap::nvh_close() {
+    guard("nvh_close", || match tiermem_pheap::nvh_close() {
         Ok(_) => 0,
         Err(e) => pfail(e),
     })
@@ -156,7 +156,7 @@ pub extern "C" fn nvh_close() -> c_int {
 #[no_mangle]
 pub extern "C" fn nvh_malloc(size: usize, name: *const c_char) -> *mut c_void {
     let mut out: *mut c_void = std::ptr::null_mut();
-    guard(|| {
+    guard("nvh_malloc", || {
         let name = match opt_name(name) {
             Ok(n) => n,
             Err(e) => return e,
@@ -177,7 +177,7 @@ pub extern "C" fn nvh_malloc(size: usize, name: *const c_char) -> *mut c_void {
 /// durable at the next checkpoint.
 #[no_mangle]
 pub extern "C" fn nvh_free(ptr: *mut c_void) -> c_int {
-    guard(|| {
+    guard("nvh_free", || {
         if ptr.is_null() {
             return 0;
         }
@@ -194,12 +194,14 @@ pub extern "C" fn nvh_free(ptr: *mut c_void) -> c_int {
 #[no_mangle]
 pub extern "C" fn nvh_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     let mut out: *mut c_void = std::ptr::null_mut();
-    guard(|| match tiermem_pheap::nvh_realloc(ptr.cast(), size) {
-        Ok(p) => {
-            out = p.cast();
-            0
+    guard("nvh_realloc", || {
+        match tiermem_pheap::nvh_realloc(ptr.cast(), size) {
+            Ok(p) => {
+                out = p.cast();
+                0
+            }
+            Err(e) => pfail(e),
         }
-        Err(e) => pfail(e),
     });
     out
 }
@@ -209,7 +211,7 @@ pub extern "C" fn nvh_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
 #[no_mangle]
 pub extern "C" fn nvh_get(name: *const c_char) -> *mut c_void {
     let mut out: *mut c_void = std::ptr::null_mut();
-    guard(|| {
+    guard("nvh_get", || {
         let name = match cstr(name, "name") {
             Ok(n) => n,
             Err(e) => return e,
@@ -238,7 +240,7 @@ pub extern "C" fn nvh_get(name: *const c_char) -> *mut c_void {
 /// it runs. Fills `*out` when it is not NULL. Returns 0 or a negative errno.
 #[no_mangle]
 pub extern "C" fn nvh_ckall(out: *mut nvh_ckpt_stats) -> c_int {
-    guard(|| match tiermem_pheap::nvh_ckall() {
+    guard("nvh_ckall", || match tiermem_pheap::nvh_ckall() {
         Ok(s) => {
             put_stats(out, s);
             0
@@ -251,7 +253,7 @@ pub extern "C" fn nvh_ckall(out: *mut nvh_ckpt_stats) -> c_int {
 /// Returns 0, -ENOENT when no object has that name, or another negative errno.
 #[no_mangle]
 pub extern "C" fn nvh_ckone(name: *const c_char) -> c_int {
-    guard(|| {
+    guard("nvh_ckone", || {
         let name = match cstr(name, "name") {
             Ok(n) => n,
             Err(e) => return e,

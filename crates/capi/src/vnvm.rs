@@ -5,7 +5,7 @@
 //! Errno mapping of the Rust errors (also in the header, on `nv_init`): see [`vnvm_errno`] and
 //! [`alloc_errno`].
 
-use crate::error::{cstr, fail, guard};
+use crate::error::{cstr, fail, guard, handles};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -109,30 +109,23 @@ fn afail(e: AllocError) -> i32 {
 
 /// Borrow the instance behind a handle, or fail with -EINVAL.
 fn inst_ref<'a>(p: *const nv_instance) -> Result<&'a nv_instance, i32> {
-    if p.is_null() {
-        return Err(fail(libc::EINVAL, "instance handle is NULL"));
-    }
-    // SAFETY: a non-NULL handle came from nv_init and was not released (ABI contract); the
-    // instance is Sync.
-    Ok(unsafe { &*p })
+    // The instance is Sync.
+    handles::get(p, "instance")
 }
 
 /// Borrow a region handle of `inst`, or fail with -EINVAL when it is NULL or not a live region
 /// of this instance (checked before the pointer is dereferenced).
 fn region_ref<'a>(inst: &nv_instance, r: *const nv_region) -> Result<&'a nv_region, i32> {
-    if r.is_null() {
-        return Err(fail(libc::EINVAL, "region handle is NULL"));
-    }
+    // A live handle stays alive until nv_free/nv_release, which the caller must not run
+    // concurrently with a call using it (ABI contract).
+    let region = handles::get(r, "region")?;
     if !lock(&inst.regions).contains(&(r as usize)) {
         return Err(fail(
             libc::EINVAL,
             "region handle is not a live region of this instance (freed, or of another instance)",
         ));
     }
-    // SAFETY: the handle is in the instance's list, so it is a live Box<nv_region>; it stays
-    // alive until nv_free/nv_release, which the caller must not run concurrently with a call
-    // using it (ABI contract).
-    Ok(unsafe { &*r })
+    Ok(region)
 }
 
 /// The region's allocator, opened (and on an all-zero region formatted) on first use.
@@ -190,7 +183,7 @@ pub extern "C" fn nv_init(
     cache_size: u64,
     out: *mut *mut nv_instance,
 ) -> c_int {
-    guard(|| {
+    guard("nv_init", || {
         if out.is_null() {
             return fail(libc::EINVAL, "out is NULL");
         }
@@ -212,12 +205,12 @@ pub extern "C" fn nv_init(
         }
         match tiermem_vnvm::nv_init(&cfg) {
             Ok(vn) => {
-                let b = Box::new(nv_instance {
+                let b = nv_instance {
                     vn,
                     regions: Mutex::new(Vec::new()),
-                });
+                };
                 // SAFETY: out was checked non-NULL and points to writable storage (ABI contract).
-                unsafe { *out = Box::into_raw(b) };
+                unsafe { *out = handles::issue(b) };
                 0
             }
             Err(e) => vfail(e),
@@ -231,16 +224,15 @@ pub extern "C" fn nv_init(
 /// error (region pointers from nv_region_ptr are unmapped). NULL returns -EINVAL.
 #[no_mangle]
 pub extern "C" fn nv_release(inst: *mut nv_instance) -> c_int {
-    guard(|| {
-        if inst.is_null() {
-            return fail(libc::EINVAL, "instance handle is NULL");
-        }
-        // SAFETY: the handle came from Box::into_raw in nv_init and is released once.
-        let b = unsafe { Box::from_raw(inst) };
+    guard("nv_release", || {
+        let b = match handles::take(inst, "instance") {
+            Ok(b) => b,
+            Err(e) => return e,
+        };
         for p in lock(&b.regions).drain(..) {
-            // SAFETY: each entry is a Box<nv_region> from nv_allocate, freed only here or in
+            // Each entry is a live region handle from nv_allocate, freed only here or in
             // nv_free (which removes it from the list first).
-            drop(unsafe { Box::from_raw(p as *mut nv_region) });
+            let _ = handles::take(p as *mut nv_region, "region").map(drop);
         }
         let nv_instance { vn, .. } = *b;
         match vn.nv_release() {
@@ -267,7 +259,7 @@ pub extern "C" fn nv_allocate(
     mode: c_int,
     out: *mut *mut nv_region,
 ) -> c_int {
-    guard(|| {
+    guard("nv_allocate", || {
         let i = match inst_ref(inst) {
             Ok(i) => i,
             Err(e) => return e,
@@ -286,10 +278,10 @@ pub extern "C" fn nv_allocate(
         };
         match i.vn.nv_allocate(path, size, mode) {
             Ok(region) => {
-                let p = Box::into_raw(Box::new(nv_region {
+                let p = handles::issue(nv_region {
                     region,
                     alloc: Mutex::new(None),
-                }));
+                });
                 lock(&i.regions).push(p as usize);
                 // SAFETY: out was checked non-NULL and points to writable storage (ABI contract).
                 unsafe { *out = p };
@@ -304,21 +296,17 @@ pub extern "C" fn nv_allocate(
 /// store (SIGSEGV: use nv_write). NULL for a NULL handle. Valid until nv_free / nv_release.
 #[no_mangle]
 pub extern "C" fn nv_region_ptr(region: *const nv_region) -> *const c_void {
-    if region.is_null() {
-        return std::ptr::null();
-    }
-    // SAFETY: a non-NULL handle is a live region (ABI contract).
-    unsafe { (*region).region.as_ptr().cast() }
+    guard("nv_region_ptr", || {
+        handles::get(region, "region").map_or(std::ptr::null(), |r| r.region.as_ptr().cast())
+    })
 }
 
 /// Size of a region in bytes (0 for a NULL handle).
 #[no_mangle]
 pub extern "C" fn nv_region_size(region: *const nv_region) -> usize {
-    if region.is_null() {
-        return 0;
-    }
-    // SAFETY: a non-NULL handle is a live region (ABI contract).
-    unsafe { (*region).region.len() }
+    guard("nv_region_size", || {
+        handles::get(region, "region").map_or(0, |r| r.region.len())
+    })
 }
 
 /// Unmap a region (the thesis' `nv_free`): apply its committed transactions, write it back,
@@ -329,7 +317,7 @@ pub extern "C" fn nv_region_size(region: *const nv_region) -> usize {
 /// commit or abort it first), I/O errors.
 #[no_mangle]
 pub extern "C" fn nv_free(inst: *mut nv_instance, region: *mut nv_region) -> c_int {
-    guard(|| {
+    guard("nv_free", || {
         let i = match inst_ref(inst) {
             Ok(i) => i,
             Err(e) => return e,
@@ -342,8 +330,8 @@ pub extern "C" fn nv_free(inst: *mut nv_instance, region: *mut nv_region) -> c_i
             return vfail(e);
         }
         lock(&i.regions).retain(|&p| p != region as usize);
-        // SAFETY: the Box came from nv_allocate and was just removed from the list.
-        drop(unsafe { Box::from_raw(region) });
+        // Checked live by region_ref just above.
+        let _ = handles::take(region, "region").map(drop);
         0
     })
 }
@@ -352,10 +340,10 @@ pub extern "C" fn nv_free(inst: *mut nv_instance, region: *mut nv_region) -> c_i
 /// instance).
 #[no_mangle]
 pub extern "C" fn nv_txbegin(inst: *mut nv_instance) -> u64 {
-    match inst_ref(inst) {
+    guard("nv_txbegin", || match inst_ref(inst) {
         Ok(i) => i.vn.nv_txbegin(),
         Err(_) => 0,
-    }
+    })
 }
 
 /// Log `n` bytes from `src` as transaction `tid`'s write to region memory at `dst` (the thesis'
@@ -374,7 +362,7 @@ pub extern "C" fn nv_write(
     n: usize,
 ) -> i64 {
     let mut logged = 0i64;
-    let rc = guard(|| {
+    let rc = guard("nv_write", || {
         let i = match inst_ref(inst) {
             Ok(i) => i,
             Err(e) => return e,
@@ -407,7 +395,7 @@ pub extern "C" fn nv_write(
 /// otherwise, -EINVAL for NULL.
 #[no_mangle]
 pub extern "C" fn nv_wait_log_space(inst: *mut nv_instance, timeout_ms: u64) -> c_int {
-    guard(|| match inst_ref(inst) {
+    guard("nv_wait_log_space", || match inst_ref(inst) {
         Ok(i) => {
             if i.vn.nv_wait_log_space(Duration::from_millis(timeout_ms)) {
                 0
@@ -428,7 +416,7 @@ pub extern "C" fn nv_wait_log_space(inst: *mut nv_instance, timeout_ms: u64) -> 
 /// Errors: ESRCH (not open), ECANCELED (aborted, e.g. for its age), media errors.
 #[no_mangle]
 pub extern "C" fn nv_commit(inst: *mut nv_instance, tid: u64) -> c_int {
-    guard(|| {
+    guard("nv_commit", || {
         let i = match inst_ref(inst) {
             Ok(i) => i,
             Err(e) => return e,
@@ -448,7 +436,7 @@ pub extern "C" fn nv_commit(inst: *mut nv_instance, tid: u64) -> c_int {
 /// Errors: ESRCH (not open), ECANCELED (already aborted).
 #[no_mangle]
 pub extern "C" fn nv_abort(inst: *mut nv_instance, tid: u64) -> c_int {
-    guard(|| {
+    guard("nv_abort", || {
         let i = match inst_ref(inst) {
             Ok(i) => i,
             Err(e) => return e,
@@ -466,7 +454,7 @@ pub extern "C" fn nv_abort(inst: *mut nv_instance, tid: u64) -> c_int {
 /// write cache.
 #[no_mangle]
 pub extern "C" fn nv_drain(inst: *mut nv_instance) -> c_int {
-    guard(|| match inst_ref(inst) {
+    guard("nv_drain", || match inst_ref(inst) {
         Ok(i) => i.vn.drain().map(|_| 0).unwrap_or_else(vfail),
         Err(e) => e,
     })
@@ -478,7 +466,7 @@ pub extern "C" fn nv_drain(inst: *mut nv_instance) -> c_int {
 /// no instance, -EBUSY when it is running.
 #[no_mangle]
 pub extern "C" fn nv_recover(dir: *const c_char) -> c_int {
-    guard(|| {
+    guard("nv_recover", || {
         let d = if dir.is_null() {
             match VnvmConfig::from_env() {
                 Ok(c) => c.dir,
@@ -516,7 +504,7 @@ pub extern "C" fn nv_tx_alloc(
     size: usize,
     off: *mut u64,
 ) -> c_int {
-    with_alloc(inst, region, |i, a| {
+    with_alloc("nv_tx_alloc", inst, region, |i, a| {
         if off.is_null() {
             return fail(libc::EINVAL, "off is NULL");
         }
@@ -542,7 +530,7 @@ pub extern "C" fn nv_tx_free(
     tid: u64,
     off: u64,
 ) -> c_int {
-    with_alloc(inst, region, |i, a| {
+    with_alloc("nv_tx_free", inst, region, |i, a| {
         a.nv_tx_free(&i.vn, tid, off)
             .map(|_| 0)
             .unwrap_or_else(afail)
@@ -558,7 +546,7 @@ pub extern "C" fn nv_root(
     tid: u64,
     out: *mut u64,
 ) -> c_int {
-    with_alloc(inst, region, |_, a| {
+    with_alloc("nv_root", inst, region, |_, a| {
         if out.is_null() {
             return fail(libc::EINVAL, "out is NULL");
         }
@@ -582,7 +570,7 @@ pub extern "C" fn nv_set_root(
     tid: u64,
     off: u64,
 ) -> c_int {
-    with_alloc(inst, region, |i, a| {
+    with_alloc("nv_set_root", inst, region, |i, a| {
         a.nv_set_root(&i.vn, tid, off)
             .map(|_| 0)
             .unwrap_or_else(afail)
@@ -590,11 +578,12 @@ pub extern "C" fn nv_set_root(
 }
 
 fn with_alloc(
+    name: &'static str,
     inst: *mut nv_instance,
     region: *mut nv_region,
     f: impl FnOnce(&nv_instance, &TxAlloc) -> i32,
 ) -> i32 {
-    guard(|| {
+    guard(name, || {
         let i = match inst_ref(inst) {
             Ok(i) => i,
             Err(e) => return e,

@@ -18,7 +18,27 @@ fn profile_dir() -> PathBuf {
 /// Compile `examples/c/<name>.c` with `-Wall -Wextra -Werror`, run it with a fresh scratch
 /// directory under `scratch_root` as its argument, and assert that it exits 0 and prints
 /// `marker`. Returns its stdout.
+#[allow(dead_code)] // not every test binary including this module uses it
 pub fn build_and_run(name: &str, scratch_root: &Path, marker: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    build_and_run_src(
+        &root.join(format!("examples/c/{name}.c")),
+        name,
+        scratch_root,
+        marker,
+        &[],
+    )
+}
+
+/// [`build_and_run`] for the C source `src`, run with the extra environment `env`.
+#[allow(dead_code)] // not every test binary including this module uses it
+pub fn build_and_run_src(
+    src: &Path,
+    name: &str,
+    scratch_root: &Path,
+    marker: &str,
+    env: &[(&str, &str)],
+) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let lib_dir = profile_dir();
     let so = lib_dir.join("libtiermem.so");
@@ -29,7 +49,6 @@ pub fn build_and_run(name: &str, scratch_root: &Path, marker: &str) -> String {
     );
     let tag = format!("tiermem-c-{name}-{}", std::process::id());
     let out = std::env::temp_dir().join(&tag);
-    let src = root.join(format!("examples/c/{name}.c"));
     let cc = Command::new("cc")
         .args([
             "-std=c11",
@@ -39,7 +58,7 @@ pub fn build_and_run(name: &str, scratch_root: &Path, marker: &str) -> String {
             "-Werror",
             "-O1",
         ])
-        .arg(&src)
+        .arg(src)
         .arg("-I")
         .arg(root.join("crates/capi/include"))
         .arg("-L")
@@ -63,6 +82,7 @@ pub fn build_and_run(name: &str, scratch_root: &Path, marker: &str) -> String {
     let mut child = Command::new(&out)
         .arg(&dir)
         .env("LD_LIBRARY_PATH", &lib_dir)
+        .envs(env.iter().copied())
         .stdout(std::fs::File::create(&so_path).unwrap())
         .stderr(std::fs::File::create(&se_path).unwrap())
         .spawn()
@@ -85,11 +105,15 @@ pub fn build_and_run(name: &str, scratch_root: &Path, marker: &str) -> String {
     let _ = std::fs::remove_dir_all(&dir);
     let status = match status {
         Some(s) => s,
-        None => panic!("examples/c/{name}.c hung (killed after 120 s):\n{stdout}\n{stderr}"),
+        None => panic!(
+            "{} hung (killed after 120 s):\n{stdout}\n{stderr}",
+            src.display()
+        ),
     };
     assert!(
         status.success(),
-        "examples/c/{name}.c failed ({status}):\n{stdout}\n{stderr}"
+        "{} failed ({status}):\n{stdout}\n{stderr}",
+        src.display()
     );
     assert!(stdout.contains(marker), "{stdout}");
     stdout
