@@ -163,6 +163,8 @@ impl Checkpoint {
         if h[0..8] != CKPT_MAGIC {
             return Err(bad("magic".into()));
         }
+        // h is HDR = 4096 bytes: every fixed field below (at most OFF_HOT_COUNTS +
+        // 4 * MAX_REGIONS = 3136, regions at 64 + 8 * n with n <= MAX_REGIONS checked) is in it.
         let version = u32::from_le_bytes(h[8..12].try_into().unwrap());
         if !(CKPT_VERSION_MIN..=CKPT_VERSION).contains(&version) {
             return Err(bad(format!(
@@ -238,6 +240,7 @@ impl Checkpoint {
         if crc32fast::hash(section) != stored {
             return Err("hot-page section checksum".into());
         }
+        // chunks_exact(8): 8-byte slices only.
         let mut words = section
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()));

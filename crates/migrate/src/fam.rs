@@ -278,7 +278,11 @@ impl FamSource {
     /// `Done` and return. A target that never connects does not delay the end (it learns
     /// completion from the lazy files).
     pub fn serve(self, listener: TcpListener) -> Result<SourceReport> {
-        let bg: Vec<_> = self.dumpers.iter().map(|d| d.spawn_background()).collect();
+        let bg = self
+            .dumpers
+            .iter()
+            .map(|d| d.spawn_background())
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         listener
             .set_nonblocking(true)
             .map_err(|e| FamError::Other(format!("listener: {e}")))?;

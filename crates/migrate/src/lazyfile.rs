@@ -288,6 +288,7 @@ impl LazyFile {
         if h[OFF_MAGIC..OFF_MAGIC + 8] != LAZY_MAGIC {
             return Err(not("field `magic` is not \"TMMIGLZY\"".into()));
         }
+        // Only called with the fixed OFF_* constants below OFF_WATERMARK = h.len().
         let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().expect("8 bytes"));
         let version = u32_at(OFF_VERSION);
@@ -928,6 +929,7 @@ impl Dumper {
             return true;
         }
         buf.chunks_exact(8)
+            // chunks_exact(8) yields 8-byte slices only.
             .any(|e| u64::from_le_bytes(e.try_into().unwrap()) & (3 << 62) != 0)
     }
 
@@ -1082,13 +1084,20 @@ impl Dumper {
         })
     }
 
-    /// Run [`Dumper::run_background`] in a new thread.
-    pub fn spawn_background(self: &Arc<Self>) -> std::thread::JoinHandle<Result<DumpStats>> {
+    /// Run [`Dumper::run_background`] in a new thread; [`LazyError::Io`] when the thread
+    /// cannot be created (resource limits).
+    pub fn spawn_background(
+        self: &Arc<Self>,
+    ) -> Result<std::thread::JoinHandle<Result<DumpStats>>> {
         let me = Arc::clone(self);
         std::thread::Builder::new()
             .name("mig-dumper".into())
             .spawn(move || me.run_background())
-            .expect("spawn dumper thread")
+            .map_err(|source| LazyError::Io {
+                op: "spawning the dumper thread",
+                path: self.file.path().to_path_buf(),
+                source,
+            })
     }
 }
 

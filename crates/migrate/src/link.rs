@@ -64,6 +64,7 @@ impl SignalSafeLink {
                 (K_FAULT_REPLY, FAULT_REPLY_LEN) => {
                     let mut b = [0u8; FAULT_REPLY_LEN];
                     recv_exact(fd, &mut b, &mut left)?;
+                    // b is FAULT_REPLY_LEN = 29 bytes; fields at 0, 5, 13, 21 fit.
                     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
                     let r_region = u32::from_le_bytes(b[0..4].try_into().unwrap());
                     if b[4] != 1 {

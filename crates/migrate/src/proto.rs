@@ -367,10 +367,13 @@ fn map_read_err(e: io::Error, mid_message: bool) -> ProtoError {
     }
 }
 
+/// Field of a payload whose length `read_msg` checked against its kind's fixed layout before
+/// decoding: every `at + 4` used is within it, and a 4-byte slice always converts.
 fn u32_at(p: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(p[at..at + 4].try_into().unwrap())
 }
 
+/// As [`u32_at`], 8 bytes.
 fn u64_at(p: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(p[at..at + 8].try_into().unwrap())
 }
@@ -461,6 +464,7 @@ pub fn read_msg<R: Read>(r: &mut R) -> Result<Msg> {
             message: String::from_utf8(p)
                 .map_err(|_| ProtoError::Malformed("Error text is not UTF-8".into()))?,
         },
+        // Every other kind returned UnknownType in the length match above.
         _ => unreachable!("kind checked above"),
     })
 }

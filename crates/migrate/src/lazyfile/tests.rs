@@ -46,7 +46,7 @@ fn roundtrip(mode: Batching, len: u64) -> DumpStats {
     let file =
         Arc::new(LazyFile::create(dir.path(), "region-0.lazy", len, DelayModel::NONE).unwrap());
     let d = new_dumper(&file, &region, mode);
-    let st = d.spawn_background().join().unwrap().unwrap();
+    let st = d.spawn_background().unwrap().join().unwrap().unwrap();
     assert_eq!(st.bytes, len);
     assert_eq!(st.vectors, len.div_ceil(VECTOR_SIZE));
     assert_eq!(st.demand_vectors, 0);
@@ -180,7 +180,7 @@ fn watermark_and_pause_semantics() {
     let file = Arc::new(LazyFile::create(dir.path(), "w.lazy", len, delay).unwrap());
     let d = new_dumper(&file, &region, Batching::PerVector);
     let reader = LazyFile::open(file.path(), DelayModel::NONE).unwrap();
-    let h = d.spawn_background();
+    let h = d.spawn_background().unwrap();
     while reader.watermark() < 4 * MIB {
         std::thread::yield_now();
     }
@@ -211,7 +211,7 @@ fn concurrent_demand_and_background_never_expose_undumped_pages() {
     let reader = LazyFile::open(file.path(), DelayModel::NONE).unwrap();
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
-        let bg = d.spawn_background();
+        let bg = d.spawn_background().unwrap();
         // Page-server: random on-demand vectors, high offsets first.
         let ps = s.spawn(|| {
             let mut rng = rand::rngs::StdRng::seed_from_u64(9);
@@ -566,7 +566,7 @@ fn untouched_vectors_are_skipped_and_read_as_zeros() {
         Arc::new(LazyFile::create(dir.path(), "region-0.lazy", len, DelayModel::NONE).unwrap());
     let d = new_dumper(&file, region, Batching::PerVector);
     d.set_skip_untouched(true);
-    let st = d.spawn_background().join().unwrap().unwrap();
+    let st = d.spawn_background().unwrap().join().unwrap().unwrap();
     assert_eq!(d.skipped_vectors(), 6, "8 vectors, 2 touched");
     assert_eq!(st.bytes, 2 * VECTOR_SIZE);
     let path = file.path().to_path_buf();
