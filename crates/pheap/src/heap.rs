@@ -509,6 +509,7 @@ impl Heap {
 
     /// How writes are tracked (all user views use the same method).
     pub fn tracking_method(&self) -> TrackingMethod {
+        // One tracker per user view, and there is at least one view (1, 2, 4 or 8).
         self.inner.lock().trackers[0].method()
     }
 
@@ -519,6 +520,7 @@ impl Heap {
 
     fn user_ptr(&self, off: usize, slot: usize) -> *mut u8 {
         let v = Alloc::view_of(self.nviews, off, slot);
+        // view_of returns a view below nviews, and bases holds 1 + nviews entries.
         (self.views.bases[1 + v] + off) as *mut u8
     }
 
@@ -538,7 +540,7 @@ impl Heap {
     pub fn malloc(&self, size: usize, name: Option<&str>) -> Result<*mut u8> {
         let mut g = self.inner.lock();
         let off = g.alloc.alloc(size, name)?;
-        let slot = g.alloc.objs[&off].slot;
+        let slot = g.alloc.objs[&off].slot; // alloc just recorded the object at `off`
         Ok(self.user_ptr(off, slot))
     }
 
@@ -591,7 +593,7 @@ impl Heap {
         if obj.name.is_some() {
             g.alloc.set_name(new, obj.name.clone());
         }
-        let slot = g.alloc.objs[&new].slot;
+        let slot = g.alloc.objs[&new].slot; // alloc recorded `new` above; free(off) kept it
         Ok(self.user_ptr(new, slot))
     }
 
@@ -599,7 +601,8 @@ impl Heap {
     pub fn get(&self, name: &str) -> Option<*mut u8> {
         let g = self.inner.lock();
         let off = *g.alloc.names.get(name)?;
-        Some(self.user_ptr(off, g.alloc.objs[&off].slot))
+        let slot = g.alloc.objs.get(&off)?.slot; // names only map live objects
+        Some(self.user_ptr(off, slot))
     }
 
     /// Requested size of the object starting at `ptr` (any view), if it is live.
@@ -762,6 +765,8 @@ impl Heap {
         for &(c, cl) in &chunk_list {
             let i = merged.partition_point(|&(mo, _)| mo <= c).wrapping_sub(1);
             let sum = merged.get(i).and_then(|&(mo, ml)| {
+                // logpos has one entry per merged range, and the record of range i holds its
+                // ml bytes after 16 header bytes: [at, at + cl) is inside it when c + cl <= mo + ml.
                 let at = logpos[i] + 16 + (c - mo);
                 (c + cl <= mo + ml).then(|| crc32fast::hash(&logbuf[at..at + cl]))
             });
