@@ -72,10 +72,17 @@ impl KvInstance {
                     log_size: cfg.log_size.unwrap_or(DEFAULT_POOL_SIZE),
                     cache_size: cfg.cache_size.unwrap_or(DEFAULT_POOL_SIZE),
                 };
-                let e = VnvmEngine::open(&ec).map_err(storage(format!(
-                    "opening the vnvm engine in {}",
-                    dir.display()
-                )))?;
+                let e = if cfg.new {
+                    VnvmEngine::create(&ec).map_err(storage(format!(
+                        "creating a vnvm instance in {}",
+                        dir.display()
+                    )))?
+                } else {
+                    VnvmEngine::open(&ec).map_err(storage(format!(
+                        "opening the vnvm instance in {}",
+                        dir.display()
+                    )))?
+                };
                 log(&match &e.report().recovery {
                     None => format!("new vnvm instance in {}", dir.display()),
                     Some(r) if r.was_clean => format!(
