@@ -644,6 +644,8 @@ pub fn glob_match(pattern: &[u8], s: &[u8], nocase: bool) -> bool {
             p => (fold(p) == fold(c), pi + 1),
         }
     };
+    // Indexing: `one` is called with `pi < pattern.len()` and returns `next <= pattern.len()`;
+    // `s[si]` with `si < s.len()`.
     let (mut pi, mut si) = (0, 0);
     let mut star: Option<(usize, usize)> = None; // (pattern index after `*`, s index)
     while si < s.len() {

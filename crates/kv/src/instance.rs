@@ -541,7 +541,12 @@ fn restore_socket(
         )
     })?;
     let page = tiermem_fault::PAGE_SIZE as u64;
-    let len = cfg.heap_size.div_ceil(page) * page;
+    let len = cfg
+        .heap_size
+        .div_ceil(page)
+        .checked_mul(page)
+        .filter(|&l| l >= page)
+        .ok_or_else(|| KvError::Config(format!("heap-size {} is unusable", cfg.heap_size)))?;
     let t0 = Instant::now();
     let opts = TargetOptions {
         migration_id: id,
@@ -637,6 +642,7 @@ struct MigrateArgs {
 }
 
 fn migrate_args(args: &[String]) -> Result<MigrateArgs, String> {
+    // `args[0..3]` below: at least 3 arguments.
     if args.len() < 3 || args.len() > 6 {
         return Err(
             "usage: TIERMEM.MIGRATE <fam-dir> <listen ip:port> <id hex> [fam|socket \

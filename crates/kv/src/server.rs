@@ -533,7 +533,10 @@ impl Shared {
     }
 
     fn wake(&self, thread: usize) {
-        wake_fd(self.wake_fds[thread]);
+        // Out of range only through a bug (thread ids are < `threads`): then nobody is woken.
+        if let Some(&fd) = self.wake_fds.get(thread) {
+            wake_fd(fd);
+        }
     }
 }
 
@@ -571,7 +574,7 @@ fn set_backlog(fd: RawFd) {
 /// the engine's files, ...), as Redis does; returns the `maxclients` that fits afterwards.
 fn raise_fd_limit(max_clients: usize) -> usize {
     const RESERVED: u64 = 64;
-    let want = max_clients as u64 + RESERVED;
+    let want = (max_clients as u64).saturating_add(RESERVED);
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -645,16 +648,15 @@ impl Epoll {
     fn wait(&self, events: &mut [libc::epoll_event], timeout: Option<Duration>) -> usize {
         let ms = match timeout {
             None => -1,
-            Some(d) => {
-                d.as_millis().min(i32::MAX as u128) as i32
-                    + i32::from(d.subsec_nanos() % 1_000_000 != 0)
-            }
+            Some(d) => (d.as_millis().min(i32::MAX as u128) as i32)
+                .saturating_add(i32::from(d.subsec_nanos() % 1_000_000 != 0)),
         };
         let cap = events.len().min(i32::MAX as usize) as i32;
         // SAFETY: the kernel writes at most `cap` events into the live slice.
         let n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), cap, ms) };
-        // EINTR (or any other error of a valid epoll fd): no events this time.
-        n.max(0) as usize
+        // EINTR (or any other error of a valid epoll fd): no events this time. The kernel
+        // returns at most `cap`; the `min` keeps callers' `events[..n]` in bounds regardless.
+        (n.max(0) as usize).min(events.len())
     }
 }
 
@@ -828,6 +830,7 @@ impl<S: Service> Worker<S> {
         service: Arc<S>,
         stats: Arc<ServerStats>,
     ) -> io::Result<Self> {
+        // `id < threads == wake_fds.len()` (`start` numbers the workers it creates).
         epoll.add(shared.wake_fds[id], libc::EPOLLIN as u32, WAKE_TOKEN)?;
         Ok(Worker {
             id,
@@ -851,7 +854,12 @@ impl<S: Service> Worker<S> {
     }
 
     fn set_listeners(&mut self, listeners: Vec<Listener>) -> io::Result<()> {
-        assert!((listeners.len() as u64) < MAX_LISTENERS);
+        if listeners.len() as u64 >= MAX_LISTENERS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("too many bind addresses (at most {})", MAX_LISTENERS - 1),
+            ));
+        }
         for (i, l) in listeners.iter().enumerate() {
             self.epoll
                 .add(l.fd(), libc::EPOLLIN as u32, LISTENER_TOKEN_BASE - i as u64)?;
@@ -916,6 +924,8 @@ impl<S: Service> Worker<S> {
 
     /// The eventfd fired: new connections, eviction requests, or shutdown (checked by `run`).
     fn on_wake(&mut self, now: Instant) {
+        // Here and below, `self.id` indexes the per-thread vectors of `Shared`, all `threads`
+        // long, and `self.id < threads` (see `Worker::new`).
         let mut counter = [0u8; 8];
         // SAFETY: reads at most 8 bytes into a live local; the eventfd is non-blocking.
         unsafe {
@@ -982,6 +992,7 @@ impl<S: Service> Worker<S> {
         stats
             .total_connections_received
             .fetch_add(1, Ordering::Relaxed);
+        // `threads >= 1` (validated), so `target < threads`, the length of `inboxes`.
         let target = self.shared.next_thread.fetch_add(1, Ordering::Relaxed) % self.shared.threads;
         if target == self.id {
             self.register(fd, &peer, now);
@@ -999,6 +1010,8 @@ impl<S: Service> Worker<S> {
             self.stats.connected_clients.fetch_sub(1, Ordering::Relaxed);
             return;
         }
+        // `idx < slots.len()`: the free list holds indices of existing slots (slots never
+        // shrink), or a slot was just pushed.
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -1111,7 +1124,7 @@ impl<S: Service> Worker<S> {
             freed,
             ..
         } = self;
-        let Some(conn) = slots[idx].conn.as_mut() else {
+        let Some(conn) = slots.get_mut(idx).and_then(|s| s.conn.as_mut()) else {
             return (Outcome::Keep, false);
         };
         let fd = conn.fd.as_raw_fd();
@@ -1321,6 +1334,7 @@ impl<S: Service> Worker<S> {
             match victim {
                 Some(((owner, tok), _)) if owner == self.id => self.cut(tok, Cut::Budget),
                 Some(((owner, tok), bytes)) => {
+                    // `owner` is a worker id (< threads), as every key of `big` is.
                     self.shared.evicting.fetch_add(bytes, Ordering::Relaxed);
                     self.shared.evictions[owner].lock().push((tok, bytes));
                     self.shared.wake(owner);
@@ -1366,6 +1380,7 @@ impl<S: Service> Worker<S> {
             return;
         };
         let mut failed = false;
+        // `out_pos <= out.len()` always: it only advances by bytes `send` took from the rest.
         if c.out_pos < c.out.len() {
             match send_nosignal(c.fd.as_raw_fd(), &c.out[c.out_pos..], 0) {
                 Ok(n) => {
