@@ -127,7 +127,7 @@ impl VnvmEngine {
                 afresh(&cfg.dir)
             ))
         })?;
-        check_heap_header(&cfg.dir)?;
+        check_heap_header(&cfg.dir, recovery.was_clean)?;
         Self::start(cfg, Some(recovery))
     }
 
@@ -241,8 +241,8 @@ fn check_instance(dir: &Path) -> Result<()> {
 
 /// Refuses a heap file whose header is all zero (the heap would be formatted: an empty
 /// database over a lost one) or is not a tiermem heap's. Run after recovery, when the file
-/// holds every committed write.
-fn check_heap_header(dir: &Path) -> Result<()> {
+/// holds every committed write (`was_clean`: recovery found a clean shutdown, wrote nothing).
+fn check_heap_header(dir: &Path, was_clean: bool) -> Result<()> {
     use std::io::Read;
     let path = heap_path(dir);
     let mut head = Vec::with_capacity(4096);
@@ -251,9 +251,14 @@ fn check_heap_header(dir: &Path) -> Result<()> {
         .map_err(|e| HeapError::Engine(format!("reading {}: {e}", path.display())))?;
     let damaged = |what: String| {
         Err(HeapError::Engine(format!(
-            "{} is damaged: {what}; refusing to serve it as an empty database (nothing was \
-             changed). If a good copy of it exists, put it back and start again; {}",
+            "{} is damaged: {what}; refusing to serve it as an empty database ({}). If a good \
+             copy of it exists, put it back and start again; {}",
             path.display(),
+            if was_clean {
+                "nothing was changed"
+            } else {
+                "only vnvm's recovery of the crashed instance wrote to it"
+            },
             afresh(dir)
         )))
     };
