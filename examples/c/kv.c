@@ -74,9 +74,14 @@ int main(int argc, char **argv) {
     close(fd);
     CHECK(tiermem_kv_stop(kv) == 0, "stop volatile");
 
-    /* Durable: data in DIR survives a stop and a restart. */
-    snprintf(settings, sizeof settings, "engine vnvm\ndir %s\nport 0\nheap-size 64mb\nlog-size 8mb\ncache-size 8mb\n", argv[1]);
-    CHECK(tiermem_kv_start(settings, &kv) == 0, "start vnvm");
+    /* Durable: a new instance in DIR/kv, which does not exist yet ("new yes"); its data survives a stop and a
+       restart (without "new": open the existing instance, never create one). */
+    char create[1100];
+    snprintf(settings, sizeof settings, "engine vnvm\ndir %s/kv\nport 0\nheap-size 64mb\nlog-size 8mb\ncache-size 8mb\n", argv[1]);
+    CHECK(tiermem_kv_start(settings, &kv) == -EIO, "no instance in DIR yet, and no \"new yes\"");
+    CHECK(strstr(tiermem_last_error(), "--new") != NULL, "error says how to create one: %s", tiermem_last_error());
+    snprintf(create, sizeof create, "%snew yes\n", settings);
+    CHECK(tiermem_kv_start(create, &kv) == 0, "start vnvm");
     fd = connect_to(tiermem_kv_port(kv));
     expect(fd, "*4\r\n$5\r\nRPUSH\r\n$4\r\nlist\r\n$1\r\na\r\n$1\r\nb\r\n", ":2\r\n");
     expect(fd, "*2\r\n$4\r\nINCR\r\n$1\r\nn\r\n", ":1\r\n");
@@ -89,6 +94,7 @@ int main(int argc, char **argv) {
     expect(fd, "*2\r\n$4\r\nINCR\r\n$1\r\nn\r\n", ":2\r\n");
     close(fd);
     CHECK(tiermem_kv_stop(kv) == 0, "stop vnvm again");
+    CHECK(tiermem_kv_start(create, &kv) == -EIO, "\"new yes\" over an instance is refused");
 
     printf("C kv: all checks passed\n");
     return 0;

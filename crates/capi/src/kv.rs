@@ -25,11 +25,14 @@ fn kv_errno(e: &KvError) -> i32 {
 /// `settings`: redis.conf-style text, one `key value` per line (`#` comments), with the keys of
 /// `tiermem kv serve --config` (e.g. "engine vnvm\ndir /dev/shm/app-kv\nport 0\n"); NULL or ""
 /// for the defaults (engine vnvm in $TIERMEM_DIR/kv, 127.0.0.1:6379). `port 0` picks a free
-/// port: read it with `tiermem_kv_port`. The durable engine recovers after a crash before it
-/// serves.
+/// port: read it with `tiermem_kv_port`. The durable engine opens the instance in `dir`
+/// (recovering it after a crash before it serves) and never creates one unless `new yes` is
+/// set, which creates one only in an empty or nonexistent `dir`.
 ///
 /// Errors: EINVAL a bad setting (the text names the line), EADDRINUSE and other socket errors,
-/// EIO a storage error (a damaged instance is reported, not modified).
+/// EIO a storage error: no instance in `dir` (without `new yes`), `new yes` over a non-empty
+/// `dir`, part of an instance missing or damaged (the text names the file; nothing in `dir`
+/// is modified).
 #[no_mangle]
 pub extern "C" fn tiermem_kv_start(settings: *const c_char, out: *mut *mut tiermem_kv) -> c_int {
     guard("tiermem_kv_start", || {

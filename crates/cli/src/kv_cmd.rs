@@ -36,6 +36,11 @@ pub struct ServeArgs {
     /// Data directory (default $TIERMEM_DIR/kv, i.e. /dev/shm/tiermem/kv).
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
+    /// Create a new instance (vnvm engine) in the data directory, which must be empty or not
+    /// exist. Without it the server opens the instance the directory holds, and refuses a
+    /// directory holding none or only part of one.
+    #[arg(long)]
+    new: bool,
     /// TCP port (default 6379; 0: an ephemeral port, printed at start).
     #[arg(long, value_name = "N")]
     port: Option<String>,
@@ -89,6 +94,7 @@ fn config(a: &ServeArgs) -> Result<KvConfig> {
     };
     set("engine", a.engine.clone())?;
     set("dir", a.dir.as_ref().map(|d| d.display().to_string()))?;
+    set("new", a.new.then(|| "yes".to_string()))?;
     set("port", a.port.clone())?;
     set("bind", a.bind.clone())?;
     set("unixsocket", a.unixsocket.clone())?;

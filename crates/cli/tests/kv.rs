@@ -105,6 +105,13 @@ impl Server {
         }
     }
 
+    /// [`Server::start`] with `--new`: a new instance in an empty directory.
+    fn create(engine: &str, dir: &Path, extra: &[&str]) -> Server {
+        let mut args = vec!["--new"];
+        args.extend_from_slice(extra);
+        Server::start(engine, dir, &args)
+    }
+
     fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
@@ -228,7 +235,7 @@ fn bulk(s: &str) -> Reply {
 #[test]
 fn restart_after_shutdown_finds_the_data_and_says_where_it_lives() {
     let dir = scratch("restart");
-    let mut s = Server::start("vnvm", &dir, &[]);
+    let mut s = Server::create("vnvm", &dir, &[]);
     let mut c = Conn::connect(s.port).unwrap();
     assert_eq!(c.cmd(&["SET", "k", "v1"]), Reply::Simple("OK".into()));
     assert_eq!(c.cmd(&["HSET", "h", "f1", "a", "f2", "b"]), Reply::Int(2));
@@ -260,6 +267,98 @@ fn restart_after_shutdown_finds_the_data_and_says_where_it_lives() {
     assert!(info.contains("tiermem_engine:vnvm"), "{info}");
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every file under `dir` with its length and contents.
+fn dir_snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut m = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                m.insert(p.clone(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    m
+}
+
+/// `tiermem kv serve` over `dir` with `extra` flags, expected to refuse: its stderr.
+fn serve_refused(dir: &Path, extra: &[&str]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["kv", "serve", "--engine", "vnvm", "--port", "0"])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .env("TIERMEM_DIR", dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let st = wait_bounded(&mut child, 30).expect("the refusal is prompt");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        !st.success(),
+        "tiermem kv serve started over {}:\n{err}",
+        dir.display()
+    );
+    err
+}
+
+/// The issue's case: a crashed instance without its meta.pool. The server refuses (naming the
+/// file, changing nothing) instead of creating a new, empty instance over it; with the file put
+/// back it recovers every key. `--new` is refused over it.
+#[test]
+fn a_crashed_instance_missing_a_pool_is_refused_not_recreated() {
+    let dir = scratch("partial");
+    let mut s = Server::create("vnvm", &dir, &["--heap-size", "64mb"]);
+    let mut c = Conn::connect(s.port).unwrap();
+    for i in 0..100 {
+        let (k, v) = (format!("k{i}"), format!("v{i}"));
+        assert_eq!(c.cmd(&["SET", &k, &v]), Reply::Simple("OK".into()));
+    }
+    drop(c);
+    s.kill9();
+    let meta = dir.join("vnvm/meta.pool");
+    let kept = dir.with_extension("meta.pool");
+    std::fs::rename(&meta, &kept).unwrap();
+    let before = dir_snapshot(&dir);
+    let err = serve_refused(&dir, &[]);
+    assert!(err.contains("meta.pool is missing"), "{err}");
+    assert!(err.contains("--new") && err.contains("move"), "{err}");
+    assert!(!err.contains("new vnvm instance"), "{err}");
+    assert_eq!(
+        dir_snapshot(&dir),
+        before,
+        "the refusal changed the directory"
+    );
+    let err = serve_refused(&dir, &["--new"]);
+    assert!(err.contains("is not empty"), "{err}");
+    assert_eq!(dir_snapshot(&dir), before, "--new changed the directory");
+    // Put it back: recovered, every key there.
+    std::fs::rename(&kept, &meta).unwrap();
+    let s = Server::start("vnvm", &dir, &[]);
+    assert!(s.log().contains("recovered"), "{}", s.log());
+    let mut c = Conn::connect(s.port).unwrap();
+    assert_eq!(c.cmd(&["DBSIZE"]), Reply::Int(100));
+    assert_eq!(c.cmd(&["GET", "k42"]), bulk("v42"));
+    drop(c);
+    drop(s);
+    // An empty directory without --new: refused, saying how to create one.
+    let empty = scratch("partial-empty");
+    let err = serve_refused(&empty, &[]);
+    assert!(err.contains("is empty") && err.contains("--new"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&empty);
 }
 
 #[test]
@@ -413,7 +512,11 @@ fn kill9_under_write_load_loses_no_acknowledged_write() {
     let dir = scratch("kill9");
     let mut acked: Vec<Acked> = Vec::new();
     for round in 0..rounds {
-        let mut s = Server::start("vnvm", &dir, &[]);
+        let mut s = if round == 0 {
+            Server::create("vnvm", &dir, &[])
+        } else {
+            Server::start("vnvm", &dir, &[])
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let handles: Vec<_> = (0..4)
             .map(|w| {
@@ -477,7 +580,7 @@ fn redis_cli_talks_to_both_engines() {
     };
     for engine in ["vnvm", "volatile"] {
         let dir = scratch(&format!("cli-{engine}"));
-        let s = Server::start(engine, &dir, &[]);
+        let s = Server::create(engine, &dir, &[]);
         let p = s.port.to_string();
         let rc = |args: &[&str]| {
             let mut a = vec!["-p", &p];
@@ -511,7 +614,7 @@ fn redis_benchmark_default_tests_run_clean() {
         return;
     };
     let dir = scratch("redis-benchmark");
-    let s = Server::start("vnvm", &dir, &[]);
+    let s = Server::create("vnvm", &dir, &[]);
     // Every default test of redis-benchmark that the issue names (XADD is not one of them).
     let tests = "ping_inline,ping_mbulk,set,get,incr,lpush,rpush,lpop,rpop,sadd,hset,spop,zadd,\
                  zpopmin,lrange_100,lrange_300,lrange_500,lrange_600,mset";
@@ -567,7 +670,7 @@ fn ycsb_workload_a_loads_and_runs_against_the_durable_engine() {
         return;
     }
     let dir = scratch("ycsb");
-    let s = Server::start("vnvm", &dir, &[]);
+    let s = Server::create("vnvm", &dir, &[]);
     let w = kv_harness::YcsbWorkload {
         port: s.port,
         workload: "a".into(),
@@ -842,7 +945,7 @@ fn migrate_refuses_bad_methods_and_unreachable_sources() {
     assert!(!out.status.success());
     assert!(err.contains("cannot reach the source"), "{err}");
     let vdir = scratch("migargs-vnvm");
-    let durable = Server::start("vnvm", &vdir, &["--heap-size", "64mb"]);
+    let durable = Server::create("vnvm", &vdir, &["--heap-size", "64mb"]);
     let out = Command::new(env!("CARGO_BIN_EXE_tiermem"))
         .args(["kv", "migrate", "--method", "socket", "--from"])
         .arg(format!("127.0.0.1:{}", durable.port))

@@ -29,7 +29,7 @@ pub mod table;
 
 use crate::ds::{garbage, Store, View, Wtx};
 use crate::heap::{Heap, HeapError, Result};
-use crate::server::{Control, Service};
+use crate::server::{Control, Executed, Service};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
@@ -407,16 +407,25 @@ impl KvService {
         }
     }
 
-    /// One transaction per write command.
+    /// One transaction per write command. Stops (`OutputFull`) at the first request whose
+    /// reply does not fit `limit` (see [`Service::execute`]): that request's reply is dropped,
+    /// its effects (a write's commit) stay.
     fn run_each(
         &self,
         s: &mut Session,
         reqs: &[Vec<&[u8]>],
         out: &mut Vec<u8>,
         cx: &mut data::Counters,
-    ) -> Control {
+        limit: usize,
+    ) -> Executed {
+        let budget = reply::Budget::new();
         let mut held = Held::None;
-        for r in reqs {
+        for (i, r) in reqs.iter().enumerate() {
+            let mark = out.len();
+            if mark >= limit {
+                return Executed::new(Control::OutputFull, i);
+            }
+            budget.arm(limit - mark);
             let Some(spec) = self.check(r, out) else {
                 continue;
             };
@@ -424,13 +433,13 @@ impl KvService {
                 Kind::Admin => {
                     let c = self.admin(s, spec, r, out, &mut held);
                     if c != Control::Continue {
-                        return c;
+                        return Executed::new(c, i + 1);
                     }
                 }
                 Kind::Read => {
                     if matches!(held, Held::None) {
                         let Some(g) = self.read_unfrozen() else {
-                            return Control::Close;
+                            return Executed::new(Control::Close, i);
                         };
                         held = Held::Read(g);
                     }
@@ -441,51 +450,71 @@ impl KvService {
                         // Release a read lock before waiting for the write lock.
                         drop(std::mem::replace(&mut held, Held::None));
                         let Some(g) = self.write_unfrozen() else {
-                            return Control::Close;
+                            return Executed::new(Control::Close, i);
                         };
                         held = Held::Write(g);
                     }
                     self.write_one(spec, r, out);
                 }
             }
+            if budget.over() || out.len() > limit {
+                out.truncate(mark);
+                return Executed::new(Control::OutputFull, i + 1);
+            }
         }
-        Control::Continue
+        Executed::new(Control::Continue, reqs.len())
     }
 
-    /// Group commit: one transaction for the whole batch.
+    /// Group commit: one transaction for the whole batch — or for the requests up to the one
+    /// whose reply does not fit `limit` (they are committed; the later ones do not run).
     fn run_group(
         &self,
         s: &mut Session,
         reqs: &[Vec<&[u8]>],
         out: &mut Vec<u8>,
         cx: &mut data::Counters,
-    ) -> Control {
+        limit: usize,
+    ) -> Executed {
         let Some(g) = self.write_unfrozen() else {
-            return Control::Close;
+            return Executed::new(Control::Close, 0);
         };
         let mark = out.len();
         let mut w = Wtx::new(&self.heap, self.store.root);
         let mut held = Held::None; // admin commands of a group need no lock of their own
         let mut failed = None;
         let mut writes = 0u64;
-        for r in reqs {
-            let Some(spec) = self.check(r, out) else {
-                continue;
-            };
-            match spec.kind {
-                Kind::Admin => {
-                    self.admin(s, spec, r, out, &mut held);
-                }
-                Kind::Read => self.read(cx, &w, s, spec, r, out),
-                Kind::Write => {
-                    if let Err(e) = data::write(&self.store, &mut w, spec.id, r, out) {
-                        failed = Some(e);
-                        break;
+        let mut ran = reqs.len();
+        let mut full = false;
+        let budget = reply::Budget::new();
+        for (i, r) in reqs.iter().enumerate() {
+            let rmark = out.len();
+            if rmark >= limit {
+                (ran, full) = (i, true);
+                break;
+            }
+            budget.arm(limit - rmark);
+            if let Some(spec) = self.check(r, out) {
+                match spec.kind {
+                    Kind::Admin => {
+                        self.admin(s, spec, r, out, &mut held);
                     }
-                    writes += 1;
+                    Kind::Read => self.read(cx, &w, s, spec, r, out),
+                    Kind::Write => {
+                        if let Err(e) = data::write(&self.store, &mut w, spec.id, r, out) {
+                            failed = Some(e);
+                            break;
+                        }
+                        writes += 1;
+                    }
                 }
             }
+            if budget.over() || out.len() > limit {
+                out.truncate(rmark);
+                (ran, full) = (i + 1, true);
+                break;
+            }
         }
+        drop(budget);
         let dirty = w.dirty();
         let res = match failed {
             Some(e) => {
@@ -502,15 +531,26 @@ impl KvService {
                     self.garbage
                         .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
                 }
-                Control::Continue
+                let control = if full {
+                    Control::OutputFull
+                } else {
+                    Control::Continue
+                };
+                Executed::new(control, ran)
             }
             Err(_) => {
-                // Nothing was committed or sent: redo the batch one command at a time.
+                // Nothing was committed or sent: redo the requests that ran, one command at a
+                // time (`ran <= reqs.len()`).
                 self.stats.aborts.fetch_add(1, Relaxed);
                 out.truncate(mark);
                 drop(g);
                 *cx = data::Counters::default();
-                self.run_each(s, reqs, out, cx)
+                let e = self.run_each(s, &reqs[..ran], out, cx, limit);
+                if full && e.control == Control::Continue {
+                    Executed::new(Control::OutputFull, e.ran)
+                } else {
+                    e
+                }
             }
         }
     }
@@ -554,20 +594,26 @@ impl Service for KvService {
         }
     }
 
-    fn execute(&self, s: &mut Session, reqs: &[Vec<&[u8]>], out: &mut Vec<u8>) -> Control {
+    fn execute(
+        &self,
+        s: &mut Session,
+        reqs: &[Vec<&[u8]>],
+        out: &mut Vec<u8>,
+        out_limit: usize,
+    ) -> Executed {
         if self.frozen.load(SeqCst) {
-            return Control::Close;
+            return Executed::new(Control::Close, 0);
         }
-        self.stats.commands.fetch_add(reqs.len() as u64, Relaxed);
         let mut cx = data::Counters::default();
         let group = self.durability == Durability::Async
             && reqs.iter().filter(|r| is_write(r)).count() > 1
             && !reqs.iter().any(|r| is_end(r));
         let c = if group {
-            self.run_group(s, reqs, out, &mut cx)
+            self.run_group(s, reqs, out, &mut cx, out_limit)
         } else {
-            self.run_each(s, reqs, out, &mut cx)
+            self.run_each(s, reqs, out, &mut cx, out_limit)
         };
+        self.stats.commands.fetch_add(c.ran as u64, Relaxed);
         if cx.hits > 0 {
             self.stats.hits.fetch_add(cx.hits, Relaxed);
         }

@@ -25,6 +25,7 @@
 //! | `client-output-buffer-limit` | `256mb` | replies pending for one client beyond which it is closed (also accepts Redis's `normal <hard> 0 0`); 0 = no limit |
 //! | `engine` | `vnvm` | `vnvm` (durable) or `volatile` |
 //! | `dir` | none | the engine's directory (the caller picks one when unset) |
+//! | `new` | `no` | `yes`: create a new instance (vnvm), only in an empty or nonexistent `dir`; `no`: open the instance in `dir`, refusing a directory that holds none or only part of one |
 //! | `durability` | `commit` | `commit` (durable before the reply) or `async` |
 //! | `heap-size` | `1gb` | the heap's size |
 //! | `log-size`, `cache-size` | engine default | vnvm's log and NVM-cache sizes; empty = engine default |
@@ -165,6 +166,9 @@ pub struct KvConfig {
     pub engine: String,
     /// The engine's directory (`dir`); `None`: the caller's default.
     pub dir: Option<PathBuf>,
+    /// Create a new instance (`new yes`; `--new`), only in an empty or nonexistent directory;
+    /// otherwise open the existing one. Ignored by the volatile engine.
+    pub new: bool,
     /// `commit` or `async` (`durability`).
     pub durability: String,
     /// The heap's size in bytes (`heap-size`).
@@ -194,6 +198,7 @@ impl Default for KvConfig {
             server: ServerConfig::default(),
             engine: "vnvm".to_string(),
             dir: None,
+            new: false,
             durability: "commit".to_string(),
             heap_size: 1 << 30,
             log_size: None,
@@ -253,6 +258,7 @@ const KEYS: &[&str] = &[
     "client-output-buffer-limit",
     "engine",
     "dir",
+    "new",
     "durability",
     "heap-size",
     "log-size",
@@ -410,6 +416,13 @@ impl KvConfig {
                 _ => return Err(bad("'vnvm' or 'volatile'")),
             },
             "dir" => self.dir = (!value.is_empty()).then(|| PathBuf::from(value)),
+            "new" => {
+                self.new = match value.to_ascii_lowercase().as_str() {
+                    "yes" => true,
+                    "no" => false,
+                    _ => return Err(bad("'yes' or 'no'")),
+                }
+            }
             "durability" => match value {
                 "commit" | "async" => self.durability = value.to_string(),
                 _ => return Err(bad("'commit' or 'async'")),
@@ -495,6 +508,7 @@ impl KvConfig {
                 .dir
                 .as_ref()
                 .map_or(String::new(), |p| p.display().to_string()),
+            "new" => if self.new { "yes" } else { "no" }.to_string(),
             "durability" => self.durability.clone(),
             "heap-size" => self.heap_size.to_string(),
             "log-size" => size(self.log_size),
@@ -630,6 +644,8 @@ pub fn glob_match(pattern: &[u8], s: &[u8], nocase: bool) -> bool {
             p => (fold(p) == fold(c), pi + 1),
         }
     };
+    // Indexing: `one` is called with `pi < pattern.len()` and returns `next <= pattern.len()`;
+    // `s[si]` with `si < s.len()`.
     let (mut pi, mut si) = (0, 0);
     let mut star: Option<(usize, usize)> = None; // (pattern index after `*`, s index)
     while si < s.len() {

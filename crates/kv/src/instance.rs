@@ -72,10 +72,17 @@ impl KvInstance {
                     log_size: cfg.log_size.unwrap_or(DEFAULT_POOL_SIZE),
                     cache_size: cfg.cache_size.unwrap_or(DEFAULT_POOL_SIZE),
                 };
-                let e = VnvmEngine::open(&ec).map_err(storage(format!(
-                    "opening the vnvm engine in {}",
-                    dir.display()
-                )))?;
+                let e = if cfg.new {
+                    VnvmEngine::create(&ec).map_err(storage(format!(
+                        "creating a vnvm instance in {}",
+                        dir.display()
+                    )))?
+                } else {
+                    VnvmEngine::open(&ec).map_err(storage(format!(
+                        "opening the vnvm instance in {}",
+                        dir.display()
+                    )))?
+                };
                 log(&match &e.report().recovery {
                     None => format!("new vnvm instance in {}", dir.display()),
                     Some(r) if r.was_clean => format!(
@@ -534,7 +541,12 @@ fn restore_socket(
         )
     })?;
     let page = tiermem_fault::PAGE_SIZE as u64;
-    let len = cfg.heap_size.div_ceil(page) * page;
+    let len = cfg
+        .heap_size
+        .div_ceil(page)
+        .checked_mul(page)
+        .filter(|&l| l >= page)
+        .ok_or_else(|| KvError::Config(format!("heap-size {} is unusable", cfg.heap_size)))?;
     let t0 = Instant::now();
     let opts = TargetOptions {
         migration_id: id,
@@ -630,6 +642,7 @@ struct MigrateArgs {
 }
 
 fn migrate_args(args: &[String]) -> Result<MigrateArgs, String> {
+    // `args[0..3]` below: at least 3 arguments.
     if args.len() < 3 || args.len() > 6 {
         return Err(
             "usage: TIERMEM.MIGRATE <fam-dir> <listen ip:port> <id hex> [fam|socket \

@@ -289,6 +289,7 @@ impl RequestParser {
 
     /// The slices of `self.args` in `frame`, in a pooled vector; clears `self.args`.
     fn take_args<'a>(&mut self, frame: &'a [u8], pool: &mut VecPool) -> Vec<&'a [u8]> {
+        // Every (start, len) in `args` was found inside `frame` by `step`/`split_in_place`.
         let mut v = pool.args();
         v.extend(self.args.iter().map(|&(s, l)| &frame[s..s + l]));
         self.args.clear();
@@ -355,6 +356,7 @@ impl RequestParser {
                         self.state = State::Count { scanned: cr };
                         return Step::Incomplete;
                     }
+                    // `cr >= scanned >= 1` (the `*` is at 0).
                     let n = match parse_i64(&buf[1..cr]) {
                         Some(n) if n <= 0 => {
                             self.state = State::Start;
@@ -401,6 +403,8 @@ impl RequestParser {
                                     scanned = cr;
                                     break Step::Incomplete;
                                 }
+                                // `pos <= scanned <= cr < buf.len()`; and `cr > pos` once
+                                // `buf[pos]` is `$`, so `pos + 1..cr` is a range.
                                 if buf[pos] != b'$' {
                                     break Step::Error(ProtocolError::ExpectedDollar(buf[pos]));
                                 }
@@ -448,7 +452,12 @@ impl RequestParser {
 /// The position of the first `b` in `buf[from..]`, as an index of `buf`.
 #[inline]
 fn find(b: u8, buf: &[u8], from: usize) -> Option<usize> {
-    buf[from..].iter().position(|&x| x == b).map(|i| from + i)
+    // `from <= buf.len()` by the parser's invariants; `get` makes a broken one "not found"
+    // rather than a panic.
+    buf.get(from..)?
+        .iter()
+        .position(|&x| x == b)
+        .map(|i| from + i)
 }
 
 /// Redis's `string2ll`: an optional `-`, then digits without a leading zero (or just `0`),
@@ -506,6 +515,8 @@ fn split_in_place(line: &mut [u8], args: &mut Vec<(usize, usize)>) -> Result<(),
     let n = line.len();
     // The byte at `i`, or NUL past the end: the C string view.
     let at = |line: &[u8], i: usize| if i < n { line[i] } else { 0 };
+    // Indexing: a byte is written only when the byte read is not NUL, i.e. `p < n`, at
+    // `w <= p`; `line[p]` after `p += 1` follows a check that `at(line, p + 1)` is not NUL.
     let mut p = 0; // read position
     let mut w = 0; // write position, always <= p
     loop {
@@ -609,6 +620,7 @@ pub fn split_args(line: &[u8]) -> Result<Vec<Vec<u8>>, ProtocolError> {
 /// reuse request vectors whose argument slices borrow a different read buffer each time.
 fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.clear();
+    // `v` is empty: the closure is never called.
     v.into_iter().map(|_| -> U { unreachable!() }).collect()
 }
 

@@ -37,8 +37,21 @@
 //!   which are tracked globally; the thread's own largest when no buffer is that large).
 //! * `unfinished-frame-timeout`: a client holding an unfinished request that sends nothing for
 //!   this long is closed. A client idle between requests is never closed.
-//! * `client-output-buffer-limit`: a client whose pending replies exceed it is closed (no flow
-//!   control: like Redis, we keep reading from a client that does not read its replies).
+//! * `client-output-buffer-limit`: a client whose pending replies would exceed it is closed (no
+//!   flow control: like Redis, we keep reading from a client that does not read its replies).
+//!   The limit is the output budget of [`Service::execute`]: the service stops at the first
+//!   request whose reply does not fit, measuring a big reply before copying it, so a pipeline
+//!   of GETs that is never read costs at most the limit, not its whole batch of replies. What
+//!   ran stays done; nothing is sent to the closed client.
+//!
+//! # Memory
+//!
+//! Connection buffers are freed when they drain (replies sent, requests complete) and when the
+//! connection closes; a big read buffer left holding a small unfinished tail shrinks. Once a
+//! thread has freed [`TRIM_AFTER`] bytes of buffers it calls glibc's `malloc_trim(0)` (at most
+//! every [`TRIM_EVERY`]), which gives whole free pages of every arena back to the OS: after a
+//! flood of big unfinished requests is cut, the process shrinks back instead of keeping the
+//! flood's size.
 //! * `maxclients`: a connection beyond it gets `-ERR max number of clients reached` and is
 //!   closed. At start the process's open-file limit is raised (up to its hard limit) to fit it.
 //!
@@ -78,6 +91,25 @@ pub enum Control {
     Close,
     /// Send the replies written so far, then shut the whole server down (SHUTDOWN).
     Shutdown,
+    /// The output budget ran out (see [`Service::execute`]): close the connection now, sending
+    /// nothing (`client-output-buffer-limit`).
+    OutputFull,
+}
+
+/// What [`Service::execute`] did with a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Executed {
+    /// What the connection does next.
+    pub control: Control,
+    /// Requests executed (a prefix of the batch).
+    pub ran: usize,
+}
+
+impl Executed {
+    /// `ran` requests executed, then `control`.
+    pub fn new(control: Control, ran: usize) -> Executed {
+        Executed { control, ran }
+    }
 }
 
 /// The command layer behind the server. One value serves every connection of every event-loop
@@ -96,12 +128,21 @@ pub trait Service: Send + Sync + 'static {
     /// its replies leaves. After a request that returns [`Control::Close`] or
     /// [`Control::Shutdown`], the service must execute none of the batch's later requests: the
     /// server drops them unanswered.
+    ///
+    /// `out_limit` is the output budget: the length `out` must not exceed
+    /// (`client-output-buffer-limit`; `usize::MAX` when there is none). A service stops at the
+    /// first request whose reply does not fit — it should measure a big reply before copying
+    /// it, so `out` never grows far past the limit — and returns [`Control::OutputFull`]; the
+    /// server then closes the connection without sending anything (as Redis does). Whatever
+    /// the service executed must stay executed (committed); later requests must not run.
+    /// `ran` counts the requests executed (for `total_commands_processed`).
     fn execute(
         &self,
         session: &mut Self::Session,
         requests: &[Vec<&[u8]>],
         out: &mut Vec<u8>,
-    ) -> Control;
+        out_limit: usize,
+    ) -> Executed;
 
     /// Called by an event-loop thread after it has executed the requests of every ready
     /// connection of one wake-up and before it sends their replies (a place for group commit).
@@ -189,6 +230,11 @@ const MIN_READ: usize = 16 << 10;
 const SCRATCH: usize = 64 << 10;
 /// A connection's output buffer is freed after a flush when it grew beyond this.
 const OUT_KEEP: usize = 64 << 10;
+/// Freed buffer bytes that make a thread return memory to the OS (see `Worker::maybe_trim`).
+const TRIM_AFTER: usize = 1 << 20;
+/// The least time between two `malloc_trim` calls of one thread (a trim costs a walk of the
+/// allocator's free lists, and pages given back are faulted in again when reused).
+const TRIM_EVERY: Duration = Duration::from_millis(250);
 /// Unfinished requests at least this large are tracked globally for the budget.
 const BIG_BUFFER: u64 = 1 << 20;
 /// How long accepting pauses after running out of file descriptors.
@@ -487,7 +533,10 @@ impl Shared {
     }
 
     fn wake(&self, thread: usize) {
-        wake_fd(self.wake_fds[thread]);
+        // Out of range only through a bug (thread ids are < `threads`): then nobody is woken.
+        if let Some(&fd) = self.wake_fds.get(thread) {
+            wake_fd(fd);
+        }
     }
 }
 
@@ -525,7 +574,7 @@ fn set_backlog(fd: RawFd) {
 /// the engine's files, ...), as Redis does; returns the `maxclients` that fits afterwards.
 fn raise_fd_limit(max_clients: usize) -> usize {
     const RESERVED: u64 = 64;
-    let want = max_clients as u64 + RESERVED;
+    let want = (max_clients as u64).saturating_add(RESERVED);
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -599,16 +648,15 @@ impl Epoll {
     fn wait(&self, events: &mut [libc::epoll_event], timeout: Option<Duration>) -> usize {
         let ms = match timeout {
             None => -1,
-            Some(d) => {
-                d.as_millis().min(i32::MAX as u128) as i32
-                    + i32::from(d.subsec_nanos() % 1_000_000 != 0)
-            }
+            Some(d) => (d.as_millis().min(i32::MAX as u128) as i32)
+                .saturating_add(i32::from(d.subsec_nanos() % 1_000_000 != 0)),
         };
         let cap = events.len().min(i32::MAX as usize) as i32;
         // SAFETY: the kernel writes at most `cap` events into the live slice.
         let n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), cap, ms) };
-        // EINTR (or any other error of a valid epoll fd): no events this time.
-        n.max(0) as usize
+        // EINTR (or any other error of a valid epoll fd): no events this time. The kernel
+        // returns at most `cap`; the `min` keeps callers' `events[..n]` in bounds regardless.
+        (n.max(0) as usize).min(events.len())
     }
 }
 
@@ -768,6 +816,10 @@ struct Worker<S: Service> {
     /// Connections holding an unfinished request.
     partial: usize,
     next_tick: Instant,
+    /// Buffer bytes freed since the last `malloc_trim` (see [`Worker::maybe_trim`]).
+    freed: usize,
+    /// The earliest time of the next `malloc_trim`.
+    next_trim: Instant,
 }
 
 impl<S: Service> Worker<S> {
@@ -778,6 +830,7 @@ impl<S: Service> Worker<S> {
         service: Arc<S>,
         stats: Arc<ServerStats>,
     ) -> io::Result<Self> {
+        // `id < threads == wake_fds.len()` (`start` numbers the workers it creates).
         epoll.add(shared.wake_fds[id], libc::EPOLLIN as u32, WAKE_TOKEN)?;
         Ok(Worker {
             id,
@@ -795,11 +848,18 @@ impl<S: Service> Worker<S> {
             flush: Vec::new(),
             partial: 0,
             next_tick: Instant::now(),
+            freed: 0,
+            next_trim: Instant::now(),
         })
     }
 
     fn set_listeners(&mut self, listeners: Vec<Listener>) -> io::Result<()> {
-        assert!((listeners.len() as u64) < MAX_LISTENERS);
+        if listeners.len() as u64 >= MAX_LISTENERS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("too many bind addresses (at most {})", MAX_LISTENERS - 1),
+            ));
+        }
         for (i, l) in listeners.iter().enumerate() {
             self.epoll
                 .add(l.fd(), libc::EPOLLIN as u32, LISTENER_TOKEN_BASE - i as u64)?;
@@ -823,6 +883,10 @@ impl<S: Service> Worker<S> {
             }
             if let Some(t) = self.accept_paused_until {
                 let d = t.saturating_duration_since(now);
+                timeout = Some(timeout.map_or(d, |x| x.min(d)));
+            }
+            if self.freed >= TRIM_AFTER {
+                let d = self.next_trim.saturating_duration_since(now);
                 timeout = Some(timeout.map_or(d, |x| x.min(d)));
             }
             let n = self.epoll.wait(&mut events, timeout);
@@ -850,6 +914,7 @@ impl<S: Service> Worker<S> {
             if now >= self.next_tick {
                 self.tick(now);
             }
+            self.maybe_trim(now);
             if self.shared.shutdown.load(Ordering::SeqCst) {
                 self.drain_and_exit();
                 return;
@@ -859,6 +924,8 @@ impl<S: Service> Worker<S> {
 
     /// The eventfd fired: new connections, eviction requests, or shutdown (checked by `run`).
     fn on_wake(&mut self, now: Instant) {
+        // Here and below, `self.id` indexes the per-thread vectors of `Shared`, all `threads`
+        // long, and `self.id < threads` (see `Worker::new`).
         let mut counter = [0u8; 8];
         // SAFETY: reads at most 8 bytes into a live local; the eventfd is non-blocking.
         unsafe {
@@ -925,6 +992,7 @@ impl<S: Service> Worker<S> {
         stats
             .total_connections_received
             .fetch_add(1, Ordering::Relaxed);
+        // `threads >= 1` (validated), so `target < threads`, the length of `inboxes`.
         let target = self.shared.next_thread.fetch_add(1, Ordering::Relaxed) % self.shared.threads;
         if target == self.id {
             self.register(fd, &peer, now);
@@ -942,6 +1010,8 @@ impl<S: Service> Worker<S> {
             self.stats.connected_clients.fetch_sub(1, Ordering::Relaxed);
             return;
         }
+        // `idx < slots.len()`: the free list holds indices of existing slots (slots never
+        // shrink), or a slot was just pushed.
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -1051,9 +1121,10 @@ impl<S: Service> Worker<S> {
             service,
             stats,
             shared,
+            freed,
             ..
         } = self;
-        let Some(conn) = slots[idx].conn.as_mut() else {
+        let Some(conn) = slots.get_mut(idx).and_then(|s| s.conn.as_mut()) else {
             return (Outcome::Keep, false);
         };
         let fd = conn.fd.as_raw_fd();
@@ -1109,25 +1180,52 @@ impl<S: Service> Worker<S> {
         let mut panicked = false;
         let executed = !requests.is_empty();
         if executed {
-            stats
-                .total_commands_processed
-                .fetch_add(requests.len() as u64, Ordering::Relaxed);
-            let session = conn
-                .session
-                .as_mut()
-                .expect("a live connection has a session");
+            // Sent replies still at the front of `out` (after a partial send) are dead bytes:
+            // move the pending ones down once they are no more than the dead ones (amortised
+            // O(1) per byte sent), so `out` holds at most twice the pending bytes.
+            if conn.out_pos > 0 && conn.out_pos >= conn.out.len() - conn.out_pos {
+                conn.out.drain(..conn.out_pos);
+                conn.out_pos = 0;
+            }
+            let out_limit = match shared.output_limit {
+                0 => usize::MAX,
+                l => conn
+                    .out_pos
+                    .saturating_add(usize::try_from(l).unwrap_or(usize::MAX)),
+            };
             let out = &mut conn.out;
             let reqs = &requests;
-            match catch_unwind(AssertUnwindSafe(|| service.execute(session, reqs, out))) {
-                Ok(c) => control = c,
-                Err(_) => panicked = true,
-            }
+            let ran = match conn.session.as_mut() {
+                // A live connection always has a session (taken only by `close`).
+                None => {
+                    control = Control::Close;
+                    0
+                }
+                Some(session) => match catch_unwind(AssertUnwindSafe(|| {
+                    service.execute(session, reqs, out, out_limit)
+                })) {
+                    Ok(e) => {
+                        control = e.control;
+                        e.ran.min(reqs.len())
+                    }
+                    Err(_) => {
+                        panicked = true;
+                        reqs.len()
+                    }
+                },
+            };
+            stats
+                .total_commands_processed
+                .fetch_add(ran as u64, Ordering::Relaxed);
         }
         pool.give_back(requests);
         if panicked {
             stats.service_panics.fetch_add(1, Ordering::Relaxed);
             eprintln!("tiermem-kv: the service panicked executing a request; closing that client");
             return (Outcome::Cut(Cut::Panic), executed);
+        }
+        if control == Control::OutputFull {
+            return (Outcome::Cut(Cut::Output), executed);
         }
         let mut close = eof;
         if let Some(e) = parsed.error {
@@ -1136,7 +1234,7 @@ impl<S: Service> Worker<S> {
             close = true;
         }
         match control {
-            Control::Continue => {}
+            Control::Continue | Control::OutputFull => {}
             Control::Close => close = true,
             Control::Shutdown => {
                 close = true;
@@ -1144,25 +1242,35 @@ impl<S: Service> Worker<S> {
             }
         }
 
-        // Keep the unfinished request, if any, in the connection's own buffer.
+        // Keep the unfinished request, if any, in the connection's own buffer; give back what
+        // the buffer no longer needs.
+        let before = conn.inbuf.capacity();
         if close {
             conn.inbuf = Vec::new();
             conn.parser.reset();
         } else if use_scratch {
             if parsed.consumed < scratch.len() {
+                // `consumed <= scratch.len()`: the parser consumes only bytes it was given.
                 conn.inbuf.extend_from_slice(&scratch[parsed.consumed..]);
             }
-        } else if parsed.consumed == conn.inbuf.len() {
+        } else if parsed.consumed >= conn.inbuf.len() {
             conn.inbuf = Vec::new();
         } else {
             conn.inbuf.drain(..parsed.consumed);
+            let (len, cap) = (conn.inbuf.len(), conn.inbuf.capacity());
+            if cap > OUT_KEEP && cap > 4 * len {
+                conn.inbuf.shrink_to(len.max(MIN_READ));
+            }
         }
+        *freed += before.saturating_sub(conn.inbuf.capacity());
         if use_scratch && scratch.capacity() > 2 * READ_CAP {
+            *freed += scratch.capacity();
             *scratch = Vec::with_capacity(SCRATCH);
         }
         if conn.inbuf.len() as u64 > shared.query_limit {
             return (Outcome::Cut(Cut::QueryLimit), executed);
         }
+        // For a service that does not honour the budget.
         if shared.output_limit != 0 && (conn.out.len() - conn.out_pos) as u64 > shared.output_limit
         {
             return (Outcome::Cut(Cut::Output), executed);
@@ -1226,6 +1334,7 @@ impl<S: Service> Worker<S> {
             match victim {
                 Some(((owner, tok), _)) if owner == self.id => self.cut(tok, Cut::Budget),
                 Some(((owner, tok), bytes)) => {
+                    // `owner` is a worker id (< threads), as every key of `big` is.
                     self.shared.evicting.fetch_add(bytes, Ordering::Relaxed);
                     self.shared.evictions[owner].lock().push((tok, bytes));
                     self.shared.wake(owner);
@@ -1271,6 +1380,7 @@ impl<S: Service> Worker<S> {
             return;
         };
         let mut failed = false;
+        // `out_pos <= out.len()` always: it only advances by bytes `send` took from the rest.
         if c.out_pos < c.out.len() {
             match send_nosignal(c.fd.as_raw_fd(), &c.out[c.out_pos..], 0) {
                 Ok(n) => {
@@ -1288,14 +1398,17 @@ impl<S: Service> Worker<S> {
             return;
         }
         let done = c.out_pos == c.out.len();
+        let mut freed = 0;
         if done {
             c.out_pos = 0;
             if c.out.capacity() > OUT_KEEP {
+                freed = c.out.capacity();
                 c.out = Vec::new();
             } else {
                 c.out.clear();
             }
             if c.closing {
+                self.freed += freed;
                 self.close(tok);
                 return;
             }
@@ -1310,6 +1423,27 @@ impl<S: Service> Worker<S> {
             if self.epoll.modify(fd, events, tok).is_err() {
                 self.close(tok);
             }
+        }
+        self.freed += freed;
+    }
+
+    /// Gives freed buffer memory back to the OS: once [`TRIM_AFTER`] bytes of connection
+    /// buffers were freed, at most every [`TRIM_EVERY`], `malloc_trim(0)`. glibc keeps freed
+    /// memory in its arenas (buffers of 1 MiB come from an arena, not from their own mapping,
+    /// once its mmap threshold has risen past them), so without this a flood of big unfinished
+    /// requests left the process as large as the flood after the clients were gone;
+    /// `malloc_trim` returns every whole free page of every arena. A fixed `M_MMAP_THRESHOLD`
+    /// would do it too, but would change the allocator of a program that embeds the server.
+    fn maybe_trim(&mut self, now: Instant) {
+        if self.freed < TRIM_AFTER || now < self.next_trim {
+            return;
+        }
+        self.freed = 0;
+        self.next_trim = now + TRIM_EVERY;
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim only returns free arena memory to the kernel.
+        unsafe {
+            libc::malloc_trim(0);
         }
     }
 
@@ -1377,6 +1511,7 @@ impl<S: Service> Worker<S> {
             return;
         };
         slot.gen = (slot.gen + 1) & 0x7fff_ffff;
+        self.freed += conn.inbuf.capacity() + conn.out.capacity();
         self.free.push(idx);
         self.live -= 1;
         self.epoll.delete(conn.fd.as_raw_fd());

@@ -10,7 +10,7 @@ use tiermem_kv::server::{Control, Service};
 fn exec(svc: &KvService, s: &mut Session, reqs: &[&[&[u8]]]) -> (String, Control) {
     let reqs: Vec<Vec<&[u8]>> = reqs.iter().map(|r| r.to_vec()).collect();
     let mut out = Vec::new();
-    let c = svc.execute(s, &reqs, &mut out);
+    let c = svc.execute(s, &reqs, &mut out, usize::MAX).control;
     (String::from_utf8_lossy(&out).into_owned(), c)
 }
 
@@ -300,7 +300,10 @@ fn pipelines_and_group_commit() {
                 vec![b"EXISTS", b"l", b"h"],
             ];
             let mut out = Vec::new();
-            assert_eq!(svc.execute(&mut s, &script, &mut out), Control::Continue);
+            assert_eq!(
+                svc.execute(&mut s, &script, &mut out, usize::MAX).control,
+                Control::Continue
+            );
             outs.push(String::from_utf8(out).unwrap());
             let info = cmd(&svc, &mut s, "INFO stats");
             let commits: u64 = info
@@ -531,7 +534,7 @@ fn per_command_cost() {
                 let t = std::time::Instant::now();
                 for chunk in rq.chunks(batch) {
                     out.clear();
-                    svc.execute(&mut s, chunk, &mut out);
+                    svc.execute(&mut s, chunk, &mut out, usize::MAX);
                 }
                 let ns = t.elapsed().as_nanos() as f64 / n as f64;
                 println!("{eng:?} {:6} {name:28} {ns:8.0} ns/command", d.name());
@@ -646,7 +649,7 @@ fn concurrent_readers_and_writers() {
                     for _ in 0..500 {
                         let r: Vec<Vec<&[u8]>> = vec![vec![b"INCR", b"c"]; 4];
                         let mut out = Vec::new();
-                        svc.execute(&mut s, &r, &mut out);
+                        svc.execute(&mut s, &r, &mut out, usize::MAX);
                         svc.round_end();
                     }
                     svc.close_session(s);

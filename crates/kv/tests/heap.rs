@@ -62,7 +62,8 @@ fn vnvm_heap_transactions_and_reopen() {
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let a;
     {
-        let heap = Heap::open(Box::new(VnvmEngine::open(&vnvm_cfg(dir.path())).unwrap())).unwrap();
+        let heap =
+            Heap::open(Box::new(VnvmEngine::create(&vnvm_cfg(dir.path())).unwrap())).unwrap();
         exercise(&heap);
         a = heap.root().unwrap();
         assert!(heap.engine().info().durable);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tiermem_kv::config::ServerConfig;
 use tiermem_kv::resp;
-use tiermem_kv::server::{start, Control, ServerHandle, ServerStats, Service};
+use tiermem_kv::server::{start, Control, Executed, ServerHandle, ServerStats, Service};
 
 #[derive(Default)]
 struct TestService {
@@ -30,8 +30,15 @@ impl Service for TestService {
         self.sessions.fetch_add(1, Ordering::SeqCst);
     }
 
-    fn execute(&self, _: &mut (), requests: &[Vec<&[u8]>], out: &mut Vec<u8>) -> Control {
-        for r in requests {
+    fn execute(
+        &self,
+        _: &mut (),
+        requests: &[Vec<&[u8]>],
+        out: &mut Vec<u8>,
+        _: usize,
+    ) -> Executed {
+        let n = requests.len();
+        for (i, r) in requests.iter().enumerate() {
             match r[0].to_ascii_uppercase().as_slice() {
                 b"PING" if r.len() == 1 => resp::simple_string(out, b"PONG"),
                 b"PING" | b"ECHO" if r.len() == 2 => resp::bulk(out, r[1]),
@@ -48,14 +55,14 @@ impl Service for TestService {
                 },
                 b"QUIT" => {
                     resp::ok(out);
-                    return Control::Close;
+                    return Executed::new(Control::Close, i + 1);
                 }
-                b"SHUTDOWN" => return Control::Shutdown,
+                b"SHUTDOWN" => return Executed::new(Control::Shutdown, i + 1),
                 b"PANIC" => panic!("the test service was asked to panic"),
                 _ => resp::error(out, b"ERR unknown command or wrong number of arguments"),
             }
         }
-        Control::Continue
+        Executed::new(Control::Continue, n)
     }
 
     fn round_end(&self) {

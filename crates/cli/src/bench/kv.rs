@@ -3,7 +3,7 @@
 //! storage directory.
 //!
 //! Systems (each started fresh, on an empty storage directory, for every measurement):
-//! * **tiermem-kv-vnvm** — `tiermem kv serve --engine vnvm --dir D --port P --durability commit`
+//! * **tiermem-kv-vnvm** — `tiermem kv serve --engine vnvm --new --dir D --port P --durability commit`
 //!   (this same binary, `current_exe`): every acknowledged write is durable;
 //! * **tiermem-kv-volatile** — `tiermem kv serve --engine volatile --dir D --port P`;
 //! * **redis-aof-always** — `redis-server` 7 with `appendonly yes`, `appendfsync always`,
@@ -155,7 +155,8 @@ impl System {
             Kind::Tiermem { engine, durability } => {
                 let exe = std::env::current_exe().context("locating the tiermem binary")?;
                 let mut c = Command::new(exe);
-                c.args(["kv", "serve", "--engine", engine, "--dir"])
+                // Every run starts on a fresh, empty directory (`start`).
+                c.args(["kv", "serve", "--engine", engine, "--new", "--dir"])
                     .arg(dir)
                     .args(["--port", &port.to_string()]);
                 if let Some(d) = durability {

@@ -1,5 +1,68 @@
 //! RESP2 reply encoding (private helpers of the command layer; the lead may switch them to the
-//! encoders of `crate::resp`).
+//! encoders of `crate::resp`), and the output budget of the request being executed.
+//!
+//! # Output budget
+//!
+//! [`Service::execute`](crate::server::Service::execute) receives a limit on its output
+//! (`client-output-buffer-limit`). The command layer arms [`Budget`] before each request with
+//! the room left; [`bulk`] (every value, member, field and INFO text goes through it) charges
+//! its size before copying and, when it does not fit, copies nothing and marks the request
+//! over budget. The command layer then drops the request's partial reply and stops the batch.
+//! The budget is thread-local so the data-structure code needs no extra argument; it is armed
+//! only while a request executes (a [`Budget`] guard disarms it).
+
+use std::cell::Cell;
+
+thread_local! {
+    /// Bytes the request being executed on this thread may still add (`usize::MAX`: no limit).
+    static ROOM: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// A reply of that request did not fit and was not copied.
+    static OVER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The output budget of this thread while a batch executes; disarmed when dropped.
+pub(crate) struct Budget(());
+
+impl Budget {
+    /// Start a batch (no limit until [`Budget::arm`]).
+    pub fn new() -> Budget {
+        ROOM.set(usize::MAX);
+        OVER.set(false);
+        Budget(())
+    }
+
+    /// The next request may add `room` bytes of replies.
+    pub fn arm(&self, room: usize) {
+        ROOM.set(room);
+        OVER.set(false);
+    }
+
+    /// Whether a reply of the armed request did not fit (and was not copied).
+    pub fn over(&self) -> bool {
+        OVER.get()
+    }
+}
+
+impl Drop for Budget {
+    fn drop(&mut self) {
+        ROOM.set(usize::MAX);
+        OVER.set(false);
+    }
+}
+
+/// Charge `n` bytes of reply to the armed budget: false (the request is marked over budget)
+/// when they do not fit.
+#[inline]
+fn charge(n: usize) -> bool {
+    let room = ROOM.get();
+    if n <= room {
+        ROOM.set(room - n);
+        true
+    } else {
+        OVER.set(true);
+        false
+    }
+}
 
 /// `+OK`.
 #[inline]
@@ -76,9 +139,15 @@ pub fn int(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// A bulk string.
+/// A bulk string; nothing when it does not fit the output budget (see the module's
+/// documentation).
 #[inline]
 pub fn bulk(out: &mut Vec<u8>, b: &[u8]) {
+    // `$<len>\r\n<bytes>\r\n`: the bytes, the length's digits and 5.
+    let digits = b.len().checked_ilog10().unwrap_or(0) as usize + 1;
+    if !charge(b.len().saturating_add(digits + 5)) {
+        return;
+    }
     out.reserve(b.len() + 16);
     out.push(b'$');
     push_uint(out, b.len() as u64);

@@ -59,7 +59,17 @@ impl Fixture {
             Eng::Volatile => {
                 Heap::open(Box::new(VolatileEngine::new(self.size, true).unwrap())).unwrap()
             }
-            Eng::Vnvm => Heap::open(Box::new(VnvmEngine::open(&self.cfg()).unwrap())).unwrap(),
+            Eng::Vnvm => {
+                // The first open creates the instance in the (empty) temporary directory.
+                let cfg = self.cfg();
+                let fresh = std::fs::read_dir(&cfg.dir).unwrap().next().is_none();
+                let e = if fresh {
+                    VnvmEngine::create(&cfg)
+                } else {
+                    VnvmEngine::open(&cfg)
+                };
+                Heap::open(Box::new(e.unwrap())).unwrap()
+            }
         };
         self.heap = Some(heap);
     }
