@@ -328,13 +328,14 @@ int tiermem_kv_start(const char *settings, struct tiermem_kv **out);
 
 /**
  * The TCP port the server listens on (the first address), or a negative errno: EINVAL for a
- * NULL handle, ENOTCONN when it listens on no TCP address.
+ * NULL handle, EBADF for a stopped or foreign one, ENOTCONN when it listens on no TCP address.
  */
 int tiermem_kv_port(const struct tiermem_kv *kv);
 
 /**
  * Stop the server (as SHUTDOWN does: replies in flight are sent), make everything durable,
- * close the engine and free the handle (also on error). 0 or a negative errno (EIO: the final
+ * close the engine and free the handle (also on error). 0 or a negative errno (EINVAL: NULL;
+ * EBADF: a handle already stopped or not from tiermem_kv_start; EIO: the final
  * sync failed; the data stays recoverable).
  */
 int tiermem_kv_stop(struct tiermem_kv *kv);

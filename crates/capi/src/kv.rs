@@ -1,6 +1,6 @@
 //! C ABI of tiermem-kv: run the Redis-protocol server inside a C program.
 
-use crate::error::{cstr, fail, guard};
+use crate::error::{cstr, fail, guard, handles};
 use ::tiermem_kv::config::KvConfig;
 use ::tiermem_kv::instance::{KvError, KvInstance};
 use std::ffi::{c_char, c_int};
@@ -56,7 +56,7 @@ pub extern "C" fn tiermem_kv_start(settings: *const c_char, out: *mut *mut tierm
         match KvInstance::start(&cfg, &default_dir, &mut |_| {}) {
             Ok(kv) => {
                 // SAFETY: out is non-NULL and points to writable storage (ABI contract).
-                unsafe { *out = Box::into_raw(Box::new(tiermem_kv { kv })) };
+                unsafe { *out = handles::issue(tiermem_kv { kv }) };
                 0
             }
             Err(e) => fail(kv_errno(&e), e),
@@ -65,15 +65,14 @@ pub extern "C" fn tiermem_kv_start(settings: *const c_char, out: *mut *mut tierm
 }
 
 /// The TCP port the server listens on (the first address), or a negative errno: EINVAL for a
-/// NULL handle, ENOTCONN when it listens on no TCP address.
+/// NULL handle, EBADF for a stopped or foreign one, ENOTCONN when it listens on no TCP address.
 #[no_mangle]
 pub extern "C" fn tiermem_kv_port(kv: *const tiermem_kv) -> c_int {
     guard("tiermem_kv_port", || {
-        if kv.is_null() {
-            return fail(libc::EINVAL, "kv handle is NULL");
-        }
-        // SAFETY: a non-NULL handle from tiermem_kv_start, not yet stopped (ABI contract).
-        let kv = unsafe { &*kv };
+        let kv = match handles::get(kv, "kv") {
+            Ok(kv) => kv,
+            Err(e) => return e,
+        };
         match kv.kv.tcp_addrs().first() {
             Some(a) => a.port() as c_int,
             None => fail(libc::ENOTCONN, "the server listens on no TCP address"),
@@ -82,16 +81,16 @@ pub extern "C" fn tiermem_kv_port(kv: *const tiermem_kv) -> c_int {
 }
 
 /// Stop the server (as SHUTDOWN does: replies in flight are sent), make everything durable,
-/// close the engine and free the handle (also on error). 0 or a negative errno (EIO: the final
+/// close the engine and free the handle (also on error). 0 or a negative errno (EINVAL: NULL;
+/// EBADF: a handle already stopped or not from tiermem_kv_start; EIO: the final
 /// sync failed; the data stays recoverable).
 #[no_mangle]
 pub extern "C" fn tiermem_kv_stop(kv: *mut tiermem_kv) -> c_int {
     guard("tiermem_kv_stop", || {
-        if kv.is_null() {
-            return fail(libc::EINVAL, "kv handle is NULL");
-        }
-        // SAFETY: a handle from tiermem_kv_start, stopped at most once (ABI contract).
-        let kv = unsafe { Box::from_raw(kv) };
+        let kv = match handles::take(kv, "kv") {
+            Ok(kv) => kv,
+            Err(e) => return e,
+        };
         match kv.kv.stop() {
             Ok(()) => 0,
             Err(e) => fail(kv_errno(&e), e),

@@ -85,6 +85,9 @@ int main(int argc, char **argv) {
     tiermem_migrate_target_free((void *)&not_a_handle); /* ignored, not freed */
     tiermem_migrate_source_free((void *)&not_a_handle);
     CHECK(nv_release((void *)&not_a_handle) == -EBADF, "foreign instance pointer");
+    CHECK(tiermem_kv_port((void *)&not_a_handle) == -EBADF, "foreign kv pointer");
+    CHECK(tiermem_kv_stop((void *)&not_a_handle) == -EBADF, "stop of a foreign kv pointer");
+    CHECK(tiermem_kv_stop(NULL) == -EINVAL, "stop of a NULL kv handle");
 
     size_t len = 4 * 4096;
     void *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
