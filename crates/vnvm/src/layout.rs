@@ -8,7 +8,7 @@
 //! | offset | size | contents |
 //! |---|---|---|
 //! | 0 | 256 | superblock: magic `VNVMSUPR`, version, page size, log pages, cache pages, max files, max domains, log objects, CRC-32 at 252 |
-//! | 256 | 8 | state word: [`STATE_CLEAN`] or [`STATE_RUNNING`] (8-byte atomic update) |
+//! | 256 | 8 | state word: [`STATE_CLEAN`], [`STATE_RUNNING`] or [`STATE_RECOVERING`] (8-byte atomic update) |
 //! | 512 | 64 × domains | committed-list word per log domain: head index + 1 (low 32 bits), tail index + 1 (high 32 bits); 0 = empty; at +8 its CRC32C ([`domain_crc`]); a second copy (word, CRC) at +16 |
 //! | files_off | 512 × max files | file records |
 //! | cache_obj_off | 64 × cache pages | cache page records ([`CacheRec`]), two 32-byte copies each: a packed 8-byte word (file id, page index, dirty), an 8-byte mask of the page's valid chunks (chunk = page size / 64), the CRC32C of the whole cache page, the CRC32C of the copy, 8 reserved bytes; 32 zero bytes = never used |
@@ -42,6 +42,9 @@ pub const SB_CRC_OFF: usize = 252;
 pub const STATE_OFF: u64 = 256;
 pub const STATE_CLEAN: u64 = 0x434c_4541_4e00_0001; // "CLEAN" tag
 pub const STATE_RUNNING: u64 = 0x5255_4e4e_0000_0002; // "RUNN" tag
+/// Recovery has started writing the backing files (format 3): the backing-file pages it writes
+/// may be newer than their checksums until it finishes.
+pub const STATE_RECOVERING: u64 = 0x5245_434f_0000_0003; // "RECO" tag
 pub const DOMAIN_OFF: u64 = 512;
 pub const DOMAIN_STRIDE: u64 = 64;
 pub const MAX_DOMAINS: u32 = 64;

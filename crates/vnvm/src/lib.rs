@@ -95,6 +95,7 @@ pub mod inspect;
 mod layout;
 mod members;
 mod recovery;
+pub mod scrub;
 mod shared;
 mod shm;
 mod sums;
@@ -102,6 +103,7 @@ mod sums;
 pub use error::{Result, VnvmError};
 pub use inspect::{inspect, InstanceInfo, InstanceState, LiveInfo};
 pub use recovery::{recover, RecoveryReport};
+pub use scrub::{scrub, ScrubReport};
 pub use sums::{sidecar_path as checksum_table_path, SUFFIX as CHECKSUM_TABLE_SUFFIX};
 
 use crate::dram::DramCache;

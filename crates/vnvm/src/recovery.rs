@@ -280,7 +280,7 @@ pub(crate) fn check_domains(p: &Pools) -> Result<()> {
 pub(crate) fn read_clean(p: &Pools) -> Result<bool> {
     match load_word(&p.meta, STATE_OFF) {
         STATE_CLEAN => Ok(true),
-        STATE_RUNNING => Ok(false),
+        STATE_RUNNING | STATE_RECOVERING => Ok(false),
         w => Err(damaged(
             &p.meta,
             "state word",
@@ -574,6 +574,8 @@ pub(crate) fn recover_locked(dir: &Path) -> Result<RecoveryReport> {
     if clean && plan.dirty.is_empty() && plan.txs.is_empty() {
         return Ok(report);
     }
+    // A recovery that crashed may have left pages newer than their checksums.
+    let prior_recovery = load_word(&p.meta, STATE_OFF) == STATE_RECOVERING;
     // Open every file that will be written before writing anything.
     let mut used: Vec<u32> = plan.dirty.iter().map(|d| d.1).collect();
     used.extend(plan.txs.iter().flatten().map(|e| e.file_id));
@@ -595,6 +597,34 @@ pub(crate) fn recover_locked(dir: &Path) -> Result<RecoveryReport> {
         files.insert(id, (f, r, path));
     }
     let ps = p.geo.page_size as u64;
+    // Backing-file pages that only committed logs write (no dirty cache page) cannot be newer
+    // than their checksums (the writeback checksums a page before it cleans its cache page):
+    // verify them before the replay overwrites part of them and checksums them again.
+    if !prior_recovery {
+        let in_dirty: HashSet<(u32, u64)> = plan
+            .dirty
+            .iter()
+            .flat_map(|&(_, f, idx, _)| crate::sums::units_of(idx * ps, ps).map(move |u| (f, u)))
+            .collect();
+        for (id, (file, r, path)) in &files {
+            if r.mode == 2 {
+                continue;
+            }
+            let Some(t) = crate::sums::SumTable::open(path, false, false, 0)? else {
+                continue;
+            };
+            let want: HashSet<u64> = plan
+                .txs
+                .iter()
+                .flatten()
+                .filter(|e| e.file_id == *id)
+                .flat_map(|e| crate::sums::units_of(e.offset, e.len as u64))
+                .filter(|u| !in_dirty.contains(&(*id, *u)))
+                .collect();
+            crate::sums::verify_units(path, file, &t, &want)?;
+        }
+    }
+    store_word_persist(&p.meta, STATE_OFF, STATE_RECOVERING)?;
     // (1) dirty cache pages
     let chunk = p.geo.chunk();
     for &(page, f, idx, mask) in &plan.dirty {

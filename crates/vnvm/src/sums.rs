@@ -228,6 +228,32 @@ pub(crate) fn verify_file(path: &Path, file: &File, t: &SumTable, limit: u64) ->
     Ok(n)
 }
 
+/// Verify the checksummed units of `file` (`path`) among `units`.
+pub(crate) fn verify_units(
+    path: &Path,
+    file: &File,
+    t: &SumTable,
+    units: &std::collections::HashSet<u64>,
+) -> Result<()> {
+    if units.is_empty() {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; UNIT as usize];
+    for s in t.read_all()? {
+        if !units.contains(&s.unit) {
+            continue;
+        }
+        let b = &mut buf[..s.len as usize];
+        file.read_exact_at(b, s.unit * UNIT)
+            .map_err(|e| io_err("read backing file", path, e))?;
+        let c = unit_crc(b);
+        if c != s.crc {
+            return Err(page_damaged(path, &s, c, &t.path));
+        }
+    }
+    Ok(())
+}
+
 /// Re-checksum `units` of `file` (region of `size` bytes) from what the file holds now (after
 /// recovery wrote and synced them) and sync the table.
 pub(crate) fn rechecksum(
