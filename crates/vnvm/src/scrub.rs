@@ -3,6 +3,10 @@
 //! pages, the log pages and entries of every committed list, and every checksummed page of the
 //! backing files — and report per area what was checked and what is bad, with locations.
 //!
+//! Backing files: those the file records name, and every file with a checksum table
+//! (`<file>.vnvm-crc`) in the instance directory or its parent (a clean instance has no file
+//! records left).
+//!
 //! Read-only like [`inspect`](crate::inspect): pools mapped read-only, backing files and their
 //! checksum tables opened read-only, the `lock` file never opened. Unlike recovery it does not
 //! stop at the first problem.
@@ -282,12 +286,17 @@ pub fn scrub(dir: impl AsRef<Path>) -> Result<ScrubReport> {
         .filter(|r| r.mode != 2)
         .map(|r| (Some(r.id), resolve(dir, &r.path)))
         .collect();
-    if let Ok(rd) = std::fs::read_dir(dir) {
+    // The instance directory and its parent (tiermem-kv keeps heap.data beside its vnvm/).
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    for d in std::iter::once(dir).chain(parent) {
+        let Ok(rd) = std::fs::read_dir(d) else {
+            continue;
+        };
         for e in rd.flatten() {
             let name = e.file_name();
             let Some(n) = name.to_str() else { continue };
             if let Some(base) = n.strip_suffix(sums::SUFFIX) {
-                let path = dir.join(base);
+                let path = d.join(base);
                 if !files.iter().any(|(_, p)| *p == path) {
                     files.push((None, path));
                 }
