@@ -1,4 +1,4 @@
-//! `tiermem vnvm recover|info|stats DIR`.
+//! `tiermem vnvm recover|info|stats|scrub DIR`.
 //!
 //! `recover`: recovery of a vnvm instance after an unclean shutdown (thesis §2.4.6): dirty NVM
 //! cache pages are written back first, then the committed logs are replayed in order, the files
@@ -8,6 +8,9 @@
 //! `info` and `stats`: read-only views of an instance (stopped or live) through
 //! [`tiermem_vnvm::inspect`]: geometry, state, file records, pool files; committed-list and
 //! NVM-cache occupancy, and per-process worker activity when a process uses the instance.
+//!
+//! `scrub`: read and verify everything the instance holds ([`tiermem_vnvm::scrub`]); exit 0
+//! when clean, 1 when damage was found, 2 when the instance cannot be opened.
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
@@ -35,6 +38,17 @@ pub enum VnvmCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Read and verify everything an instance holds (checksums of logs, cache pages and
+    /// records, backing-file pages) without writing anything. Exit 0 when clean, 1 when
+    /// damage was found, 2 when the instance cannot be opened.
+    #[command(after_help = SCRUB_JSON_KEYS)]
+    Scrub {
+        /// The instance directory (default: $TIERMEM_DIR/vnvm).
+        dir: Option<PathBuf>,
+        /// Print one JSON object (keys below).
+        #[arg(long)]
+        json: bool,
+    },
     /// Show an instance's occupancy: committed logs, NVM cache, dirty ratio, worker activity
     /// (read-only; works on a live instance).
     #[command(after_help = STATS_JSON_KEYS)]
@@ -52,9 +66,20 @@ const INFO_JSON_KEYS: &str = "\
 JSON keys (--json):
   dir                  instance directory
   state                \"clean\" or \"running_or_crashed\"
-  geometry             {page_size, log_pages, cache_pages, max_files, max_domains, log_objects}
+  geometry             {format_version, page_size, log_pages, cache_pages, max_files,
+                       max_domains, log_objects}
   pools                [{name, path, bytes}] for meta.pool, log.pool, cache.pool
-  files                [{id, mode (\"private\" | \"shared\"), size, path}] by id";
+  files                [{id, mode (\"private\" | \"shared\"), size, path, relative,
+                       checksum_table (path or null)}] by id";
+
+/// The keys of `vnvm scrub --json` (stable).
+const SCRUB_JSON_KEYS: &str = "\
+JSON keys (--json):
+  dir                  instance directory
+  clean                true when nothing bad was found
+  areas                [{name, checked, skipped, bad: [{file, what, offset, detail}]}]
+                       (skipped: pages a crashed instance's recovery rewrites and checksums
+                       again, which cannot be verified before)";
 
 /// The keys of `vnvm stats --json` (stable).
 const STATS_JSON_KEYS: &str = "\
@@ -122,6 +147,28 @@ pub fn run(cmd: VnvmCommand) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&info_json(&info))?);
             } else {
                 print_info(&info);
+            }
+            Ok(())
+        }
+        VnvmCommand::Scrub { dir, json } => {
+            let dir = instance_dir(dir);
+            let r = match tiermem_vnvm::scrub(&dir) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!(
+                        "tiermem: error: scrubbing the vnvm instance in {}: {e}",
+                        dir.display()
+                    );
+                    std::process::exit(2);
+                }
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&scrub_json(&r))?);
+            } else {
+                print_scrub(&r);
+            }
+            if !r.clean() {
+                std::process::exit(1);
             }
             Ok(())
         }
@@ -199,6 +246,7 @@ fn info_json(i: &InstanceInfo) -> serde_json::Value {
         "dir": i.dir.display().to_string(),
         "state": state_key(i.state),
         "geometry": {
+            "format_version": g.format_version,
             "page_size": g.page_size,
             "log_pages": g.log_pages,
             "cache_pages": g.cache_pages,
@@ -216,8 +264,62 @@ fn info_json(i: &InstanceInfo) -> serde_json::Value {
             "mode": mode_key(f.mode),
             "size": f.size,
             "path": f.path.display().to_string(),
+            "relative": f.relative,
+            "checksum_table": f.checksum_table.as_ref().map(|t| t.display().to_string()),
         })).collect::<Vec<_>>(),
     })
+}
+
+fn scrub_json(r: &tiermem_vnvm::ScrubReport) -> serde_json::Value {
+    serde_json::json!({
+        "dir": r.dir.display().to_string(),
+        "clean": r.clean(),
+        "areas": r.areas.iter().map(|a| serde_json::json!({
+            "name": a.name,
+            "checked": a.checked,
+            "skipped": a.skipped,
+            "bad": a.bad.iter().map(|b| serde_json::json!({
+                "file": b.file.display().to_string(),
+                "what": b.what,
+                "offset": b.offset,
+                "detail": b.detail,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_scrub(r: &tiermem_vnvm::ScrubReport) {
+    println!("instance   {}", r.dir.display());
+    println!(
+        "  {:<20} {:>9} {:>9} {:>5}",
+        "area", "checked", "skipped", "bad"
+    );
+    for a in &r.areas {
+        println!(
+            "  {:<20} {:>9} {:>9} {:>5}",
+            a.name,
+            a.checked,
+            a.skipped,
+            a.bad.len()
+        );
+    }
+    for (area, b) in r.findings() {
+        println!(
+            "BAD {area}: {} in {} at offset {}: {}",
+            b.what,
+            b.file.display(),
+            b.offset,
+            b.detail
+        );
+    }
+    println!(
+        "{}",
+        if r.clean() {
+            "clean: every checksum matches"
+        } else {
+            "DAMAGED: see the lines above (recovery refuses what it cannot trust)"
+        }
+    );
 }
 
 fn live_json(l: &LiveInfo) -> serde_json::Value {
@@ -272,6 +374,7 @@ fn print_info(i: &InstanceInfo) {
     let ps = g.page_size as u64;
     println!("instance   {}", i.dir.display());
     println!("state      {}", state_text(i.state));
+    println!("format     version {}", g.format_version);
     println!("page size  {} B", g.page_size);
     println!(
         "log        {} pages ({})",
@@ -303,11 +406,21 @@ fn print_info(i: &InstanceInfo) {
     println!("  {:>5}  {:<7}  {:>10}  path", "id", "mode", "size");
     for f in &i.files {
         println!(
-            "  {:>5}  {:<7}  {:>10}  {}",
+            "  {:>5}  {:<7}  {:>10}  {}{}{}",
             f.id,
             mode_key(f.mode),
             human_bytes(f.size),
-            f.path.display()
+            f.path.display(),
+            if f.relative {
+                " (inside the instance)"
+            } else {
+                ""
+            },
+            if f.checksum_table.is_some() {
+                " [checksummed]"
+            } else {
+                ""
+            }
         );
     }
 }

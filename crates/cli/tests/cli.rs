@@ -264,6 +264,7 @@ fn vnvm_info_and_stats_describe_an_instance() {
         keys(g),
         [
             "cache_pages",
+            "format_version",
             "log_objects",
             "log_pages",
             "max_domains",
@@ -286,7 +287,12 @@ fn vnvm_info_and_stats_describe_an_instance() {
     }
     let files = v["files"].as_array().unwrap();
     assert_eq!(files.len(), 1);
-    assert_eq!(keys(&files[0]), ["id", "mode", "path", "size"]);
+    assert_eq!(
+        keys(&files[0]),
+        ["checksum_table", "id", "mode", "path", "relative", "size"]
+    );
+    assert_eq!(g["format_version"], 3);
+    assert_eq!(files[0]["relative"], false);
     assert_eq!(files[0]["id"], 0);
     assert_eq!(files[0]["mode"], "private");
     assert_eq!(files[0]["size"], 4 * 4096);
@@ -350,6 +356,44 @@ fn vnvm_info_and_stats_describe_an_instance() {
     assert_eq!(v["state"], "clean");
     assert_eq!(v["log"]["committed_transactions"], 0);
     assert_eq!(v["domains"].as_array().unwrap().len(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn vnvm_scrub_reports_damage_with_exit_codes() {
+    let dir = scratch("vnvmscrub");
+    let inst = crashed_vnvm_instance(&dir);
+    let is = inst.to_str().unwrap();
+    let v = json(&tiermem(&["vnvm", "scrub", is, "--json"], &dir));
+    assert_eq!(keys(&v), ["areas", "clean", "dir"]);
+    assert_eq!(v["clean"], true);
+    // A flip in the first committed entry's payload (log page 0: header 24 + entry header 24).
+    let log = inst.join("log.pool");
+    let mut b = std::fs::read(&log).unwrap();
+    b[4096 + 48 + 10] ^= 1;
+    std::fs::write(&log, &b).unwrap();
+    let out = tiermem(&["vnvm", "scrub", is, "--json"], &dir);
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["clean"], false);
+    let bad: Vec<&Value> = v["areas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|a| a["bad"].as_array().unwrap().iter())
+        .collect();
+    assert_eq!(bad.len(), 1, "{v}");
+    assert_eq!(bad[0]["file"], log.to_str().unwrap());
+    assert!(
+        bad[0]["what"].as_str().unwrap().contains("log page 0"),
+        "{v}"
+    );
+    let out = tiermem(&["vnvm", "scrub", is], &dir);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("BAD committed logs"));
+    // No instance: 2.
+    let out = tiermem(&["vnvm", "scrub", dir.to_str().unwrap()], &dir);
+    assert_eq!(out.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

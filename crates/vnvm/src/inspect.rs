@@ -16,8 +16,8 @@
 use crate::error::{Result, VnvmError};
 use crate::layout::FileRecord;
 use crate::recovery::{
-    cache_obj, check_entry, committed_list, damaged, load_records, load_word, open_pools_with,
-    read_clean, tx_entries, Pools, META,
+    cache_obj, check_cache_page, check_entry, committed_list, damaged, load_records, load_word,
+    open_pools_with, read_clean, replayed_keys, resolve, tx_entries, Pools, META,
 };
 use crate::Mode;
 use std::collections::{HashMap, HashSet};
@@ -46,6 +46,9 @@ pub enum InstanceState {
 /// The geometry of an instance (from its validated superblock) and the sizes of its pool files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InstanceGeometry {
+    /// On-disk format version of the instance (3: CRC32C of log entries, cache page records
+    /// and contents, committed-list words; paths relative to the instance directory).
+    pub format_version: u32,
     /// Bytes per log page and per cache page (4096 or 8192).
     pub page_size: u32,
     /// Log pages in `log.pool`.
@@ -75,8 +78,13 @@ pub struct FileInfo {
     pub mode: Mode,
     /// The region size in bytes.
     pub size: u64,
-    /// The backing file (absolute path as given to `nv_allocate`).
+    /// The backing file (resolved against the instance directory when stored relative).
     pub path: PathBuf,
+    /// True when the record stores the path relative to the instance directory (the file
+    /// moves with the instance).
+    pub relative: bool,
+    /// The file's checksum table (`<file>.vnvm-crc`), when it exists (private regions).
+    pub checksum_table: Option<PathBuf>,
 }
 
 /// One non-empty committed list: transactions committed (durable) but not yet applied to the
@@ -226,6 +234,7 @@ fn list_words(p: &Pools) -> Vec<u64> {
 
 /// One complete read and validation of the instance.
 fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
+    crate::recovery::check_domains(p)?;
     let g = &p.geo;
     let state = if read_clean(p)? {
         InstanceState::Clean
@@ -237,6 +246,7 @@ fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
 
     let check = |f: u32, o: u64, l: u32| check_entry(&records, f, o, l);
     let mut seen = HashSet::new();
+    let mut listed = Vec::new();
     let mut domains = Vec::new();
     for d in 0..g.max_domains {
         let list = committed_list(&p.meta, &p.geo, d)?;
@@ -246,7 +256,9 @@ fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
         let mut log_pages = 0u32;
         for (idx, obj) in &list {
             // Validates the transaction's pages and entries (and that no page is used twice).
-            tx_entries(&p.meta, &p.log, &p.geo, *idx, obj, &mut seen, &check)?;
+            listed.extend(tx_entries(
+                &p.meta, &p.log, &p.geo, *idx, obj, &mut seen, &check,
+            )?);
             log_pages += obj.npages;
         }
         domains.push(DomainInfo {
@@ -259,11 +271,15 @@ fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
     let mut mapped = 0u32;
     let mut dirty = 0u32;
     let mut valid_chunks = 0u64;
+    let replayed = replayed_keys(&listed, g.page_size);
     for page in 0..g.cache_pages {
-        if let Some((_, _, d)) = cache_obj(p, &records, page)? {
+        if let Some((f, idx, d, rec)) = cache_obj(p, &records, page)? {
             mapped += 1;
             dirty += d as u32;
-            valid_chunks += load_word(&p.meta, g.cache_mask_off(page)).count_ones() as u64;
+            valid_chunks += rec.mask.count_ones() as u64;
+            if d {
+                check_cache_page(&p.cache, &p.geo, page, (f, idx), &rec, &replayed)?;
+            }
         }
     }
 
@@ -271,6 +287,7 @@ fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
         dir: dir.to_path_buf(),
         state,
         geometry: InstanceGeometry {
+            format_version: crate::layout::FORMAT_VERSION,
             page_size: g.page_size,
             log_pages: g.log_pages,
             cache_pages: g.cache_pages,
@@ -313,11 +330,15 @@ fn file_infos(p: &Pools, records: &HashMap<u32, FileRecord>) -> Result<Vec<FileI
                     ))
                 }
             };
+            let path = resolve(&p.dir, &r.path);
+            let table = crate::sums::sidecar_path(&path);
             Ok(FileInfo {
                 id: r.id,
                 mode,
                 size: r.size,
-                path: PathBuf::from(&r.path),
+                relative: !Path::new(&r.path).is_absolute(),
+                checksum_table: table.exists().then_some(table),
+                path,
             })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -8,15 +8,26 @@
 //! | offset | size | contents |
 //! |---|---|---|
 //! | 0 | 256 | superblock: magic `VNVMSUPR`, version, page size, log pages, cache pages, max files, max domains, log objects, CRC-32 at 252 |
-//! | 256 | 8 | state word: [`STATE_CLEAN`] or [`STATE_RUNNING`] (8-byte atomic update) |
-//! | 512 | 64 × domains | committed-list word per log domain: head index + 1 (low 32 bits), tail index + 1 (high 32 bits); 0 = empty |
+//! | 256 | 8 | state word: [`STATE_CLEAN`], [`STATE_RUNNING`] or [`STATE_RECOVERING`] (8-byte atomic update) |
+//! | 512 | 64 × domains | committed-list word per log domain: head index + 1 (low 32 bits), tail index + 1 (high 32 bits); 0 = empty; at +8 its CRC32C ([`domain_crc`]); a second copy (word, CRC) at +16 |
 //! | files_off | 512 × max files | file records |
-//! | cache_obj_off | 16 × cache pages | cache page objects: a packed 8-byte word (file id, page index, dirty) and an 8-byte mask of the page's valid chunks (chunk = page size / 64) |
+//! | cache_obj_off | 64 × cache pages | cache page records ([`CacheRec`]), two 32-byte copies each: a packed 8-byte word (file id, page index, dirty), an 8-byte mask of the page's valid chunks (chunk = page size / 64), the CRC32C of the whole cache page, the CRC32C of the copy, 8 reserved bytes; 32 zero bytes = never used |
+//!
+//! Two-copy words (domain words, cache page records): an update stores copy A, then copy B,
+//! and persists the cache line. A kill -9 between stores leaves one copy torn (its CRC fails)
+//! and the other intact — the old value (A torn) or the new one (B torn) — both states the
+//! crash protocol tolerates. Readers take A when it checks, else B; damage is both failing.
+//! A single flip is thus detected (scrub reports it) and outvoted, never served.
 //! | logobj_off | 64 × log objects | log objects |
 //!
 //! `log.pool` data area: log pages of `page_size` bytes: header `{used: u32, next: u32 (page
-//! index + 1, 0 = last), tid: u64}` then entries `{len: u32, file_id: u32, offset: u64,
-//! data[len]}` each 8-byte aligned. `cache.pool` data area: cache pages.
+//! index + 1, 0 = last), tid: u64, crc: u32 (CRC32C of the 16 bytes before), pad: u32}` then
+//! entries `{len: u32, file_id: u32, offset: u64, crc: u32 (CRC32C of the 16 bytes before and
+//! of data), pad: u32, data[len]}` each 8-byte aligned. `cache.pool` data area: cache pages.
+//!
+//! Format 3 added the CRC32C fields (log page headers, log entries, domain words, cache page
+//! records and contents) and relative backing-file paths (a record's path is relative to the
+//! instance directory when the file lies inside it); format 2 instances are refused.
 //!
 //! The committed list of a domain is a FIFO of log objects; each log object stores the index of
 //! its predecessor (`prev`), written before the commit fence, so linking a transaction is one
@@ -25,12 +36,15 @@
 //! thesis' Fig. 2.10 folded into one word: an object is in the list exactly when the word says so.
 
 pub const SB_MAGIC: [u8; 8] = *b"VNVMSUPR";
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 pub const SB_SIZE: usize = 256;
 pub const SB_CRC_OFF: usize = 252;
 pub const STATE_OFF: u64 = 256;
 pub const STATE_CLEAN: u64 = 0x434c_4541_4e00_0001; // "CLEAN" tag
 pub const STATE_RUNNING: u64 = 0x5255_4e4e_0000_0002; // "RUNN" tag
+/// Recovery has started writing the backing files (format 3): the backing-file pages it writes
+/// may be newer than their checksums until it finishes.
+pub const STATE_RECOVERING: u64 = 0x5245_434f_0000_0003; // "RECO" tag
 pub const DOMAIN_OFF: u64 = 512;
 pub const DOMAIN_STRIDE: u64 = 64;
 pub const MAX_DOMAINS: u32 = 64;
@@ -39,10 +53,13 @@ pub const FILE_MAGIC: u64 = 0x5245_4c49_464d_4e56; // "VNMFILER"
 pub const FILE_PATH_MAX: usize = 472;
 pub const LOGOBJ_SIZE: u64 = 64;
 pub const LOGOBJ_MAGIC: u32 = 0x4a42_4f4c; // "LOBJ"
-pub const LOG_HDR: usize = 16;
-pub const ENTRY_HDR: usize = 16;
+pub const LOG_HDR: usize = 24;
+pub const ENTRY_HDR: usize = 24;
 pub const CACHE_DIRTY: u64 = 1 << 63;
-pub const CACHE_OBJ_SIZE: u64 = 16;
+/// Bytes of one copy of a cache page record; a record slot holds two copies.
+pub const CACHE_REC_SIZE: u64 = 32;
+/// Bytes of a cache page record slot (copy A, then copy B; one cache line).
+pub const CACHE_OBJ_SIZE: u64 = 64;
 /// Page indices of backing files must fit 40 bits.
 pub const MAX_FILE_PAGE: u64 = (1 << 40) - 1;
 
@@ -73,10 +90,6 @@ impl Geometry {
     }
     pub fn cache_word_off(&self, page: u32) -> u64 {
         self.cache_obj_off() + CACHE_OBJ_SIZE * page as u64
-    }
-    /// The valid-chunk mask of a cache page object.
-    pub fn cache_mask_off(&self, page: u32) -> u64 {
-        self.cache_word_off(page) + 8
     }
     /// Bytes per valid-mask bit.
     pub fn chunk(&self) -> u64 {
@@ -134,7 +147,13 @@ impl Geometry {
         let version = u32_at(b, 8);
         if version != FORMAT_VERSION {
             return Err(format!(
-                "format version {version}, this build reads version {FORMAT_VERSION}"
+                "format version {version}, this build reads only version {FORMAT_VERSION}{}",
+                if version < FORMAT_VERSION {
+                    " (an instance of an older tiermem: recover it with that build's `tiermem \
+                     vnvm recover`, then remove the pools to start afresh with this one)"
+                } else {
+                    " (written by a newer tiermem)"
+                }
             ));
         }
         let stored = u32_at(b, SB_CRC_OFF);
@@ -318,6 +337,85 @@ pub fn cache_unword(w: u64) -> Option<(u32, u64, bool)> {
     Some(((f - 1) as u32, w & MAX_FILE_PAGE, w & CACHE_DIRTY != 0))
 }
 
+/// A cache page record (32 bytes, one cache line half): word, valid mask, CRC32C of the page
+/// contents, CRC32C of the record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CacheRec {
+    /// [`cache_word`]: (file id, page index, dirty); 0 = no file page.
+    pub word: u64,
+    /// Valid 64ths of the page.
+    pub mask: u64,
+    /// CRC32C of the whole cache page as of the last publish (meaningful for dirty pages).
+    pub page_crc: u32,
+}
+
+impl CacheRec {
+    /// The 32 bytes of one copy of the record, its CRC included.
+    pub fn encode(&self) -> [u8; CACHE_REC_SIZE as usize] {
+        let mut b = [0u8; CACHE_REC_SIZE as usize];
+        b[0..8].copy_from_slice(&self.word.to_le_bytes());
+        b[8..16].copy_from_slice(&self.mask.to_le_bytes());
+        b[16..20].copy_from_slice(&self.page_crc.to_le_bytes());
+        let c = Self::crc(&b);
+        b[20..24].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    fn crc(b: &[u8]) -> u32 {
+        crc32c::crc32c_append(crc32c::crc32c(&b[0..20]), &b[24..32])
+    }
+
+    /// Decode and check a record; all zero bytes is the record of a never-used page.
+    pub fn decode(b: &[u8]) -> Result<CacheRec, String> {
+        if b.len() < CACHE_REC_SIZE as usize {
+            return Err("cache page record truncated".into());
+        }
+        let b = &b[..CACHE_REC_SIZE as usize];
+        if b.iter().all(|&x| x == 0) {
+            return Ok(CacheRec::default());
+        }
+        let stored = u32_at(b, 20);
+        let computed = Self::crc(b);
+        if stored != computed {
+            return Err(format!(
+                "cache page record checksum mismatch (stored {stored:#010x}, computed \
+                 {computed:#010x})"
+            ));
+        }
+        if u64_at(b, 24) != 0 {
+            return Err("reserved bytes set".into());
+        }
+        Ok(CacheRec {
+            word: u64_at(b, 0),
+            mask: u64_at(b, 8),
+            page_crc: u32_at(b, 16),
+        })
+    }
+}
+
+/// Resolve the two copies of a two-copy word (see the module docs): `Ok((value, note))` with a
+/// note naming a copy that failed its check, `Err` when both fail.
+pub fn pick_copy<T: PartialEq>(
+    a: Result<T, String>,
+    b: Result<T, String>,
+) -> Result<(T, Option<String>), String> {
+    match (a, b) {
+        (Ok(a), Ok(_)) => Ok((a, None)),
+        (Ok(a), Err(e)) => Ok((a, Some(format!("copy B: {e}")))),
+        (Err(e), Ok(b)) => Ok((b, Some(format!("copy A: {e}")))),
+        (Err(ea), Err(eb)) => Err(format!("both copies fail: A: {ea}; B: {eb}")),
+    }
+}
+
+/// CRC32C of the committed-list word of domain `d` (stored at +8 of its slot). An empty list
+/// (word 0) has CRC 0.
+pub fn domain_crc(d: u32, word: u64) -> u32 {
+    if word == 0 {
+        return 0;
+    }
+    crc32c::crc32c_append(crc32c::crc32c(&d.to_le_bytes()), &word.to_le_bytes())
+}
+
 pub fn domain_word(head: u32, tail: u32) -> u64 {
     head as u64 | ((tail as u64) << 32)
 }
@@ -325,20 +423,26 @@ pub fn domain_unword(w: u64) -> (u32, u32) {
     (w as u32, (w >> 32) as u32)
 }
 
-/// Log page header.
+/// Log page header, with the CRC32C of its first 16 bytes.
 pub fn log_hdr(used: u32, next: u32, tid: u64) -> [u8; LOG_HDR] {
     let mut b = [0u8; LOG_HDR];
     b[0..4].copy_from_slice(&used.to_le_bytes());
     b[4..8].copy_from_slice(&next.to_le_bytes());
     b[8..16].copy_from_slice(&tid.to_le_bytes());
+    let c = crc32c::crc32c(&b[..16]);
+    b[16..20].copy_from_slice(&c.to_le_bytes());
     b
 }
 
-pub fn entry_hdr(len: u32, file_id: u32, offset: u64) -> [u8; ENTRY_HDR] {
+/// Log entry header for `data` (its CRC32C covers the first 16 header bytes and the data):
+/// computed while the entry is written, so a commit pays one pass over its bytes.
+pub fn entry_hdr(file_id: u32, offset: u64, data: &[u8]) -> [u8; ENTRY_HDR] {
     let mut b = [0u8; ENTRY_HDR];
-    b[0..4].copy_from_slice(&len.to_le_bytes());
+    b[0..4].copy_from_slice(&(data.len() as u32).to_le_bytes());
     b[4..8].copy_from_slice(&file_id.to_le_bytes());
     b[8..16].copy_from_slice(&offset.to_le_bytes());
+    let c = crc32c::crc32c_append(crc32c::crc32c(&b[..16]), data);
+    b[16..20].copy_from_slice(&c.to_le_bytes());
     b
 }
 
@@ -356,14 +460,28 @@ pub struct Entry {
 }
 
 /// Walk the entries of one log page image `page` (whose data-area offset is `page_off`),
-/// validating them. `check(file_id, offset, len)` validates the destination.
+/// validating them. `check(file_id, offset, len)` validates the destination. With `verify`,
+/// the header's and every entry's CRC32C are checked too.
 pub fn parse_page(
     page: &[u8],
     page_off: u64,
     page_size: u32,
     out: &mut Vec<Entry>,
     check: &dyn Fn(u32, u64, u32) -> Result<(), String>,
+    verify: bool,
 ) -> Result<(), String> {
+    if page.len() < LOG_HDR || page.len() < page_size as usize {
+        return Err("log page truncated".into());
+    }
+    if verify {
+        let (stored, computed) = (u32_at(page, 16), crc32c::crc32c(&page[..16]));
+        if stored != computed {
+            return Err(format!(
+                "log page header checksum mismatch (stored {stored:#010x}, computed \
+                 {computed:#010x})"
+            ));
+        }
+    }
     let used = u32_at(page, 0) as usize;
     if used < LOG_HDR || used > page_size as usize {
         return Err(format!("log page 'used' {used} out of range"));
@@ -385,6 +503,20 @@ pub fn parse_page(
             ));
         }
         check(file_id, offset, len).map_err(|e| format!("entry at {at}: {e}"))?;
+        if verify {
+            let d = at + ENTRY_HDR;
+            let stored = u32_at(page, at + 16);
+            let computed = crc32c::crc32c_append(
+                crc32c::crc32c(&page[at..at + 16]),
+                &page[d..d + len as usize],
+            );
+            if stored != computed {
+                return Err(format!(
+                    "entry at {at} ({len} bytes for file {file_id} at offset {offset}): payload \
+                     checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+                ));
+            }
+        }
         out.push(Entry {
             file_id,
             offset,
@@ -482,6 +614,56 @@ mod tests {
     }
 
     #[test]
+    fn checksummed_structures_detect_flips() {
+        let r = CacheRec {
+            word: cache_word(3, 9, true),
+            mask: 0b1011,
+            page_crc: 0xdead_beef,
+        };
+        let b = r.encode();
+        assert_eq!(CacheRec::decode(&b).unwrap(), r);
+        assert_eq!(CacheRec::decode(&[0u8; 32]).unwrap(), CacheRec::default());
+        for bit in 0..256 {
+            let mut x = b;
+            x[bit / 8] ^= 1 << (bit % 8);
+            assert!(CacheRec::decode(&x).is_err(), "flip of bit {bit} passed");
+            let mut z = [0u8; 32];
+            z[bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                CacheRec::decode(&z).is_err(),
+                "flip of zero bit {bit} passed"
+            );
+        }
+        let mut page = vec![0u8; 4096];
+        let h = entry_hdr(1, 40, b"hello");
+        page[LOG_HDR..LOG_HDR + ENTRY_HDR].copy_from_slice(&h);
+        page[LOG_HDR + ENTRY_HDR..LOG_HDR + ENTRY_HDR + 5].copy_from_slice(b"hello");
+        let used = (LOG_HDR + ENTRY_HDR + 8) as u32;
+        page[..LOG_HDR].copy_from_slice(&log_hdr(used, 0, 7));
+        let ok = |_: u32, _: u64, _: u32| Ok(());
+        let mut out = Vec::new();
+        parse_page(&page, 0, 4096, &mut out, &ok, true).unwrap();
+        assert_eq!(out.len(), 1);
+        for at in [
+            3usize,
+            10,
+            LOG_HDR + 2,
+            LOG_HDR + 9,
+            LOG_HDR + 17,
+            LOG_HDR + ENTRY_HDR + 1,
+        ] {
+            let mut p = page.clone();
+            p[at] ^= 4;
+            assert!(
+                parse_page(&p, 0, 4096, &mut Vec::new(), &ok, true).is_err(),
+                "flip at {at} passed"
+            );
+        }
+        assert_eq!(domain_crc(1, 0), 0);
+        assert_ne!(domain_crc(1, 5), domain_crc(2, 5));
+    }
+
+    #[test]
     fn masks() {
         assert_eq!(mask_runs(0).count(), 0);
         assert_eq!(mask_runs(u64::MAX).collect::<Vec<_>>(), vec![(0, 64)]);
@@ -499,7 +681,8 @@ mod tests {
         let g = geo();
         assert!(g.files_off() >= DOMAIN_OFF + DOMAIN_STRIDE * g.max_domains as u64);
         assert!(g.cache_obj_off() >= g.file_off(g.max_files - 1) + FILE_REC_SIZE);
-        assert!(g.logobj_base() >= g.cache_mask_off(g.cache_pages - 1) + 8);
+        assert!(g.logobj_base() >= g.cache_word_off(g.cache_pages - 1) + CACHE_OBJ_SIZE);
+        assert_eq!(g.cache_obj_off() % 64, 0);
         assert!(g.meta_len() >= g.logobj_off(g.log_objs - 1) + LOGOBJ_SIZE);
     }
 }

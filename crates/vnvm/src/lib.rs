@@ -95,12 +95,16 @@ pub mod inspect;
 mod layout;
 mod members;
 mod recovery;
+pub mod scrub;
 mod shared;
 mod shm;
+mod sums;
 
 pub use error::{Result, VnvmError};
 pub use inspect::{inspect, InstanceInfo, InstanceState, LiveInfo};
 pub use recovery::{recover, RecoveryReport};
+pub use scrub::{scrub, ScrubReport};
+pub use sums::{sidecar_path as checksum_table_path, SUFFIX as CHECKSUM_TABLE_SUFFIX};
 
 use crate::dram::DramCache;
 use crate::error::io_err;
@@ -311,6 +315,8 @@ struct RegionInner {
     path: PathBuf,
     size: u64,
     file: File,
+    /// Private regions: the checksum table of the backing file's pages (`sums`).
+    sums: Option<sums::SumTable>,
     dram: DramCache,
     /// Open transactions that wrote into this region.
     open_writers: AtomicU32,
@@ -651,12 +657,12 @@ impl CacheState {
     }
 }
 
-/// Add the 8-byte word at `off` to `runs`, extending the last run when the word lies in it or
-/// at most one 8-byte gap after it (neighbouring page objects).
-fn add_run(runs: &mut Vec<(u64, u64)>, off: u64) {
+/// Add the `len` bytes at `off` to `runs`, extending the last run when they lie in it or
+/// start at most 8 bytes after it (neighbouring page records).
+fn add_run(runs: &mut Vec<(u64, u64)>, off: u64, len: u64) {
     match runs.last_mut() {
-        Some((s, e)) if off >= *s && off <= *e + 8 => *e = (*e).max(off + 8),
-        _ => runs.push((off, off + 8)),
+        Some((s, e)) if off >= *s && off <= *e + 8 => *e = (*e).max(off + len),
+        _ => runs.push((off, off + len)),
     }
 }
 
@@ -821,6 +827,7 @@ fn create_pools(
     }
     let meta = Pool::open(dir.join(META), &oo)?;
     Ok(Pools {
+        dir: dir.to_path_buf(),
         meta,
         log,
         cache,
@@ -1102,7 +1109,8 @@ impl Vnvm {
         }
         let path = std::path::absolute(path.as_ref())
             .map_err(|e| io_err("resolve path", path.as_ref(), e))?;
-        let pstr = path
+        // Stored relative to the instance directory when inside it (a movable instance).
+        let pstr = record_path(&i.dir, &path)
             .to_str()
             .ok_or_else(|| VnvmError::Allocate {
                 path: path.clone(),
@@ -1222,7 +1230,13 @@ impl Vnvm {
                 }
             }
         };
-        let opened = (|| -> Result<(File, DramCache, Option<shared::SharedRef>)> {
+        type Opened = (
+            File,
+            Option<sums::SumTable>,
+            DramCache,
+            Option<shared::SharedRef>,
+        );
+        let opened = (|| -> Result<Opened> {
             let file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -1235,6 +1249,26 @@ impl Vnvm {
                 .metadata()
                 .map_err(|e| io_err("fstat", &path, e))?
                 .len();
+            // Private regions: every page vnvm wrote back is checked against its checksum
+            // before it is served (the whole file, eagerly: reads through the mapped view
+            // cannot fail later). Shared regions keep no table (msync writes them): a stale
+            // one would condemn good pages later, so it goes.
+            let sums = if sslot.is_none() {
+                let t = sums::SumTable::open(&path, true, true, i.perm)?;
+                if let Some(t) = &t {
+                    sums::verify_file(&path, &file, t, u64::MAX)?;
+                }
+                t
+            } else {
+                if !join {
+                    let sp = sums::sidecar_path(&path);
+                    if sp.exists() {
+                        std::fs::remove_file(&sp)
+                            .map_err(|e| io_err("remove checksum table", &sp, e))?;
+                    }
+                }
+                None
+            };
             if len < size as u64 {
                 // SAFETY: fd is open; the range is checked by the kernel.
                 let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
@@ -1247,7 +1281,7 @@ impl Vnvm {
             match sslot {
                 None => {
                     let dram = DramCache::new(&path, &file, map_len, size)?;
-                    Ok((file, dram, None))
+                    Ok((file, sums, dram, None))
                 }
                 Some(s) => {
                     let dram = DramCache::new_shared(&path, &file, map_len)?;
@@ -1257,11 +1291,11 @@ impl Vnvm {
                         domain: shared::shared_domain(s),
                         bm,
                     };
-                    Ok((file, dram, Some(sr)))
+                    Ok((file, sums, dram, Some(sr)))
                 }
             }
         })();
-        let (file, dram, shared) = match opened {
+        let (file, sums, dram, shared) = match opened {
             Ok(x) => x,
             Err(e) => {
                 // Undo what the record table says.
@@ -1291,6 +1325,7 @@ impl Vnvm {
             path,
             size: size as u64,
             file,
+            sums,
             dram,
             open_writers: AtomicU32::new(0),
             closing: AtomicBool::new(false),
@@ -1344,8 +1379,9 @@ impl Vnvm {
                     c.map.remove(&k);
                 }
                 c.state[p as usize] = PState::Free;
-                store_word(&i.meta, i.geo.cache_word_off(p), 0);
-                i.meta.flush(i.geo.cache_word_off(p), 8)?;
+                clear_cache_rec(&i.meta, &i.geo, p);
+                i.meta
+                    .flush(i.geo.cache_word_off(p), CACHE_OBJ_SIZE as usize)?;
                 c.free.push(p);
             }
             c.map.forget_file(r.file_id);
@@ -1668,7 +1704,10 @@ impl Inner {
         let mut off = (dst - region.base()) as u64;
         let mut done = 0usize;
         while done < src.len() {
-            if tx.pages.is_empty() || tx.used as usize + ENTRY_HDR + 8 > ps {
+            // A new page when this one cannot take the rest or at least 64 bytes of it (a
+            // small write is never split into crumbs).
+            let want = (src.len() - done).min(64);
+            if tx.pages.is_empty() || tx.used as usize + ENTRY_HDR + want > ps {
                 let Some(np) = self.take_log_page() else {
                     break;
                 };
@@ -1683,8 +1722,10 @@ impl Inner {
             let to_boundary = ps - (off % ps as u64) as usize;
             let n = (src.len() - done).min(room).min(to_boundary);
             let at = page as u64 * ps as u64 + tx.used as u64;
-            self.log_store(at, &entry_hdr(n as u32, region.file_id, off));
-            self.log_store(at + ENTRY_HDR as u64, &src[done..done + n]);
+            let data = &src[done..done + n];
+            // The entry's CRC32C is computed here, while its bytes are hot (one pass).
+            self.log_store(at, &entry_hdr(region.file_id, off, data));
+            self.log_store(at + ENTRY_HDR as u64, data);
             tx.used += (ENTRY_HDR + pad8(n)) as u32;
             done += n;
             off += n as u64;
@@ -1759,15 +1800,25 @@ impl Inner {
         note(head + body, len);
     }
 
-    fn entries_of(&self, tid: Tid, pages: &[u32], out: &mut Vec<Entry>) {
+    /// The entries of transaction `tid`'s own log `pages`; with `verify` (the redo worker),
+    /// their CRC32Cs are checked: a mismatch is [`VnvmError::Damaged`] naming the page and tid.
+    fn entries_of(
+        &self,
+        tid: Tid,
+        pages: &[u32],
+        out: &mut Vec<Entry>,
+        verify: bool,
+    ) -> Result<()> {
         let ps = self.geo.page_size;
         let ok = |_: u32, _: u64, _: u32| Ok(());
         for &p in pages {
             let off = p as u64 * ps as u64;
             let b = pool_slice(&self.log, off, ps as usize);
             debug_assert_eq!(u64_at(b, 8), tid);
-            parse_page(b, off, ps, out, &ok).expect("own log pages parse");
+            parse_page(b, off, ps, out, &ok, verify)
+                .map_err(|e| damaged(&self.log, format!("log page {p} (tid {tid})"), off, e))?;
         }
+        Ok(())
     }
 
     fn commit(&self, tid: Tid) -> Result<()> {
@@ -1799,7 +1850,8 @@ impl Inner {
             .take_one(shm::Res::Obj, self.slot)
             .expect("log objects = log pages ≥ committed transactions");
         let mut entries = Vec::new();
-        self.entries_of(tid, &tx.pages, &mut entries);
+        // Our own pages, just written: parsed, not re-verified (the redo worker verifies).
+        self.entries_of(tid, &tx.pages, &mut entries, false)?;
         let mut bytes = 0u64;
         let mut queued = REDO_BATCH;
         if tx.regions.first().is_some_and(|r| r.shared.is_some()) {
@@ -1831,11 +1883,7 @@ impl Inner {
             self.meta.fence();
             // (3): link with one 8-byte atomic store, persisted.
             let head = if d.head == 0 { idx + 1 } else { d.head };
-            store_word_persist(
-                &self.meta,
-                self.geo.domain_off(d.id),
-                domain_word(head, idx + 1),
-            )?;
+            store_domain_persist(&self.meta, &self.geo, d.id, domain_word(head, idx + 1))?;
             d.head = head;
             d.tail = idx + 1;
             // (4): only now is the data visible in DRAM.
@@ -1950,7 +1998,13 @@ impl Inner {
                         pool_slice(&self.log, pages[0] as u64 * self.geo.page_size as u64, 16),
                         8,
                     );
-                    self.entries_of(tid, pages, &mut entries);
+                    if let Err(e) = self.entries_of(tid, pages, &mut entries, true) {
+                        // A damaged committed log: stop applying; recovery refuses it too.
+                        self.worker_error.lock().get_or_insert(e.to_string());
+                        let _g = self.domains[0].lock();
+                        self.applied_cv.notify_all();
+                        return;
+                    }
                 }
                 let last = jobs.last().expect("a job").0;
                 if let Err(e) = self
@@ -2039,7 +2093,8 @@ impl Inner {
     fn apply(&self, entries: &[Entry]) -> Result<()> {
         let ps = self.geo.page_size as u64;
         let cs = self.geo.chunk();
-        // Pages that become dirty with this batch, and pages whose valid mask grew.
+        // Pages that become dirty with this batch, and every page it writes (their records
+        // get a new mask and contents CRC).
         let mut touched: Vec<u32> = Vec::new();
         let mut grown: Vec<u32> = Vec::new();
         // Cache-pool ranges stored into and not yet written back.
@@ -2141,9 +2196,9 @@ impl Inner {
                     }
                 }
                 c.mask[page as usize] |= need;
-                if !grown.contains(&page) {
-                    grown.push(page);
-                }
+            }
+            if grown.last() != Some(&page) && !grown.contains(&page) {
+                grown.push(page);
             }
             let data = pool_slice(&self.log, e.log_off, e.len as usize);
             self.cache_store(base + in_page, data, &mut dirty_lines);
@@ -2172,38 +2227,39 @@ impl Inner {
         Ok(())
     }
 
-    /// Make the applied data durable, then the grown valid masks, then the dirty flags of the
-    /// newly dirty pages (a page object never says dirty with a mask that is not its own).
+    /// Make the applied data durable, then the records of every page the batch wrote: dirty
+    /// word, valid mask and the CRC32C of the page's contents, each record rewritten whole in
+    /// its cache line (a line is written back as a unit, so a record never tears; a page object
+    /// never says dirty with a mask or a CRC that is not its own). Until the batch is unlinked
+    /// from the committed list, a crash may leave a page newer than its CRC: recovery accepts
+    /// that only for pages the listed transactions write (it overwrites their bytes).
     fn publish(
         &self,
         c: &mut CacheState,
         touched: &mut Vec<u32>,
         grown: &mut Vec<u32>,
     ) -> Result<()> {
+        self.cache.fence();
         if touched.is_empty() && grown.is_empty() {
-            self.cache.fence();
             return Ok(());
         }
-        self.cache.fence();
-        // Stores first, then one write-back per run of neighbouring page objects (a cache line
-        // holds four; a write-back right after each store would write a line up to four times).
+        // Stores first, then one write-back per run of neighbouring records (a cache line
+        // holds two; a write-back right after each store would write a line twice).
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for p in grown.drain(..) {
-            let off = self.geo.cache_mask_off(p);
-            store_word(&self.meta, off, c.mask[p as usize]);
-            add_run(&mut runs, off);
+            let Some((f, idx)) = c.key[p as usize] else {
+                continue; // cannot happen: a page written by this batch is mapped
+            };
+            let rec = CacheRec {
+                word: cache_word(f, idx, true),
+                mask: c.mask[p as usize],
+                page_crc: cache_page_crc(&self.cache, &self.geo, p),
+            };
+            let off = self.geo.cache_word_off(p);
+            store_cache_rec(&self.meta, &self.geo, p, &rec);
+            add_run(&mut runs, off, CACHE_OBJ_SIZE);
         }
         self.flush_meta_runs(&mut runs)?;
-        if !touched.is_empty() {
-            self.meta.fence();
-            for &p in touched.iter() {
-                let (f, idx) = c.key[p as usize].expect("touched pages are mapped");
-                let off = self.geo.cache_word_off(p);
-                store_word(&self.meta, off, cache_word(f, idx, true));
-                add_run(&mut runs, off);
-            }
-            self.flush_meta_runs(&mut runs)?;
-        }
         self.meta.fence();
         for p in touched.drain(..) {
             c.push_head(p, PState::Dirty);
@@ -2233,11 +2289,7 @@ impl Inner {
             } else {
                 (d.queue[n].idx + 1, d.tail)
             };
-            store_word_persist(
-                &self.meta,
-                self.geo.domain_off(d.id),
-                domain_word(head, tail),
-            )?;
+            store_domain_persist(&self.meta, &self.geo, d.id, domain_word(head, tail))?;
             d.head = head;
             d.tail = tail;
             for c in d.queue.drain(..n) {
@@ -2378,6 +2430,9 @@ impl Inner {
             }
             // Write outside the lock.
             let mut files: Vec<Arc<RegionInner>> = Vec::new();
+            // (file id, unit, crc, len) of the units written, for the checksum tables.
+            let mut sums_new: Vec<(u32, u64, u32, u32)> = Vec::new();
+            let mut buf: Vec<u8> = Vec::new();
             let mut res = Ok(());
             let mut k = 0;
             while k < batch.len() {
@@ -2396,11 +2451,30 @@ impl Inner {
                 // newer committed data whose logs are still in the committed list.
                 // SAFETY: start + n lies within the region's DRAM mapping, which `r` keeps
                 // alive; the kernel reads it (concurrent commits may change it: harmless).
+                // With a checksum table the pages are copied first, so that the CRC is of
+                // exactly the bytes written (commits may change the DRAM page meanwhile).
+                let src: *const u8 = if r.sums.is_some() {
+                    buf.resize(n, 0);
+                    // SAFETY: as for the pwrite below: start + n lies within the mapping.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            r.dram.wview.add(start as usize),
+                            buf.as_mut_ptr(),
+                            n,
+                        )
+                    };
+                    for (u, b) in buf.chunks(sums::UNIT as usize).enumerate() {
+                        let unit = start / sums::UNIT + u as u64;
+                        sums_new.push((f, unit, sums::unit_crc(b), b.len() as u32));
+                    }
+                    buf.as_ptr()
+                } else {
+                    // SAFETY: start lies within the region's DRAM mapping.
+                    unsafe { r.dram.wview.add(start as usize) }
+                };
                 let wr = match self.cfg.writeback_fault {
                     Some(errno) => Err(std::io::Error::from_raw_os_error(errno)),
-                    None => unsafe {
-                        pwrite_all(&r.file, r.dram.wview.add(start as usize), n, start)
-                    },
+                    None => unsafe { pwrite_all(&r.file, src, n, start) },
                 };
                 if let Err(e) = wr {
                     res = Err(io_err("write back cache pages", &r.path, e));
@@ -2419,14 +2493,37 @@ impl Inner {
                     }
                 }
             }
+            // The pages are durable: now their checksums, durable before the pages are marked
+            // clean (a crash in between leaves the pages dirty: recovery rewrites them and
+            // checksums them again).
+            if res.is_ok() {
+                res = (|| {
+                    for &(f, unit, crc, len) in &sums_new {
+                        if let Some(t) = files
+                            .iter()
+                            .find(|r| r.file_id == f)
+                            .and_then(|r| r.sums.as_ref())
+                        {
+                            t.put(unit, crc, len)?;
+                        }
+                    }
+                    for t in files.iter().filter_map(|r| r.sums.as_ref()) {
+                        t.sync()?;
+                    }
+                    Ok(())
+                })();
+            }
             let mut c = self.cstate.lock();
             let mut cleaned = 0;
             let mut runs: Vec<(u64, u64)> = Vec::new();
             for &(p, (f, idx), gen) in &batch {
                 if res.is_ok() && c.gen[p as usize] == gen {
                     let off = self.geo.cache_word_off(p);
-                    store_word(&self.meta, off, cache_word(f, idx, false));
-                    add_run(&mut runs, off);
+                    // The record as published (mask, contents CRC) with the dirty bit cleared.
+                    let mut rec = load_cache_rec(&self.meta, &self.geo, p)?;
+                    rec.word = cache_word(f, idx, false);
+                    store_cache_rec(&self.meta, &self.geo, p, &rec);
+                    add_run(&mut runs, off, CACHE_OBJ_SIZE);
                     cleaned += 1;
                 } else {
                     c.push_head(p, PState::Dirty);
@@ -2485,7 +2582,7 @@ mod tests {
     fn meta_runs_merge_neighbouring_objects() {
         let mut r = Vec::new();
         for off in [64u64, 80, 96, 112, 128, 512, 520] {
-            add_run(&mut r, off);
+            add_run(&mut r, off, 8);
         }
         assert_eq!(r, vec![(64, 136), (512, 528)]);
     }

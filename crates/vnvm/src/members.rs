@@ -93,8 +93,9 @@ impl Inner {
         let app = self.slot as u32 + 1;
         let cache_pages = self.shm.owned_by(Res::Cache, app as u8);
         for &p in &cache_pages {
-            store_word(&self.meta, self.geo.cache_word_off(p), 0);
-            self.meta.flush(self.geo.cache_word_off(p), 8)?;
+            clear_cache_rec(&self.meta, &self.geo, p);
+            self.meta
+                .flush(self.geo.cache_word_off(p), CACHE_OBJ_SIZE as usize)?;
         }
         self.meta.fence();
         for r in &regions {
@@ -160,47 +161,21 @@ impl Inner {
             .filter(|r| r.owner == app && r.mode != Mode::Shared.to_raw())
             .collect();
         let ids: HashSet<u32> = mine.iter().map(|r| r.id).collect();
-        let mut files: HashMap<u32, File> = HashMap::new();
+        let mut files: HashMap<u32, (File, PathBuf)> = HashMap::new();
         for r in &mine {
-            let path = Path::new(&r.path);
+            let path = resolve(&self.dir, &r.path);
             let f = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
-                .open(path)
-                .map_err(|e| io_err("open a dead user's file", path, e))?;
-            files.insert(r.id, f);
+                .open(&path)
+                .map_err(|e| io_err("open a dead user's file", &path, e))?;
+            files.insert(r.id, (f, path));
         }
         let ps = self.geo.page_size as u64;
         let chunk = self.geo.chunk();
         let cache_pages = self.shm.owned_by(Res::Cache, app as u8);
-        // (1) its dirty cache pages, valid chunks only
-        for &p in &cache_pages {
-            let w = load_word(&self.meta, self.geo.cache_word_off(p));
-            let Some((f, idx, true)) = cache_unword(w) else {
-                continue;
-            };
-            let (Some(file), Some(rec)) = (files.get(&f), records.get(&f)) else {
-                return Err(VnvmError::Damaged {
-                    path: self.meta.path().to_path_buf(),
-                    what: format!("cache page object {p}"),
-                    offset: self.geo.cache_word_off(p),
-                    detail: format!("dirty page of file {f}, not a private file of app {app}"),
-                });
-            };
-            let mask = load_word(&self.meta, self.geo.cache_mask_off(p));
-            for (c, n) in mask_runs(mask) {
-                let start = idx * ps + c as u64 * chunk;
-                if start >= rec.size {
-                    break;
-                }
-                let len = (n as u64 * chunk).min(rec.size - start) as usize;
-                let data = pool_slice(&self.cache, p as u64 * ps + c as u64 * chunk, len);
-                file.write_all_at(data, start).map_err(|e| {
-                    io_err("write back a dead user's page", Path::new(&rec.path), e)
-                })?;
-            }
-        }
-        // (2) its committed list, in order
+        // Validate everything before writing: its committed list (entries and their CRCs),
+        // then its dirty pages against their CRCs.
         let check = |f: u32, o: u64, l: u32| -> std::result::Result<(), String> {
             match records.get(&f) {
                 Some(r) if ids.contains(&f) && o + l as u64 <= r.size => Ok(()),
@@ -210,28 +185,83 @@ impl Inner {
             }
         };
         let mut seen = HashSet::new();
+        let mut txs = Vec::new();
         for (idx, obj) in committed_list(&self.meta, &self.geo, s as u32)? {
-            for e in tx_entries(
+            txs.push(tx_entries(
                 &self.meta, &self.log, &self.geo, idx, &obj, &mut seen, &check,
-            )? {
-                let rec = &records[&e.file_id];
-                files[&e.file_id]
-                    .write_all_at(pool_slice(&self.log, e.log_off, e.len as usize), e.offset)
-                    .map_err(|err| io_err("replay a dead user's log", Path::new(&rec.path), err))?;
+            )?);
+        }
+        let replayed = replayed_keys(txs.iter().flatten(), self.geo.page_size);
+        let mut dirty = Vec::new();
+        for &p in &cache_pages {
+            let crec = load_cache_rec(&self.meta, &self.geo, p)?;
+            let Some((f, idx, true)) = cache_unword(crec.word) else {
+                continue;
+            };
+            check_cache_page(&self.cache, &self.geo, p, (f, idx), &crec, &replayed)?;
+            dirty.push((p, f, idx, crec.mask));
+        }
+        let mut units: HashMap<u32, Vec<u64>> = HashMap::new();
+        // (1) its dirty cache pages, valid chunks only
+        for &(p, f, idx, mask) in &dirty {
+            let (Some((file, path)), Some(rec)) = (files.get(&f), records.get(&f)) else {
+                return Err(VnvmError::Damaged {
+                    path: self.meta.path().to_path_buf(),
+                    what: format!("cache page object {p}"),
+                    offset: self.geo.cache_word_off(p),
+                    detail: format!("dirty page of file {f}, not a private file of app {app}"),
+                });
+            };
+            for (c, n) in mask_runs(mask) {
+                let start = idx * ps + c as u64 * chunk;
+                if start >= rec.size {
+                    break;
+                }
+                let len = (n as u64 * chunk).min(rec.size - start) as usize;
+                let data = pool_slice(&self.cache, p as u64 * ps + c as u64 * chunk, len);
+                file.write_all_at(data, start)
+                    .map_err(|e| io_err("write back a dead user's page", path, e))?;
+                units
+                    .entry(f)
+                    .or_default()
+                    .extend(crate::sums::units_of(start, len as u64));
             }
         }
-        // (3) durable
-        for (id, f) in &files {
-            f.sync_data()
-                .map_err(|e| io_err("fdatasync", Path::new(&records[id].path), e))?;
+        // (2) its committed list, in order
+        for e in txs.iter().flatten() {
+            let Some((file, path)) = files.get(&e.file_id) else {
+                continue; // cannot happen: `check` admitted only its files
+            };
+            file.write_all_at(pool_slice(&self.log, e.log_off, e.len as usize), e.offset)
+                .map_err(|err| io_err("replay a dead user's log", path, err))?;
+            units
+                .entry(e.file_id)
+                .or_default()
+                .extend(crate::sums::units_of(e.offset, e.len as u64));
+        }
+        // (3) durable, then checksummed
+        for (f, path) in files.values() {
+            f.sync_data().map_err(|e| io_err("fdatasync", path, e))?;
+        }
+        for (id, (f, path)) in &files {
+            let mut us = units.remove(id).unwrap_or_default();
+            us.sort_unstable();
+            us.dedup();
+            if let (Some(t), Some(rec)) = (
+                crate::sums::SumTable::open(path, true, true, self.perm)?,
+                records.get(id),
+            ) {
+                crate::sums::rechecksum(path, f, &t, &us, rec.size)?;
+            }
         }
         // (4) forget: page objects, its committed list, its file records
         for &p in &cache_pages {
-            store_word(&self.meta, self.geo.cache_word_off(p), 0);
-            self.meta.flush(self.geo.cache_word_off(p), 8)?;
+            clear_cache_rec(&self.meta, &self.geo, p);
+            self.meta
+                .flush(self.geo.cache_word_off(p), CACHE_OBJ_SIZE as usize)?;
         }
         self.meta.fence();
-        store_word_persist(&self.meta, self.geo.domain_off(s as u32), 0)?;
+        store_domain_persist(&self.meta, &self.geo, s as u32, 0)?;
         for id in &ids {
             store_word_persist(&self.meta, self.geo.file_off(*id), 0)?;
         }

@@ -35,6 +35,8 @@ pub struct RecoveryReport {
 
 /// The three pools of an instance with their validated geometry.
 pub(crate) struct Pools {
+    /// The instance directory (relative backing-file paths are resolved against it).
+    pub dir: PathBuf,
     pub meta: Pool,
     pub log: Pool,
     pub cache: Pool,
@@ -144,6 +146,7 @@ pub(crate) fn open_pools_with(dir: &Path, oo: &OpenOptions) -> Result<Pools> {
         ));
     }
     Ok(Pools {
+        dir: dir.to_path_buf(),
         meta,
         log,
         cache,
@@ -151,11 +154,133 @@ pub(crate) fn open_pools_with(dir: &Path, oo: &OpenOptions) -> Result<Pools> {
     })
 }
 
+/// The backing file a record names: a relative path is relative to the instance directory
+/// `dir` (format 3 stores files inside the instance that way, so an instance can be moved).
+pub(crate) fn resolve(dir: &Path, rec_path: &str) -> PathBuf {
+    let p = Path::new(rec_path);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        dir.join(p)
+    }
+}
+
+/// The path a file record stores for the absolute path `abs`: relative to the instance
+/// directory `dir` when the file lies inside it, else `abs` itself.
+pub(crate) fn record_path(dir: &Path, abs: &Path) -> PathBuf {
+    let d = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    match abs.strip_prefix(&d) {
+        Ok(rel) if !rel.as_os_str().is_empty() => rel.to_path_buf(),
+        _ => abs.to_path_buf(),
+    }
+}
+
+/// The cache page record of `page` from its two copies (see the layout docs), with a note
+/// when one copy fails its check; both failing is [`VnvmError::Damaged`].
+pub(crate) fn load_cache_rec_noted(
+    meta: &Pool,
+    geo: &Geometry,
+    page: u32,
+) -> Result<(CacheRec, Option<String>)> {
+    let off = geo.cache_word_off(page);
+    let copy = |base: u64| {
+        let mut b = [0u8; CACHE_REC_SIZE as usize];
+        for k in 0..4 {
+            b[k * 8..k * 8 + 8]
+                .copy_from_slice(&load_word(meta, base + 8 * k as u64).to_le_bytes());
+        }
+        CacheRec::decode(&b)
+    };
+    pick_copy(copy(off), copy(off + CACHE_REC_SIZE))
+        .map_err(|e| damaged(meta, format!("cache page record {page}"), off, e))
+}
+
+/// The cache page record of `page` (see [`load_cache_rec_noted`]).
+pub(crate) fn load_cache_rec(meta: &Pool, geo: &Geometry, page: u32) -> Result<CacheRec> {
+    load_cache_rec_noted(meta, geo, page).map(|r| r.0)
+}
+
+/// Store the record of cache page `page`: copy A, then copy B (8-byte stores into one cache
+/// line; not flushed: the caller flushes the line and fences).
+pub(crate) fn store_cache_rec(meta: &Pool, geo: &Geometry, page: u32, r: &CacheRec) {
+    let off = geo.cache_word_off(page);
+    let b = r.encode();
+    for copy in [0, CACHE_REC_SIZE] {
+        for k in 0..4 {
+            store_word(meta, off + copy + 8 * k as u64, u64_at(&b, k * 8));
+        }
+    }
+}
+
+/// Zero the record of cache page `page`, copy A then copy B (not flushed).
+pub(crate) fn clear_cache_rec(meta: &Pool, geo: &Geometry, page: u32) {
+    let off = geo.cache_word_off(page);
+    for k in 0..8 {
+        store_word(meta, off + 8 * k, 0);
+    }
+}
+
+/// CRC32C of cache page `page`'s contents.
+pub(crate) fn cache_page_crc(cache: &Pool, geo: &Geometry, page: u32) -> u32 {
+    let ps = geo.page_size as u64;
+    crc32c::crc32c(pool_slice(cache, page as u64 * ps, ps as usize))
+}
+
+/// Store the committed-list word of domain `d`: copy A (word, CRC), then copy B, in one cache
+/// line, persisted with one fence (see the layout docs on two-copy words).
+#[track_caller]
+pub(crate) fn store_domain_persist(meta: &Pool, geo: &Geometry, d: u32, word: u64) -> Result<()> {
+    let off = geo.domain_off(d);
+    let c = domain_crc(d, word) as u64;
+    store_word(meta, off, word);
+    store_word(meta, off + 8, c);
+    store_word(meta, off + 16, word);
+    store_word(meta, off + 24, c);
+    meta.persist(off, 32)?;
+    Ok(())
+}
+
+/// The committed-list word of domain `d` from its two copies, with a note when one fails its
+/// check; both failing is [`VnvmError::Damaged`].
+pub(crate) fn load_domain_noted(
+    meta: &Pool,
+    geo: &Geometry,
+    d: u32,
+) -> Result<(u64, Option<String>)> {
+    let off = geo.domain_off(d);
+    let copy = |base: u64| {
+        let (w, c) = (load_word(meta, base), load_word(meta, base + 8));
+        if c == domain_crc(d, w) as u64 {
+            Ok(w)
+        } else {
+            Err(format!(
+                "checksum mismatch (word {w:#018x}, stored {c:#x}, computed {:#010x})",
+                domain_crc(d, w)
+            ))
+        }
+    };
+    pick_copy(copy(off), copy(off + 16))
+        .map_err(|e| damaged(meta, format!("committed-list word of domain {d}"), off, e))
+}
+
+/// The committed-list word of domain `d` (see [`load_domain_noted`]).
+pub(crate) fn load_domain(meta: &Pool, geo: &Geometry, d: u32) -> Result<u64> {
+    load_domain_noted(meta, geo, d).map(|r| r.0)
+}
+
+/// Check every domain's committed-list word against its CRC (also the unused ones).
+pub(crate) fn check_domains(p: &Pools) -> Result<()> {
+    for d in 0..p.geo.max_domains {
+        load_domain(&p.meta, &p.geo, d)?;
+    }
+    Ok(())
+}
+
 /// The validated state word: true when clean.
 pub(crate) fn read_clean(p: &Pools) -> Result<bool> {
     match load_word(&p.meta, STATE_OFF) {
         STATE_CLEAN => Ok(true),
-        STATE_RUNNING => Ok(false),
+        STATE_RUNNING | STATE_RECOVERING => Ok(false),
         w => Err(damaged(
             &p.meta,
             "state word",
@@ -198,7 +323,7 @@ pub(crate) fn committed_list(
     domain: u32,
 ) -> Result<Vec<(u32, LogObj)>> {
     let woff = geo.domain_off(domain);
-    let (head, tail) = domain_unword(load_word(meta, woff));
+    let (head, tail) = domain_unword(load_domain(meta, geo, domain)?);
     let what = format!("committed list of domain {domain}");
     if head == 0 && tail == 0 {
         return Ok(Vec::new());
@@ -279,7 +404,7 @@ pub(crate) fn tx_entries(
                 format!("belongs to tid {tid}, log object says {}", obj.tid),
             ));
         }
-        parse_page(b, off, ps, &mut out, check)
+        parse_page(b, off, ps, &mut out, check, true)
             .map_err(|e| damaged(log, format!("log page {page} (tid {tid})"), off, e))?;
         let next = u32_at(b, 4);
         if i + 1 < obj.npages {
@@ -297,23 +422,25 @@ pub(crate) fn tx_entries(
     Ok(out)
 }
 
-/// The validated cache page object `page`: `None` for a free page, else (file id, page index,
-/// dirty). A dirty page must name a recorded file and lie inside it (it will be written there).
+/// The validated cache page record `page`: `None` for a page that holds no file page, else
+/// (file id, page index, dirty, record). A dirty page must name a recorded file and lie inside
+/// it (it will be written there).
 pub(crate) fn cache_obj(
     p: &Pools,
     records: &HashMap<u32, FileRecord>,
     page: u32,
-) -> Result<Option<(u32, u64, bool)>> {
+) -> Result<Option<(u32, u64, bool, CacheRec)>> {
     let ps = p.geo.page_size as u64;
     let off = p.geo.cache_word_off(page);
-    let w = load_word(&p.meta, off);
+    let rec = load_cache_rec(&p.meta, &p.geo, page)?;
+    let w = rec.word;
     let Some((f, idx, d)) = cache_unword(w) else {
         return Ok(None);
     };
     if w & !(CACHE_DIRTY | MAX_FILE_PAGE | (0xffff << 40)) != 0 {
         return Err(damaged(
             &p.meta,
-            format!("cache page object {page}"),
+            format!("cache page record {page}"),
             off,
             "reserved bits set",
         ));
@@ -322,7 +449,7 @@ pub(crate) fn cache_obj(
         let r = records.get(&f).ok_or_else(|| {
             damaged(
                 &p.meta,
-                format!("cache page object {page}"),
+                format!("cache page record {page}"),
                 off,
                 format!("names file id {f}, which has no record"),
             )
@@ -330,7 +457,7 @@ pub(crate) fn cache_obj(
         if idx * ps >= r.size.max(1) {
             return Err(damaged(
                 &p.meta,
-                format!("cache page object {page}"),
+                format!("cache page record {page}"),
                 off,
                 format!(
                     "page index {idx} beyond the {}-byte file {}",
@@ -339,7 +466,50 @@ pub(crate) fn cache_obj(
             ));
         }
     }
-    Ok(Some((f, idx, d)))
+    Ok(Some((f, idx, d, rec)))
+}
+
+/// Check the contents of dirty cache page `page` (file page `key`) against its record's CRC.
+/// `replayed` holds the file pages that committed transactions still in a committed list
+/// write: such a page may have been updated by a redo batch that a crash interrupted before
+/// its CRC was stored, and recovery overwrites the bytes those transactions wrote, so a
+/// mismatch there is not damage. Returns false for such an unverifiable page.
+pub(crate) fn check_cache_page(
+    cache: &Pool,
+    geo: &Geometry,
+    page: u32,
+    key: (u32, u64),
+    rec: &CacheRec,
+    replayed: &HashSet<(u32, u64)>,
+) -> Result<bool> {
+    let computed = cache_page_crc(cache, geo, page);
+    if computed == rec.page_crc {
+        return Ok(true);
+    }
+    if replayed.contains(&key) {
+        return Ok(false);
+    }
+    let ps = geo.page_size as u64;
+    Err(damaged(
+        cache,
+        format!("cache page {page} (file {} page {})", key.0, key.1),
+        page as u64 * ps,
+        format!(
+            "dirty page contents checksum mismatch (stored {:#010x}, computed {computed:#010x})",
+            rec.page_crc
+        ),
+    ))
+}
+
+/// The (file id, page index) keys the entries of `txs` write.
+pub(crate) fn replayed_keys<'a>(
+    txs: impl IntoIterator<Item = &'a Entry>,
+    page_size: u32,
+) -> HashSet<(u32, u64)> {
+    let ps = page_size as u64;
+    txs.into_iter()
+        .map(|e| (e.file_id, e.offset / ps))
+        .collect()
 }
 
 /// The destination check of a log entry: `len` bytes at `offset` of the recorded file `file_id`.
@@ -364,9 +534,11 @@ pub(crate) fn check_entry(
 fn plan(p: &Pools) -> Result<Plan> {
     let records = load_records(&p.meta, &p.geo)?;
     let mut dirty = Vec::new();
+    let mut dirty_recs = Vec::new();
     for page in 0..p.geo.cache_pages {
-        if let Some((f, idx, true)) = cache_obj(p, &records, page)? {
-            dirty.push((page, f, idx, load_word(&p.meta, p.geo.cache_mask_off(page))));
+        if let Some((f, idx, true, rec)) = cache_obj(p, &records, page)? {
+            dirty.push((page, f, idx, rec.mask));
+            dirty_recs.push(rec);
         }
     }
     let check = |f: u32, o: u64, l: u32| check_entry(&records, f, o, l);
@@ -378,6 +550,10 @@ fn plan(p: &Pools) -> Result<Plan> {
                 &p.meta, &p.log, &p.geo, idx, &obj, &mut seen, &check,
             )?);
         }
+    }
+    let replayed = replayed_keys(txs.iter().flatten(), p.geo.page_size);
+    for (&(page, f, idx, _), rec) in dirty.iter().zip(&dirty_recs) {
+        check_cache_page(&p.cache, &p.geo, page, (f, idx), rec, &replayed)?;
     }
     Ok(Plan {
         records,
@@ -398,27 +574,61 @@ pub(crate) fn recover_locked(dir: &Path) -> Result<RecoveryReport> {
     if clean && plan.dirty.is_empty() && plan.txs.is_empty() {
         return Ok(report);
     }
+    // A recovery that crashed may have left pages newer than their checksums.
+    let prior_recovery = load_word(&p.meta, STATE_OFF) == STATE_RECOVERING;
     // Open every file that will be written before writing anything.
     let mut used: Vec<u32> = plan.dirty.iter().map(|d| d.1).collect();
     used.extend(plan.txs.iter().flatten().map(|e| e.file_id));
     used.sort_unstable();
     used.dedup();
-    let mut files: HashMap<u32, (File, &FileRecord)> = HashMap::new();
+    let mut files: HashMap<u32, (File, &FileRecord, PathBuf)> = HashMap::new();
+    // Units of each file recovery writes: re-checksummed once they are synced.
+    let mut units: HashMap<u32, Vec<u64>> = HashMap::new();
     for id in used {
-        let r = &plan.records[&id];
-        let path = Path::new(&r.path);
+        let Some(r) = plan.records.get(&id) else {
+            continue; // cannot happen: every used id passed check_entry / cache_obj
+        };
+        let path = resolve(&p.dir, &r.path);
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .open(path)
-            .map_err(|e| io_err("open backing file for recovery", path, e))?;
-        files.insert(id, (f, r));
+            .open(&path)
+            .map_err(|e| io_err("open backing file for recovery", &path, e))?;
+        files.insert(id, (f, r, path));
     }
     let ps = p.geo.page_size as u64;
+    // Backing-file pages that only committed logs write (no dirty cache page) cannot be newer
+    // than their checksums (the writeback checksums a page before it cleans its cache page):
+    // verify them before the replay overwrites part of them and checksums them again.
+    if !prior_recovery {
+        let in_dirty: HashSet<(u32, u64)> = plan
+            .dirty
+            .iter()
+            .flat_map(|&(_, f, idx, _)| crate::sums::units_of(idx * ps, ps).map(move |u| (f, u)))
+            .collect();
+        for (id, (file, r, path)) in &files {
+            if r.mode == 2 {
+                continue;
+            }
+            let Some(t) = crate::sums::SumTable::open(path, false, false, 0)? else {
+                continue;
+            };
+            let want: HashSet<u64> = plan
+                .txs
+                .iter()
+                .flatten()
+                .filter(|e| e.file_id == *id)
+                .flat_map(|e| crate::sums::units_of(e.offset, e.len as u64))
+                .filter(|u| !in_dirty.contains(&(*id, *u)))
+                .collect();
+            crate::sums::verify_units(path, file, &t, &want)?;
+        }
+    }
+    store_word_persist(&p.meta, STATE_OFF, STATE_RECOVERING)?;
     // (1) dirty cache pages
     let chunk = p.geo.chunk();
     for &(page, f, idx, mask) in &plan.dirty {
-        let (file, r) = &files[&f];
+        let (file, r, path) = &files[&f];
         // Only the valid chunks of the page hold data; the rest is the file's (or the log's).
         for (c, n) in mask_runs(mask) {
             let start = idx * ps + c as u64 * chunk;
@@ -428,29 +638,55 @@ pub(crate) fn recover_locked(dir: &Path) -> Result<RecoveryReport> {
             let len = (n as u64 * chunk).min(r.size - start) as usize;
             let data = pool_slice(&p.cache, page as u64 * ps + c as u64 * chunk, len);
             file.write_all_at(data, start)
-                .map_err(|e| io_err("write dirty page back", Path::new(&r.path), e))?;
+                .map_err(|e| io_err("write dirty page back", path, e))?;
+            units
+                .entry(f)
+                .or_default()
+                .extend(crate::sums::units_of(start, len as u64));
         }
         report.dirty_pages_written += 1;
     }
     // (2) committed logs, in order
     for tx in &plan.txs {
         for e in tx {
-            let (file, r) = &files[&e.file_id];
+            let (file, _, path) = &files[&e.file_id];
             let data = pool_slice(&p.log, e.log_off, e.len as usize);
             file.write_all_at(data, e.offset)
-                .map_err(|err| io_err("replay log entry", Path::new(&r.path), err))?;
+                .map_err(|err| io_err("replay log entry", path, err))?;
+            units
+                .entry(e.file_id)
+                .or_default()
+                .extend(crate::sums::units_of(e.offset, e.len as u64));
             report.entries_replayed += 1;
             report.bytes_replayed += e.len as u64;
         }
         report.transactions_replayed += 1;
     }
     // (3) fdatasync
-    for (file, r) in files.values() {
-        file.sync_data()
-            .map_err(|e| io_err("fdatasync", Path::new(&r.path), e))?;
-        report.files.push(PathBuf::from(&r.path));
+    for (file, _, path) in files.values() {
+        file.sync_data().map_err(|e| io_err("fdatasync", path, e))?;
+        report.files.push(path.clone());
     }
     report.files.sort();
+    // (3b) the checksums of what was written, from the synced files (private regions only:
+    // shared regions keep no table).
+    for (id, (file, r, path)) in &files {
+        if r.mode == 2 {
+            continue;
+        }
+        let mut us = units.remove(id).unwrap_or_default();
+        us.sort_unstable();
+        us.dedup();
+        let perm = {
+            use std::os::unix::fs::PermissionsExt;
+            file.metadata()
+                .map(|m| m.permissions().mode() & 0o660)
+                .unwrap_or(0o600)
+        };
+        if let Some(t) = crate::sums::SumTable::open(path, true, true, perm)? {
+            crate::sums::rechecksum(path, file, &t, &us, r.size)?;
+        }
+    }
     // (4) reset: dirty objects first (so a crash leaves only idempotent log replay), then the
     // committed lists, then the file records, then the state word.
     reset(&p)?;
@@ -465,7 +701,7 @@ pub(crate) fn reset(p: &Pools) -> Result<()> {
         g.cache_obj_off(),
         CACHE_OBJ_SIZE * g.cache_pages as u64,
     )?;
-    zero_persist(&p.meta, DOMAIN_OFF, DOMAIN_STRIDE * g.max_domains as u64)?;
+    zero_persist(&p.meta, DOMAIN_OFF, DOMAIN_STRIDE * g.max_domains as u64)?; // words and CRCs
     zero_persist(&p.meta, g.files_off(), FILE_REC_SIZE * g.max_files as u64)?;
     store_word_persist(&p.meta, STATE_OFF, STATE_CLEAN)?;
     Ok(())

@@ -83,7 +83,7 @@ impl Inner {
             // Every log entry and the log object are durable after this fence.
             self.meta.fence();
             let head = if head == 0 { idx + 1 } else { head };
-            store_word_persist(&self.meta, woff, domain_word(head, idx + 1))?;
+            store_domain_persist(&self.meta, &self.geo, sr.domain, domain_word(head, idx + 1))?;
             // Only now is the data visible, in every process's mapping.
             let bits = sr.bm.bits();
             let mut bytes = 0u64;
@@ -193,7 +193,7 @@ impl Inner {
                     } else {
                         domain_word(list[k + 1].0 + 1, tail)
                     };
-                    store_word_persist(&self.meta, woff, word)?;
+                    store_domain_persist(&self.meta, &self.geo, sr.domain, word)?;
                     for (i, o) in &list[..=k] {
                         objs.push(*i);
                         self.obj_pages(o, &mut pages);
@@ -267,7 +267,7 @@ impl Inner {
         let Some(rec) = records.get(&file_id) else {
             return Ok(None);
         };
-        let path = PathBuf::from(&rec.path);
+        let path = resolve(&self.dir, &rec.path);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -385,7 +385,7 @@ impl Inner {
                 let fid = slot.file.load(Ordering::Acquire) - 1;
                 file.sync_data()
                     .map_err(|e| io_err("fdatasync shared region", Path::new("?"), e))?;
-                store_word_persist(&self.meta, self.geo.domain_off(shared_domain(s)), 0)?;
+                store_domain_persist(&self.meta, &self.geo, shared_domain(s), 0)?;
                 let owner = OWNER_SHARED_BASE + s as u8;
                 self.shm.free(Res::Log, &self.shm.owned_by(Res::Log, owner));
                 self.shm.free(Res::Obj, &self.shm.owned_by(Res::Obj, owner));

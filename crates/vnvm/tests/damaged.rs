@@ -103,7 +103,7 @@ const FILES_OFF: u64 = 8192;
 
 fn logobj0() -> u64 {
     let cache_obj = FILES_OFF + 512 * MAX_FILES;
-    (cache_obj + 16 * CACHE_PAGES).div_ceil(64) * 64
+    (cache_obj + 64 * CACHE_PAGES).div_ceil(64) * 64
 }
 
 #[test]
@@ -181,7 +181,7 @@ fn damaged_log_entry() {
     // First entry of log page 0: its length field.
     check_case(
         "log entry",
-        |i| flip(&i.join("log.pool"), HDR + 16 + 1, 0x40),
+        |i| flip(&i.join("log.pool"), HDR + 24 + 1, 0x40),
         "log page 0",
     );
 }

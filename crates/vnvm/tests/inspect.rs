@@ -49,6 +49,7 @@ fn committed_transactions_and_their_log_pages_are_counted() {
         assert_eq!(
             i.geometry,
             InstanceGeometry {
+                format_version: 3,
                 page_size: 4096,
                 log_pages: 16,
                 cache_pages: 8,

@@ -120,8 +120,10 @@ fn atomic_at_every_fence() {
         let (acked, _, _, d) = run(&run_dir, Some(cut));
         in_flight += d.in_flight_lines();
         for (pi, policy) in policies.into_iter().enumerate() {
-            // The backing file held its initial content at the cut (no writeback ran).
+            // The backing file held its initial content at the cut (no writeback ran), and its
+            // checksum table no entry (the previous image's recovery wrote some).
             std::fs::write(run_dir.join("data"), &init).unwrap();
+            let _ = std::fs::remove_file(run_dir.join("data.vnvm-crc"));
             let img = run_dir.join(format!("img{pi}"));
             std::fs::create_dir(&img).unwrap();
             let inst = run_dir.join("inst");
