@@ -292,7 +292,8 @@ fn vnvm_info_and_stats_describe_an_instance() {
         ["checksum_table", "id", "mode", "path", "relative", "size"]
     );
     assert_eq!(g["format_version"], 3);
-    assert_eq!(files[0]["relative"], false);
+    // The file lies beside the instance directory: stored as `../data`, so both move together.
+    assert_eq!(files[0]["relative"], true);
     assert_eq!(files[0]["id"], 0);
     assert_eq!(files[0]["mode"], "private");
     assert_eq!(files[0]["size"], 4 * 4096);

@@ -361,6 +361,34 @@ fn a_crashed_instance_missing_a_pool_is_refused_not_recreated() {
     let _ = std::fs::remove_dir_all(&empty);
 }
 
+/// Issue #13, defect 6: a crashed kv instance (vnvm pools in `vnvm/`, `heap.data` beside them)
+/// moved to another directory recovers there with every acknowledged write, and the files it
+/// names are the moved ones (the old location is gone, so an absolute path would fail).
+#[test]
+fn a_crashed_instance_moved_elsewhere_recovers_there() {
+    let dir = scratch("moved-from");
+    let mut s = Server::create("vnvm", &dir, &["--heap-size", "64mb"]);
+    let mut c = Conn::connect(s.port).unwrap();
+    for i in 0..200 {
+        let (k, v) = (format!("k{i}"), format!("v{i}"));
+        assert_eq!(c.cmd(&["SET", &k, &v]), Reply::Simple("OK".into()));
+    }
+    drop(c);
+    s.kill9();
+    let to = scratch("moved-to");
+    let _ = std::fs::remove_dir_all(&to);
+    std::fs::rename(&dir, &to).unwrap();
+    let s = Server::start("vnvm", &to, &[]);
+    let mut c = Conn::connect(s.port).unwrap();
+    assert_eq!(c.cmd(&["DBSIZE"]), Reply::Int(200));
+    assert_eq!(c.cmd(&["GET", "k199"]), bulk("v199"));
+    assert_eq!(c.cmd(&["SET", "after", "move"]), Reply::Simple("OK".into()));
+    drop(c);
+    drop(s);
+    assert!(!dir.exists(), "the old location was recreated");
+    let _ = std::fs::remove_dir_all(&to);
+}
+
 #[test]
 fn volatile_engine_serves_and_keeps_nothing() {
     let dir = scratch("volatile");

@@ -142,7 +142,7 @@ fn new_only_in_an_empty_directory_and_open_only_a_whole_instance() {
 
     // Part of an instance: each case refused, naming the file, with the directory unchanged.
     type Damage = fn(&Path);
-    let cases: [(&str, &str, Damage); 6] = [
+    let cases: [(&str, &str, Damage); 7] = [
         ("no-meta", "meta.pool is missing", |d| {
             std::fs::remove_file(d.join("vnvm/meta.pool")).unwrap()
         }),
@@ -154,6 +154,9 @@ fn new_only_in_an_empty_directory_and_open_only_a_whole_instance() {
         }),
         ("no-heap", "heap.data is missing", |d| {
             std::fs::remove_file(d.join("heap.data")).unwrap()
+        }),
+        ("no-checksums", "heap.data.vnvm-crc is missing", |d| {
+            std::fs::remove_file(d.join("heap.data.vnvm-crc")).unwrap()
         }),
         ("empty-heap", "heap.data is empty", |d| {
             std::fs::File::create(d.join("heap.data")).unwrap();

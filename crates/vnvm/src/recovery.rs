@@ -155,23 +155,33 @@ pub(crate) fn open_pools_with(dir: &Path, oo: &OpenOptions) -> Result<Pools> {
 }
 
 /// The backing file a record names: a relative path is relative to the instance directory
-/// `dir` (format 3 stores files inside the instance that way, so an instance can be moved).
+/// `dir` (format 3 stores files inside or beside the instance that way, so an instance can be
+/// moved).
 pub(crate) fn resolve(dir: &Path, rec_path: &str) -> PathBuf {
     let p = Path::new(rec_path);
     if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        dir.join(p)
+        return p.to_path_buf();
+    }
+    // `../NAME` (a file beside the instance, see `record_path`) resolves lexically, so the
+    // path compares equal to the absolute path the file was allocated with.
+    match (p.strip_prefix(".."), dir.parent()) {
+        (Ok(rest), Some(parent)) => parent.join(rest),
+        _ => dir.join(p),
     }
 }
 
 /// The path a file record stores for the absolute path `abs`: relative to the instance
-/// directory `dir` when the file lies inside it, else `abs` itself.
+/// directory `dir` when the file lies inside it; `../NAME` when it lies beside it (directly in
+/// the parent directory, as tiermem-kv keeps `heap.data` beside `vnvm/`), so that moving the
+/// directory that holds both moves the instance; else `abs` itself.
 pub(crate) fn record_path(dir: &Path, abs: &Path) -> PathBuf {
     let d = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
     match abs.strip_prefix(&d) {
         Ok(rel) if !rel.as_os_str().is_empty() => rel.to_path_buf(),
-        _ => abs.to_path_buf(),
+        _ => match (d.parent(), abs.parent(), abs.file_name()) {
+            (Some(dp), Some(ap), Some(name)) if dp == ap => Path::new("..").join(name),
+            _ => abs.to_path_buf(),
+        },
     }
 }
 

@@ -40,9 +40,11 @@ pub struct OpenReport {
     pub existing: bool,
 }
 
-/// The files of an instance, relative to its data directory: the heap file and vnvm's pools.
-pub const INSTANCE_FILES: [&str; 4] = [
+/// The files of an instance, relative to its data directory: the heap file, its checksum
+/// table (without it vnvm could not tell a damaged heap page from a good one) and vnvm's pools.
+pub const INSTANCE_FILES: [&str; 5] = [
     "heap.data",
+    "heap.data.vnvm-crc",
     "vnvm/meta.pool",
     "vnvm/log.pool",
     "vnvm/cache.pool",
