@@ -59,24 +59,26 @@ impl SharedRef {
     }
 }
 
-/// Test hooks: a closure registered for a named point runs once when the code passes it.
+/// Test hooks: a closure registered for a named point of an instance (its directory) runs
+/// once when the code passes that point for that instance.
 #[cfg(test)]
 pub(crate) mod hooks {
+    use std::path::{Path, PathBuf};
     type Hook = Box<dyn FnOnce() + Send>;
-    static HOOKS: parking_lot::Mutex<Vec<(&'static str, Hook)>> =
+    static HOOKS: parking_lot::Mutex<Vec<(&'static str, PathBuf, Hook)>> =
         parking_lot::Mutex::new(Vec::new());
 
-    /// Run `f` the next time the code passes `point`.
-    pub(crate) fn set(point: &'static str, f: impl FnOnce() + Send + 'static) {
-        HOOKS.lock().push((point, Box::new(f)));
+    /// Run `f` the next time the code passes `point` for the instance in `dir`.
+    pub(crate) fn set(point: &'static str, dir: &Path, f: impl FnOnce() + Send + 'static) {
+        HOOKS.lock().push((point, dir.to_path_buf(), Box::new(f)));
     }
 
-    pub(crate) fn run(point: &'static str) {
+    pub(crate) fn run(point: &'static str, dir: &Path) {
         let h = {
             let mut g = HOOKS.lock();
             g.iter()
-                .position(|(p, _)| *p == point)
-                .map(|k| g.remove(k).1)
+                .position(|(p, d, _)| *p == point && d == dir)
+                .map(|k| g.remove(k).2)
         };
         if let Some(h) = h {
             h()
@@ -87,7 +89,7 @@ pub(crate) mod hooks {
 #[cfg(not(test))]
 mod hooks {
     #[inline(always)]
-    pub(crate) fn run(_point: &'static str) {}
+    pub(crate) fn run(_point: &'static str, _dir: &std::path::Path) {}
 }
 
 /// The committed-list domain of shared slot `s`.
@@ -302,7 +304,7 @@ impl Inner {
         } else {
             Ok(())
         };
-        hooks::run("flush:popped");
+        hooks::run("flush:popped", &self.dir);
         if res.is_ok() && popped.is_ok() {
             for w in fl {
                 w.store(0, Ordering::Relaxed);
@@ -502,7 +504,7 @@ impl Inner {
                 self.flush_shared_locked(r, sr, true)?;
                 continue;
             }
-            hooks::run("leave:last");
+            hooks::run("leave:last", &self.dir);
             store_word_persist(&self.meta, self.geo.file_off(r.file_id), 0)?;
             slot.users.store(0, Ordering::Relaxed);
             slot.pending_pages.store(0, Ordering::Relaxed);
@@ -546,6 +548,7 @@ impl Inner {
             let fid = slot.file.load(Ordering::Acquire) - 1;
             file.sync_data()
                 .map_err(|e| io_err("fdatasync shared region", Path::new("?"), e))?;
+            hooks::run("reap:replayed", &self.dir);
             // Finalize in one section of the instance mutex, unless somebody joined while the
             // list was replayed (then the region and its list live on: replaying is idempotent).
             let _i = self.shm.lock();
@@ -626,7 +629,7 @@ mod tests {
             commit(&b, &rb, 0, b"one transaction");
             let (tx, rx) = mpsc::channel();
             let bi = b.inner.clone();
-            hooks::set("flush:popped", move || {
+            hooks::set("flush:popped", &c.dir, move || {
                 // Another user repairs the region (what the next locker does after a holder
                 // died) and then takes every free log object, as committers would.
                 let h = std::thread::spawn(move || {
@@ -678,7 +681,7 @@ mod tests {
         commit(&a, &ra, 0, b"from a");
         let (tx, rx) = mpsc::channel();
         let (b2, p2) = (b.clone(), path.clone());
-        hooks::set("leave:last", move || {
+        hooks::set("leave:last", &c.dir, move || {
             let h = std::thread::spawn(move || b2.nv_allocate(&p2, 8192, Mode::Shared));
             // Give the join the time to run (at once if nothing holds the instance mutex).
             std::thread::sleep(Duration::from_millis(200));
@@ -706,6 +709,58 @@ mod tests {
         let f = std::fs::read(&path).unwrap();
         assert_eq!(&f[..6], b"from a");
         assert_eq!(&f[100..106], b"from b");
+    }
+
+    /// A process that joins a shared region while a survivor reaps its dead last user (and
+    /// replays its list into the file) keeps the region: the reaper does not drop the record
+    /// and slot under it.
+    #[test]
+    fn joining_while_a_dead_last_user_is_reaped_keeps_a_registered_region() {
+        let d = tmp();
+        let c = cfg(d.path());
+        let a = nv_init(&c).unwrap();
+        let b = nv_init(&c).unwrap();
+        let joiner = Arc::new(nv_init(&c).unwrap());
+        let path = d.path().join("shared");
+        let ra = a.nv_allocate(&path, 8192, Mode::Shared).unwrap();
+        commit(&a, &ra, 0, b"from a");
+        let (tx, rx) = mpsc::channel();
+        let (j2, p2) = (joiner.clone(), path.clone());
+        hooks::set("reap:replayed", &c.dir, move || {
+            let h = std::thread::spawn(move || j2.nv_allocate(&p2, 8192, Mode::Shared));
+            std::thread::sleep(Duration::from_millis(200));
+            tx.send(h).unwrap();
+        });
+        drop(ra);
+        a.abandon();
+        // b's or the joiner's redo worker reaps a within a period.
+        let rj = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a was not reaped")
+            .join()
+            .unwrap()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while b.stats().users != 2 {
+            assert!(t0.elapsed() < Duration::from_secs(20), "a was not reaped");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(&region_bytes(&rj)[..6], b"from a");
+        let recs = load_records(&b.inner.meta, &b.inner.geo).unwrap();
+        assert!(
+            recs.get(&rj.file_id())
+                .is_some_and(|r| Path::new(&r.path).file_name() == path.file_name()),
+            "the joiner's region has no file record"
+        );
+        let sl = b.inner.shm.shared(rj.0.shared.as_ref().unwrap().slot);
+        assert_eq!(sl.file.load(Ordering::Relaxed), rj.file_id() + 1);
+        commit(&joiner, &rj, 100, b"joined");
+        joiner.nv_free(rj).unwrap();
+        b.nv_release().unwrap();
+        Arc::try_unwrap(joiner).unwrap().nv_release().unwrap();
+        let f = std::fs::read(&path).unwrap();
+        assert_eq!(&f[..6], b"from a");
+        assert_eq!(&f[100..106], b"joined");
     }
 
     fn region_bytes(r: &Region) -> Vec<u8> {
