@@ -533,6 +533,15 @@ impl Inner {
                 let _i = self.shm.lock();
                 slot.users.fetch_and(!bit, Ordering::Relaxed) & !bit
             };
+            // A flush it died in is over (its flush bitmap stays for the next flusher): the
+            // mark must not outlive it, or a process that takes its user slot would look like
+            // a live flusher forever and every other flush (and leave) would wait for it.
+            let _ = slot.flushing.compare_exchange(
+                dead as u32 + 1,
+                0,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
             if left != 0 || slot.file.load(Ordering::Acquire) == 0 {
                 continue;
             }
@@ -761,6 +770,53 @@ mod tests {
         let f = std::fs::read(&path).unwrap();
         assert_eq!(&f[..6], b"from a");
         assert_eq!(&f[100..106], b"joined");
+    }
+
+    /// A user that dies while flushing a shared region leaves its flusher mark; once it is
+    /// reaped, a new process that takes its user slot must not look like that flusher: the
+    /// others' flushes and leaves would wait for it forever.
+    #[test]
+    fn a_dead_flushers_mark_does_not_outlive_its_reaping() {
+        let d = tmp();
+        let c = cfg(d.path());
+        let a = nv_init(&c).unwrap();
+        let b = Arc::new(nv_init(&c).unwrap());
+        let path = d.path().join("shared");
+        let ra = a.nv_allocate(&path, 8192, Mode::Shared).unwrap();
+        let rb = b.nv_allocate(&path, 8192, Mode::Shared).unwrap();
+        commit(&b, &rb, 0, b"before");
+        let s = rb.0.shared.as_ref().unwrap().slot;
+        let aslot = a.inner.slot;
+        // a dies in the middle of a flush (its mark set, as the first section leaves it), and
+        // no periodic flush of b's takes it over before a is reaped (none is pending).
+        let sl = b.inner.shm.shared(s);
+        sl.flushing.store(aslot as u32 + 1, Ordering::Release);
+        sl.pending_pages.store(0, Ordering::Relaxed);
+        drop(ra);
+        a.abandon();
+        let t0 = std::time::Instant::now();
+        while b.stats().users != 1 {
+            assert!(t0.elapsed() < Duration::from_secs(20), "a was not reaped");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // A new process takes a's user slot (the lowest free one).
+        let newcomer = nv_init(&c).unwrap();
+        assert_eq!(newcomer.inner.slot, aslot);
+        // b can still flush and leave.
+        let b2 = b.clone();
+        let h = std::thread::spawn(move || b2.nv_free(rb));
+        let t0 = std::time::Instant::now();
+        while !h.is_finished() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "b's leave waits for a flusher that is not there"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        h.join().unwrap().unwrap();
+        assert_eq!(&std::fs::read(&path).unwrap()[..6], b"before");
+        newcomer.nv_release().unwrap();
+        Arc::try_unwrap(b).unwrap().nv_release().unwrap();
     }
 
     fn region_bytes(r: &Region) -> Vec<u8> {
