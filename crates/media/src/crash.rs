@@ -512,6 +512,7 @@ impl PowerDomain {
         }
         for ((pid, l), versions) in pending {
             if let Some(p) = g.pools.get_mut(pid as usize) {
+                // cannot fail: a line enters `pending` with the version that put it there.
                 let buf = versions.last().expect("a pending line has a version");
                 let l = l as usize;
                 let n = (p.len - l).min(CACHE_LINE);

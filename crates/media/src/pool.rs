@@ -302,6 +302,8 @@ impl PoolHeader {
         if b[0..8] != POOL_MAGIC {
             return Err(not_a_pool("bad magic (expected \"TMEMPOOL\" at offset 0)"));
         }
+        // cannot fail: every offset below is a constant < HEADER_SIZE - 8 ≤ b.len() (checked
+        // above), and a 4- (8-, 16-) byte slice converts to a 4- (8-, 16-) byte array.
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
         let version = u32_at(8);
@@ -636,6 +638,7 @@ impl Pool {
             pool.domain = Some((d.clone(), id, h));
         }
         let bytes = pool.header.encode();
+        // cannot fail: `encode` returns HEADER_SIZE bytes; a 4-byte slice is a 4-byte array.
         pool.header.checksum = u32::from_le_bytes(bytes[112..116].try_into().expect("4 bytes"));
         // SAFETY: the mapping is at least HEADER_SIZE bytes long; bytes is a separate Vec.
         unsafe { persist::nt_copy_nofence(pool.map, bytes.as_ptr(), bytes.len()) };

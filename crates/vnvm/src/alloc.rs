@@ -275,6 +275,8 @@ impl View<'_> {
 }
 
 fn committed_word(base: *const u8, len: u64, off: u64) -> u64 {
+    // cannot fail: callers read header words (constants < HEAP_HEADER ≤ len) or words of
+    // blocks validated to lie below the validated bump ≤ heap end ≤ len.
     assert!(
         off % 8 == 0 && off + 8 <= len,
         "word {off} outside the region"

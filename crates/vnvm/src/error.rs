@@ -126,6 +126,26 @@ pub enum VnvmError {
     #[error("region {} was freed", .0.display())]
     RegionFreed(PathBuf),
 
+    /// `nv_commit` found no free log object within its wait: every log object belongs to a
+    /// committed transaction not yet applied (private) or flushed (shared). Nothing was
+    /// committed; the transaction is still open: retry `nv_commit`, or abort it.
+    #[error(
+        "transaction {tid} not committed: no free log object within {waited_ms} ms (committed \
+         transactions await their redo or flush); it is still open: retry nv_commit or abort it"
+    )]
+    NoLogObject {
+        /// The transaction.
+        tid: u64,
+        /// How long the commit waited.
+        waited_ms: u64,
+    },
+
+    /// vnvm found its own volatile or shared state contradicting itself (a bug, or a process
+    /// that scribbled over the shared-memory object). The committed logs are durable; recovery
+    /// replays them.
+    #[error("vnvm internal inconsistency: {0}")]
+    Inconsistent(String),
+
     /// The file-record table is full or the path is unusable.
     #[error("cannot allocate region {}: {reason}", path.display())]
     Allocate {

@@ -186,10 +186,14 @@ impl Geometry {
     }
 }
 
+/// Little-endian word at `o`. Panics when `b` is shorter than `o + 4` (callers bound `o`).
 pub fn u32_at(b: &[u8], o: usize) -> u32 {
+    // cannot fail (the expect): a 4-byte slice converts to a 4-byte array.
     u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
 }
+/// Little-endian word at `o`. Panics when `b` is shorter than `o + 8` (callers bound `o`).
 pub fn u64_at(b: &[u8], o: usize) -> u64 {
+    // cannot fail (the expect): an 8-byte slice converts to an 8-byte array.
     u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
 }
 

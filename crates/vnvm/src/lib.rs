@@ -142,6 +142,11 @@ pub const REDO_IDLE_AFTER: Duration = Duration::from_millis(10);
 /// Number of open lists (the thesis' `tid % 32`).
 pub const OPEN_LISTS: usize = 32;
 
+/// How long `nv_commit` waits for a free log object before it gives up with
+/// [`VnvmError::NoLogObject`] (the transaction stays open). There are as many log objects as
+/// log pages and every committed transaction holds a page, so a healthy instance never waits.
+pub const COMMIT_WAIT: Duration = Duration::from_secs(10);
+
 /// How a region is mapped (the thesis' modes, not POSIX's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {
@@ -423,6 +428,27 @@ struct Committed {
     pages: Vec<u32>,
 }
 
+/// [`COMMIT_WAIT`] (unit tests may shorten it).
+fn commit_wait() -> Duration {
+    #[cfg(test)]
+    {
+        let ms = tests::COMMIT_WAIT_MS.load(Ordering::Relaxed);
+        if ms > 0 {
+            return Duration::from_millis(ms);
+        }
+    }
+    COMMIT_WAIT
+}
+
+/// Why a commit into a shared region failed.
+enum CommitFail {
+    /// Before the link: the transaction's pages and log object are still the committer's.
+    NotLinked(VnvmError),
+    /// The link's persist failed after its store: the transaction is in the list (and
+    /// applied), as if committed.
+    Linked(VnvmError),
+}
+
 /// A log domain: one persistent committed list (private regions of a process; later one per
 /// shared region).
 struct CommitDomain {
@@ -598,6 +624,8 @@ impl CacheState {
         match s {
             PState::Dirty => &mut self.dirty,
             PState::Clean => &mut self.clean,
+            // cannot fail: pages are unlinked only from, and pushed only onto, the dirty or the
+            // clean list, in the state of that list (every caller checks or sets it).
             _ => unreachable!("not a list state"),
         }
     }
@@ -934,11 +962,9 @@ fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
         None
     };
     // Live users? Then join them (their geometry wins over `cfg`'s sizes).
-    let live = existing
-        .as_ref()
-        .is_some_and(|g| live_users(dir, g, &lockf) > 0);
-    let (pools, shm) = if live {
-        let geo = existing.expect("live users imply pools");
+    let live_geo = existing.filter(|g| live_users(dir, g, &lockf) > 0);
+    let live = live_geo.is_some();
+    let (pools, shm) = if let Some(geo) = live_geo {
         let shm = shm::Shm::open(dir, &geo)?.ok_or_else(|| VnvmError::Busy(dir.to_path_buf()))?;
         (open_pools(dir, cfg.domain.as_ref())?, shm)
     } else {
@@ -1286,12 +1312,7 @@ impl Vnvm {
                 Some(s) => {
                     let dram = DramCache::new_shared(&path, &file, map_len)?;
                     let bm = shm::Bitmaps::open(&i.dir, s, region_pages, !join, i.perm)?;
-                    let sr = shared::SharedRef {
-                        slot: s,
-                        domain: shared::shared_domain(s),
-                        bm,
-                    };
-                    Ok((file, sums, dram, Some(sr)))
+                    Ok((file, sums, dram, Some(shared::SharedRef::new(s, bm))))
                 }
             }
         })();
@@ -1453,7 +1474,11 @@ impl Vnvm {
     /// of the persistent committed list (durable on return), then apply it to the regions'
     /// DRAM caches, and wake the redo worker.
     ///
-    /// Errors: the tid errors of [`Vnvm::nv_write`]; media errors (persist failures).
+    /// Errors: the tid errors of [`Vnvm::nv_write`]; [`VnvmError::NoLogObject`] when no log
+    /// object came free within [`COMMIT_WAIT`] (the transaction stays open: retry or abort);
+    /// [`VnvmError::Damaged`] when its log pages no longer hold what it wrote (it is aborted);
+    /// media errors (persist failures: before the link the transaction is aborted, after it
+    /// the transaction is committed and applied).
     pub fn nv_commit(&self, tid: Tid) -> Result<()> {
         self.inner.commit(tid)
     }
@@ -1639,7 +1664,7 @@ impl Inner {
         if pages.is_empty() {
             return;
         }
-        self.shm.free(shm::Res::Log, pages);
+        self.shm.free(shm::Res::Log, self.slot as u8 + 1, pages);
     }
 
     fn find_region(&self, addr: usize, len: usize) -> Option<Arc<RegionInner>> {
@@ -1717,6 +1742,7 @@ impl Inner {
                 tx.pages.push(np);
                 tx.used = LOG_HDR as u32;
             }
+            // cannot fail: the branch above pushed a page or left the loop.
             let page = *tx.pages.last().expect("a page");
             let room = ps - tx.used as usize - ENTRY_HDR;
             let to_boundary = ps - (off % ps as u64) as usize;
@@ -1760,6 +1786,7 @@ impl Inner {
     /// attached, the streamed lines are noted too, so that the model sees the stores.)
     fn cache_store(&self, at: u64, data: &[u8], lines: &mut Vec<(u64, u64)>) {
         const LINE: usize = 64;
+        // cannot fail: callers store within one cache page (< cache_pages) of the pool.
         assert!(at as usize + data.len() <= self.cache.data_len());
         let dst = self.cache.data_ptr() as usize + at as usize;
         let len = data.len();
@@ -1800,40 +1827,133 @@ impl Inner {
         note(head + body, len);
     }
 
-    /// The entries of transaction `tid`'s own log `pages`; with `verify` (the redo worker),
-    /// their CRC32Cs are checked: a mismatch is [`VnvmError::Damaged`] naming the page and tid.
+    /// The entries of transaction `tid`'s log pages, each checked by `check(file, offset,
+    /// len)`; with `verify` (the redo worker) their CRC32Cs are checked too. Errors:
+    /// [`VnvmError::Damaged`] when a page does not parse, is stamped with another tid, an entry
+    /// fails `check` or (with `verify`) its checksum (never for pages written by this
+    /// process's `nv_write`, unless something else wrote into them).
     fn entries_of(
         &self,
         tid: Tid,
         pages: &[u32],
         out: &mut Vec<Entry>,
+        check: &dyn Fn(u32, u64, u32) -> std::result::Result<(), String>,
         verify: bool,
     ) -> Result<()> {
         let ps = self.geo.page_size;
-        let ok = |_: u32, _: u64, _: u32| Ok(());
         for &p in pages {
             let off = p as u64 * ps as u64;
+            if p >= self.geo.log_pages {
+                return Err(damaged(
+                    &self.log,
+                    format!("log page {p}"),
+                    off,
+                    "out of range",
+                ));
+            }
             let b = pool_slice(&self.log, off, ps as usize);
-            debug_assert_eq!(u64_at(b, 8), tid);
-            parse_page(b, off, ps, out, &ok, verify)
+            let owner = u64_at(b, 8);
+            if owner != tid {
+                return Err(damaged(
+                    &self.log,
+                    format!("log page {p}"),
+                    off,
+                    format!("belongs to tid {owner}, not to tid {tid}"),
+                ));
+            }
+            parse_page(b, off, ps, out, check, verify)
                 .map_err(|e| damaged(&self.log, format!("log page {p} (tid {tid})"), off, e))?;
         }
         Ok(())
     }
 
+    /// A free log object for transaction `tid`'s commit, waiting (up to [`COMMIT_WAIT`]) as
+    /// `nv_wait_log_space` waits for log pages: redo workers and shared-region flushes free
+    /// them. Errors: [`VnvmError::NoLogObject`] after the wait; the failure of a worker.
+    fn take_log_obj(&self, tid: Tid) -> Result<u32> {
+        let t0 = Instant::now();
+        loop {
+            let seen = self.shm.log_seq();
+            if let Some(i) = self.shm.take_one(shm::Res::Obj, self.slot) {
+                return Ok(i);
+            }
+            if let Some(e) = self.worker_error.lock().clone() {
+                return Err(VnvmError::CacheFull(format!(
+                    "no free log object and a worker failed: {e}"
+                )));
+            }
+            let waited = t0.elapsed();
+            let limit = commit_wait();
+            if waited >= limit {
+                return Err(VnvmError::NoLogObject {
+                    tid,
+                    waited_ms: waited.as_millis() as u64,
+                });
+            }
+            // Ask every user's workers to apply and flush (as a writer short of log space).
+            self.flush_req.store(true, Ordering::SeqCst);
+            if let Some(t) = self.redo_thread.get() {
+                t.unpark();
+            }
+            self.shm
+                .wait_log(seen, (limit - waited).min(Duration::from_millis(50)));
+        }
+    }
+
+    /// Give back a transaction whose commit failed before it was linked: its log object, and
+    /// the transaction itself, aborted (pages freed, regions unpinned, outcome recorded).
+    fn unwind_commit(&self, tid: Tid, tx: Tx, idx: u32) {
+        self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &[idx]);
+        self.open[tid as usize % OPEN_LISTS]
+            .lock()
+            .finish(tid, Outcome::Aborted { by_age: false });
+        self.discard(tx);
+    }
+
     fn commit(&self, tid: Tid) -> Result<()> {
         let ps = self.geo.page_size as u64;
+        // A transaction with logs needs a log object: take one first (waiting if need be), so
+        // that a commit that cannot get one leaves the transaction open.
+        let logged_any = self.open[tid as usize % OPEN_LISTS]
+            .lock()
+            .txs
+            .get(&tid)
+            .is_some_and(|t| !t.pages.is_empty() && !t.aborted_by_age);
+        let mut idx = if logged_any {
+            Some(self.take_log_obj(tid)?)
+        } else {
+            None
+        };
         let tx = {
             let mut ol = self.open[tid as usize % OPEN_LISTS].lock();
-            let tx = self.take_tx(&mut ol, tid)?;
+            let tx = match self.take_tx(&mut ol, tid) {
+                Ok(tx) => tx,
+                Err(e) => {
+                    drop(ol);
+                    if let Some(i) = idx {
+                        self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &[i]);
+                    }
+                    return Err(e);
+                }
+            };
+            if idx.is_none() && !tx.pages.is_empty() {
+                // Another thread logged into it since we looked: take one without waiting.
+                idx = self.shm.take_one(shm::Res::Obj, self.slot);
+                if idx.is_none() {
+                    ol.txs.insert(tid, tx);
+                    return Err(VnvmError::NoLogObject { tid, waited_ms: 0 });
+                }
+            }
             ol.finish(tid, Outcome::Committed);
             tx
         };
-        if tx.pages.is_empty() {
+        let (Some(&last), Some(idx)) = (tx.pages.last(), idx) else {
+            if let Some(i) = idx {
+                self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &[i]);
+            }
             self.discard(tx);
             return Ok(());
-        }
-        let last = *tx.pages.last().expect("a page");
+        };
         self.log_store(last as u64 * ps, &log_hdr(tx.used, 0, tid));
         let mut logged = 0u64;
         for &p in &tx.pages {
@@ -1842,20 +1962,41 @@ impl Inner {
             } else {
                 u32_at(pool_slice(&self.log, p as u64 * ps, LOG_HDR), 0)
             };
-            self.log.flush(p as u64 * ps, used as usize)?;
+            if let Err(e) = self.log.flush(p as u64 * ps, used as usize) {
+                self.unwind_commit(tid, tx, idx);
+                return Err(e.into());
+            }
             logged += used as u64;
         }
-        let idx = self
-            .shm
-            .take_one(shm::Res::Obj, self.slot)
-            .expect("log objects = log pages ≥ committed transactions");
+        // Every entry must land in a region the transaction pinned (so the copies below stay
+        // in bounds whatever the log pages hold).
+        let regions: Vec<(u32, u64)> = tx.regions.iter().map(|r| (r.file_id, r.size)).collect();
+        let check = |f: u32, o: u64, l: u32| -> std::result::Result<(), String> {
+            match regions.iter().find(|(id, _)| *id == f) {
+                Some((_, size)) if o.checked_add(l as u64).is_some_and(|e| e <= *size) => Ok(()),
+                _ => Err(format!(
+                    "entry {f}:{o}+{l} outside the transaction's regions"
+                )),
+            }
+        };
         let mut entries = Vec::new();
         // Our own pages, just written: parsed, not re-verified (the redo worker verifies).
-        self.entries_of(tid, &tx.pages, &mut entries, false)?;
+        if let Err(e) = self.entries_of(tid, &tx.pages, &mut entries, &check, false) {
+            self.unwind_commit(tid, tx, idx);
+            return Err(e);
+        }
         let mut bytes = 0u64;
         let mut queued = REDO_BATCH;
+        let mut linked_err = None;
         if tx.regions.first().is_some_and(|r| r.shared.is_some()) {
-            bytes = self.commit_shared(&tx, tid, idx, &entries)?;
+            match self.commit_shared(&tx, tid, idx, &entries) {
+                Ok(b) => bytes = b,
+                Err(CommitFail::NotLinked(e)) => {
+                    self.unwind_commit(tid, tx, idx);
+                    return Err(e);
+                }
+                Err(CommitFail::Linked(e)) => linked_err = Some(e),
+            }
         } else {
             let mut d = self.domains[0].lock();
             let obj = LogObj {
@@ -1878,23 +2019,28 @@ impl Inner {
                     ob.len(),
                 )
             };
-            self.meta.flush(ooff, ob.len())?;
+            if let Err(e) = self.meta.flush(ooff, ob.len()) {
+                drop(d);
+                self.unwind_commit(tid, tx, idx);
+                return Err(e.into());
+            }
             // (1)+(2): every log entry and the log object are durable after this fence.
             self.meta.fence();
-            // (3): link with one 8-byte atomic store, persisted.
+            // (3): link with one 8-byte atomic store, persisted. The store links it even if
+            // the persist fails: then it is committed as far as this process is concerned.
             let head = if d.head == 0 { idx + 1 } else { d.head };
-            store_domain_persist(&self.meta, &self.geo, d.id, domain_word(head, idx + 1))?;
+            linked_err =
+                store_domain_persist(&self.meta, &self.geo, d.id, domain_word(head, idx + 1)).err();
             d.head = head;
             d.tail = idx + 1;
             // (4): only now is the data visible in DRAM.
             for e in &entries {
-                let r = tx
-                    .regions
-                    .iter()
-                    .find(|r| r.file_id == e.file_id)
-                    .expect("entry of a pinned region");
+                // cannot fail: `check` accepted only entries of the transaction's regions.
+                let Some(r) = tx.regions.iter().find(|r| r.file_id == e.file_id) else {
+                    continue;
+                };
                 // SAFETY: the entry lies in the log pool (parsed from our own pages) and in the
-                // region (bounds-checked by nv_write); the DRAM writable view is mapped.
+                // region (checked above); the DRAM writable view is mapped.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         self.log.data_ptr().add(e.log_off as usize),
@@ -1924,7 +2070,10 @@ impl Inner {
                 t.unpark();
             }
         }
-        Ok(())
+        match linked_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     fn drain(&self) -> Result<()> {
@@ -1993,22 +2142,22 @@ impl Inner {
             if !jobs.is_empty() {
                 last_work = tiermem_media::now_ns();
                 entries.clear();
-                for (_, pages) in &jobs {
-                    let tid = u64_at(
-                        pool_slice(&self.log, pages[0] as u64 * self.geo.page_size as u64, 16),
-                        8,
+                // Checked at commit (entries of the transaction's regions); parsed again here.
+                let any = |_: u32, _: u64, _: u32| Ok(());
+                let parsed = jobs.iter().try_for_each(|(_, pages)| {
+                    // cannot fail: a committed transaction has at least one page, in range.
+                    let first = pool_slice(
+                        &self.log,
+                        pages[0] as u64 * self.geo.page_size as u64,
+                        LOG_HDR,
                     );
-                    if let Err(e) = self.entries_of(tid, pages, &mut entries, true) {
-                        // A damaged committed log: stop applying; recovery refuses it too.
-                        self.worker_error.lock().get_or_insert(e.to_string());
-                        let _g = self.domains[0].lock();
-                        self.applied_cv.notify_all();
-                        return;
-                    }
-                }
-                let last = jobs.last().expect("a job").0;
-                if let Err(e) = self
-                    .apply(&entries)
+                    // Verified: a damaged committed log stops the worker (recovery refuses it).
+                    self.entries_of(u64_at(first, 8), pages, &mut entries, &any, true)
+                });
+                // cannot fail: `jobs` is not empty here.
+                let last = jobs.last().map_or(0, |j| j.0);
+                if let Err(e) = parsed
+                    .and_then(|()| self.apply(&entries))
                     .and_then(|()| self.pop(jobs.len(), last))
                 {
                     if !self.kill.load(Ordering::SeqCst) {
@@ -2103,11 +2252,19 @@ impl Inner {
         let mut regions: Vec<Arc<RegionInner>> = Vec::new();
         for e in entries {
             if !regions.iter().any(|r| r.file_id == e.file_id) {
-                regions.push(
-                    self.regions.read()[e.file_id as usize]
-                        .clone()
-                        .expect("a committed entry's region is allocated"),
-                );
+                let r = self
+                    .regions
+                    .read()
+                    .get(e.file_id as usize)
+                    .cloned()
+                    .flatten();
+                regions.push(r.ok_or_else(|| {
+                    VnvmError::Inconsistent(format!(
+                        "a committed log entry names file {}, which this process has not \
+                         allocated",
+                        e.file_id
+                    ))
+                })?);
             }
         }
         let mut written = 0u64;
@@ -2130,7 +2287,11 @@ impl Inner {
                             touched.push(p);
                         }
                         PState::Pinned | PState::Writing => {}
-                        PState::Free => unreachable!("mapped page is free"),
+                        PState::Free => {
+                            return Err(VnvmError::Inconsistent(format!(
+                                "cache page {p} is mapped but free"
+                            )))
+                        }
                     }
                     break p;
                 }
@@ -2182,6 +2343,7 @@ impl Inner {
                         let region = regions
                             .iter()
                             .find(|r| r.file_id == e.file_id)
+                            // cannot fail: every entry's region was looked up above.
                             .expect("looked up above");
                         // SAFETY: the chunk lies within the region's DRAM cache (page-rounded
                         // mapping); concurrent commits may change it (harmless, see docs).
@@ -2299,7 +2461,7 @@ impl Inner {
             self.me().applied.fetch_add(n as u64, Ordering::Relaxed);
             self.applied_cv.notify_all();
         }
-        self.shm.free(shm::Res::Obj, &idxs);
+        self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &idxs);
         self.free_log_pages(&pages);
         Ok(())
     }
@@ -2392,6 +2554,8 @@ impl Inner {
                 let mut p = c.dirty.tail;
                 while p != NIL && batch.len() < BATCH {
                     let prev = c.prev[p as usize];
+                    // cannot fail: a page is keyed before it becomes dirty, and unkeyed only
+                    // when clean.
                     let key = c.key[p as usize].expect("dirty pages are mapped");
                     if match target {
                         WbTarget::File(f) => key.0 == f,
@@ -2441,9 +2605,12 @@ impl Inner {
                 while k + run < batch.len() && batch[k + run].1 == (f, idx + run as u64) {
                     run += 1;
                 }
-                let r = self.regions.read()[f as usize]
-                    .clone()
-                    .expect("dirty page of an allocated region");
+                let Some(r) = self.regions.read().get(f as usize).cloned().flatten() else {
+                    res = Err(VnvmError::Inconsistent(format!(
+                        "dirty cache page of file {f}, which this process has not allocated"
+                    )));
+                    break;
+                };
                 let start = idx * ps;
                 let n = (ps * run as u64).min(r.size - start) as usize;
                 // The pages go out from the DRAM cache: it holds every byte the NVM pages hold
@@ -2552,6 +2719,79 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Overrides [`COMMIT_WAIT`] when not 0.
+    pub(crate) static COMMIT_WAIT_MS: std::sync::atomic::AtomicU64 =
+        std::sync::atomic::AtomicU64::new(0);
+
+    /// A commit that finds no free log object (here: all taken, as a leak would) waits for
+    /// one, and after its wait fails with a typed error, leaving the transaction open.
+    #[test]
+    fn a_commit_short_of_log_objects_waits_then_fails_with_an_error() {
+        let d = tempfile::Builder::new()
+            .prefix("tiermem-vnvm-objtest")
+            .tempdir_in("/dev/shm")
+            .unwrap();
+        let cfg = VnvmConfig {
+            dir: d.path().join("inst"),
+            log_size: 16 * 4096,
+            cache_size: 16 * 4096,
+            max_files: 4,
+            ..VnvmConfig::default()
+        };
+        let vn = Arc::new(nv_init(&cfg).unwrap());
+        let r = vn
+            .nv_allocate(d.path().join("f"), 4096, Mode::Private)
+            .unwrap();
+        let me = vn.inner.slot as u8 + 1;
+        let mut hog = Vec::new();
+        vn.inner
+            .shm
+            .take(shm::Res::Obj, vn.inner.slot, u32::MAX, &mut hog);
+        assert_eq!(vn.inner.shm.free_count(shm::Res::Obj), 0);
+        // One comes back while the commit waits: it commits.
+        let t = vn.nv_txbegin();
+        vn.nv_write(t, r.as_ptr(), b"waited").unwrap();
+        let back = hog.pop().unwrap();
+        let v2 = vn.clone();
+        let giver = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            v2.inner.shm.free(shm::Res::Obj, me, &[back]);
+        });
+        vn.nv_commit(t).unwrap();
+        giver.join().unwrap();
+        let mut b = [0u8; 6];
+        r.read(0, &mut b);
+        assert_eq!(&b, b"waited");
+        vn.drain().unwrap();
+        // The redo worker returns the applied transaction's object just after drain sees it.
+        let t0 = Instant::now();
+        while vn.inner.shm.free_count(shm::Res::Obj) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "object not returned"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // None comes: a typed error after the wait, and the transaction is still open.
+        vn.inner
+            .shm
+            .take(shm::Res::Obj, vn.inner.slot, u32::MAX, &mut hog);
+        COMMIT_WAIT_MS.store(200, Ordering::Relaxed);
+        let t = vn.nv_txbegin();
+        // SAFETY: offset 8 + 5 bytes lies in the 4 KiB region.
+        vn.nv_write(t, unsafe { r.as_ptr().add(8) }, b"later")
+            .unwrap();
+        match vn.nv_commit(t) {
+            Err(VnvmError::NoLogObject { tid, .. }) => assert_eq!(tid, t),
+            other => panic!("commit without log objects: {other:?}"),
+        }
+        vn.inner.shm.free(shm::Res::Obj, me, &hog);
+        vn.nv_commit(t).unwrap();
+        r.read(8, &mut b[..5]);
+        assert_eq!(&b[..5], b"later");
+        Arc::try_unwrap(vn).unwrap().nv_release().unwrap();
+    }
 
     #[test]
     fn page_map_direct_and_far() {

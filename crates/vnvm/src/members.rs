@@ -74,7 +74,7 @@ impl Inner {
                 give.push(p);
             }
         }
-        self.shm.free(Res::Cache, &give);
+        self.shm.free(Res::Cache, self.slot as u8 + 1, &give);
     }
 
     /// Leave the instance (nv_release, workers stopped, instance flock held): write every
@@ -108,7 +108,7 @@ impl Inner {
             let _g = self.shm.lock();
             for r in [Res::Log, Res::Obj, Res::Cache] {
                 let items = self.shm.owned_by(r, app as u8);
-                self.shm.free_locked(r, &items);
+                self.shm.free_locked(r, app as u8, &items);
             }
         }
         self.shm.wake_log_waiters();
@@ -272,7 +272,7 @@ impl Inner {
             let _g = self.shm.lock();
             for r in [Res::Log, Res::Obj, Res::Cache] {
                 let items = self.shm.owned_by(r, app as u8);
-                self.shm.free_locked(r, &items);
+                self.shm.free_locked(r, app as u8, &items);
             }
         }
         self.shm.wake_log_waiters();

@@ -186,6 +186,7 @@ pub fn shm_name(dir: &Path) -> CString {
     let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let h = crc32fast::hash(canon.as_os_str().as_encoded_bytes()) as u64;
     let h2 = crc32fast::hash(&[canon.as_os_str().as_encoded_bytes(), b"#2"].concat()) as u64;
+    // cannot fail: the name is ASCII letters, digits and '/' (no NUL).
     CString::new(format!("/tiermem-vnvm-{:016x}", (h << 32) | h2)).expect("no NUL")
 }
 
@@ -223,18 +224,27 @@ pub unsafe fn lock_robust(m: *mut libc::pthread_mutex_t, repair: impl FnOnce()) 
     // SAFETY: forwarded contract.
     let rc = unsafe { libc::pthread_mutex_lock(m) };
     match rc {
-        0 => {}
+        0 => Held { m },
         libc::EOWNERDEAD => {
-            repair();
+            // Consistent first, then repair while holding it: a repairer that dies hands the
+            // next locker EOWNERDEAD again (the kernel marks a dead owner whatever the
+            // consistency flag), and the mutex is never unlocked in the inconsistent state,
+            // so ENOTRECOVERABLE cannot arise. The guard exists before the repair runs, so a
+            // repair that unwinds still unlocks.
             // SAFETY: we hold m (EOWNERDEAD locks it).
             unsafe { libc::pthread_mutex_consistent(m) };
+            let g = Held { m };
+            repair();
+            g
         }
-        e => panic!(
-            "vnvm shared mutex unusable ({}): a process died while repairing it",
+        // cannot fail: the mutex is initialised by `create` (EINVAL excluded), robust but not
+        // recursive and never re-locked by its holder (EAGAIN/EDEADLK), and never unlocked
+        // inconsistent (ENOTRECOVERABLE, see above).
+        e => unreachable!(
+            "vnvm shared mutex: pthread_mutex_lock returned {}",
             std::io::Error::from_raw_os_error(e)
         ),
     }
-    Held { m }
 }
 
 impl Shm {
@@ -571,28 +581,38 @@ impl Shm {
         Some(i)
     }
 
-    /// Return entries to the free stack (whoever owns them now).
-    pub fn free(&self, r: Res, items: &[u32]) {
+    /// Return entries that `owner` holds to the free stack. An entry that `owner` does not
+    /// hold (any more) is left alone: it was freed already — and perhaps handed out again —
+    /// by somebody else, and freeing it again would give one entry to two holders. Returns
+    /// how many were left alone (0 unless a caller's view is stale).
+    pub fn free(&self, r: Res, owner: u8, items: &[u32]) -> usize {
         if items.is_empty() {
-            return;
+            return 0;
         }
-        {
+        let stale = {
             let _g = self.lock();
-            self.free_locked(r, items);
-        }
-        if r == Res::Log {
+            self.free_locked(r, owner, items)
+        };
+        // Log objects and log pages are freed together; a committer may wait for either.
+        if r != Res::Cache {
             self.wake_log_waiters();
         }
+        stale
     }
 
-    /// [`Shm::free`] with the instance mutex already held.
-    pub fn free_locked(&self, r: Res, items: &[u32]) {
+    /// [`Shm::free`] with the instance mutex already held (the caller wakes log waiters).
+    pub fn free_locked(&self, r: Res, owner: u8, items: &[u32]) -> usize {
         let st = self.stack(r);
         let mut top = self.top(r).load(Ordering::Relaxed);
+        let mut stale = 0;
         for &i in items {
             let o = self.owner(r, i);
-            if o == OWNER_FREE {
-                debug_assert!(false, "{r:?} {i} freed twice");
+            if o == OWNER_FREE || o != owner {
+                debug_assert!(
+                    false,
+                    "{r:?} {i} freed by {owner:#x}, but its owner is {o:#x}"
+                );
+                stale += 1;
                 continue;
             }
             if (1..=MAX_APPS as u8).contains(&o) {
@@ -607,6 +627,7 @@ impl Shm {
             self.top(r).store(top, Ordering::Relaxed);
             self.set_owner(r, i, OWNER_FREE);
         }
+        stale
     }
 
     /// Move entries from app `slot` to another owner (a shared region's committed list).
@@ -760,6 +781,7 @@ impl Bitmaps {
     fn name(dir: &Path, s: usize) -> CString {
         let mut n = shm_name(dir).into_bytes();
         n.extend_from_slice(format!("-s{s}").as_bytes());
+        // cannot fail: `shm_name` (no NUL) plus "-s" and digits.
         CString::new(n).expect("no NUL")
     }
 
@@ -942,7 +964,7 @@ mod tests {
         assert_eq!(s.app(0).log_held.load(Ordering::Relaxed), 4);
         assert!(!s.owned_by(Res::Log, OWNER_FREE).contains(&victim));
         // And the mutex works normally afterwards.
-        s.free(Res::Log, &got);
+        s.free(Res::Log, 1, &got);
         assert_eq!(s.free_count(Res::Log), 8 - 1);
         assert_eq!(s.app(0).log_held.load(Ordering::Relaxed), 1);
         s.unlink();

@@ -371,3 +371,66 @@ fn equal_shares_of_log_and_cache() {
     assert_eq!(a.stats().users, 1);
     a.nv_release().unwrap();
 }
+
+const SHARED_RUN_ENV: &str = "TIERMEM_VNVM_MP_SHARED_RUN";
+
+/// A worker of `four_processes_long_runs_of_shared_commits`: `dir;idx;n`. Transaction i writes
+/// i at its stripe's start and 1–12 KiB of i's bytes after it (up to three log pages), and
+/// every 500 transactions it leaves the region and joins it again.
+#[test]
+fn mp_shared_run_child() {
+    let Ok(spec) = std::env::var(SHARED_RUN_ENV) else {
+        return;
+    };
+    let mut it = spec.split(';');
+    let dir = Path::new(it.next().unwrap());
+    let idx: usize = it.next().unwrap().parse().unwrap();
+    let n: u64 = it.next().unwrap().parse().unwrap();
+    let vn = nv_init(&cfg(dir)).unwrap();
+    let path = dir.join("shared");
+    let mut s = vn.nv_allocate(&path, SHARED_SIZE, Mode::Shared).unwrap();
+    let stripe = idx * STRIPE;
+    for i in 1..=n {
+        if i % 500 == 0 {
+            vn.nv_free(s).unwrap();
+            s = vn.nv_allocate(&path, SHARED_SIZE, Mode::Shared).unwrap();
+        }
+        let len = 1 + (mix(i ^ (idx as u64) << 32) % (STRIPE as u64 - 9)) as usize;
+        let tid = vn.nv_txbegin();
+        // SAFETY: stripe + 8 + len ≤ stripe + STRIPE, inside the region.
+        unsafe {
+            write_all(&vn, tid, s.as_ptr().add(stripe), &i.to_le_bytes());
+            write_all(&vn, tid, s.as_ptr().add(stripe + 8), &vec![i as u8; len]);
+        }
+        vn.nv_commit(tid).unwrap();
+    }
+    vn.nv_release().unwrap();
+}
+
+/// Four processes, each with a long run of shared-region commits of up to three log pages
+/// through a 64-page log, leaving and rejoining the region now and then: the log objects never
+/// run out (every committed transaction holds a log page, and flushes return both), nobody
+/// blocks, and every stripe ends with its last transaction.
+#[test]
+fn four_processes_long_runs_of_shared_commits() {
+    let d = tmp();
+    let n = 3000;
+    let mut kids: Vec<Child> = (0..4)
+        .map(|k| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "mp_shared_run_child", "--nocapture"])
+                .env(SHARED_RUN_ENV, format!("{};{k};{n}", d.path().display()))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    wait_all(&mut kids, Duration::from_secs(120));
+    let s = std::fs::read(d.path().join("shared")).unwrap();
+    for k in 0..4 {
+        assert_eq!(u64_at(&s, k * STRIPE), n, "stripe {k}");
+        let len = 1 + (mix(n ^ (k as u64) << 32) % (STRIPE as u64 - 9)) as usize;
+        let data = &s[k * STRIPE + 8..k * STRIPE + 8 + len];
+        assert!(data.iter().all(|&b| b == n as u8), "stripe {k} data");
+    }
+    assert!(recover(cfg(d.path()).dir).unwrap().was_clean);
+}
