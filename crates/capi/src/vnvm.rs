@@ -37,7 +37,7 @@ pub const NV_SHARED: c_int = 2;
 
 /// The errno of a vnvm error: Config → EINVAL, NoInstance → ENOENT, OutOfRegion → EFAULT,
 /// UnknownTx / TxNotOpen / TxCommitted → ESRCH (no such open transaction), TxAborted →
-/// ECANCELED, LogFull → ENOSPC, CacheFull → ENOBUFS, Damaged → EBADMSG, Busy / RegionBusy →
+/// ECANCELED, LogFull / NoLogObject (the transaction stays open) → ENOSPC, CacheFull → ENOBUFS, Damaged → EBADMSG, Busy / RegionBusy →
 /// EBUSY, RegionFreed → EBADF, CrossRegion → EXDEV, Allocate → EEXIST (already allocated) / ENFILE (record table full)
 /// / ENAMETOOLONG / EFBIG / EINVAL, media and I/O errors → their own errno, anything else → EIO.
 fn vnvm_errno(e: &VnvmError) -> i32 {
@@ -52,7 +52,7 @@ fn vnvm_errno(e: &VnvmError) -> i32 {
             libc::ESRCH
         }
         VnvmError::TxAborted { .. } => libc::ECANCELED,
-        VnvmError::LogFull { .. } => libc::ENOSPC,
+        VnvmError::LogFull { .. } | VnvmError::NoLogObject { .. } => libc::ENOSPC,
         VnvmError::CacheFull(_) => libc::ENOBUFS,
         VnvmError::Damaged { .. } => libc::EBADMSG,
         VnvmError::Busy(_) | VnvmError::RegionBusy(_) => libc::EBUSY,
