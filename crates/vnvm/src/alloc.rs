@@ -952,6 +952,11 @@ impl TxAlloc {
     /// [`TxAlloc::commit`] in any [`TxMemory`].
     pub fn commit_in(&self, m: &dyn TxMemory, tid: Tid) -> AllocResult<()> {
         let r = m.commit(tid);
+        if let Err(VnvmError::NoLogObject { .. }) = r {
+            // The commit left the transaction open (no log object in time): abort it, so that
+            // a failed commit here always ends the transaction (its pages are given back).
+            let _ = m.abort(tid);
+        }
         self.end_tx(tid);
         Ok(r?)
     }
