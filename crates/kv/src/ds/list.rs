@@ -48,6 +48,7 @@ fn encode(v: &[u8]) -> Vec<u8> {
 fn front_elem(b: &[u8], i: usize) -> Option<(&[u8], usize)> {
     let (len, hl) = get_len(b, i)?;
     let j = i + hl + len;
+    // (get_len: `i + hl + len <= b.len()`, so the slice below is in range.)
     (back_len(b, j + hl)? == (len, hl)).then(|| (&b[i + hl..j], j + hl))
 }
 
@@ -57,6 +58,7 @@ fn front_elem(b: &[u8], i: usize) -> Option<(&[u8], usize)> {
 fn back_elem(b: &[u8], j: usize) -> Option<(&[u8], usize)> {
     let (len, hl) = back_len(b, j)?;
     let i = j.checked_sub(2 * hl + len)?;
+    // (get_len: `i + hl + len <= b.len()`, so the slice below is in range.)
     (get_len(b, i)? == (len, hl)).then(|| (&b[i + hl..i + hl + len], i))
 }
 

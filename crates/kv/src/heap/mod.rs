@@ -275,10 +275,15 @@ impl Tx<'_> {
         self.heap.engine.memory()
     }
 
-    /// Read `buf.len()` bytes at `off`, seeing this transaction's writes.
+    /// Read `buf.len()` bytes at `off`, seeing this transaction's writes. Outside the heap
+    /// (an offset read from a damaged heap): zeros.
     pub fn read(&self, off: Off, buf: &mut [u8]) {
         let (o, n) = (off as usize, buf.len());
         let view = self.heap.view();
+        if o.checked_add(n).map_or(true, |e| e > view.len()) {
+            buf.fill(0);
+            return;
+        }
         if self.shadow.is_empty() {
             buf.copy_from_slice(&view[o..o + n]);
             return;
@@ -301,8 +306,13 @@ impl Tx<'_> {
     #[inline]
     pub fn bytes(&self, off: Off, len: usize) -> std::borrow::Cow<'_, [u8]> {
         let o = off as usize;
+        let view = self.heap.view();
+        if o.checked_add(len).map_or(true, |e| e > view.len()) {
+            // (A damaged offset; `crate::ds` checks and reports before it gets here.)
+            return std::borrow::Cow::Owned(vec![0; len.min(crate::ds::ZEROS.len())]);
+        }
         if self.shadow.is_empty() || len == 0 {
-            return std::borrow::Cow::Borrowed(&self.heap.view()[o..o + len]);
+            return std::borrow::Cow::Borrowed(&view[o..o + len]);
         }
         let (first, last) = (o / LINE, (o + len - 1) / LINE);
         if (first..=last).any(|l| self.shadow.contains_key(&(l as u64))) {
@@ -310,7 +320,7 @@ impl Tx<'_> {
             self.read(off, &mut v);
             std::borrow::Cow::Owned(v)
         } else {
-            std::borrow::Cow::Borrowed(&self.heap.view()[o..o + len])
+            std::borrow::Cow::Borrowed(&view[o..o + len])
         }
     }
 
