@@ -8,11 +8,12 @@
 //!
 //! Needs root (mount); a non-root run says so and skips.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+mod kv_common;
+
+use kv_common::{start_server, Conn, Reply, Server};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A tmpfs of `mib` MiB mounted on a fresh directory, unmounted (lazily) and removed on drop,
@@ -68,169 +69,15 @@ fn fill(path: &Path) {
     let _ = f.sync_all();
 }
 
-/// A running `tiermem kv serve` (killed on drop if still running).
-struct Server {
-    child: Child,
-    port: u16,
-    log: Arc<Mutex<String>>,
-}
-
-/// Start `tiermem kv serve` on instance directory `dir` (the one place that starts servers
-/// here: an instance is created by the first start).
-fn start_server(dir: &Path) -> Server {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiermem"))
-        .args([
-            "kv",
-            "serve",
-            "--engine",
-            "vnvm",
-            "--port",
-            &port.to_string(),
-        ])
-        .arg("--dir")
-        .arg(dir)
-        .args([
-            "--set",
-            "heap-size=128mb",
-            "--set",
-            "log-size=4mb",
-            "--set",
-            "cache-size=4mb",
-        ])
-        .env("TIERMEM_DIR", dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tiermem kv serve");
-    let log = Arc::new(Mutex::new(String::new()));
-    for pipe in [
-        Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
-        Box::new(child.stderr.take().unwrap()),
-    ] {
-        let log = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                log.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-    }
-    let mut s = Server { child, port, log };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(Some(st)) = s.child.try_wait() {
-            panic!("tiermem kv serve exited ({st}):\n{}", s.log());
-        }
-        if let Ok(mut c) = Conn::connect(port) {
-            if c.cmd(&["PING"]) == Reply::Simple("PONG".into()) {
-                return s;
-            }
-        }
-        assert!(Instant::now() < deadline, "no PONG:\n{}", s.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-impl Server {
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Wait up to `secs` for the server to exit; its status.
-    fn wait_exit(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        while Instant::now() < deadline {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return Some(st);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[derive(Debug, PartialEq, Clone)]
-enum Reply {
-    Simple(String),
-    Error(String),
-    Int(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Option<Vec<Reply>>),
-}
-
-/// A minimal RESP2 client.
-struct Conn {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-impl Conn {
-    fn connect(port: u16) -> std::io::Result<Conn> {
-        let s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_read_timeout(Some(Duration::from_secs(60)))?;
-        Ok(Conn {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
-        })
-    }
-
-    fn send(&mut self, args: &[&str]) -> std::io::Result<()> {
-        let mut b = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            b.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
-        }
-        self.w.write_all(&b)
-    }
-
-    fn read(&mut self) -> std::io::Result<Reply> {
-        let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let line = line.trim_end_matches("\r\n");
-        let (t, rest) = line.split_at(1);
-        let n = || rest.parse::<i64>().unwrap();
-        Ok(match t {
-            "+" => Reply::Simple(rest.into()),
-            "-" => Reply::Error(rest.into()),
-            ":" => Reply::Int(n()),
-            "$" if n() < 0 => Reply::Bulk(None),
-            "$" => {
-                let mut b = vec![0u8; n() as usize + 2];
-                self.r.read_exact(&mut b)?;
-                b.truncate(n() as usize);
-                Reply::Bulk(Some(b))
-            }
-            "*" if n() < 0 => Reply::Array(None),
-            "*" => Reply::Array(Some(
-                (0..n()).map(|_| self.read()).collect::<Result<_, _>>()?,
-            )),
-            _ => panic!("not RESP: {line:?}"),
-        })
-    }
-
-    fn cmd(&mut self, args: &[&str]) -> Reply {
-        self.send(args).unwrap();
-        self.read().unwrap()
-    }
-
-    fn info(&mut self, section: &str) -> String {
-        match self.cmd(&["INFO", section]) {
-            Reply::Bulk(Some(b)) => String::from_utf8(b).unwrap(),
-            r => panic!("INFO {section}: {r:?}"),
-        }
-    }
-}
+/// A small instance: its pools fit the small tmpfs.
+const SIZES: &[&str] = &[
+    "--set",
+    "heap-size=128mb",
+    "--set",
+    "log-size=4mb",
+    "--set",
+    "cache-size=4mb",
+];
 
 fn value(i: usize) -> String {
     format!("{i:08}-{}", "v".repeat(16 << 10))
@@ -273,7 +120,7 @@ fn verify(c: &mut Conn, acked: &[usize]) {
 /// the acknowledged writes and the filler file.
 fn fill_and_check(fs: &Tmpfs) -> (Server, Vec<usize>, PathBuf) {
     let dir = fs.dir.join("inst");
-    let s = start_server(&dir);
+    let s = start_server(&dir, SIZES);
     let mut c = Conn::connect(s.port).unwrap();
     let mut acked = Vec::new();
     for i in 0..20 {
@@ -363,7 +210,7 @@ fn a_full_device_refuses_writes_clearly_and_resumes_when_space_returns() {
     let st = s.wait_exit(60).expect("SHUTDOWN stops the server");
     assert!(st.success(), "{st}:\n{}", s.log());
     drop(s);
-    let s = start_server(&fs.dir.join("inst"));
+    let s = start_server(&fs.dir.join("inst"), SIZES);
     let mut c = Conn::connect(s.port).unwrap();
     verify(&mut c, &acked);
     let _ = c.send(&["SHUTDOWN"]);
@@ -392,7 +239,7 @@ fn a_full_device_refuses_shutdown_with_the_cause_and_shutdown_nosave_stops() {
     drop(s);
     // Space back; the restart recovers every acknowledged write from the log and cache.
     std::fs::remove_file(&filler).unwrap();
-    let s = start_server(&fs.dir.join("inst"));
+    let s = start_server(&fs.dir.join("inst"), SIZES);
     let mut c = Conn::connect(s.port).unwrap();
     verify(&mut c, &acked);
     let _ = c.send(&["SHUTDOWN"]);
