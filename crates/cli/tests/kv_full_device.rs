@@ -102,6 +102,18 @@ fn write_until_refused(c: &mut Conn, acked: &mut Vec<usize>, from: usize) -> Str
     unreachable!()
 }
 
+/// The server's output once it contains `needle` (or after 10 s: the caller's check fails).
+fn wait_log(s: &Server, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = s.log();
+        if log.contains(needle) || Instant::now() > deadline {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn verify(c: &mut Conn, acked: &[usize]) {
     for &i in acked {
         let got = c.cmd(&["GET", &format!("key:{i}")]);
@@ -157,7 +169,7 @@ fn fill_and_check(fs: &Tmpfs) -> (Server, Vec<usize>, PathBuf) {
         );
     }
     verify(&mut c, &acked);
-    let log = s.log();
+    let log = wait_log(&s, "cannot persist writes");
     assert_eq!(
         log.matches("cannot persist writes").count(),
         1,
@@ -204,7 +216,7 @@ fn a_full_device_refuses_writes_clearly_and_resumes_when_space_returns() {
         info.contains("last_write_status:ok") && info.contains("writes_refused:0"),
         "{info}"
     );
-    assert!(s.log().contains("writes resumed"), "{}", s.log());
+    assert!(wait_log(&s, "writes resumed").contains("writes resumed"));
     verify(&mut c, &acked);
     let _ = c.send(&["SHUTDOWN"]);
     let st = s.wait_exit(60).expect("SHUTDOWN stops the server");
@@ -238,6 +250,30 @@ fn a_full_device_refuses_shutdown_with_the_cause_and_shutdown_nosave_stops() {
     assert!(!s.log().contains("panicked"), "{}", s.log());
     drop(s);
     // Space back; the restart recovers every acknowledged write from the log and cache.
+    std::fs::remove_file(&filler).unwrap();
+    let s = start_server(&fs.dir.join("inst"), SIZES);
+    let mut c = Conn::connect(s.port).unwrap();
+    verify(&mut c, &acked);
+    let _ = c.send(&["SHUTDOWN"]);
+}
+
+#[test]
+fn sigterm_stops_a_server_on_a_full_device() {
+    let Some(fs) = Tmpfs::mount("sigterm", 40) else {
+        return;
+    };
+    let (mut s, acked, filler) = fill_and_check(&fs);
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(s.child.id() as libc::pid_t, libc::SIGTERM) };
+    s.wait_exit(60)
+        .unwrap_or_else(|| panic!("SIGTERM stops the server:\n{}", s.log()));
+    let log = s.log();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(
+        log.contains("No space left on device"),
+        "the failed flush is reported:\n{log}"
+    );
+    drop(s);
     std::fs::remove_file(&filler).unwrap();
     let s = start_server(&fs.dir.join("inst"), SIZES);
     let mut c = Conn::connect(s.port).unwrap();

@@ -136,6 +136,8 @@ pub struct KvService {
     damage_logged: parking_lot::Mutex<Vec<u64>>,
     /// The engine's persistence failure as last logged (`None`: writes go through).
     persist_logged: parking_lot::Mutex<Option<String>>,
+    /// `persist_logged` is `Some` (checked without the lock).
+    persist_failed: AtomicBool,
     /// Write commands refused because the engine could not persist them (INFO).
     writes_refused: AtomicU64,
     /// SHUTDOWN NOSAVE: [`KvService::shutdown`] skips the final flush.
@@ -198,6 +200,7 @@ impl KvService {
             damaged: AtomicU64::new(u64::MAX),
             damage_logged: parking_lot::Mutex::new(Vec::new()),
             persist_logged: parking_lot::Mutex::new(None),
+            persist_failed: AtomicBool::new(false),
             writes_refused: AtomicU64::new(0),
             nosave: AtomicBool::new(false),
         })
@@ -293,8 +296,11 @@ impl KvService {
     /// Logs the failure once when it starts, and once when it ends.
     pub fn persist_error(&self) -> Option<String> {
         let now = self.heap.engine().persist_error();
-        let logged = self.persist_logged.lock().clone();
-        if now != logged {
+        if now.is_none() && !self.persist_failed.load(Relaxed) {
+            return None; // (the write path's cost: two atomic loads)
+        }
+        let mut logged = self.persist_logged.lock();
+        if now != *logged {
             match &now {
                 Some(e) if logged.is_none() => eprintln!(
                     "tiermem-kv: cannot persist writes: {e}; writes are refused until this \
@@ -303,7 +309,8 @@ impl KvService {
                 Some(_) => {}
                 None => eprintln!("tiermem-kv: writes persist again: writes resumed"),
             }
-            *self.persist_logged.lock() = now.clone();
+            self.persist_failed.store(now.is_some(), Relaxed);
+            *logged = now.clone();
         }
         now
     }
