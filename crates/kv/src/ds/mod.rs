@@ -455,7 +455,7 @@ impl Store {
             return Ok(Store { root, seed });
         }
         // One transaction: a crash leaves either no root or a complete one.
-        let seed = random_u64();
+        let seed = CREATION_SEED.with(|c| c.take()).unwrap_or_else(random_u64);
         let mut w = Wtx::new(heap, 0);
         let (r, _) = w.alloc(ROOT_SIZE)?;
         w.root = r;
@@ -522,6 +522,14 @@ pub fn random_u64() -> u64 {
 
 thread_local! {
     static RNG: std::cell::Cell<u64> = std::cell::Cell::new(random_u64() | 1);
+    static CREATION_SEED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Make the next [`Store::open`] on this thread that creates a root use hash seed `seed`
+/// instead of a random one (tests: reproducible layouts).
+#[doc(hidden)]
+pub fn set_creation_seed(seed: u64) {
+    CREATION_SEED.with(|c| c.set(Some(seed)));
 }
 
 /// A fast per-thread pseudo-random number (xorshift64*; SPOP, skiplist levels).
