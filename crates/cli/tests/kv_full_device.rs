@@ -10,7 +10,7 @@
 
 mod kv_common;
 
-use kv_common::{start_server, Conn, Reply, Server};
+use kv_common::{create_server, start_server, Conn, Reply, Server};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -132,7 +132,7 @@ fn verify(c: &mut Conn, acked: &[usize]) {
 /// the acknowledged writes and the filler file.
 fn fill_and_check(fs: &Tmpfs) -> (Server, Vec<usize>, PathBuf) {
     let dir = fs.dir.join("inst");
-    let s = start_server(&dir, SIZES);
+    let s = create_server(&dir, SIZES);
     let mut c = Conn::connect(s.port).unwrap();
     let mut acked = Vec::new();
     for i in 0..20 {

@@ -360,7 +360,7 @@ fn corruption_sweep_of_clean_and_crashed_instances() {
     let crashed = root.join("crashed");
     // The dataset, then a clean shutdown.
     {
-        let s = kv_common::start_server(&work, SIZES);
+        let s = kv_common::create_server(&work, SIZES);
         let mut c = Conn::connect(s.port).unwrap();
         for r in pipeline(&mut c, &dataset()).unwrap() {
             assert!(!matches!(r, Reply::Error(_)), "{r:?}");

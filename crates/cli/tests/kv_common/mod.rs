@@ -17,9 +17,15 @@ pub struct Server {
     log: Arc<Mutex<String>>,
 }
 
-/// Start `tiermem kv serve --engine vnvm` on instance directory `dir` with `extra` flags and
-/// wait until it answers PING. The one place where the kv tests start servers: an instance is
-/// created by the first start in a directory.
+/// Create a new instance in the (missing or empty) directory `dir` and serve it: the one
+/// place where the kv tests create instances (a server that requires an explicit flag to
+/// create one gets it here).
+pub fn create_server(dir: &Path, extra: &[&str]) -> Server {
+    start_server(dir, extra)
+}
+
+/// Start `tiermem kv serve --engine vnvm` on the existing instance in `dir` with `extra` flags
+/// and wait until it answers PING. The one place where the kv tests start servers.
 pub fn start_server(dir: &Path, extra: &[&str]) -> Server {
     try_start_server(dir, extra).unwrap_or_else(|log| panic!("tiermem kv serve exited:\n{log}"))
 }
