@@ -128,7 +128,24 @@ pub struct KvService {
     /// What `TIERMEM.MIGRATE` runs (set by the server that can migrate; see
     /// [`KvService::set_migrate_hook`]).
     migrate_hook: std::sync::OnceLock<MigrateHook>,
+    /// The first damaged heap offset a command met (`u64::MAX`: none). From then on the
+    /// instance is read-only: writes are refused until it is repaired and restarted; reads of
+    /// undamaged data go on.
+    damaged: AtomicU64,
+    /// Damaged offsets already logged (at most [`DAMAGE_LOG_MAX`]).
+    damage_logged: parking_lot::Mutex<Vec<u64>>,
+    /// The engine's persistence failure as last logged (`None`: writes go through).
+    persist_logged: parking_lot::Mutex<Option<String>>,
+    /// `persist_logged` is `Some` (checked without the lock).
+    persist_failed: AtomicBool,
+    /// Write commands refused because the engine could not persist them (INFO).
+    writes_refused: AtomicU64,
+    /// SHUTDOWN NOSAVE: [`KvService::shutdown`] skips the final flush.
+    nosave: AtomicBool,
 }
+
+/// Most damaged heap offsets logged one by one (then one line says that more were found).
+const DAMAGE_LOG_MAX: usize = 32;
 
 /// The `TIERMEM.MIGRATE` handler: given the command's arguments (FAM directory, listen address,
 /// migration id), start the migration (freeze, checkpoint, serve) and return the reply text, or
@@ -180,6 +197,12 @@ impl KvService {
             frozen: AtomicBool::new(false),
             migrate_hook: std::sync::OnceLock::new(),
             stats: Stats::default(),
+            damaged: AtomicU64::new(u64::MAX),
+            damage_logged: parking_lot::Mutex::new(Vec::new()),
+            persist_logged: parking_lot::Mutex::new(None),
+            persist_failed: AtomicBool::new(false),
+            writes_refused: AtomicU64::new(0),
+            nosave: AtomicBool::new(false),
         })
     }
 
@@ -263,23 +286,121 @@ impl KvService {
         (!self.frozen.load(SeqCst)).then_some(g)
     }
 
+    /// The first damaged heap offset a command met (`None`: none): the instance is read-only.
+    pub fn damaged_at(&self) -> Option<u64> {
+        let d = self.damaged.load(Relaxed);
+        (d != u64::MAX).then_some(d)
+    }
+
+    /// Why writes are refused because the engine cannot persist them (`None`: they are not).
+    /// Logs the failure once when it starts, and once when it ends.
+    pub fn persist_error(&self) -> Option<String> {
+        let now = self.heap.engine().persist_error();
+        if now.is_none() && !self.persist_failed.load(Relaxed) {
+            return None; // (the write path's cost: two atomic loads)
+        }
+        let mut logged = self.persist_logged.lock();
+        if now != *logged {
+            match &now {
+                Some(e) if logged.is_none() => eprintln!(
+                    "tiermem-kv: cannot persist writes: {e}; writes are refused until this \
+                     succeeds again (retried every second); reads go on"
+                ),
+                Some(_) => {}
+                None => eprintln!("tiermem-kv: writes persist again: writes resumed"),
+            }
+            self.persist_failed.store(now.is_some(), Relaxed);
+            *logged = now.clone();
+        }
+        now
+    }
+
+    /// Record damage found at heap offset `off`: the instance goes read-only; the offset is
+    /// logged once (the first [`DAMAGE_LOG_MAX`] offsets).
+    fn note_damage(&self, off: u64) {
+        let _ = self.damaged.compare_exchange(u64::MAX, off, SeqCst, SeqCst);
+        let mut logged = self.damage_logged.lock();
+        if logged.contains(&off) || logged.len() > DAMAGE_LOG_MAX {
+            return;
+        }
+        if logged.len() == DAMAGE_LOG_MAX {
+            eprintln!("tiermem-kv: more damaged heap offsets found (not logged one by one)");
+        } else {
+            eprintln!(
+                "tiermem-kv: damaged heap at offset {off}: the data there is not served; the \
+                 instance is read-only until it is repaired and restarted"
+            );
+        }
+        logged.push(off);
+    }
+
+    /// The reply to a command that met damage at `off`.
+    fn damage_reply(&self, off: u64, out: &mut Vec<u8>) {
+        self.note_damage(off);
+        reply::error(
+            out,
+            &format!(
+                "ERR damaged heap at offset {off}: the data there cannot be served (the instance \
+                 is read-only until it is repaired and restarted)"
+            ),
+        );
+    }
+
+    /// If writes are refused (damaged heap, or the engine cannot persist), write the refusal
+    /// and return true.
+    fn refuse_write(&self, out: &mut Vec<u8>) -> bool {
+        if let Some(off) = self.damaged_at() {
+            reply::error(
+                out,
+                &format!(
+                    "READONLY tiermem-kv found a damaged heap at offset {off}; writes are \
+                     refused until the instance is repaired and restarted"
+                ),
+            );
+            return true;
+        }
+        if let Some(e) = self.persist_error() {
+            self.writes_refused.fetch_add(1, Relaxed);
+            reply::error(out, &misconf(&e));
+            return true;
+        }
+        false
+    }
+
+    /// Whether writes are refused now (no reply).
+    fn writes_blocked(&self) -> bool {
+        self.damaged_at().is_some() || self.heap.engine().persist_error().is_some()
+    }
+
     /// Whether [`KvService::freeze`] was called.
     pub fn is_frozen(&self) -> bool {
         self.frozen.load(SeqCst)
     }
 
     fn collect_locked(&self, budget: u64) -> Result<u64> {
+        if self.writes_blocked() {
+            return Ok(0);
+        }
+        crate::ds::take_damage();
         let mut w = Wtx::new(&self.heap, self.store.root);
         let r = garbage::collect(&mut w, &self.store, budget);
         let work = match r {
             Ok(n) => n,
             Err(e) => {
                 w.abort();
+                if let Some(off) = crate::ds::take_damage() {
+                    self.note_damage(off);
+                }
                 return Err(e);
             }
         };
         let dirty = w.dirty();
-        w.commit()?;
+        if let Err(e) = w.commit() {
+            if let Some(off) = crate::ds::take_damage() {
+                self.note_damage(off);
+            }
+            return Err(e);
+        }
         if dirty {
             self.stats.commits.fetch_add(1, Relaxed);
         }
@@ -291,8 +412,14 @@ impl KvService {
 
     /// Make everything committed durable and applied, then close the engine (clean shutdown).
     /// Call once, after the server stopped.
+    ///
+    /// After SHUTDOWN NOSAVE nothing is flushed: what was acknowledged stays in the engine's
+    /// log and cache (durable on vnvm) and is recovered at the next start.
     pub fn shutdown(&self) -> Result<()> {
         let _g = self.lock.write();
+        if self.nosave.load(SeqCst) {
+            return Ok(());
+        }
         self.heap.engine().sync()?;
         self.heap.engine().close()
     }
@@ -348,6 +475,11 @@ impl KvService {
                     ),
                 );
             }
+            HeapError::Damaged(off) => self.damage_reply(*off, out),
+            HeapError::Persist(e) => {
+                self.writes_refused.fetch_add(1, Relaxed);
+                reply::error(out, &misconf(e));
+            }
             e => reply::error(
                 out,
                 &format!("ERR tiermem heap error: {e}; nothing was changed"),
@@ -357,9 +489,13 @@ impl KvService {
 
     /// One write command in its own transaction (the write lock held by the caller).
     fn write_one(&self, spec: &Spec, r: &[&[u8]], out: &mut Vec<u8>) {
+        if self.refuse_write(out) {
+            return;
+        }
         let mark = out.len();
         let mut retried = false;
         loop {
+            crate::ds::take_damage();
             let mut w = Wtx::new(&self.heap, self.store.root);
             let res = data::write(&self.store, &mut w, spec.id, r, out);
             let dirty = w.dirty();
@@ -387,6 +523,17 @@ impl KvService {
                 Err(e) => {
                     self.stats.aborts.fetch_add(1, Relaxed);
                     out.truncate(mark);
+                    // What explains the failure best: damage met on the way, or an engine
+                    // that cannot persist (its full log then looks like a too-large command).
+                    let e = match crate::ds::take_damage() {
+                        Some(off) => HeapError::Damaged(off),
+                        None => match (&e, self.heap.engine().persist_error()) {
+                            (HeapError::TooLarge(_) | HeapError::Engine(_), Some(p)) => {
+                                HeapError::Persist(p)
+                            }
+                            _ => e,
+                        },
+                    };
                     if matches!(e, HeapError::OutOfMemory(_))
                         && !retried
                         && self.garbage.load(Relaxed)
@@ -443,7 +590,7 @@ impl KvService {
                         };
                         held = Held::Read(g);
                     }
-                    self.read(cx, &View::of(&self.heap), s, spec, r, out);
+                    self.read_checked(cx, &View::of(&self.heap), s, spec, r, out);
                 }
                 Kind::Write => {
                     if !matches!(held, Held::Write(_)) {
@@ -475,10 +622,15 @@ impl KvService {
         cx: &mut data::Counters,
         limit: usize,
     ) -> Executed {
+        if self.writes_blocked() {
+            // Each write gets its refusal; reads go on.
+            return self.run_each(s, reqs, out, cx, limit);
+        }
         let Some(g) = self.write_unfrozen() else {
             return Executed::new(Control::Close, 0);
         };
         let mark = out.len();
+        crate::ds::take_damage();
         let mut w = Wtx::new(&self.heap, self.store.root);
         let mut held = Held::None; // admin commands of a group need no lock of their own
         let mut failed = None;
@@ -540,7 +692,9 @@ impl KvService {
             }
             Err(_) => {
                 // Nothing was committed or sent: redo the requests that ran, one command at a
-                // time (`ran <= reqs.len()`).
+                // time (`ran <= reqs.len()`; damage met in the group then fails only the
+                // commands that meet it).
+                crate::ds::take_damage();
                 self.stats.aborts.fetch_add(1, Relaxed);
                 out.truncate(mark);
                 drop(g);
@@ -552,6 +706,25 @@ impl KvService {
                     e
                 }
             }
+        }
+    }
+
+    /// [`KvService::read`], its whole reply replaced by an error if it met a damaged heap.
+    fn read_checked<M: crate::ds::Mem>(
+        &self,
+        cx: &mut data::Counters,
+        m: &M,
+        s: &Session,
+        spec: &Spec,
+        r: &[&[u8]],
+        out: &mut Vec<u8>,
+    ) {
+        let mark = out.len();
+        crate::ds::take_damage();
+        self.read(cx, m, s, spec, r, out);
+        if let Some(off) = crate::ds::take_damage() {
+            out.truncate(mark);
+            self.damage_reply(off, out);
         }
     }
 
@@ -569,6 +742,15 @@ impl KvService {
             id => data::read(cx, &self.store, m, id, r, out),
         }
     }
+}
+
+/// The reply to a write refused because the engine cannot persist it (`e`: why, naming the
+/// file and the cause), in the style of Redis' `-MISCONF`.
+fn misconf(e: &str) -> String {
+    format!(
+        "MISCONF tiermem-kv cannot persist writes: {e}; writes are refused until this succeeds \
+         again (retried every second; see INFO persistence)"
+    )
 }
 
 fn is_write(r: &[&[u8]]) -> bool {
@@ -624,7 +806,7 @@ impl Service for KvService {
     }
 
     fn round_end(&self) {
-        if self.garbage.load(Relaxed) {
+        if self.garbage.load(Relaxed) && !self.writes_blocked() {
             if let Some(_g) = self.lock.try_write() {
                 if self.frozen.load(SeqCst) {
                     return;

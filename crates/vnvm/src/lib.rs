@@ -758,7 +758,15 @@ struct Inner {
     stop_wb: AtomicBool,
     kill: AtomicBool,
     worker_error: Mutex<Option<String>>,
+    /// The last writeback failed with an I/O error (a full or failing device): its text
+    /// (operation, file, OS error). The writeback worker retries every [`WB_RETRY`] and clears
+    /// it once a writeback succeeds; `wb_failing` mirrors `is_some()` for cheap checks.
+    wb_error: Mutex<Option<String>>,
+    wb_failing: AtomicBool,
 }
+
+/// How often a failing writeback is retried (a full device may get space back).
+const WB_RETRY: Duration = Duration::from_secs(1);
 
 /// Counters of this process's use of an instance, and the instance's occupancy.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -1049,6 +1057,8 @@ fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
         stop_wb: AtomicBool::new(false),
         kill: AtomicBool::new(false),
         worker_error: Mutex::new(None),
+        wb_error: Mutex::new(None),
+        wb_failing: AtomicBool::new(false),
     });
     // Whatever dead users left is reclaimed before we start (we hold the flock).
     if live {
@@ -1077,6 +1087,19 @@ fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
 }
 
 impl Vnvm {
+    /// Why writing dirty cache pages back to their backing files fails, while it does (e.g.
+    /// `write back cache pages /d/heap.data: No space left on device (os error 28)`); `None`
+    /// when the last writeback succeeded. While it fails, committed data stay in the NVM log
+    /// and cache (durable, recovered after a crash), the cache and then the log fill up, and
+    /// [`Vnvm::drain`], [`Vnvm::quiesce`] and [`Vnvm::nv_release`] fail instead of waiting; the
+    /// writeback worker retries every second and clears this when a writeback succeeds.
+    pub fn writeback_error(&self) -> Option<String> {
+        if !self.inner.wb_failing.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.inner.wb_error.lock().clone()
+    }
+
     /// The instance directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
@@ -1454,7 +1477,7 @@ impl Vnvm {
             if i.log_page_available() {
                 return true;
             }
-            if i.worker_error.lock().is_some() {
+            if i.worker_error.lock().is_some() || i.wb_failing.load(Ordering::SeqCst) {
                 return false;
             }
             i.flush_req.store(true, Ordering::SeqCst);
@@ -1515,6 +1538,9 @@ impl Vnvm {
             let total = i.shm.share(shm::Res::Cache) as u64;
             if let Some(e) = i.worker_error.lock().clone() {
                 return Err(VnvmError::CacheFull(format!("a worker failed: {e}")));
+            }
+            if let Some(e) = i.wb_error.lock().clone() {
+                return Err(VnvmError::CacheFull(format!("the writeback fails: {e}")));
             }
             let above =
                 c.need_space || c.ndirty as u64 * 100 > i.cfg.writeback_start_pct as u64 * total;
@@ -2083,6 +2109,9 @@ impl Inner {
                 if let Some(e) = self.worker_error.lock().clone() {
                     return Err(VnvmError::CacheFull(format!("redo worker failed: {e}")));
                 }
+                if let Some(e) = self.wb_error.lock().clone() {
+                    return Err(VnvmError::CacheFull(format!("the writeback fails: {e}")));
+                }
                 if self.stop_redo.load(Ordering::SeqCst) && self.kill.load(Ordering::SeqCst) {
                     return Err(VnvmError::CacheFull("instance abandoned".into()));
                 }
@@ -2312,9 +2341,15 @@ impl Inner {
                 if self.kill.load(Ordering::SeqCst) {
                     return Err(VnvmError::CacheFull("instance abandoned".into()));
                 }
-                if let Some(e) = self.worker_error.lock().clone() {
-                    // The writeback cannot make room (a failing or full device): stop here;
-                    // the committed logs stay in the committed list for recovery.
+                let wb = if self.stop_redo.load(Ordering::SeqCst) {
+                    self.wb_error.lock().clone()
+                } else {
+                    None // (still failing: wait, the writeback worker retries)
+                };
+                if let Some(e) = self.worker_error.lock().clone().or(wb) {
+                    // The writeback cannot make room (a failing or full device) and the
+                    // instance is being released: stop here; the committed logs stay in the
+                    // committed list for recovery.
                     return Err(VnvmError::CacheFull(format!(
                         "no free cache page and the writeback cannot make room: {e}"
                     )));
@@ -2482,6 +2517,40 @@ impl Inner {
             }
         }
         loop {
+            if self.wb_failing.load(Ordering::SeqCst) {
+                // The last writeback failed (full or failing device): retry everything every
+                // WB_RETRY until it succeeds (or the instance stops).
+                {
+                    let mut c = self.cstate.lock();
+                    if self.kill.load(Ordering::SeqCst) || self.stop_wb.load(Ordering::SeqCst) {
+                        c.wb_idle = true;
+                        self.wb_idle_cv.notify_all();
+                        return;
+                    }
+                    self.wb_cv.wait_for(&mut c, WB_RETRY);
+                    if self.kill.load(Ordering::SeqCst) || self.stop_wb.load(Ordering::SeqCst) {
+                        c.wb_idle = true;
+                        self.wb_idle_cv.notify_all();
+                        return;
+                    }
+                }
+                match self.writeback(WbTarget::All) {
+                    Ok(()) => {
+                        *self.wb_error.lock() = None;
+                        self.wb_failing.store(false, Ordering::SeqCst);
+                    }
+                    Err(e @ VnvmError::Io { .. }) => *self.wb_error.lock() = Some(e.to_string()),
+                    Err(e) => {
+                        *self.worker_error.lock() = Some(e.to_string());
+                        return;
+                    }
+                }
+                let c = self.cstate.lock();
+                self.space_cv.notify_all();
+                self.wb_idle_cv.notify_all();
+                drop(c);
+                continue;
+            }
             // Pages beyond the equal share (a user joined) go back to the shared free list.
             self.release_over_share();
             let mut write = false;
@@ -2517,6 +2586,19 @@ impl Inner {
                 continue;
             }
             if let Err(e) = self.writeback(WbTarget::Threshold) {
+                if matches!(e, VnvmError::Io { .. }) {
+                    // An I/O error (full device...): the pages stay dirty; retry later.
+                    *self.wb_error.lock() = Some(e.to_string());
+                    self.wb_failing.store(true, Ordering::SeqCst);
+                    let mut c = self.cstate.lock();
+                    c.wb_idle = true;
+                    self.wb_idle_cv.notify_all();
+                    self.space_cv.notify_all();
+                    drop(c);
+                    let _d = self.domains[0].lock();
+                    self.applied_cv.notify_all();
+                    continue;
+                }
                 *self.worker_error.lock() = Some(e.to_string());
                 let mut c = self.cstate.lock();
                 c.wb_idle = true;

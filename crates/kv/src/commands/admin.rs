@@ -97,12 +97,24 @@ impl KvService {
                     reply::error(out, "ERR No shutdown in progress.");
                     return Control::Continue;
                 }
-                // Whatever was asked: every acknowledged write is already committed; make it
-                // applied to the heap file too. Redis sends no reply on success.
+                // Every acknowledged write is already committed (durable on vnvm). Unless
+                // NOSAVE, make it applied to the heap file too, and refuse (as Redis does when
+                // its final save fails) if that fails. Redis sends no reply on success.
                 drop(std::mem::replace(held, Held::None));
                 *held = Held::Write(self.lock.write());
+                if a[1..].iter().any(|o| is(o, "NOSAVE")) {
+                    self.nosave.store(true, std::sync::atomic::Ordering::SeqCst);
+                    return Control::Shutdown;
+                }
                 if let Err(e) = self.heap.engine().sync() {
-                    reply::error(out, &format!("ERR Errors trying to SHUTDOWN: {e}"));
+                    reply::error(
+                        out,
+                        &format!(
+                            "ERR Errors trying to SHUTDOWN: {e}. Use SHUTDOWN NOSAVE to stop \
+                             without the final flush (acknowledged writes stay in the vnvm log \
+                             and cache and are recovered at the next start)"
+                        ),
+                    );
                     return Control::Continue;
                 }
                 return Control::Shutdown;
@@ -455,6 +467,25 @@ impl KvService {
                 add("aof_rewrite_scheduled", "0".into());
                 add("aof_last_bgrewrite_status", "ok".into());
                 add("aof_last_write_status", "ok".into());
+                let perr = self.persist_error();
+                add(
+                    "last_write_status",
+                    if perr.is_some() { "err" } else { "ok" }.into(),
+                );
+                add("last_write_error", perr.clone().unwrap_or_default());
+                add("writes_refused", (perr.is_some() as u8).to_string());
+                add(
+                    "writes_refused_total",
+                    self.writes_refused.load(Relaxed).to_string(),
+                );
+                add(
+                    "heap_damaged",
+                    (self.damaged_at().is_some() as u8).to_string(),
+                );
+                add(
+                    "heap_damaged_offset",
+                    self.damaged_at().map_or(String::new(), |o| o.to_string()),
+                );
                 add("tiermem_durability", self.durability.name().into());
                 add("tiermem_engine_durable", (durable as u8).to_string());
                 add(

@@ -428,8 +428,10 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                         // One scan of the pack per field, from the view.
                         let body = crate::ds::pack::body(m, h.obj);
                         for f in &a[2..] {
-                            match crate::ds::pack::find(&body, f, true) {
-                                Some(p) => bulk(out, crate::ds::pack::item(&body, p.value).0),
+                            let v = crate::ds::pack::find(&body, f, true, h.obj)
+                                .and_then(|p| crate::ds::pack::item(&body, p.value, h.obj));
+                            match v {
+                                Some((v, _)) => bulk(out, v),
                                 None => null(out),
                             }
                         }
@@ -553,6 +555,10 @@ fn scan<M: Mem>(st: &Store, m: &M, a: &[&[u8]], out: &mut Vec<u8>) {
         b += 1;
     }
     let next = if b >= nb { 0 } else { b };
+    if cursor == 0 && next == 0 && pat.is_none() && ty.is_none() && n != ks::len(m, st) as usize {
+        // One call walked the whole keyspace: it must have found every key.
+        crate::ds::damaged(d);
+    }
     array(out, 2);
     bulk(out, next.to_string().as_bytes());
     array(out, n);
@@ -932,7 +938,10 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 ks::delete(w, st, &e)?;
             }
             match count {
-                None => bulk(out, &vals[0]),
+                None => match vals.first() {
+                    Some(v) => bulk(out, v),
+                    None => null(out),
+                },
                 Some(_) => {
                     array(out, vals.len());
                     vals.iter().for_each(|v| bulk(out, v));
@@ -988,7 +997,10 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             let (vals, s) = set::pop(w, st, set_obj(&e), count.unwrap_or(1))?;
             shrink_obj(w, st, &e, set::card(w, s) == 0, s.enc, s.obj)?;
             match count {
-                None => bulk(out, &vals[0]),
+                None => match vals.first() {
+                    Some(v) => bulk(out, v),
+                    None => null(out),
+                },
                 Some(_) => {
                     array(out, vals.len());
                     vals.iter().for_each(|v| bulk(out, v));

@@ -18,7 +18,7 @@
 //! `0 next, 8 hash, 16 meta` where the low 32 bits of `meta` are the key's length and
 //! [`Kind::key_at`] says where the key's bytes are.
 
-use super::{Mem, Wtx};
+use super::{damaged, has_damage, intact, walk_bound, Mem, Wtx};
 use crate::heap::{HeapError, Off, Result};
 
 /// Bytes of a dict header.
@@ -88,19 +88,40 @@ pub fn len<M: Mem>(m: &M, d: Off) -> u64 {
     m.u64(d + D_COUNT)
 }
 
+/// The table's (level, split), checked: a level past the last segment or a split past the
+/// level's buckets is damage (recorded) and reads as an empty table's (0, 0).
+#[inline]
+fn geometry<M: Mem>(m: &M, d: Off) -> (u64, u64) {
+    let level = m.u64(d + D_LEVEL);
+    let split = m.u64(d + D_LEVEL + 8);
+    if level + 1 >= MAX_SEGS as u64 || split >= B << level {
+        damaged(d + D_LEVEL);
+        return (0, 0);
+    }
+    (level, split)
+}
+
 /// Buckets of the table (entries live in buckets `0..nbuckets`).
 pub fn nbuckets<M: Mem>(m: &M, d: Off) -> u64 {
-    let h = m.bytes(d, 24);
-    let level = u64::from_le_bytes(h[8..16].try_into().expect("8"));
-    let split = u64::from_le_bytes(h[16..24].try_into().expect("8"));
+    let (level, split) = geometry(m, d);
     (B << level) + split
 }
 
-/// Offset of bucket `i`'s word.
+/// Offset of bucket `i`'s word (0, recorded as damage, when its segment is missing).
 #[inline]
 pub fn slot<M: Mem>(m: &M, d: Off, i: u64) -> Off {
     let (k, j) = seg_of(i);
-    m.u64(d + D_SEGS + 8 * k) + 8 * j
+    if k >= MAX_SEGS as u64 {
+        damaged(d + D_SEGS);
+        return 0;
+    }
+    match m.link(d + D_SEGS + 8 * k) {
+        0 => {
+            damaged(d + D_SEGS + 8 * k);
+            0
+        }
+        seg => seg + 8 * j,
+    }
 }
 
 /// The result of looking a key up: where it is, or where it would go.
@@ -117,37 +138,36 @@ pub struct Probe {
     pub hash: u64,
 }
 
-/// Look `key` (hash `h`) up.
+/// Look `key` (hash `h`) up. The chain walked is checked: each entry's hash must belong to
+/// the bucket, an entry with the key's hash must hold the key (64-bit hashes do not collide),
+/// and the chain must not be longer than the dict; anything else is recorded as damage and
+/// ends the walk (the key reads as absent, and the command fails).
 pub fn probe<M: Mem, K: Kind>(m: &M, d: Off, h: u64, key: &[u8]) -> Probe {
-    let (level, split) = {
-        let b = m.bytes(d + D_LEVEL, 16);
-        (
-            u64::from_le_bytes(b[0..8].try_into().expect("8")),
-            u64::from_le_bytes(b[8..16].try_into().expect("8")),
-        )
-    };
-    let slot = slot(m, d, bucket_of(h, level, split));
-    let head = m.u64(slot);
+    let (level, split) = geometry(m, d);
+    let bucket = bucket_of(h, level, split);
+    let slot = slot(m, d, bucket);
+    let head = if slot == 0 { 0 } else { m.link(slot) };
     let (mut link, mut e) = (slot, head);
+    let mut steps = walk_bound(m, len(m, d));
     while e != 0 {
-        let (next, eh, meta) = {
-            let b = m.bytes(e, 24);
-            (
-                u64::from_le_bytes(b[0..8].try_into().expect("8")),
-                u64::from_le_bytes(b[8..16].try_into().expect("8")),
-                u64::from_le_bytes(b[16..24].try_into().expect("8")),
-            )
-        };
-        if eh == h
-            && meta as u32 as usize == key.len()
-            && *m.bytes(e + K::key_at(meta), key.len()) == *key
-        {
-            return Probe {
-                found: Some((e, link)),
-                slot,
-                head,
-                hash: h,
-            };
+        let (next, eh, meta) = (m.link(e + E_NEXT), m.u64(e + E_HASH), m.u64(e + E_META));
+        if steps == 0 || bucket_of(eh, level, split) != bucket {
+            damaged(e);
+            break;
+        }
+        steps -= 1;
+        if eh == h {
+            if meta as u32 as usize == key.len() && *m.bytes(e + K::key_at(meta), key.len()) == *key
+            {
+                return Probe {
+                    found: Some((e, link)),
+                    slot,
+                    head,
+                    hash: h,
+                };
+            }
+            damaged(e);
+            break;
         }
         link = e + E_NEXT;
         e = next;
@@ -182,7 +202,7 @@ pub fn insert_at(w: &mut Wtx, d: Off, slot: Off, entry: Off) -> Result<()> {
 pub fn unlink(w: &mut Wtx, d: Off, link: Off, entry: Off) -> Result<()> {
     let next = w.u64(entry + E_NEXT);
     w.write_u64(link, next)?;
-    let count = w.u64(d + D_COUNT) - 1;
+    let count = w.u64(d + D_COUNT).wrapping_sub(1);
     w.write_u64(d + D_COUNT, count)
 }
 
@@ -194,8 +214,8 @@ pub fn replace(w: &mut Wtx, link: Off, new: Off) -> Result<()> {
 
 /// Split bucket `split`, moving the entries that belong to its new sibling.
 fn split_one(w: &mut Wtx, d: Off) -> Result<()> {
-    let level = w.u64(d + D_LEVEL);
-    let split = w.u64(d + D_LEVEL + 8);
+    let (level, split) = geometry(w, d);
+    intact()?;
     let k = level + 1;
     if k as usize >= MAX_SEGS {
         return Ok(());
@@ -217,16 +237,16 @@ fn split_one(w: &mut Wtx, d: Off) -> Result<()> {
     // short: the load factor stays at most 1).
     let mut stay: smallvec::SmallVec<[(Off, Off); 8]> = smallvec::SmallVec::new();
     let mut go: smallvec::SmallVec<[(Off, Off); 8]> = smallvec::SmallVec::new();
-    let first = w.u64(so);
+    let first = w.link(so);
     let mut e = first;
+    let mut steps = walk_bound(w, len(w, d));
     while e != 0 {
-        let (next, h) = {
-            let b = w.bytes(e, 16);
-            (
-                u64::from_le_bytes(b[0..8].try_into().expect("8")),
-                u64::from_le_bytes(b[8..16].try_into().expect("8")),
-            )
-        };
+        let (next, h) = (w.link(e + E_NEXT), w.u64(e + E_HASH));
+        if steps == 0 {
+            damaged(e);
+            break;
+        }
+        steps -= 1;
         if h & mask == new {
             go.push((e, next));
         } else {
@@ -234,6 +254,7 @@ fn split_one(w: &mut Wtx, d: Off) -> Result<()> {
         }
         e = next;
     }
+    intact()?;
     // Rewrite only the links whose value changes; the new bucket is always written.
     let want_o = stay.first().map_or(0, |x| x.0);
     if want_o != first {
@@ -260,11 +281,19 @@ fn split_one(w: &mut Wtx, d: Off) -> Result<()> {
 }
 
 /// Visit the entries of bucket `i` (in chain order) until `f` returns false; returns false if
-/// stopped.
+/// stopped (or if the chain is damaged: recorded, see [`probe`]).
 pub fn for_bucket<M: Mem>(m: &M, d: Off, i: u64, mut f: impl FnMut(Off) -> bool) -> bool {
-    let mut e = m.u64(slot(m, d, i));
+    let (level, split) = geometry(m, d);
+    let s = slot(m, d, i);
+    let mut e = if s == 0 { 0 } else { m.link(s) };
+    let mut steps = walk_bound(m, len(m, d));
     while e != 0 {
-        let next = m.u64(e + E_NEXT);
+        let next = m.link(e + E_NEXT);
+        if steps == 0 || bucket_of(m.u64(e + E_HASH), level, split) != i {
+            damaged(e);
+            return false;
+        }
+        steps -= 1;
         if !f(e) {
             return false;
         }
@@ -273,39 +302,62 @@ pub fn for_bucket<M: Mem>(m: &M, d: Off, i: u64, mut f: impl FnMut(Off) -> bool)
     true
 }
 
-/// Visit every entry until `f` returns false.
+/// Visit every entry until `f` returns false. A walk that finds another number of entries
+/// than the dict's count is recorded as damage.
 pub fn for_each<M: Mem>(m: &M, d: Off, mut f: impl FnMut(Off) -> bool) {
     let nb = nbuckets(m, d);
+    let mut seen = 0u64;
     for i in 0..nb {
-        if !for_bucket(m, d, i, &mut f) {
+        let go = for_bucket(m, d, i, |e| {
+            seen += 1;
+            f(e)
+        });
+        if !go || has_damage() {
             return;
         }
     }
+    if seen != len(m, d) {
+        damaged(d);
+    }
 }
 
-/// A random entry and its link word (`None` for an empty dict): a random non-empty bucket,
-/// then a random entry of its chain.
+/// A random entry and its link word (`None` for an empty dict, or a damaged one: recorded):
+/// a random non-empty bucket, then a random entry of its chain.
 pub fn random<M: Mem>(m: &M, d: Off) -> Option<(Off, Off)> {
-    if len(m, d) == 0 {
+    let n = len(m, d);
+    if n == 0 {
         return None;
     }
     let nb = nbuckets(m, d);
     let mut i = super::rand_u64() % nb;
-    let mut tries = 0;
-    loop {
+    // Every bucket once after the random probes: a dict whose count says entries but whose
+    // buckets are empty is damaged.
+    for tries in 0..32 + nb {
         let s = slot(m, d, i);
-        let head = m.u64(s);
+        let head = if s == 0 { 0 } else { m.link(s) };
+        if has_damage() {
+            return None;
+        }
         if head != 0 {
             let mut chain = vec![(head, s)];
             let mut e = head;
-            while m.u64(e + E_NEXT) != 0 {
-                let n = m.u64(e + E_NEXT);
-                chain.push((n, e + E_NEXT));
-                e = n;
+            let mut steps = walk_bound(m, n);
+            loop {
+                let nx = m.link(e + E_NEXT);
+                if nx == 0 {
+                    break;
+                }
+                if steps == 0 {
+                    damaged(e);
+                    return None;
+                }
+                steps -= 1;
+                chain.push((nx, e + E_NEXT));
+                e = nx;
             }
+            // (`chain` holds the head at least: the index is in range.)
             return Some(chain[(super::rand_u64() % chain.len() as u64) as usize]);
         }
-        tries += 1;
         // After a few random probes (a sparse table), walk on from there.
         i = if tries < 32 {
             super::rand_u64() % nb
@@ -313,12 +365,14 @@ pub fn random<M: Mem>(m: &M, d: Off) -> Option<(Off, Off)> {
             (i + 1) % nb
         };
     }
+    damaged(d);
+    None
 }
 
 /// Free the table's segments (not its entries, not the header).
 pub fn free_table(w: &mut Wtx, d: Off) -> Result<()> {
     for k in 0..MAX_SEGS as u64 {
-        let seg = w.u64(d + D_SEGS + 8 * k);
+        let seg = w.link(d + D_SEGS + 8 * k);
         if seg != 0 {
             w.free(seg, seg_buckets(k) * 8)?;
         }

@@ -102,9 +102,11 @@ pub fn collect(w: &mut Wtx, st: &Store, budget: u64) -> Result<u64> {
         }
         let (next, kind, a, cursor, obj, cap) = {
             let b = w.bytes(r, REC as usize);
-            let f = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8"));
+            // (`b` holds REC = 48 bytes: a read outside the heap gives as many zeros.)
+            let f = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
             (f(0), f(1), f(2), f(3), f(4), f(5))
         };
+        super::intact()?;
         let done = match kind {
             G_LIST if cursor != 0 => {
                 let n = list::free_node(w, cursor)?;
@@ -127,12 +129,18 @@ pub fn collect(w: &mut Wtx, st: &Store, budget: u64) -> Result<u64> {
                         });
                         // (The chain is read whole first: freeing a block overwrites its
                         // first word with the allocator's free-list link.)
+                        super::intact()?;
                         for e in chain {
-                            let ent = keyspace::entry_at(w, e);
                             if kind == G_KEYSPACE {
+                                let ent = keyspace::entry_at(w, e);
+                                super::intact()?;
                                 keyspace::drop_entry_value(w, st, &ent)?;
+                                keyspace::free_entry(w, &ent)?;
+                            } else {
+                                // (Set, hash or zset entries: only their size class counts.)
+                                let meta = w.u64(e + dict::E_META);
+                                keyspace::free_classed(w, e, meta)?;
                             }
-                            keyspace::free_entry(w, &ent)?;
                             work += 1;
                         }
                         i += 1;

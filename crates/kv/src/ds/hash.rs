@@ -8,7 +8,7 @@
 
 use super::dict::{self, Kind, E_META};
 use super::keyspace::{free_classed, ENC_DICT, ENC_PACK};
-use super::{class_of, class_size, pack, Mem, Store, Wtx};
+use super::{class_of, class_size, intact, pack, Mem, Store, Wtx};
 use crate::heap::{Off, Result};
 use std::borrow::Cow;
 
@@ -44,6 +44,7 @@ pub fn len<M: Mem>(m: &M, h: HashObj) -> u64 {
 }
 
 fn sub<'a>(c: &Cow<'a, [u8]>, r: std::ops::Range<usize>) -> Cow<'a, [u8]> {
+    // (Callers pass a range inside `c`, checked by `pack::item`.)
     match c {
         Cow::Borrowed(b) => Cow::Borrowed(&b[r]),
         Cow::Owned(v) => Cow::Owned(v[r].to_vec()),
@@ -51,19 +52,19 @@ fn sub<'a>(c: &Cow<'a, [u8]>, r: std::ops::Range<usize>) -> Cow<'a, [u8]> {
 }
 
 fn entry_value<M: Mem>(m: &M, e: Off) -> Cow<'_, [u8]> {
-    let b = m.bytes(e + E_META, 16);
-    let klen = u64::from_le_bytes(b[0..8].try_into().expect("8")) as u32 as u64;
-    let vlen = u64::from_le_bytes(b[8..16].try_into().expect("8"));
-    m.bytes(e + H_KEY + klen, vlen as usize)
+    let klen = m.u64(e + E_META) as u32 as u64;
+    let vlen = m.u64(e + H_VLEN);
+    m.bytes(e + H_KEY + klen, vlen.min(usize::MAX as u64) as usize)
 }
 
 /// The value of `field`.
 pub fn get<'a, M: Mem>(m: &'a M, st: &Store, h: HashObj, field: &[u8]) -> Option<Cow<'a, [u8]>> {
     if h.enc == ENC_PACK {
         let body = pack::body(m, h.obj);
-        let p = pack::find(&body, field, true)?;
-        let (n, hl) = super::get_len(&body, p.value);
-        Some(sub(&body, p.value + hl..p.value + hl + n))
+        let p = pack::find(&body, field, true, h.obj)?;
+        let (v, end) = pack::item(&body, p.value, h.obj)?;
+        let start = end - v.len();
+        Some(sub(&body, start..end))
     } else {
         let (e, _) = dict::probe::<M, HashKind>(m, h.obj, st.hash(field), field).found?;
         Some(entry_value(m, e))
@@ -73,7 +74,8 @@ pub fn get<'a, M: Mem>(m: &'a M, st: &Store, h: HashObj, field: &[u8]) -> Option
 /// Visit every (field, value).
 pub fn for_each<M: Mem>(m: &M, h: HashObj, mut f: impl FnMut(&[u8], &[u8])) {
     if h.enc == ENC_PACK {
-        pack::for_each(&pack::body(m, h.obj), true, f);
+        let n = pack::count(m, h.obj);
+        pack::for_each(&pack::body(m, h.obj), true, n, h.obj, f);
     } else {
         dict::for_each(m, h.obj, |e| {
             let klen = m.u64(e + E_META) as u32 as usize;
@@ -154,10 +156,11 @@ pub fn set(
                 None => Vec::new(),
             };
             let mut count = h.map_or(0, |h| pack::count(w, h.obj) as usize);
+            let at = h.map_or(0, |h| h.obj);
             let mut body = old.clone();
             let mut added = 0;
             for (f, v) in pairs {
-                match pack::find(&body, f, true) {
+                match pack::find(&body, f, true, at) {
                     Some(p) => {
                         let mut item = Vec::with_capacity(v.len() + 5);
                         pack::put_item(&mut item, v);
@@ -171,6 +174,7 @@ pub fn set(
                     }
                 }
             }
+            intact()?;
             if pack::fits(count, body.len()) {
                 let obj = match h {
                     Some(h) => pack::store(w, h.obj, &old, &body, count)?,
@@ -180,8 +184,10 @@ pub fn set(
             }
             let (d, _) = w.alloc(dict::DICT_HDR)?;
             dict::init(w, d)?;
+            intact()?;
             let mut all: Vec<(&[u8], &[u8])> = Vec::with_capacity(count);
-            pack::for_each(&body, true, |f, v| all.push((f, v)));
+            pack::for_each(&body, true, count as u64, at, |f, v| all.push((f, v)));
+            intact()?;
             for (f, v) in all {
                 dict_set(w, st, d, f, v)?;
             }
@@ -220,15 +226,16 @@ pub fn del(w: &mut Wtx, st: &Store, h: HashObj, fields: &[&[u8]]) -> Result<(u64
     let mut count = pack::count(w, h.obj) as usize;
     let mut n = 0;
     for f in fields {
-        if let Some(p) = pack::find(&body, f, true) {
+        if let Some(p) = pack::find(&body, f, true, h.obj) {
             body.drain(p.start..p.end);
-            count -= 1;
+            count = count.saturating_sub(1);
             n += 1;
         }
     }
     if n == 0 {
         return Ok((0, h));
     }
+    intact()?;
     let obj = pack::store(w, h.obj, &old, &body, count)?;
     Ok((n, HashObj { enc: ENC_PACK, obj }))
 }

@@ -14,10 +14,10 @@
 //! rewrites it in place (one write); otherwise a new entry replaces the old one in its chain.
 
 use super::dict::{self, Kind, Probe, E_META, E_NEXT};
-use super::{class_of, class_size, garbage, Mem, OpError, Store, Wtx, CLASS_LARGE};
+use super::{class_of, class_size, damaged, garbage, Mem, OpError, Store, Wtx, CLASS_LARGE};
 use crate::heap::{Off, Result};
 use std::borrow::Cow;
-use tiermem_vnvm::alloc::MAX_SMALL;
+use tiermem_vnvm::alloc::{HEAP_HEADER, MAX_SMALL, SMALL_CLASSES};
 
 /// String type.
 pub const T_STRING: u8 = 0;
@@ -131,14 +131,29 @@ fn meta(klen: usize, ty: u8, enc: u8, class: u8) -> u64 {
     klen as u64 | (ty as u64) << 32 | (enc as u64) << 40 | (class as u64) << 48
 }
 
+/// The entry at `off`, checked: a known type and encoding, an inline string inside its
+/// block, a value object inside the heap. An entry that fails is recorded as damage (its
+/// reader's command fails; see `crate::ds::Mem`).
 fn entry_of<M: Mem>(m: &M, off: Off, link: Off) -> Entry {
-    let b = m.bytes(off + E_META, 16);
-    Entry {
+    let e = Entry {
         off,
         link,
-        meta: u64::from_le_bytes(b[0..8].try_into().expect("8")),
-        val: u64::from_le_bytes(b[8..16].try_into().expect("8")),
+        meta: m.u64(off + E_META),
+        val: m.u64(off + KS_VAL),
+    };
+    let ok = match (e.ty(), e.enc()) {
+        (T_STRING, ENC_INLINE) => {
+            class_size(e.class()).is_some_and(|cap| KS_KEY + e.klen() as u64 + e.val <= cap)
+        }
+        (T_STRING, ENC_BLOB) | (T_SET | T_HASH, ENC_PACK | ENC_DICT) | (T_LIST | T_ZSET, 0) => {
+            e.val >= HEAP_HEADER && e.val < m.heap_len() && e.val % 8 == 0
+        }
+        _ => false,
+    };
+    if !ok || (e.class() != CLASS_LARGE && e.class() as usize >= SMALL_CLASSES) {
+        damaged(off);
     }
+    e
 }
 
 /// Look `key` up (readers and writers).
@@ -174,9 +189,18 @@ pub fn string_value<'a, M: Mem>(m: &'a M, e: &Entry) -> Cow<'a, [u8]> {
     if e.enc() == ENC_INLINE {
         m.bytes(e.off + KS_KEY + e.klen() as u64, e.val as usize)
     } else {
-        let len = m.u64(e.val);
-        m.bytes(e.val + BLOB_HDR, len as usize)
+        m.bytes(e.val + BLOB_HDR, blob_len(m, e.val) as usize)
     }
+}
+
+/// Length of the blob at `b`, checked against its capacity (damage, recorded, reads as 0).
+fn blob_len<M: Mem>(m: &M, b: Off) -> u64 {
+    let (len, cap) = (m.u64(b), m.u64(b + 8));
+    if len.checked_add(BLOB_HDR).map_or(true, |n| n > cap) || cap > m.heap_len() {
+        damaged(b);
+        return 0;
+    }
+    len
 }
 
 /// Length of the string value of `e`.
@@ -184,7 +208,7 @@ pub fn string_len<M: Mem>(m: &M, e: &Entry) -> u64 {
     if e.enc() == ENC_INLINE {
         e.val
     } else {
-        m.u64(e.val)
+        blob_len(m, e.val)
     }
 }
 
@@ -344,8 +368,10 @@ pub fn free_entry(w: &mut Wtx, e: &Entry) -> Result<()> {
 /// Free the block at `off` whose meta word keeps its size class in bits 48..56.
 pub fn free_classed(w: &mut Wtx, off: Off, meta: u64) -> Result<()> {
     let class = (meta >> 48) as u8;
+    if class != CLASS_LARGE && class as usize >= SMALL_CLASSES {
+        return Err(crate::heap::HeapError::Damaged(off));
+    }
     let cap = class_size(class).unwrap_or(MAX_SMALL + 1);
-    debug_assert!(class == CLASS_LARGE || class < 13);
     w.free(off, cap)
 }
 

@@ -14,8 +14,8 @@
 //! fills from its end down, one made at the tail from its start up; the first node of a list
 //! starts in the middle. A push that does not fit the end node makes a new node.
 
-use super::{get_len, len_size, Mem, Wtx};
-use crate::heap::{Off, Result};
+use super::{damaged, get_len, intact, len_size, walk_bound, Mem, Wtx};
+use crate::heap::{HeapError, Off, Result};
 
 /// Bytes of a list header.
 pub const LIST_HDR: u64 = 32;
@@ -42,16 +42,35 @@ fn encode(v: &[u8]) -> Vec<u8> {
     b
 }
 
-/// (length, suffix bytes) of the element ending at `b[..j]`.
+/// The element starting at `b[i..]` and the index after it; `None` when it runs past `b` or
+/// its length suffix does not repeat its prefix (damage: the caller records it).
 #[inline]
-fn back_len(b: &[u8], j: usize) -> (usize, usize) {
-    if b[j - 1] != 0xff {
-        (b[j - 1] as usize, 1)
+fn front_elem(b: &[u8], i: usize) -> Option<(&[u8], usize)> {
+    let (len, hl) = get_len(b, i)?;
+    let j = i + hl + len;
+    // (get_len: `i + hl + len <= b.len()`, so the slice below is in range.)
+    (back_len(b, j + hl)? == (len, hl)).then(|| (&b[i + hl..j], j + hl))
+}
+
+/// The element ending at `b[..j]` and the index where it starts; `None` as for
+/// [`front_elem`].
+#[inline]
+fn back_elem(b: &[u8], j: usize) -> Option<(&[u8], usize)> {
+    let (len, hl) = back_len(b, j)?;
+    let i = j.checked_sub(2 * hl + len)?;
+    // (get_len: `i + hl + len <= b.len()`, so the slice below is in range.)
+    (get_len(b, i)? == (len, hl)).then(|| (&b[i + hl..i + hl + len], i))
+}
+
+/// (length, suffix bytes) of the element ending at `b[..j]` (`None`: past `b`).
+#[inline]
+fn back_len(b: &[u8], j: usize) -> Option<(usize, usize)> {
+    let last = *b.get(j.checked_sub(1)?)?;
+    if last != 0xff {
+        Some((last as usize, 1))
     } else {
-        (
-            u32::from_le_bytes(b[j - 5..j - 1].try_into().expect("4")) as usize,
-            5,
-        )
+        let w = b.get(j.checked_sub(5)?..j - 1)?;
+        Some((u32::from_le_bytes(w.try_into().ok()?) as usize, 5))
     }
 }
 
@@ -64,13 +83,11 @@ struct Hdr {
 }
 
 fn hdr<M: Mem>(m: &M, l: Off) -> Hdr {
-    let b = m.bytes(l, 32);
-    let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8"));
     Hdr {
-        head: w(0),
-        tail: w(8),
-        len: w(16),
-        nodes: w(24),
+        head: m.link(l),
+        tail: m.link(l + 8),
+        len: m.u64(l + 16),
+        nodes: m.u64(l + 24),
     }
 }
 
@@ -93,18 +110,40 @@ struct Node {
     cap: u32,
 }
 
+/// The node at `n`, checked: its elements inside its data area, the data area inside the
+/// heap, no more elements than bytes. A node that fails is recorded as damage and reads as an
+/// empty, unlinked one.
 fn node<M: Mem>(m: &M, n: Off) -> Node {
     let b = m.bytes(n, 32);
-    let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8"));
-    let h = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4"));
-    Node {
-        prev: w(0),
-        next: w(8),
+    let h = |i: usize| {
+        b.get(i..i + 4)
+            .and_then(|w| w.try_into().ok())
+            .map_or(0, u32::from_le_bytes)
+    };
+    let nd = Node {
+        prev: m.link(n),
+        next: m.link(n + 8),
         count: h(16),
         start: h(20),
         end: h(24),
         cap: h(28),
+    };
+    if nd.start > nd.end
+        || nd.end > nd.cap
+        || n + NODE_HDR + nd.cap as u64 > m.heap_len()
+        || 2 * nd.count as u64 > (nd.end - nd.start) as u64
+    {
+        damaged(n);
+        return Node {
+            prev: 0,
+            next: 0,
+            count: 0,
+            start: 0,
+            end: 0,
+            cap: 0,
+        };
     }
+    nd
 }
 
 fn node_bytes(n: &Node) -> [u8; 32] {
@@ -161,12 +200,14 @@ fn new_node(w: &mut Wtx, need: usize) -> Result<(Off, u32)> {
 /// Returns the new length.
 pub fn push(w: &mut Wtx, l: Off, elems: &[&[u8]], front: bool) -> Result<u64> {
     let mut h = hdr(w, l);
+    intact()?;
     for v in elems {
         let e = encode(v);
         let sz = e.len() as u32;
         let end_node = if front { h.head } else { h.tail };
         if end_node != 0 {
             let mut n = node(w, end_node);
+            intact()?;
             let room = if front { n.start } else { n.cap - n.end };
             if room >= sz {
                 let at = if front { n.start - sz } else { n.end };
@@ -227,27 +268,33 @@ pub fn push(w: &mut Wtx, l: Off, elems: &[&[u8]], front: bool) -> Result<u64> {
 /// (header only) for the caller to delete.
 pub fn pop(w: &mut Wtx, l: Off, count: usize, front: bool) -> Result<Vec<Vec<u8>>> {
     let mut h = hdr(w, l);
-    let mut out = Vec::with_capacity(count.min(h.len as usize));
+    let mut out = Vec::with_capacity(count.min(h.len.min(1 << 16) as usize));
+    let mut steps = walk_bound(w, h.nodes.saturating_add(1));
     while out.len() < count && h.len > 0 {
         let no = if front { h.head } else { h.tail };
+        if no == 0 || steps == 0 {
+            return Err(HeapError::Damaged(l));
+        }
+        steps -= 1;
         let mut n = node(w, no);
+        intact()?;
         let data = w.bytes(no + NODE_HDR + n.start as u64, (n.end - n.start) as usize);
         let take = (count - out.len()).min(n.count as usize);
         let (mut i, mut j) = (0usize, data.len());
         for _ in 0..take {
             if front {
-                let (len, hl) = get_len(&data, i);
-                out.push(data[i + hl..i + hl + len].to_vec());
-                i += 2 * hl + len;
+                let (v, next) = front_elem(&data, i).ok_or(HeapError::Damaged(no))?;
+                out.push(v.to_vec());
+                i = next;
             } else {
-                let (len, hl) = back_len(&data, j);
-                out.push(data[j - hl - len..j - hl].to_vec());
-                j -= 2 * hl + len;
+                let (v, prev) = back_elem(&data, j).ok_or(HeapError::Damaged(no))?;
+                out.push(v.to_vec());
+                j = prev;
             }
         }
         drop(data);
-        h.len -= take as u64;
-        n.count -= take as u32;
+        h.len = h.len.saturating_sub(take as u64);
+        n.count -= take as u32; // (take ≤ n.count)
         if n.count == 0 {
             // Unlink and free the node.
             if front {
@@ -266,7 +313,7 @@ pub fn pop(w: &mut Wtx, l: Off, count: usize, front: bool) -> Result<Vec<Vec<u8>
                 }
             }
             w.free(no, n.cap as u64 + NODE_HDR)?;
-            h.nodes -= 1;
+            h.nodes = h.nodes.wrapping_sub(1);
         } else {
             if front {
                 n.start += i as u32;
@@ -281,58 +328,87 @@ pub fn pop(w: &mut Wtx, l: Off, count: usize, front: bool) -> Result<Vec<Vec<u8>
 }
 
 /// Visit elements `start..=stop` (resolved, `stop < len`) in order until `f` returns false.
+/// Damage met on the way (a link, node or element that cannot be right, fewer elements than
+/// the header says, more after the last one) is recorded; the walk then stops.
 pub fn range<M: Mem>(m: &M, l: Off, start: u64, stop: u64, mut f: impl FnMut(&[u8]) -> bool) {
     let h = hdr(m, l);
     if start > stop || stop >= h.len {
         return;
     }
+    // (The nodes before the first element are met twice at most.)
+    let mut steps = walk_bound(m, h.nodes.saturating_mul(2).saturating_add(1));
     // Find the node holding `start`, walking from the nearer end.
     let (mut no, mut skip);
     if start <= h.len / 2 {
         no = h.head;
         skip = start;
         loop {
-            let c = m.u32(no + 16) as u64;
+            if no == 0 || steps == 0 {
+                return damaged(l);
+            }
+            steps -= 1;
+            let c = node(m, no).count as u64;
             if skip < c {
                 break;
             }
             skip -= c;
-            no = m.u64(no + 8);
+            no = m.link(no + 8);
         }
     } else {
         no = h.tail;
         let mut from_end = h.len - 1 - start; // elements after `start`
         loop {
-            let c = m.u32(no + 16) as u64;
+            if no == 0 || steps == 0 {
+                return damaged(l);
+            }
+            steps -= 1;
+            let c = node(m, no).count as u64;
             if from_end < c {
                 skip = c - 1 - from_end;
                 break;
             }
             from_end -= c;
-            no = m.u64(no);
+            no = m.link(no);
         }
     }
+    let to_end = stop == h.len - 1;
     let mut left = stop - start + 1;
     while no != 0 && left > 0 {
+        if steps == 0 {
+            return damaged(l);
+        }
+        steps -= 1;
         let n = node(m, no);
         let data = m.bytes(no + NODE_HDR + n.start as u64, (n.end - n.start) as usize);
         let mut i = 0;
-        for _ in 0..n.count {
-            let (len, hl) = get_len(&data, i);
+        for k in 0..n.count {
+            let Some((v, next)) = front_elem(&data, i) else {
+                return damaged(no);
+            };
             if skip > 0 {
                 skip -= 1;
             } else {
-                if !f(&data[i + hl..i + hl + len]) {
+                if !f(v) {
                     return;
                 }
                 left -= 1;
                 if left == 0 {
+                    // The list's last element must be its last node's last one.
+                    if to_end && (k + 1 != n.count || next != data.len() || n.next != 0) {
+                        damaged(no);
+                    }
                     return;
                 }
             }
-            i += 2 * hl + len;
+            i = next;
+        }
+        if i != data.len() {
+            return damaged(no);
         }
         no = n.next;
+    }
+    if left > 0 {
+        damaged(l);
     }
 }
 
@@ -349,19 +425,25 @@ pub fn index<M: Mem>(m: &M, l: Off, i: u64) -> Option<Vec<u8>> {
 /// Free one node (garbage collection); returns the next node.
 pub fn free_node(w: &mut Wtx, no: Off) -> Result<Off> {
     let n = node(w, no);
+    intact()?;
     w.free(no, n.cap as u64 + NODE_HDR)?;
     Ok(n.next)
 }
 
 /// The first node.
 pub fn head<M: Mem>(m: &M, l: Off) -> Off {
-    m.u64(l)
+    m.link(l)
 }
 
 /// Free the list entirely (callers bound its size first: see `garbage`).
 pub fn free_all(w: &mut Wtx, l: Off) -> Result<()> {
     let mut no = head(w, l);
+    let mut steps = walk_bound(w, nodes(w, l));
     while no != 0 {
+        if steps == 0 {
+            return Err(HeapError::Damaged(l));
+        }
+        steps -= 1;
         no = free_node(w, no)?;
     }
     w.free(l, LIST_HDR)
@@ -370,7 +452,7 @@ pub fn free_all(w: &mut Wtx, l: Off) -> Result<()> {
 /// The elements' bytes as read (helper for tests).
 pub fn to_vec<M: Mem>(m: &M, l: Off) -> Vec<Vec<u8>> {
     let n = len(m, l);
-    let mut v = Vec::with_capacity(n as usize);
+    let mut v = Vec::with_capacity(n.min(1 << 16) as usize);
     if n > 0 {
         range(m, l, 0, n - 1, |e| {
             v.push(e.to_vec());

@@ -14,7 +14,8 @@
 //! 16   hash seed (random at creation; part of the layout: entries store their hash)
 //! 24   garbage list head        32   garbage records on the list
 //! 40   used bytes: heap blocks (headers included) allocated by this layer, root included
-//! 48   reserved up to 64
+//! 48   seed check: a function of the hash seed, never 0 (0: a heap made before it existed)
+//! 56   reserved up to 64
 //! 64   the keyspace dict header (DICT_HDR bytes, see `dict`)
 //! ```
 //!
@@ -39,7 +40,7 @@ pub mod zset;
 
 use crate::heap::{Heap, HeapError, Off, Result, Tx};
 use std::borrow::Cow;
-use tiermem_vnvm::alloc::{BLOCK_HEADER, LARGE_UNIT, MAX_SMALL};
+use tiermem_vnvm::alloc::{BLOCK_HEADER, HEAP_HEADER, LARGE_UNIT, MAX_SMALL};
 
 /// Magic of the root object ("tmkvroot").
 pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"tmkvroot");
@@ -54,27 +55,119 @@ const R_SEED: u64 = 16;
 pub(crate) const R_GARBAGE: u64 = 24;
 pub(crate) const R_GCOUNT: u64 = 32;
 const R_USED: u64 = 40;
+const R_SEED_CHECK: u64 = 48;
 const R_KEYSPACE: u64 = 64;
 
 /// Something the data structures can read: the committed view, or a transaction that sees its
 /// own writes.
+///
+/// ## Damaged heaps
+///
+/// Reads never panic, whatever offsets the heap holds: a read outside the heap's objects
+/// (below [`HEAP_HEADER`] or past its end) records the offset with [`damaged`] and returns
+/// zeros (an all-zero word is the null link, so walks end), and the structures check the
+/// lengths, counts and links they read ([`Mem::link`], [`walk_bound`]) the same way. The
+/// command layer clears the record before each command ([`take_damage`]) and, when one was
+/// made, replaces the command's whole reply by an error and refuses to commit its writes
+/// ([`Wtx::commit`] fails with [`HeapError::Damaged`]). Each check is O(1) per access.
 pub trait Mem {
-    /// The `len` bytes at `off` (borrowed where possible).
+    /// The `len` bytes at `off` (borrowed where possible). Outside the heap: zeros (at most
+    /// [`ZEROS`] bytes of them; fewer than `len` when `len` is larger) and the offset is
+    /// recorded as damaged.
     fn bytes(&self, off: Off, len: usize) -> Cow<'_, [u8]>;
 
-    /// The little-endian word at `off`.
+    /// Bytes of the heap (every valid object lies below).
+    fn heap_len(&self) -> u64;
+
+    /// The little-endian word at `off` (0 and recorded as damaged outside the heap).
     #[inline]
     fn u64(&self, off: Off) -> u64 {
         let b = self.bytes(off, 8);
-        u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
+        b.get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes)
     }
 
-    /// The little-endian half-word at `off`.
+    /// The little-endian half-word at `off` (0 and recorded as damaged outside the heap).
     #[inline]
     fn u32(&self, off: Off) -> u32 {
         let b = self.bytes(off, 4);
-        u32::from_le_bytes(b[..4].try_into().expect("4 bytes"))
+        b.get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u32::from_le_bytes)
     }
+
+    /// The link word at `off`: an object offset or 0. A value that cannot be an object's
+    /// offset (inside the allocator's header, past the heap, not 8-aligned) is recorded as
+    /// damage at `off` and read as 0, which ends any walk.
+    #[inline]
+    fn link(&self, off: Off) -> Off {
+        let v = self.u64(off);
+        if v != 0 && (v < HEAP_HEADER || v >= self.heap_len() || v % 8 != 0) {
+            damaged(off);
+            return 0;
+        }
+        v
+    }
+}
+
+/// Zeros served for reads outside the heap.
+pub static ZEROS: [u8; 65536] = [0; 65536];
+
+#[inline]
+fn outside(off: Off, len: usize) -> Cow<'static, [u8]> {
+    damaged(off);
+    Cow::Borrowed(&ZEROS[..len.min(ZEROS.len())])
+}
+
+thread_local! {
+    /// The first damaged offset this thread met since [`take_damage`] (`u64::MAX`: none).
+    static DAMAGE: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
+}
+
+/// Record that the heap is damaged at `off` (the first offset is kept until
+/// [`take_damage`]). Called by readers that find an offset, length, count or link that
+/// cannot be right; they then return zeros / stop, and the command layer turns the command
+/// into an error reply.
+#[cold]
+pub fn damaged(off: Off) {
+    DAMAGE.with(|d| {
+        if d.get() == u64::MAX {
+            d.set(off.min(u64::MAX - 1));
+        }
+    });
+}
+
+/// The damage this thread recorded since the last call (and clear it).
+pub fn take_damage() -> Option<Off> {
+    DAMAGE.with(|d| {
+        let v = d.replace(u64::MAX);
+        (v != u64::MAX).then_some(v)
+    })
+}
+
+/// Whether this thread recorded damage since the last [`take_damage`] (not clearing it).
+#[inline]
+pub fn has_damage() -> bool {
+    DAMAGE.with(|d| d.get() != u64::MAX)
+}
+
+/// `Err(HeapError::Damaged)` if this thread recorded damage since the last [`take_damage`]
+/// (the record stays): writers call it after reads whose results they are about to use.
+#[inline]
+pub fn intact() -> Result<()> {
+    DAMAGE.with(|d| match d.get() {
+        u64::MAX => Ok(()),
+        off => Err(HeapError::Damaged(off)),
+    })
+}
+
+/// The most steps a walk of a chain (dict bucket, list nodes, skiplist level) of at most
+/// `count` elements may take in `m`: `count` capped by what the heap can hold (16-byte
+/// blocks at least). A walk that goes further is in a cycle or follows damaged links.
+#[inline]
+pub fn walk_bound<M: Mem + ?Sized>(m: &M, count: u64) -> u64 {
+    count.min(m.heap_len() / 16)
 }
 
 /// The committed view of a heap (readers: hold the service lock shared).
@@ -91,17 +184,38 @@ impl View<'_> {
 impl Mem for View<'_> {
     #[inline]
     fn bytes(&self, off: Off, len: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.0[off as usize..off as usize + len])
+        let o = off as usize;
+        match self.0.get(o..o.wrapping_add(len)) {
+            Some(b) if off >= HEAP_HEADER => Cow::Borrowed(b),
+            _ => outside(off, len),
+        }
+    }
+    #[inline]
+    fn heap_len(&self) -> u64 {
+        self.0.len() as u64
     }
     #[inline]
     fn u64(&self, off: Off) -> u64 {
         let o = off as usize;
-        u64::from_le_bytes(self.0[o..o + 8].try_into().expect("8 bytes"))
+        match self.0.get(o..o.wrapping_add(8)) {
+            // (`get` gave exactly 8 bytes: the conversion cannot fail.)
+            Some(b) if off >= HEAP_HEADER => u64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
+            _ => {
+                damaged(off);
+                0
+            }
+        }
     }
     #[inline]
     fn u32(&self, off: Off) -> u32 {
         let o = off as usize;
-        u32::from_le_bytes(self.0[o..o + 4].try_into().expect("4 bytes"))
+        match self.0.get(o..o.wrapping_add(4)) {
+            Some(b) if off >= HEAP_HEADER => u32::from_le_bytes(b.try_into().unwrap_or([0; 4])),
+            _ => {
+                damaged(off);
+                0
+            }
+        }
     }
 }
 
@@ -237,8 +351,16 @@ impl<'h> Wtx<'h> {
 
     /// Write the root's counters and commit. Every write is visible (and durable on a durable
     /// engine) when this returns. A transaction that wrote nothing commits nothing.
+    ///
+    /// Errors: [`HeapError::Damaged`] (nothing committed) when this thread met a damaged heap
+    /// since the command began (see [`Mem`]): a write must never build on damaged data.
     pub fn commit(mut self) -> Result<()> {
         self.flush_counters()?;
+        if let Some(off) = take_damage() {
+            damaged(off);
+            self.abort();
+            return Err(HeapError::Damaged(off));
+        }
         match self.tx.take() {
             Some(tx) => tx.commit(),
             None => Ok(()),
@@ -247,12 +369,16 @@ impl<'h> Wtx<'h> {
 
     fn flush_counters(&mut self) -> Result<()> {
         if self.used_delta != 0 {
-            let v = (self.u64(self.root + R_USED) as i64 + self.used_delta) as u64;
+            let v = self
+                .u64(self.root + R_USED)
+                .wrapping_add_signed(self.used_delta);
             self.write_u64(self.root + R_USED, v)?;
             self.used_delta = 0;
         }
         if self.garbage_delta != 0 {
-            let v = (self.u64(self.root + R_GCOUNT) as i64 + self.garbage_delta) as u64;
+            let v = self
+                .u64(self.root + R_GCOUNT)
+                .wrapping_add_signed(self.garbage_delta);
             self.write_u64(self.root + R_GCOUNT, v)?;
             self.garbage_delta = 0;
         }
@@ -270,13 +396,20 @@ impl<'h> Wtx<'h> {
 impl Mem for Wtx<'_> {
     #[inline]
     fn bytes(&self, off: Off, len: usize) -> Cow<'_, [u8]> {
-        match &self.tx {
-            Some(tx) => tx.bytes(off, len),
-            None => {
-                let o = off as usize;
-                Cow::Borrowed(&self.heap.view()[o..o + len])
-            }
+        let view = self.heap.view();
+        let o = off as usize;
+        if off < HEAP_HEADER || view.get(o..o.wrapping_add(len)).is_none() {
+            return outside(off, len);
         }
+        match &self.tx {
+            // (In bounds: checked above.)
+            Some(tx) => tx.bytes(off, len),
+            None => Cow::Borrowed(&view[o..o + len]),
+        }
+    }
+    #[inline]
+    fn heap_len(&self) -> u64 {
+        self.heap.view().len() as u64
     }
 }
 
@@ -310,13 +443,19 @@ impl Store {
                     "the heap holds tiermem-kv layout version {ver}; this build reads version {ROOT_VERSION}"
                 )));
             }
-            return Ok(Store {
-                root,
-                seed: v.u64(root + R_SEED),
-            });
+            let seed = v.u64(root + R_SEED);
+            let check = v.u64(root + R_SEED_CHECK);
+            if check != 0 && check != seed_check(seed) {
+                return Err(HeapError::Engine(format!(
+                    "damaged heap at offset {}: the root object's hash seed does not match its \
+                     check word",
+                    root + R_SEED
+                )));
+            }
+            return Ok(Store { root, seed });
         }
         // One transaction: a crash leaves either no root or a complete one.
-        let seed = random_u64();
+        let seed = CREATION_SEED.with(|c| c.take()).unwrap_or_else(random_u64);
         let mut w = Wtx::new(heap, 0);
         let (r, _) = w.alloc(ROOT_SIZE)?;
         w.root = r;
@@ -324,6 +463,7 @@ impl Store {
         hdr[0..8].copy_from_slice(&ROOT_MAGIC.to_le_bytes());
         hdr[8..16].copy_from_slice(&ROOT_VERSION.to_le_bytes());
         hdr[16..24].copy_from_slice(&seed.to_le_bytes());
+        hdr[48..56].copy_from_slice(&seed_check(seed).to_le_bytes());
         w.write(r, &hdr)?;
         let store = Store { root: r, seed };
         dict::init(&mut w, store.keyspace())?;
@@ -360,6 +500,12 @@ impl Store {
     }
 }
 
+/// The root's check word of hash seed `seed` (never 0): the seed decides where every key is,
+/// so a flipped seed would make every key vanish without it.
+fn seed_check(seed: u64) -> u64 {
+    hash(0x5eed_c4ec, &seed.to_le_bytes()) | 1
+}
+
 /// 64 random bits from the kernel (time and pid as a fallback).
 pub fn random_u64() -> u64 {
     let mut b = [0u8; 8];
@@ -376,6 +522,14 @@ pub fn random_u64() -> u64 {
 
 thread_local! {
     static RNG: std::cell::Cell<u64> = std::cell::Cell::new(random_u64() | 1);
+    static CREATION_SEED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Make the next [`Store::open`] on this thread that creates a root use hash seed `seed`
+/// instead of a random one (tests: reproducible layouts).
+#[doc(hidden)]
+pub fn set_creation_seed(seed: u64) {
+    CREATION_SEED.with(|c| c.set(Some(seed)));
 }
 
 /// A fast per-thread pseudo-random number (xorshift64*; SPOP, skiplist levels).
@@ -401,6 +555,7 @@ fn mix(a: u64, b: u64) -> u64 {
     (r as u64) ^ ((r >> 64) as u64)
 }
 
+// `r8`/`r4` read inside the key: `hash` calls them only at indexes its length checks allow.
 #[inline]
 fn r8(k: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(k[i..i + 8].try_into().expect("8 bytes"))
@@ -479,17 +634,18 @@ pub fn put_len(buf: &mut Vec<u8>, n: usize) {
     }
 }
 
-/// Decode a length prefix at `b[i..]`: (length, prefix bytes).
+/// Decode a length prefix at `b[i..]`: (length, prefix bytes); `None` when the prefix or the
+/// bytes it announces run past the end of `b` (damage: the caller records it).
 #[inline]
-pub fn get_len(b: &[u8], i: usize) -> (usize, usize) {
-    if b[i] != 0xff {
-        (b[i] as usize, 1)
-    } else {
-        (
-            u32::from_le_bytes(b[i + 1..i + 5].try_into().expect("4 bytes")) as usize,
+pub fn get_len(b: &[u8], i: usize) -> Option<(usize, usize)> {
+    let (n, h) = match *b.get(i)? {
+        0xff => (
+            u32::from_le_bytes(b.get(i + 1..i + 5)?.try_into().ok()?) as usize,
             5,
-        )
-    }
+        ),
+        n => (n as usize, 1),
+    };
+    (n <= b.len() - i - h).then_some((n, h))
 }
 
 /// An error of a data-structure operation that is the client's, not the heap's.
@@ -549,7 +705,9 @@ mod tests {
             let mut b = Vec::new();
             put_len(&mut b, n);
             assert_eq!(b.len(), len_size(n));
-            assert_eq!(get_len(&b, 0), (n, b.len()));
+            b.resize(b.len() + n, 0);
+            assert_eq!(get_len(&b, 0), Some((n, len_size(n))));
+            assert_eq!(get_len(&b[..b.len() - 1], 0), None);
         }
     }
 }

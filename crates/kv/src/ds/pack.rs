@@ -11,7 +11,7 @@
 //! outgrows the old one. Packs convert to dicts above [`MAX_ENTRIES`] entries or
 //! [`MAX_BYTES`] bytes of body.
 
-use super::{get_len, len_size, put_len, Mem, Wtx};
+use super::{damaged, get_len, len_size, put_len, Mem, Wtx};
 use crate::heap::{Off, Result};
 use std::borrow::Cow;
 
@@ -27,23 +27,47 @@ pub fn fits(entries: usize, bytes: usize) -> bool {
     entries <= MAX_ENTRIES && bytes <= MAX_BYTES
 }
 
-/// Entries of the pack at `p`.
+/// Entries of the pack at `p` (more than [`MAX_ENTRIES`]: damage, recorded, read as 0).
 #[inline]
 pub fn count<M: Mem>(m: &M, p: Off) -> u64 {
-    m.u32(p) as u64
+    let n = m.u32(p) as u64;
+    if n > MAX_ENTRIES as u64 {
+        damaged(p);
+        return 0;
+    }
+    n
 }
 
-/// The body of the pack at `p`.
+/// The body of the pack at `p`. A header that cannot be right (body larger than
+/// [`MAX_BYTES`] or its block) is recorded as damage and read as an empty body.
 pub fn body<M: Mem>(m: &M, p: Off) -> Cow<'_, [u8]> {
-    let used = m.u32(p + 4) as usize;
-    m.bytes(p + PACK_HDR, used)
+    let h = m.bytes(p + 4, 8);
+    let (used, cap) = match (h.get(0..4), h.get(4..8)) {
+        (Some(u), Some(c)) => (
+            u32::from_le_bytes(u.try_into().unwrap_or([0; 4])) as u64,
+            u32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as u64,
+        ),
+        _ => (0, 0),
+    };
+    if used > MAX_BYTES as u64 || PACK_HDR + used > cap {
+        damaged(p);
+        return Cow::Borrowed(&[]);
+    }
+    m.bytes(p + PACK_HDR, used as usize)
 }
 
-/// The item at `b[i..]` and the index after it.
+/// The item at `b[i..]` and the index after it; `None` (damage at `at`, the pack, recorded)
+/// if it runs past the body.
 #[inline]
-pub fn item(b: &[u8], i: usize) -> (&[u8], usize) {
-    let (n, h) = get_len(b, i);
-    (&b[i + h..i + h + n], i + h + n)
+pub fn item(b: &[u8], i: usize, at: Off) -> Option<(&[u8], usize)> {
+    match get_len(b, i) {
+        // (get_len checked that the `n` bytes after the prefix are inside `b`.)
+        Some((n, h)) => Some((&b[i + h..i + h + n], i + h + n)),
+        None => {
+            damaged(at);
+            None
+        }
+    }
 }
 
 /// Append an item to a body.
@@ -70,12 +94,13 @@ pub struct Pos {
     pub value: usize,
 }
 
-/// Find `key` among the entries of `body` (`pairs`: hash entries of field and value).
-pub fn find(body: &[u8], key: &[u8], pairs: bool) -> Option<Pos> {
+/// Find `key` among the entries of `body` (`pairs`: hash entries of field and value) of the
+/// pack at `at` (damage there is recorded and ends the search).
+pub fn find(body: &[u8], key: &[u8], pairs: bool, at: Off) -> Option<Pos> {
     let mut i = 0;
     while i < body.len() {
-        let (k, j) = item(body, i);
-        let end = if pairs { item(body, j).1 } else { j };
+        let (k, j) = item(body, i, at)?;
+        let end = if pairs { item(body, j, at)?.1 } else { j };
         if k == key {
             return Some(Pos {
                 start: i,
@@ -88,19 +113,35 @@ pub fn find(body: &[u8], key: &[u8], pairs: bool) -> Option<Pos> {
     None
 }
 
-/// Visit every entry: (key, value) — value empty for sets.
-pub fn for_each<'a>(body: &'a [u8], pairs: bool, mut f: impl FnMut(&'a [u8], &'a [u8])) {
-    let mut i = 0;
+/// Visit every entry: (key, value) — value empty for sets — of the body of the pack at `at`
+/// holding `count` entries. A body that does not hold exactly `count` whole entries is
+/// recorded as damage at `at` (the entries before the damage have been visited).
+pub fn for_each<'a>(
+    body: &'a [u8],
+    pairs: bool,
+    count: u64,
+    at: Off,
+    mut f: impl FnMut(&'a [u8], &'a [u8]),
+) {
+    let (mut i, mut n) = (0, 0u64);
     while i < body.len() {
-        let (k, j) = item(body, i);
+        let Some((k, j)) = item(body, i, at) else {
+            return;
+        };
         if pairs {
-            let (v, e) = item(body, j);
+            let Some((v, e)) = item(body, j, at) else {
+                return;
+            };
             f(k, v);
             i = e;
         } else {
             f(k, &[]);
             i = j;
         }
+        n += 1;
+    }
+    if n != count {
+        damaged(at);
     }
 }
 
@@ -169,13 +210,17 @@ mod tests {
         put_item(&mut b, b"v1");
         put_item(&mut b, &[7u8; 300]);
         put_item(&mut b, b"v2");
-        let p = find(&b, &[7u8; 300], true).unwrap();
-        assert_eq!(item(&b, p.value).0, b"v2");
+        let p = find(&b, &[7u8; 300], true, 4096).unwrap();
+        assert_eq!(item(&b, p.value, 4096).unwrap().0, b"v2");
         assert_eq!(p.end, b.len());
-        assert!(find(&b, b"v1", true).is_none());
-        assert!(find(&b, b"v1", false).is_some());
+        assert!(find(&b, b"v1", true, 4096).is_none());
+        assert!(find(&b, b"v1", false, 4096).is_some());
         let mut n = 0;
-        for_each(&b, true, |_, _| n += 1);
+        for_each(&b, true, 2, 4096, |_, _| n += 1);
         assert_eq!(n, 2);
+        assert!(!super::super::has_damage());
+        // A truncated body: the search stops and the damage is recorded at the pack.
+        assert!(find(&b[..b.len() - 1], b"zz", true, 4096).is_none());
+        assert_eq!(super::super::take_damage(), Some(4096));
     }
 }

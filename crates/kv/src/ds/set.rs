@@ -6,8 +6,8 @@
 
 use super::dict::{self, Kind};
 use super::keyspace::{free_classed, ENC_DICT, ENC_PACK};
-use super::{class_of, pack, Mem, Store, Wtx};
-use crate::heap::{Off, Result};
+use super::{class_of, intact, pack, Mem, Store, Wtx};
+use crate::heap::{HeapError, Off, Result};
 use std::borrow::Cow;
 
 const S_KEY: u64 = 24;
@@ -43,7 +43,7 @@ pub fn card<M: Mem>(m: &M, s: SetObj) -> u64 {
 /// Whether `member` is in the set.
 pub fn contains<M: Mem>(m: &M, st: &Store, s: SetObj, member: &[u8]) -> bool {
     if s.enc == ENC_PACK {
-        pack::find(&pack::body(m, s.obj), member, false).is_some()
+        pack::find(&pack::body(m, s.obj), member, false, s.obj).is_some()
     } else {
         dict::probe::<M, SetKind>(m, s.obj, st.hash(member), member)
             .found
@@ -59,7 +59,8 @@ fn member_of<M: Mem>(m: &M, e: Off) -> Cow<'_, [u8]> {
 /// Visit every member.
 pub fn for_each<M: Mem>(m: &M, s: SetObj, mut f: impl FnMut(&[u8])) {
     if s.enc == ENC_PACK {
-        pack::for_each(&pack::body(m, s.obj), false, |k, _| f(k));
+        let n = pack::count(m, s.obj);
+        pack::for_each(&pack::body(m, s.obj), false, n, s.obj, |k, _| f(k));
     } else {
         dict::for_each(m, s.obj, |e| {
             f(&member_of(m, e));
@@ -118,15 +119,17 @@ pub fn add(w: &mut Wtx, st: &Store, s: Option<SetObj>, members: &[&[u8]]) -> Res
                 None => Vec::new(),
             };
             let mut count = s.map_or(0, |s| pack::count(w, s.obj) as usize);
+            let at = s.map_or(0, |s| s.obj);
             let mut body = old.clone();
             let mut added = 0;
             for m in members {
-                if pack::find(&body, m, false).is_none() {
+                if pack::find(&body, m, false, at).is_none() {
                     pack::put_item(&mut body, m);
                     count += 1;
                     added += 1;
                 }
             }
+            intact()?;
             if pack::fits(count, body.len()) {
                 let obj = match s {
                     Some(s) => pack::store(w, s.obj, &old, &body, count)?,
@@ -134,8 +137,10 @@ pub fn add(w: &mut Wtx, st: &Store, s: Option<SetObj>, members: &[&[u8]]) -> Res
                 };
                 return Ok((added, SetObj { enc: ENC_PACK, obj }));
             }
+            intact()?;
             let mut all: Vec<&[u8]> = Vec::with_capacity(count);
-            pack::for_each(&body, false, |k, _| all.push(k));
+            pack::for_each(&body, false, count as u64, at, |k, _| all.push(k));
+            intact()?;
             let d = dict_from(w, st, &all)?;
             if let Some(s) = s {
                 pack::free(w, s.obj)?;
@@ -172,15 +177,16 @@ pub fn remove(w: &mut Wtx, st: &Store, s: SetObj, members: &[&[u8]]) -> Result<(
     let mut count = pack::count(w, s.obj) as usize;
     let mut removed = 0;
     for m in members {
-        if let Some(p) = pack::find(&body, m, false) {
+        if let Some(p) = pack::find(&body, m, false, s.obj) {
             body.drain(p.start..p.end);
-            count -= 1;
+            count = count.saturating_sub(1);
             removed += 1;
         }
     }
     if removed == 0 {
         return Ok((0, s));
     }
+    intact()?;
     let obj = pack::store(w, s.obj, &old, &body, count)?;
     Ok((removed, SetObj { enc: ENC_PACK, obj }))
 }
@@ -208,13 +214,16 @@ pub fn pop(w: &mut Wtx, st: &Store, s: SetObj, count: usize) -> Result<(Vec<Vec<
         let k = (super::rand_u64() % n as u64) as usize;
         let mut i = 0;
         for _ in 0..k {
-            i = pack::item(&body, i).1;
+            i = pack::item(&body, i, s.obj)
+                .ok_or(HeapError::Damaged(s.obj))?
+                .1;
         }
-        let (v, end) = pack::item(&body, i);
+        let (v, end) = pack::item(&body, i, s.obj).ok_or(HeapError::Damaged(s.obj))?;
         out.push(v.to_vec());
         body.drain(i..end);
         n -= 1;
     }
+    intact()?;
     let obj = pack::store(w, s.obj, &old, &body, n)?;
     Ok((out, SetObj { enc: ENC_PACK, obj }))
 }

@@ -15,8 +15,8 @@
 
 use super::dict::{self, Kind, E_META};
 use super::keyspace::free_classed;
-use super::{class_of, Mem, Store, Wtx};
-use crate::heap::{Off, Result};
+use super::{class_of, damaged, intact, walk_bound, Mem, Store, Wtx};
+use crate::heap::{HeapError, Off, Result};
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
@@ -49,10 +49,15 @@ fn fwd_off(z: Off, x: Off, i: usize) -> Off {
     }
 }
 
-/// Score of node `n`.
+/// Score of node `n` (a NaN, which ZADD never stores, is damage: recorded, read as 0).
 #[inline]
 pub fn score<M: Mem>(m: &M, n: Off) -> f64 {
-    f64::from_bits(m.u64(n + N_SCORE))
+    let s = f64::from_bits(m.u64(n + N_SCORE));
+    if s.is_nan() {
+        damaged(n + N_SCORE);
+        return 0.0;
+    }
+    s
 }
 
 /// Member of node `n`.
@@ -61,8 +66,14 @@ pub fn member<M: Mem>(m: &M, n: Off) -> Cow<'_, [u8]> {
     m.bytes(n + ZKind::key_at(meta), meta as u32 as usize)
 }
 
+/// Levels of node `n` (1..=ZMAX; anything else is damage, recorded, read as 0 levels).
 fn level_of<M: Mem>(m: &M, n: Off) -> usize {
-    (m.u64(n + E_META) >> 32) as u8 as usize
+    let l = (m.u64(n + E_META) >> 32) as u8 as usize;
+    if l == 0 || l > ZMAX {
+        damaged(n + E_META);
+        return 0;
+    }
+    l
 }
 
 /// Elements of the zset.
@@ -70,8 +81,14 @@ pub fn len<M: Mem>(m: &M, z: Off) -> u64 {
     m.u64(z + Z_LEN)
 }
 
+/// Levels in use (1..=ZMAX; anything else is damage, recorded, read as 0 levels).
 fn zlevel<M: Mem>(m: &M, z: Off) -> usize {
-    m.u64(z + Z_LEN + 8) as usize
+    let l = m.u64(z + Z_LEN + 8);
+    if l == 0 || l > ZMAX as u64 {
+        damaged(z + Z_LEN + 8);
+        return 0;
+    }
+    l as usize
 }
 
 /// A new empty zset object.
@@ -102,14 +119,22 @@ pub fn score_of<M: Mem>(m: &M, st: &Store, z: Off, mem: &[u8]) -> Option<f64> {
     find(m, st, z, mem).map(|(n, _)| score(m, n))
 }
 
-/// The last node before (score, member) on each level.
+/// The last node before (score, member) on each level. Each level's walk is bounded by the
+/// zset's length (damage, recorded, beyond).
 fn search<M: Mem>(m: &M, z: Off, s: f64, mem: &[u8]) -> [Off; ZMAX] {
     let mut update = [z; ZMAX];
     let mut x = z;
+    let mut steps = walk_bound(m, len(m, z));
+    // (zlevel ≤ ZMAX: the indexes are in range.)
     for i in (0..zlevel(m, z)).rev() {
         loop {
-            let f = m.u64(fwd_off(z, x, i));
+            let f = m.link(fwd_off(z, x, i));
             if f != 0 && cmp_node(m, f, s, mem) == Ordering::Less {
+                if steps == 0 {
+                    damaged(f);
+                    return update;
+                }
+                steps -= 1;
                 x = f;
             } else {
                 break;
@@ -148,6 +173,10 @@ fn sl_link(
 ) -> Result<()> {
     let update = search(w, z, s, mem);
     let mut level = zlevel(w, z);
+    intact()?;
+    if lvl == 0 || lvl > ZMAX {
+        return Err(HeapError::Damaged(n));
+    }
     // Levels above the current one start from the head (update[] is z there already).
     let mut fw = Vec::with_capacity(lvl);
     for (i, u) in update.iter().enumerate().take(lvl) {
@@ -190,6 +219,7 @@ fn sl_unlink(w: &mut Wtx, z: Off, n: Off, len_delta: u64) -> Result<()> {
     let mem = member(w, n).into_owned();
     let update = search(w, z, s, &mem);
     let lvl = level_of(w, n);
+    intact()?;
     for (i, u) in update.iter().enumerate().take(lvl) {
         let fo = fwd_off(z, *u, i);
         if w.u64(fo) == n {
@@ -209,7 +239,7 @@ fn sl_unlink(w: &mut Wtx, z: Off, n: Off, len_delta: u64) -> Result<()> {
     while level > 1 && w.u64(fwd_off(z, z, level - 1)) == 0 {
         level -= 1;
     }
-    let len = len(w, z) - len_delta;
+    let len = len(w, z).wrapping_sub(len_delta);
     put_counts(w, z, len, level, tail)
 }
 
@@ -319,16 +349,20 @@ pub fn pop(
     let mut out = Vec::new();
     while out.len() < count {
         let n = if max {
-            w.u64(z + Z_LEN + 16)
+            w.link(z + Z_LEN + 16)
         } else {
-            w.u64(fwd_off(z, z, 0))
+            w.link(fwd_off(z, z, 0))
         };
         if n == 0 {
             break;
         }
         let mem = member(w, n).into_owned();
         out.push((mem.clone(), score(w, n)));
-        remove(w, st, z, &mem)?;
+        if !remove(w, st, z, &mem)? {
+            // The skiplist's end is not in the dict: the zset is damaged.
+            return Err(HeapError::Damaged(n));
+        }
+        intact()?;
     }
     Ok(out)
 }
@@ -384,9 +418,10 @@ pub fn range_by_score<M: Mem>(m: &M, z: Off, r: ScoreRange, mut f: impl FnMut(&[
         limit,
     } = r;
     let mut x = z;
+    let mut steps = walk_bound(m, len(m, z));
     for i in (0..zlevel(m, z)).rev() {
         loop {
-            let nx = m.u64(fwd_off(z, x, i));
+            let nx = m.link(fwd_off(z, x, i));
             if nx == 0 {
                 break;
             }
@@ -397,12 +432,31 @@ pub fn range_by_score<M: Mem>(m: &M, z: Off, r: ScoreRange, mut f: impl FnMut(&[
                 !min.above_min(s)
             };
             if go {
+                if steps == 0 {
+                    return damaged(nx);
+                }
+                steps -= 1;
                 x = nx;
             } else {
                 break;
             }
         }
     }
+    // Scores must be in order along the walk, from the node before the range (the walk checks
+    // the rest, and the node after it): a score out of order is damage, not data.
+    let next = |n: Off| {
+        if rev {
+            m.link(n + N_BACK)
+        } else {
+            m.link(fwd_off(z, n, 0))
+        }
+    };
+    let out_of_order = |a: f64, b: f64| if rev { b > a } else { b < a };
+    let mut prev = if rev {
+        f64::INFINITY
+    } else {
+        f64::NEG_INFINITY
+    };
     let mut n = if rev {
         if x == z {
             0
@@ -410,17 +464,46 @@ pub fn range_by_score<M: Mem>(m: &M, z: Off, r: ScoreRange, mut f: impl FnMut(&[
             x
         }
     } else {
-        m.u64(fwd_off(z, x, 0))
+        m.link(fwd_off(z, x, 0))
     };
+    if x != z {
+        let (xs, before) = (
+            score(m, x),
+            if rev {
+                m.link(fwd_off(z, x, 0))
+            } else {
+                m.link(x + N_BACK)
+            },
+        );
+        if before != 0 && out_of_order(score(m, before), xs) {
+            return damaged(x);
+        }
+        if !rev {
+            prev = xs;
+        }
+    }
     let (mut skip, mut left) = (offset, limit);
+    let mut steps = walk_bound(m, len(m, z));
     while n != 0 && left != 0 {
+        if steps == 0 {
+            return damaged(n);
+        }
+        steps -= 1;
         let s = score(m, n);
+        if out_of_order(prev, s) {
+            return damaged(n);
+        }
+        prev = s;
         let inside = if rev {
             min.above_min(s)
         } else {
             max.below_max(s)
         };
         if !inside {
+            let after = next(n);
+            if after != 0 && out_of_order(s, score(m, after)) {
+                damaged(n);
+            }
             break;
         }
         if skip > 0 {
@@ -429,11 +512,7 @@ pub fn range_by_score<M: Mem>(m: &M, z: Off, r: ScoreRange, mut f: impl FnMut(&[
             f(&member(m, n), s);
             left -= 1;
         }
-        n = if rev {
-            m.u64(n + N_BACK)
-        } else {
-            m.u64(fwd_off(z, n, 0))
-        };
+        n = next(n);
     }
 }
 
@@ -455,26 +534,36 @@ pub fn range_by_rank<M: Mem>(
     let first = if rev { n_all - 1 - start } else { start };
     let mut n;
     if first <= n_all / 2 {
-        n = m.u64(fwd_off(z, z, 0));
+        n = m.link(fwd_off(z, z, 0));
         for _ in 0..first {
-            n = m.u64(fwd_off(z, n, 0));
+            if n == 0 {
+                return damaged(z);
+            }
+            n = m.link(fwd_off(z, n, 0));
         }
     } else {
-        n = m.u64(z + Z_LEN + 16);
+        n = m.link(z + Z_LEN + 16);
         for _ in 0..(n_all - 1 - first) {
-            n = m.u64(n + N_BACK);
+            if n == 0 {
+                return damaged(z);
+            }
+            n = m.link(n + N_BACK);
         }
     }
     for _ in start..=stop {
         if n == 0 {
-            return;
+            return damaged(z);
         }
         f(&member(m, n), score(m, n));
         n = if rev {
-            m.u64(n + N_BACK)
+            m.link(n + N_BACK)
         } else {
-            m.u64(fwd_off(z, n, 0))
+            m.link(fwd_off(z, n, 0))
         };
+    }
+    // The last rank visited must be the end of the list.
+    if stop == n_all - 1 && n != 0 {
+        damaged(z);
     }
 }
 

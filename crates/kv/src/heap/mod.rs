@@ -46,6 +46,14 @@ pub enum HeapError {
     /// An error of the engine (vnvm instance, device, ...).
     #[error("{0}")]
     Engine(String),
+    /// The heap holds an offset, length, count or link that cannot be right at this heap
+    /// offset (see `crate::ds::Mem`): nothing read from there is served, nothing is written.
+    #[error("damaged heap at offset {0}")]
+    Damaged(Off),
+    /// The engine cannot make writes durable (e.g. its device is full); writes are refused
+    /// until it can again. The text names the file and the cause.
+    #[error("{0}")]
+    Persist(String),
 }
 
 impl From<AllocError> for HeapError {
@@ -109,6 +117,14 @@ pub trait Engine: Send + Sync + 'static {
     /// The heap is frozen and a migration is about to read all of it: get it ready (e.g. give
     /// up a fault-engine registration so the kernel can read every page). Default: nothing.
     fn prepare_migration(&self) {}
+    /// Why the engine cannot make writes durable right now (e.g. `write back cache pages
+    /// DIR/heap.data: No space left on device (os error 28)`), naming the file and the cause;
+    /// `None` when it can. The command layer refuses writes while this is `Some` and resumes
+    /// when it is `None` again (the engine retries by itself). Must be cheap (checked before
+    /// every write command). Default: never.
+    fn persist_error(&self) -> Option<String> {
+        None
+    }
     /// Make everything committed durable and applied (clean shutdown). Default: nothing.
     fn sync(&self) -> Result<()> {
         Ok(())
@@ -259,10 +275,15 @@ impl Tx<'_> {
         self.heap.engine.memory()
     }
 
-    /// Read `buf.len()` bytes at `off`, seeing this transaction's writes.
+    /// Read `buf.len()` bytes at `off`, seeing this transaction's writes. Outside the heap
+    /// (an offset read from a damaged heap): zeros.
     pub fn read(&self, off: Off, buf: &mut [u8]) {
         let (o, n) = (off as usize, buf.len());
         let view = self.heap.view();
+        if o.checked_add(n).map_or(true, |e| e > view.len()) {
+            buf.fill(0);
+            return;
+        }
         if self.shadow.is_empty() {
             buf.copy_from_slice(&view[o..o + n]);
             return;
@@ -285,8 +306,13 @@ impl Tx<'_> {
     #[inline]
     pub fn bytes(&self, off: Off, len: usize) -> std::borrow::Cow<'_, [u8]> {
         let o = off as usize;
+        let view = self.heap.view();
+        if o.checked_add(len).map_or(true, |e| e > view.len()) {
+            // (A damaged offset; `crate::ds` checks and reports before it gets here.)
+            return std::borrow::Cow::Owned(vec![0; len.min(crate::ds::ZEROS.len())]);
+        }
         if self.shadow.is_empty() || len == 0 {
-            return std::borrow::Cow::Borrowed(&self.heap.view()[o..o + len]);
+            return std::borrow::Cow::Borrowed(&view[o..o + len]);
         }
         let (first, last) = (o / LINE, (o + len - 1) / LINE);
         if (first..=last).any(|l| self.shadow.contains_key(&(l as u64))) {
@@ -294,7 +320,7 @@ impl Tx<'_> {
             self.read(off, &mut v);
             std::borrow::Cow::Owned(v)
         } else {
-            std::borrow::Cow::Borrowed(&self.heap.view()[o..o + len])
+            std::borrow::Cow::Borrowed(&view[o..o + len])
         }
     }
 
@@ -342,6 +368,10 @@ impl Tx<'_> {
                 Err(VnvmError::LogFull { logged }) => {
                     done += logged;
                     if done < bytes.len() && !self.mem().wait_space(Duration::from_secs(30)) {
+                        if let Some(e) = self.heap.engine.persist_error() {
+                            // The log is full because nothing can be written back.
+                            return Err(HeapError::Persist(e));
+                        }
                         return Err(HeapError::TooLarge(format!(
                             "no log space for {} more bytes within 30 s",
                             bytes.len() - done

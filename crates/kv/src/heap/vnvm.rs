@@ -185,6 +185,7 @@ impl VnvmEngine {
     }
 
     fn vn(&self) -> &Vnvm {
+        // (`vn` is taken only in Drop: every other method runs while it is set.)
         self.vn.as_ref().expect("vnvm instance released")
     }
 }
@@ -335,9 +336,19 @@ impl Engine for VnvmEngine {
             ],
         }
     }
+    fn persist_error(&self) -> Option<String> {
+        self.vn().writeback_error()
+    }
     fn sync(&self) -> Result<()> {
-        self.vn().drain()?;
-        Ok(())
+        if let Some(e) = self.vn().writeback_error() {
+            return Err(HeapError::Persist(e));
+        }
+        self.vn()
+            .drain()
+            .map_err(|e| match self.vn().writeback_error() {
+                Some(w) => HeapError::Persist(w),
+                None => e.into(),
+            })
     }
     fn close(&self) -> Result<()> {
         self.vn().quiesce()?;

@@ -1,0 +1,200 @@
+//! What the kv end-to-end tests share: starting `tiermem kv serve` (one place), and a small
+//! RESP2 client that reports malformed or torn replies as errors.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A running `tiermem kv serve` (killed on drop if still running).
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+    log: Arc<Mutex<String>>,
+}
+
+/// Create a new instance in the (missing or empty) directory `dir` and serve it: the one
+/// place where the kv tests create instances (a server that requires an explicit flag to
+/// create one gets it here).
+pub fn create_server(dir: &Path, extra: &[&str]) -> Server {
+    let mut args = vec!["--new"];
+    args.extend_from_slice(extra);
+    start_server(dir, &args)
+}
+
+/// Start `tiermem kv serve --engine vnvm` on the existing instance in `dir` with `extra` flags
+/// and wait until it answers PING. The one place where the kv tests start servers.
+pub fn start_server(dir: &Path, extra: &[&str]) -> Server {
+    try_start_server(dir, extra).unwrap_or_else(|log| panic!("tiermem kv serve exited:\n{log}"))
+}
+
+/// [`start_server`], or the server's output if it exits instead of serving.
+pub fn try_start_server(dir: &Path, extra: &[&str]) -> Result<Server, String> {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args([
+            "kv",
+            "serve",
+            "--engine",
+            "vnvm",
+            "--port",
+            &port.to_string(),
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .env("TIERMEM_DIR", dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tiermem kv serve");
+    let log = Arc::new(Mutex::new(String::new()));
+    for pipe in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                log.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+    }
+    let mut s = Server { child, port, log };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(Some(st)) = s.child.try_wait() {
+            // (Let the output threads finish.)
+            std::thread::sleep(Duration::from_millis(100));
+            return Err(format!("exit status {st}\n{}", s.log()));
+        }
+        if let Ok(mut c) = Conn::connect(port) {
+            if c.try_cmd(&["PING"]).ok() == Some(Reply::Simple("PONG".into())) {
+                return Ok(s);
+            }
+        }
+        assert!(Instant::now() < deadline, "no PONG:\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Server {
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Wait up to `secs` for the server to exit; its status.
+    pub fn wait_exit(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug, PartialEq, Clone)]
+pub enum Reply {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Reply>>),
+}
+
+/// A minimal RESP2 client.
+pub struct Conn {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Conn {
+    pub fn connect(port: u16) -> std::io::Result<Conn> {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        Ok(Conn {
+            r: BufReader::new(s.try_clone()?),
+            w: s,
+        })
+    }
+
+    pub fn send(&mut self, args: &[&str]) -> std::io::Result<()> {
+        let mut b = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            b.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+        self.w.write_all(&b)
+    }
+
+    /// One reply; an I/O error, or `InvalidData` for anything that is not RESP.
+    pub fn read(&mut self) -> std::io::Result<Reply> {
+        let bad = || std::io::Error::from(std::io::ErrorKind::InvalidData);
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let line = line.strip_suffix("\r\n").ok_or_else(bad)?;
+        if line.is_empty() {
+            return Err(bad());
+        }
+        let (t, rest) = line.split_at(1);
+        let n = || rest.parse::<i64>().map_err(|_| bad());
+        Ok(match t {
+            "+" => Reply::Simple(rest.into()),
+            "-" => Reply::Error(rest.into()),
+            ":" => Reply::Int(n()?),
+            "$" if n()? < 0 => Reply::Bulk(None),
+            "$" => {
+                let len = n()? as usize;
+                let mut b = vec![0u8; len + 2];
+                self.r.read_exact(&mut b)?;
+                if &b[len..] != b"\r\n" {
+                    return Err(bad());
+                }
+                b.truncate(len);
+                Reply::Bulk(Some(b))
+            }
+            "*" if n()? < 0 => Reply::Array(None),
+            "*" => Reply::Array(Some(
+                (0..n()?).map(|_| self.read()).collect::<Result<_, _>>()?,
+            )),
+            _ => return Err(bad()),
+        })
+    }
+
+    /// Send a command and read its reply.
+    pub fn try_cmd(&mut self, args: &[&str]) -> std::io::Result<Reply> {
+        self.send(args)?;
+        self.read()
+    }
+
+    /// [`Conn::try_cmd`], panicking on errors.
+    pub fn cmd(&mut self, args: &[&str]) -> Reply {
+        self.send(args).unwrap();
+        self.read().unwrap()
+    }
+
+    pub fn info(&mut self, section: &str) -> String {
+        match self.cmd(&["INFO", section]) {
+            Reply::Bulk(Some(b)) => String::from_utf8(b).unwrap(),
+            r => panic!("INFO {section}: {r:?}"),
+        }
+    }
+}
