@@ -335,6 +335,17 @@ pub fn range<M: Mem>(m: &M, l: Off, start: u64, stop: u64, mut f: impl FnMut(&[u
     if start > stop || stop >= h.len {
         return;
     }
+    // The counters must agree with the end nodes (O(1)): one node holds every element;
+    // two end nodes hold at most all of them.
+    let (ch, ct) = (node(m, h.head).count as u64, node(m, h.tail).count as u64);
+    let agree = if h.head == h.tail {
+        h.nodes == 1 && ch == h.len
+    } else {
+        h.nodes >= 2 && ch + ct <= h.len
+    };
+    if !agree {
+        return damaged(l);
+    }
     // (The nodes before the first element are met twice at most.)
     let mut steps = walk_bound(m, h.nodes.saturating_mul(2).saturating_add(1));
     // Find the node holding `start`, walking from the nearer end.

@@ -530,6 +530,10 @@ pub fn range_by_rank<M: Mem>(
     if start > stop || stop >= n_all {
         return;
     }
+    if n_all != dict::len(m, z) {
+        // The skiplist's length and the dict's count must agree.
+        return damaged(z + Z_LEN);
+    }
     // Forward rank of the first element visited.
     let first = if rev { n_all - 1 - start } else { start };
     let mut n;
