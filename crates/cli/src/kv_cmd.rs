@@ -126,8 +126,14 @@ fn serve(a: ServeArgs) -> Result<()> {
         }
     }
     let durable = kv.dir().is_some();
+    let service = std::sync::Arc::clone(kv.service());
     kv.wait()?;
-    if durable {
+    if durable && service.nosave_requested() {
+        eprintln!(
+            "tiermem-kv: stopped without the final flush (SHUTDOWN NOSAVE): everything \
+             acknowledged is in the vnvm log and cache and is recovered at the next start"
+        );
+    } else if durable {
         eprintln!("tiermem-kv: shut down cleanly: everything acknowledged is durable");
     } else {
         eprintln!("tiermem-kv: shut down");

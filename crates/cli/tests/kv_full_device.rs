@@ -247,7 +247,13 @@ fn a_full_device_refuses_shutdown_with_the_cause_and_shutdown_nosave_stops() {
     let _ = c.send(&["SHUTDOWN", "NOSAVE"]);
     s.wait_exit(60)
         .unwrap_or_else(|| panic!("SHUTDOWN NOSAVE stops the server:\n{}", s.log()));
+    std::thread::sleep(std::time::Duration::from_millis(100)); // the output threads finish
     assert!(!s.log().contains("panicked"), "{}", s.log());
+    assert!(
+        s.log().contains("without the final flush") && !s.log().contains("shut down cleanly"),
+        "NOSAVE must not claim a clean shutdown:\n{}",
+        s.log()
+    );
     drop(s);
     // Space back; the restart recovers every acknowledged write from the log and cache.
     std::fs::remove_file(&filler).unwrap();

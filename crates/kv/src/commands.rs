@@ -410,6 +410,11 @@ impl KvService {
         Ok(work)
     }
 
+    /// Whether SHUTDOWN NOSAVE asked to skip the final flush.
+    pub fn nosave_requested(&self) -> bool {
+        self.nosave.load(SeqCst)
+    }
+
     /// Make everything committed durable and applied, then close the engine (clean shutdown).
     /// Call once, after the server stopped.
     ///

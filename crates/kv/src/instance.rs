@@ -227,6 +227,12 @@ impl KvInstance {
         self.handle.as_ref().map(|h| h.shutdown_trigger())
     }
 
+    /// The command layer this server runs (for its state after [`KvInstance::wait`], e.g.
+    /// whether SHUTDOWN NOSAVE skipped the final flush).
+    pub fn service(&self) -> &Arc<KvService> {
+        &self.service
+    }
+
     /// Wait until the server stops (SHUTDOWN, or a trigger), then make everything durable and
     /// close the engine.
     pub fn wait(mut self) -> Result<(), KvError> {
