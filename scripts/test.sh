@@ -15,6 +15,12 @@ TIERMEM_REQUIRE_CLIENTS=1 cargo test --release --workspace --no-fail-fast 2>&1 |
 status=${PIPESTATUS[0]}
 passed=$(grep -Eo '[0-9]+ passed' "$logf" | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' "$logf" | awk '{s+=$1} END {print s+0}')
+if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  # cargo failed without a failing test: a test target did not build (or a test binary
+  # crashed before its summary). Count it, so the closing line cannot read as a pass.
+  echo "test build or harness ... FAILED (cargo test exited $status with no failing test)"
+  failed=1
+fi
 
 log "install check: make install PREFIX=<tmp>, then build examples/c/tour.c with pkg-config"
 prefix=$(mktemp -d /tmp/tiermem-prefix.XXXXXX)

@@ -77,7 +77,7 @@ fn words(line: &str) -> Vec<Vec<u8>> {
 fn exec(svc: &KvService, s: &mut <KvService as Service>::Session, cmd: &[Vec<u8>]) -> Vec<u8> {
     let req: Vec<&[u8]> = cmd.iter().map(|w| w.as_slice()).collect();
     let mut out = Vec::new();
-    svc.execute(s, &[req], &mut out);
+    svc.execute(s, &[req], &mut out, usize::MAX);
     out
 }
 
@@ -488,7 +488,7 @@ fn writes_over_a_flipped_heap_never_panic() {
                 .map(|c| c.iter().map(|w| w.as_slice()).collect())
                 .collect();
             let mut out = Vec::new();
-            svc.execute(&mut s, &reqs, &mut out);
+            svc.execute(&mut s, &reqs, &mut out, usize::MAX);
             let mut i = 0;
             for c in &cmds {
                 let start = i;
