@@ -349,7 +349,8 @@ pub struct CacheRec {
     pub word: u64,
     /// Valid 64ths of the page.
     pub mask: u64,
-    /// CRC32C of the whole cache page as of the last publish (meaningful for dirty pages).
+    /// Contents checksum of the page as of the last publish: the XOR of its valid chunks'
+    /// seeded CRC32Cs (`recovery::cache_page_sum`; meaningful for dirty pages).
     pub page_crc: u32,
 }
 

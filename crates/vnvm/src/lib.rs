@@ -580,6 +580,12 @@ struct CacheState {
     gen: Vec<u64>,
     /// Valid chunks of each mapped page (bit i: bytes [i·chunk, (i+1)·chunk)).
     mask: Vec<u64>,
+    /// Each mapped page's contents checksum ([`recovery::cache_page_sum`] of its valid chunks),
+    /// kept incrementally: the chunks in `open` have their old sums taken out and get their
+    /// new ones at the next publish.
+    sum: Vec<u32>,
+    /// Chunks of each page written since the last publish.
+    open: Vec<u64>,
     prev: Vec<u32>,
     next: Vec<u32>,
     dirty: Lru,
@@ -601,6 +607,8 @@ impl CacheState {
             state: vec![PState::Free; n as usize],
             gen: vec![0; n as usize],
             mask: vec![0; n as usize],
+            sum: vec![0; n as usize],
+            open: vec![0; n as usize],
             prev: vec![NIL; n as usize],
             next: vec![NIL; n as usize],
             dirty: Lru {
@@ -669,6 +677,8 @@ impl CacheState {
     fn take(&mut self) -> Option<u32> {
         if let Some(p) = self.free.pop() {
             self.mask[p as usize] = 0;
+            self.sum[p as usize] = 0;
+            self.open[p as usize] = 0;
             return Some(p);
         }
         let p = self.clean.tail;
@@ -681,6 +691,8 @@ impl CacheState {
         }
         self.state[p as usize] = PState::Free;
         self.mask[p as usize] = 0;
+        self.sum[p as usize] = 0;
+        self.open[p as usize] = 0;
         Some(p)
     }
 }
@@ -2361,7 +2373,18 @@ impl Inner {
             let in_page = e.offset % ps;
             let base = page as u64 * ps;
             let (first, last) = (in_page / cs, (in_page + e.len as u64 - 1) / cs);
-            let need = mask_range(first, last) & !c.mask[page as usize];
+            let range = mask_range(first, last);
+            // Take the old sums of the chunks this batch writes first that were valid (an
+            // invalid chunk contributes nothing); their new sums go in at the publish.
+            let mut old = range & !c.open[page as usize] & c.mask[page as usize];
+            while old != 0 {
+                let ch = old.trailing_zeros() as u64;
+                old &= old - 1;
+                c.sum[page as usize] ^=
+                    chunk_sum(ch, pool_slice(&self.cache, base + ch * cs, cs as usize));
+            }
+            c.open[page as usize] |= range;
+            let need = range & !c.mask[page as usize];
             if need != 0 {
                 // An edge chunk the entry covers only in part gets its other bytes from the
                 // DRAM cache, which holds exactly the committed data.
@@ -2447,10 +2470,20 @@ impl Inner {
             let Some((f, idx)) = c.key[p as usize] else {
                 continue; // cannot happen: a page written by this batch is mapped
             };
+            let (ps, cs) = (self.geo.page_size as u64, self.geo.chunk());
+            let mut open = std::mem::take(&mut c.open[p as usize]);
+            while open != 0 {
+                let ch = open.trailing_zeros() as u64;
+                open &= open - 1;
+                c.sum[p as usize] ^= chunk_sum(
+                    ch,
+                    pool_slice(&self.cache, p as u64 * ps + ch * cs, cs as usize),
+                );
+            }
             let rec = CacheRec {
                 word: cache_word(f, idx, true),
                 mask: c.mask[p as usize],
-                page_crc: cache_page_crc(&self.cache, &self.geo, p),
+                page_crc: c.sum[p as usize],
             };
             let off = self.geo.cache_word_off(p);
             store_cache_rec(&self.meta, &self.geo, p, &rec);
@@ -2747,13 +2780,26 @@ impl Inner {
             // checksums them again).
             if res.is_ok() {
                 res = (|| {
-                    for &(f, unit, crc, len) in &sums_new {
+                    // One write per run of consecutive units of a file.
+                    sums_new.sort_unstable_by_key(|&(f, unit, _, _)| (f, unit));
+                    let mut run: Vec<(u32, u32)> = Vec::new();
+                    let mut k = 0;
+                    while k < sums_new.len() {
+                        let (f, first, _, _) = sums_new[k];
+                        run.clear();
+                        while let Some(&(f2, u2, crc, len)) = sums_new.get(k) {
+                            if f2 != f || u2 != first + run.len() as u64 {
+                                break;
+                            }
+                            run.push((crc, len));
+                            k += 1;
+                        }
                         if let Some(t) = files
                             .iter()
                             .find(|r| r.file_id == f)
                             .and_then(|r| r.sums.as_ref())
                         {
-                            t.put(unit, crc, len)?;
+                            t.put_run(first, &run)?;
                         }
                     }
                     for t in files.iter().filter_map(|r| r.sums.as_ref()) {
