@@ -382,13 +382,20 @@ impl TxAlloc {
 
     /// [`TxAlloc::open`] over any [`TxMemory`]; `region` keeps a vnvm region's mapping alive
     /// (`None` for other memories, whose owner keeps the view mapped while the allocator
-    /// lives). Allocators are shared per view address, as for `open`.
+    /// lives: drop the allocator before unmapping). Allocators are shared per view address,
+    /// as for `open`, between memories of the same [`TxMemory::describe`] and length.
     pub fn open_in(m: &dyn TxMemory, region: Option<Region>) -> AllocResult<TxAlloc> {
         let key = m.base() as usize;
         let mut reg = registry().lock();
         reg.retain(|_, w| w.strong_count() > 0);
+        // Shared only with an allocator of this very memory: one of another memory (path or
+        // length differ) outlived its memory's mapping, breaking the contract above, and this
+        // memory was then mapped at the reused address. Handing it out would skip formatting
+        // a new memory (and read it as damaged); this memory gets its own allocator instead.
         if let Some(s) = reg.get(&key).and_then(Weak::upgrade) {
-            return Ok(TxAlloc(s));
+            if s.len == m.len() as u64 && s.path == m.describe() {
+                return Ok(TxAlloc(s));
+            }
         }
         let a = TxAlloc(Arc::new(Shared {
             region,

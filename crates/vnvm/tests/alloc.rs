@@ -386,3 +386,88 @@ fn one_transaction_holds_the_allocator_until_it_ends() {
     assert_eq!(s.allocated_blocks, 2 + offs.len() as u64);
     vn.nv_release().unwrap();
 }
+
+/// A memory over a caller's buffer whose writes apply at commit, named `name` (a stand-in for
+/// a mapping: two of them over one buffer are two memories mapped at the same address).
+struct BufMem {
+    base: *mut u8,
+    len: usize,
+    name: &'static str,
+    open: std::sync::Mutex<(u64, BTreeMap<u64, Writes>)>,
+}
+
+/// A transaction's writes: (offset, bytes).
+type Writes = Vec<(u64, Vec<u8>)>;
+
+impl tiermem_vnvm::alloc::TxMemory for BufMem {
+    fn base(&self) -> *const u8 {
+        self.base
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn describe(&self) -> String {
+        self.name.to_string()
+    }
+    fn begin(&self) -> u64 {
+        let mut st = self.open.lock().unwrap();
+        st.0 += 1;
+        let tid = st.0;
+        st.1.insert(tid, Vec::new());
+        tid
+    }
+    fn write(&self, tid: u64, off: u64, src: &[u8]) -> Result<usize, VnvmError> {
+        let mut st = self.open.lock().unwrap();
+        let w = st.1.get_mut(&tid).ok_or(VnvmError::UnknownTx(tid))?;
+        assert!(off as usize + src.len() <= self.len);
+        w.push((off, src.to_vec()));
+        Ok(src.len())
+    }
+    fn wait_space(&self, _: Duration) -> bool {
+        true
+    }
+    fn commit(&self, tid: u64) -> Result<(), VnvmError> {
+        let w = self.open.lock().unwrap().1.remove(&tid);
+        for (off, data) in w.ok_or(VnvmError::UnknownTx(tid))? {
+            // SAFETY: bounds checked in `write`; the test's buffer outlives the memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.as_ptr(),
+                    self.base.add(off as usize),
+                    data.len(),
+                )
+            };
+        }
+        Ok(())
+    }
+    fn abort(&self, tid: u64) -> Result<(), VnvmError> {
+        self.open.lock().unwrap().1.remove(&tid);
+        Ok(())
+    }
+}
+
+/// An allocator that outlives its memory (its owner unmapped it first) is not handed to a new
+/// memory mapped at the same address: the new one is formatted and reads as an empty heap.
+/// (Before, `open_in` returned the old allocator by address alone and skipped the format, and
+/// the new heap read as damaged — `magic 0` — the kv commands test's intermittent failure.)
+#[test]
+fn open_in_never_shares_an_allocator_with_another_memory_at_the_same_address() {
+    let mut buf = vec![0u64; (64 << 10) / 8];
+    let (base, len) = (buf.as_mut_ptr() as *mut u8, buf.len() * 8);
+    let mem = |name| BufMem {
+        base,
+        len,
+        name,
+        open: Default::default(),
+    };
+    let old = mem("old memory");
+    let a = TxAlloc::open_in(&old, None).unwrap();
+    assert_eq!(a.nv_root(None).unwrap(), 0);
+    // The old memory is gone (its allocator `a` still alive); a new, zero one at its address.
+    buf.iter_mut().for_each(|w| *w = 0);
+    let new = mem("new memory");
+    let b = TxAlloc::open_in(&new, None).unwrap();
+    assert_eq!(b.nv_root(None).unwrap(), 0, "the new memory was formatted");
+    assert_ne!(buf[0], 0, "the heap magic was written");
+    drop((a, b));
+}

@@ -137,8 +137,13 @@ pub trait Engine: Send + Sync + 'static {
 
 /// A heap over an engine: the committed view, the allocator, and transactions.
 pub struct Heap {
-    engine: Box<dyn Engine>,
+    // Field order: the allocator must go before the engine. It lives in the engine's memory,
+    // and vnvm shares allocators per view address (`TxAlloc::open_in`): one still alive after
+    // the engine unmapped its memory would be handed to a heap another thread opens at the
+    // reused address, which then would skip formatting its new (zero) memory and read it as
+    // a damaged heap.
     alloc: TxAlloc,
+    engine: Box<dyn Engine>,
     base: *const u8,
     len: usize,
     max_tx: u64,
