@@ -89,6 +89,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+mod chunksum;
 mod dram;
 mod error;
 pub mod inspect;
@@ -2376,12 +2377,13 @@ impl Inner {
             let range = mask_range(first, last);
             // Take the old sums of the chunks this batch writes first that were valid (an
             // invalid chunk contributes nothing); their new sums go in at the publish.
-            let mut old = range & !c.open[page as usize] & c.mask[page as usize];
-            while old != 0 {
-                let ch = old.trailing_zeros() as u64;
-                old &= old - 1;
-                c.sum[page as usize] ^=
-                    chunk_sum(ch, pool_slice(&self.cache, base + ch * cs, cs as usize));
+            let old = range & !c.open[page as usize] & c.mask[page as usize];
+            if old != 0 {
+                c.sum[page as usize] ^= chunksum::chunks_xor(
+                    pool_slice(&self.cache, base, ps as usize),
+                    cs as usize,
+                    old,
+                );
             }
             c.open[page as usize] |= range;
             let need = range & !c.mask[page as usize];
@@ -2470,16 +2472,13 @@ impl Inner {
             let Some((f, idx)) = c.key[p as usize] else {
                 continue; // cannot happen: a page written by this batch is mapped
             };
-            let (ps, cs) = (self.geo.page_size as u64, self.geo.chunk());
-            let mut open = std::mem::take(&mut c.open[p as usize]);
-            while open != 0 {
-                let ch = open.trailing_zeros() as u64;
-                open &= open - 1;
-                c.sum[p as usize] ^= chunk_sum(
-                    ch,
-                    pool_slice(&self.cache, p as u64 * ps + ch * cs, cs as usize),
-                );
-            }
+            let ps = self.geo.page_size as u64;
+            let open = std::mem::take(&mut c.open[p as usize]);
+            c.sum[p as usize] ^= chunksum::chunks_xor(
+                pool_slice(&self.cache, p as u64 * ps, ps as usize),
+                self.geo.chunk() as usize,
+                open,
+            );
             let rec = CacheRec {
                 word: cache_word(f, idx, true),
                 mask: c.mask[p as usize],

@@ -230,29 +230,19 @@ pub(crate) fn clear_cache_rec(meta: &Pool, geo: &Geometry, page: u32) {
     }
 }
 
-/// The checksum of chunk `ch` (of a cache page) holding `bytes`: CRC32C seeded with the chunk's
-/// index, so that moved chunks do not cancel out.
-pub(crate) fn chunk_sum(ch: u64, bytes: &[u8]) -> u32 {
-    crc32c::crc32c_append(0x9e37_79b9 ^ ch as u32, bytes)
-}
-
 /// The contents checksum of cache page `page` whose valid chunks are `mask`: the XOR of the
-/// [`chunk_sum`]s of its valid chunks. XOR makes it incremental: the redo worker takes a
+/// [`crate::chunksum::chunk_sum`]s of its valid chunks. XOR makes it incremental: the redo worker takes a
 /// chunk's old sum out and puts its new one in, hashing only the chunks a batch writes (a whole
 /// 4 KiB CRC per page per batch cost more than the transactions themselves when each writes a
 /// few bytes of many pages). A flip in a chunk changes its CRC, so the XOR; two flips in two
 /// chunks cancel only if their CRC changes collide (2^-32).
 pub(crate) fn cache_page_sum(cache: &Pool, geo: &Geometry, page: u32, mask: u64) -> u32 {
-    let (ps, cs) = (geo.page_size as u64, geo.chunk());
-    let base = page as u64 * ps;
-    let mut sum = 0;
-    let mut m = mask;
-    while m != 0 {
-        let ch = m.trailing_zeros() as u64;
-        m &= m - 1;
-        sum ^= chunk_sum(ch, pool_slice(cache, base + ch * cs, cs as usize));
-    }
-    sum
+    let ps = geo.page_size as u64;
+    crate::chunksum::chunks_xor(
+        pool_slice(cache, page as u64 * ps, ps as usize),
+        geo.chunk() as usize,
+        mask,
+    )
 }
 
 /// Store the committed-list word of domain `d`: copy A (word, CRC), then copy B, in one cache
