@@ -2385,6 +2385,12 @@ impl Inner {
                     old,
                 );
             }
+            // A page joins `grown` (the records to publish) with its first write of the batch:
+            // its `open` mask is empty until then (a flag, not a search: a batch writes up to
+            // thousands of pages, and `Vec::contains` per entry made the redo worker quadratic).
+            if c.open[page as usize] == 0 {
+                grown.push(page);
+            }
             c.open[page as usize] |= range;
             let need = range & !c.mask[page as usize];
             if need != 0 {
@@ -2418,9 +2424,6 @@ impl Inner {
                     }
                 }
                 c.mask[page as usize] |= need;
-            }
-            if grown.last() != Some(&page) && !grown.contains(&page) {
-                grown.push(page);
             }
             let data = pool_slice(&self.log, e.log_off, e.len as usize);
             self.cache_store(base + in_page, data, &mut dirty_lines);
