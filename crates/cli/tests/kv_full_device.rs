@@ -130,6 +130,15 @@ fn verify(c: &mut Conn, acked: &[usize]) {
 
 /// The device fills up under a writer; checks common to both variants. Returns the server,
 /// the acknowledged writes and the filler file.
+/// Restart the instance and check every acknowledged write, then stop it.
+fn restart_and_verify(fs: &Tmpfs, acked: &[usize]) {
+    let s = start_server(&fs.dir.join("inst"), SIZES);
+    let mut c = Conn::connect(s.port).unwrap();
+    verify(&mut c, acked);
+    let _ = c.send(&["SHUTDOWN"]);
+    drop(s);
+}
+
 fn fill_and_check(fs: &Tmpfs) -> (Server, Vec<usize>, PathBuf) {
     let dir = fs.dir.join("inst");
     let s = create_server(&dir, SIZES);
@@ -222,10 +231,7 @@ fn a_full_device_refuses_writes_clearly_and_resumes_when_space_returns() {
     let st = s.wait_exit(60).expect("SHUTDOWN stops the server");
     assert!(st.success(), "{st}:\n{}", s.log());
     drop(s);
-    let s = start_server(&fs.dir.join("inst"), SIZES);
-    let mut c = Conn::connect(s.port).unwrap();
-    verify(&mut c, &acked);
-    let _ = c.send(&["SHUTDOWN"]);
+    restart_and_verify(&fs, &acked);
 }
 
 #[test]
@@ -257,10 +263,7 @@ fn a_full_device_refuses_shutdown_with_the_cause_and_shutdown_nosave_stops() {
     drop(s);
     // Space back; the restart recovers every acknowledged write from the log and cache.
     std::fs::remove_file(&filler).unwrap();
-    let s = start_server(&fs.dir.join("inst"), SIZES);
-    let mut c = Conn::connect(s.port).unwrap();
-    verify(&mut c, &acked);
-    let _ = c.send(&["SHUTDOWN"]);
+    restart_and_verify(&fs, &acked);
 }
 
 #[test]
@@ -281,8 +284,5 @@ fn sigterm_stops_a_server_on_a_full_device() {
     );
     drop(s);
     std::fs::remove_file(&filler).unwrap();
-    let s = start_server(&fs.dir.join("inst"), SIZES);
-    let mut c = Conn::connect(s.port).unwrap();
-    verify(&mut c, &acked);
-    let _ = c.send(&["SHUTDOWN"]);
+    restart_and_verify(&fs, &acked);
 }
