@@ -677,9 +677,7 @@ impl CacheState {
     /// A page for a miss: a free page, else the clean LRU tail (unmapped).
     fn take(&mut self) -> Option<u32> {
         if let Some(p) = self.free.pop() {
-            self.mask[p as usize] = 0;
-            self.sum[p as usize] = 0;
-            self.open[p as usize] = 0;
+            self.forget_contents(p);
             return Some(p);
         }
         let p = self.clean.tail;
@@ -691,10 +689,14 @@ impl CacheState {
             self.map.remove(&k);
         }
         self.state[p as usize] = PState::Free;
+        self.forget_contents(p);
+        Some(p)
+    }
+    /// A page taken for new contents: no valid chunk, so a zero checksum and nothing open.
+    fn forget_contents(&mut self, p: u32) {
         self.mask[p as usize] = 0;
         self.sum[p as usize] = 0;
         self.open[p as usize] = 0;
-        Some(p)
     }
 }
 
