@@ -367,7 +367,7 @@ impl CacheRec {
     }
 
     fn crc(b: &[u8]) -> u32 {
-        crc32c::crc32c_append(crc32c::crc32c(&b[0..20]), &b[24..32])
+        crate::crc::append(crate::crc::crc32c(&b[0..20]), &b[24..32])
     }
 
     /// Decode and check a record; all zero bytes is the record of a never-used page.
@@ -418,7 +418,7 @@ pub fn domain_crc(d: u32, word: u64) -> u32 {
     if word == 0 {
         return 0;
     }
-    crc32c::crc32c_append(crc32c::crc32c(&d.to_le_bytes()), &word.to_le_bytes())
+    crate::crc::append(crate::crc::crc32c(&d.to_le_bytes()), &word.to_le_bytes())
 }
 
 pub fn domain_word(head: u32, tail: u32) -> u64 {
@@ -434,7 +434,7 @@ pub fn log_hdr(used: u32, next: u32, tid: u64) -> [u8; LOG_HDR] {
     b[0..4].copy_from_slice(&used.to_le_bytes());
     b[4..8].copy_from_slice(&next.to_le_bytes());
     b[8..16].copy_from_slice(&tid.to_le_bytes());
-    let c = crc32c::crc32c(&b[..16]);
+    let c = crate::crc::crc32c(&b[..16]);
     b[16..20].copy_from_slice(&c.to_le_bytes());
     b
 }
@@ -446,7 +446,7 @@ pub fn entry_hdr(file_id: u32, offset: u64, data: &[u8]) -> [u8; ENTRY_HDR] {
     b[0..4].copy_from_slice(&(data.len() as u32).to_le_bytes());
     b[4..8].copy_from_slice(&file_id.to_le_bytes());
     b[8..16].copy_from_slice(&offset.to_le_bytes());
-    let c = crc32c::crc32c_append(crc32c::crc32c(&b[..16]), data);
+    let c = crate::crc::append(crate::crc::crc32c(&b[..16]), data);
     b[16..20].copy_from_slice(&c.to_le_bytes());
     b
 }
@@ -479,7 +479,7 @@ pub fn parse_page(
         return Err("log page truncated".into());
     }
     if verify {
-        let (stored, computed) = (u32_at(page, 16), crc32c::crc32c(&page[..16]));
+        let (stored, computed) = (u32_at(page, 16), crate::crc::crc32c(&page[..16]));
         if stored != computed {
             return Err(format!(
                 "log page header checksum mismatch (stored {stored:#010x}, computed \
@@ -511,8 +511,8 @@ pub fn parse_page(
         if verify {
             let d = at + ENTRY_HDR;
             let stored = u32_at(page, at + 16);
-            let computed = crc32c::crc32c_append(
-                crc32c::crc32c(&page[at..at + 16]),
+            let computed = crate::crc::append(
+                crate::crc::crc32c(&page[at..at + 16]),
                 &page[d..d + len as usize],
             );
             if stored != computed {

@@ -90,6 +90,7 @@
 
 pub mod alloc;
 mod chunksum;
+mod crc;
 mod dram;
 mod error;
 pub mod inspect;
@@ -581,11 +582,15 @@ struct CacheState {
     gen: Vec<u64>,
     /// Valid chunks of each mapped page (bit i: bytes [i·chunk, (i+1)·chunk)).
     mask: Vec<u64>,
-    /// Each mapped page's contents checksum ([`recovery::cache_page_sum`] of its valid chunks),
-    /// kept incrementally: the chunks in `open` have their old sums taken out and get their
-    /// new ones at the next publish.
-    sum: Vec<u32>,
-    /// Chunks of each page written since the last publish.
+    /// The [`chunksum::chunk_sum`] of every valid chunk of every page (64 per page, page `p`'s
+    /// at `64·p..`), set by the redo worker from the bytes it stores: a page's contents
+    /// checksum ([`recovery::cache_page_sum`]) is the XOR of its valid chunks' entries, so
+    /// neither a write nor a publish reads a cache page back (they are cold in the CPU cache:
+    /// the stores are non-temporal). 4 bytes per 64-byte chunk: 1/16 of the cache's size, in
+    /// DRAM.
+    sums: Vec<u32>,
+    /// Chunks of each page written since the last publish (a page joins the batch's records
+    /// with its first write).
     open: Vec<u64>,
     prev: Vec<u32>,
     next: Vec<u32>,
@@ -608,7 +613,7 @@ impl CacheState {
             state: vec![PState::Free; n as usize],
             gen: vec![0; n as usize],
             mask: vec![0; n as usize],
-            sum: vec![0; n as usize],
+            sums: vec![0; n as usize * 64],
             open: vec![0; n as usize],
             prev: vec![NIL; n as usize],
             next: vec![NIL; n as usize],
@@ -692,12 +697,22 @@ impl CacheState {
         self.forget_contents(p);
         Some(p)
     }
-    /// A page taken for new contents: no valid chunk, so a zero checksum and nothing open.
+    /// A page taken for new contents: no valid chunk (so no chunk sum counts) and nothing open.
     fn forget_contents(&mut self, p: u32) {
         self.mask[p as usize] = 0;
-        self.sum[p as usize] = 0;
         self.open[p as usize] = 0;
     }
+}
+
+/// Hint that the cache line holding `p` will be read or written soon. A hint only: any address
+/// is allowed (a prefetch never faults).
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch instructions do not access memory architecturally and never fault.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
 }
 
 /// Add the `len` bytes at `off` to `runs`, extending the last run when they lie in it or
@@ -1820,19 +1835,25 @@ impl Inner {
     }
 
     /// Store bytes into a cache page and note what needs a write-back in `lines` (merged with
-    /// the previous range when they touch) for one write-back pass before the fence. Whole
-    /// cache lines go out with non-temporal stores: the destination lines are not read first
-    /// (a cache page is rarely in the CPU cache) and need no write-back, only the fence of
-    /// `publish`; partial lines use ordinary stores and are noted. (With a crash-model domain
-    /// attached, the streamed lines are noted too, so that the model sees the stores.)
-    fn cache_store(&self, at: u64, data: &[u8], lines: &mut Vec<(u64, u64)>) {
+    /// the previous range when they touch) for one write-back pass before the fence. With
+    /// `stream`, whole cache lines go out with non-temporal stores: the destination lines are
+    /// not read first (a cache page is rarely in the CPU cache) and need no write-back, only
+    /// the fence of `publish`; partial lines (and everything without `stream`: an edge chunk,
+    /// which later entries of a batch often write again) use ordinary stores and are noted.
+    /// (With a crash-model domain attached, the streamed lines are noted too, so that the
+    /// model sees the stores.)
+    fn cache_store(&self, at: u64, data: &[u8], stream: bool, lines: &mut Vec<(u64, u64)>) {
         const LINE: usize = 64;
         // cannot fail: callers store within one cache page (< cache_pages) of the pool.
         assert!(at as usize + data.len() <= self.cache.data_len());
         let dst = self.cache.data_ptr() as usize + at as usize;
         let len = data.len();
         let head = ((LINE - dst % LINE) % LINE).min(len);
-        let body = (len - head) / LINE * LINE;
+        let body = if stream {
+            (len - head) / LINE * LINE
+        } else {
+            0
+        };
         let mut note = |from: usize, to: usize| {
             if from == to {
                 return;
@@ -2286,6 +2307,10 @@ impl Inner {
     fn apply(&self, entries: &[Entry]) -> Result<()> {
         let ps = self.geo.page_size as u64;
         let cs = self.geo.chunk();
+        // Page and chunk sizes are powers of two (4 or 8 KiB; a 64th of that): shifts, not
+        // divisions, per entry.
+        let (ps_shift, cs_shift) = (ps.trailing_zeros(), cs.trailing_zeros());
+        debug_assert!(ps.is_power_of_two() && cs.is_power_of_two());
         // Pages that become dirty with this batch, and every page it writes (their records
         // get a new mask and contents CRC).
         let mut touched: Vec<u32> = Vec::new();
@@ -2312,9 +2337,29 @@ impl Inner {
             }
         }
         let mut written = 0u64;
+        // An edge chunk being put together (a chunk is at most 128 bytes: 8 KiB pages).
+        let mut chunk_buf = [0u8; 128];
         let mut c = self.cstate.lock();
-        for e in entries {
-            let pidx = e.offset / ps;
+        for (i, e) in entries.iter().enumerate() {
+            // Ask for what entry i + AHEAD will touch now, so that its cache misses overlap
+            // this entry's work: the first and last cache line it stores into (an edge chunk's
+            // line is read) and its chunk sums. Entries mostly write cache pages that are not
+            // in the CPU cache, and a read of one stalls the worker for a memory round trip.
+            const AHEAD: usize = 8;
+            if let Some(n) = entries.get(i + AHEAD) {
+                if let Some(&p) = c.map.get(&(n.file_id, n.offset >> ps_shift)) {
+                    let at = p as u64 * ps + (n.offset & (ps - 1));
+                    let last = at + n.len.max(1) as u64 - 1;
+                    let row = (p as usize * 64 + ((n.offset & (ps - 1)) >> cs_shift) as usize)
+                        .min(c.sums.len().saturating_sub(1));
+                    if last < self.cache.data_len() as u64 {
+                        prefetch(self.cache.data_ptr().wrapping_add(at as usize));
+                        prefetch(self.cache.data_ptr().wrapping_add(last as usize));
+                    }
+                    prefetch(c.sums.as_ptr().wrapping_add(row) as *const u8);
+                }
+            }
+            let pidx = e.offset >> ps_shift;
             let key = (e.file_id, pidx);
             let page = loop {
                 if let Some(&p) = c.map.get(&key) {
@@ -2373,63 +2418,86 @@ impl Inner {
                 self.wb_cv.notify_all();
                 self.space_cv.wait_for(&mut c, Duration::from_millis(100));
             };
-            let in_page = e.offset % ps;
+            let in_page = e.offset & (ps - 1);
+            let end = in_page + e.len as u64;
             let base = page as u64 * ps;
-            let (first, last) = (in_page / cs, (in_page + e.len as u64 - 1) / cs);
-            let range = mask_range(first, last);
-            // Take the old sums of the chunks this batch writes first that were valid (an
-            // invalid chunk contributes nothing); their new sums go in at the publish.
-            let old = range & !c.open[page as usize] & c.mask[page as usize];
-            if old != 0 {
-                c.sum[page as usize] ^= chunksum::chunks_xor(
-                    pool_slice(&self.cache, base, ps as usize),
-                    cs as usize,
-                    old,
-                );
-            }
+            let pu = page as usize;
+            let (first, last) = (in_page >> cs_shift, (end - 1) >> cs_shift);
             // A page joins `grown` (the records to publish) with its first write of the batch:
             // its `open` mask is empty until then (a flag, not a search: a batch writes up to
             // thousands of pages, and `Vec::contains` per entry made the redo worker quadratic).
-            if c.open[page as usize] == 0 {
+            if c.open[pu] == 0 {
                 grown.push(page);
             }
-            c.open[page as usize] |= range;
-            let need = range & !c.mask[page as usize];
-            if need != 0 {
-                // An edge chunk the entry covers only in part gets its other bytes from the
-                // DRAM cache, which holds exactly the committed data.
-                let edges = [first, last];
-                let edges = if first == last {
-                    &edges[..1]
-                } else {
-                    &edges[..]
-                };
-                for &ch in edges {
-                    let (cstart, cend) = (ch * cs, (ch + 1) * cs);
-                    let covered = in_page <= cstart && in_page + e.len as u64 >= cend;
-                    if need & (1 << ch) != 0 && !covered {
-                        let region = regions
-                            .iter()
-                            .find(|r| r.file_id == e.file_id)
-                            // cannot fail: every entry's region was looked up above.
-                            .expect("looked up above");
-                        // SAFETY: the chunk lies within the region's DRAM cache (page-rounded
-                        // mapping); concurrent commits may change it (harmless, see docs).
-                        let src = unsafe {
-                            std::slice::from_raw_parts(
-                                region.dram.wview.add((pidx * ps + cstart) as usize),
-                                cs as usize,
-                            )
-                        };
-                        self.cache_store(base + cstart, src, &mut dirty_lines);
-                        written += cs;
-                    }
-                }
-                c.mask[page as usize] |= need;
-            }
+            let range = mask_range(first, last);
+            c.open[pu] |= range;
+            let valid = c.mask[pu];
+            c.mask[pu] |= range;
             let data = pool_slice(&self.log, e.log_off, e.len as usize);
-            self.cache_store(base + in_page, data, &mut dirty_lines);
-            written += e.len as u64;
+            let row = pu * 64;
+            // The chunks the entry covers whole: one store of the log bytes, and their sums
+            // hashed from those bytes (warm: just read).
+            let (whole_from, whole_to) = ((in_page + cs - 1) >> cs_shift, end >> cs_shift);
+            if whole_from < whole_to {
+                let bytes =
+                    &data[(whole_from * cs - in_page) as usize..(whole_to * cs - in_page) as usize];
+                self.cache_store(base + whole_from * cs, bytes, true, &mut dirty_lines);
+                chunksum::chunk_sums(
+                    whole_from,
+                    bytes,
+                    cs as usize,
+                    &mut c.sums[row + whole_from as usize..row + whole_to as usize],
+                );
+                written += bytes.len() as u64;
+            }
+            // An edge chunk (covered in part): a valid one gets the entry's bytes with
+            // ordinary stores and is hashed from the cache page (its lines are in the CPU
+            // cache now, as the stores read them); an invalid one is put together from the
+            // DRAM cache's bytes, which hold exactly the committed data (possibly newer
+            // committed data too, harmless: see docs/vnvm.md), with the entry's bytes over
+            // them, and stored whole.
+            let edges = [first, last];
+            let edges = if first == last {
+                &edges[..1]
+            } else {
+                &edges[..]
+            };
+            for &ch in edges {
+                let (cstart, cend) = (ch * cs, (ch + 1) * cs);
+                if in_page <= cstart && end >= cend {
+                    continue; // covered whole: stored and hashed above
+                }
+                let (lo, hi) = (in_page.max(cstart), end.min(cend));
+                let part = &data[(lo - in_page) as usize..(hi - in_page) as usize];
+                if valid & (1 << ch) != 0 {
+                    self.cache_store(base + lo, part, false, &mut dirty_lines);
+                    c.sums[row + ch as usize] = chunksum::chunk_sum(
+                        ch,
+                        pool_slice(&self.cache, base + cstart, cs as usize),
+                    );
+                    written += part.len() as u64;
+                    continue;
+                }
+                let region = regions
+                    .iter()
+                    .find(|r| r.file_id == e.file_id)
+                    // cannot fail: every entry's region was looked up above.
+                    .expect("looked up above");
+                let buf = &mut chunk_buf[..cs as usize];
+                // SAFETY: the chunk lies within the region's DRAM cache (page-rounded mapping);
+                // concurrent commits may change it (harmless, see docs).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        region.dram.wview.add((pidx * ps + cstart) as usize),
+                        buf.as_mut_ptr(),
+                        cs as usize,
+                    )
+                };
+                buf[(lo - cstart) as usize..(hi - cstart) as usize].copy_from_slice(part);
+                self.cache_store(base + cstart, buf, false, &mut dirty_lines);
+                c.sums[row + ch as usize] = chunksum::chunk_sum(ch, buf);
+                written += cs;
+            }
             c.gen[page as usize] += 1;
         }
         self.flush_ranges(&mut dirty_lines)?;
@@ -2477,17 +2545,12 @@ impl Inner {
             let Some((f, idx)) = c.key[p as usize] else {
                 continue; // cannot happen: a page written by this batch is mapped
             };
-            let ps = self.geo.page_size as u64;
-            let open = std::mem::take(&mut c.open[p as usize]);
-            c.sum[p as usize] ^= chunksum::chunks_xor(
-                pool_slice(&self.cache, p as u64 * ps, ps as usize),
-                self.geo.chunk() as usize,
-                open,
-            );
+            c.open[p as usize] = 0;
+            let row = p as usize * 64;
             let rec = CacheRec {
                 word: cache_word(f, idx, true),
                 mask: c.mask[p as usize],
-                page_crc: c.sum[p as usize],
+                page_crc: chunksum::xor_masked(&c.sums[row..row + 64], c.mask[p as usize]),
             };
             let off = self.geo.cache_word_off(p);
             store_cache_rec(&self.meta, &self.geo, p, &rec);
@@ -2651,6 +2714,10 @@ impl Inner {
     fn writeback(&self, target: WbTarget) -> Result<()> {
         const BATCH: usize = 64;
         let ps = self.geo.page_size as u64;
+        // The copy of a run of pages being written (reused: a fresh one per batch was up to
+        // 256 KiB, above malloc's mmap threshold, so every batch mapped, faulted in and
+        // unmapped it).
+        let mut buf: Vec<u8> = Vec::new();
         loop {
             let total = self.shm.share(shm::Res::Cache) as u64;
             // Pick a batch from the LRU tail of the dirty list.
@@ -2715,7 +2782,6 @@ impl Inner {
             let mut files: Vec<Arc<RegionInner>> = Vec::new();
             // (file id, unit, crc, len) of the units written, for the checksum tables.
             let mut sums_new: Vec<(u32, u64, u32, u32)> = Vec::new();
-            let mut buf: Vec<u8> = Vec::new();
             let mut res = Ok(());
             let mut k = 0;
             while k < batch.len() {
@@ -2740,15 +2806,12 @@ impl Inner {
                 // With a checksum table the pages are copied first, so that the CRC is of
                 // exactly the bytes written (commits may change the DRAM page meanwhile).
                 let src: *const u8 = if r.sums.is_some() {
-                    buf.resize(n, 0);
+                    buf.clear();
                     // SAFETY: as for the pwrite below: start + n lies within the mapping.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            r.dram.wview.add(start as usize),
-                            buf.as_mut_ptr(),
-                            n,
-                        )
-                    };
+                    // (One copy, no zero-fill first: `resize` cost a memset of every page.)
+                    buf.extend_from_slice(unsafe {
+                        std::slice::from_raw_parts(r.dram.wview.add(start as usize), n)
+                    });
                     for (u, b) in buf.chunks(sums::UNIT as usize).enumerate() {
                         let unit = start / sums::UNIT + u as u64;
                         sums_new.push((f, unit, sums::unit_crc(b), b.len() as u32));

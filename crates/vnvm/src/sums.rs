@@ -45,7 +45,7 @@ fn entry(unit: u64, crc: u32, len: u32) -> [u8; ENTRY as usize] {
     let mut b = [0u8; ENTRY as usize];
     b[0..4].copy_from_slice(&crc.to_le_bytes());
     b[4..8].copy_from_slice(&len.to_le_bytes());
-    let c = crc32c::crc32c_append(crc32c::crc32c(&unit.to_le_bytes()), &b[0..8]);
+    let c = crate::crc::append(crate::crc::crc32c(&unit.to_le_bytes()), &b[0..8]);
     b[8..12].copy_from_slice(&c.to_le_bytes());
     b
 }
