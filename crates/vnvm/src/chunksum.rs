@@ -74,6 +74,22 @@ pub(crate) fn chunk_sums(first: u64, bytes: &[u8], cs: usize, out: &mut [u32]) {
             done += 3;
         }
     }
+    // One or two left: a three-lane pass still (the last chunk again fills the lanes), as
+    // cheap as one chain.
+    #[cfg(target_arch = "x86_64")]
+    if done < out.len() && cs % 8 == 0 && std::arch::is_x86_feature_detected!("sse4.2") {
+        let n = out.len();
+        let lane = |k: usize| (done + k).min(n - 1);
+        let ch = [0, 1, 2].map(|k| first as usize + lane(k));
+        let s = [0, 1, 2].map(|k| bytes.get(lane(k) * cs..(lane(k) + 1) * cs));
+        if let (Some(a), Some(b), Some(c)) = (s[0], s[1], s[2]) {
+            // SAFETY: SSE4.2 is available (checked above).
+            let three = unsafe { three_sse42(ch, [a, b, c]) };
+            let left = n - done;
+            out[done..].copy_from_slice(&three[..left]);
+            done = n;
+        }
+    }
     for (k, o) in out.iter_mut().enumerate().skip(done) {
         *o = bytes
             .get(k * cs..(k + 1) * cs)

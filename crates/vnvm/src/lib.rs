@@ -613,7 +613,7 @@ impl CacheState {
             state: vec![PState::Free; n as usize],
             gen: vec![0; n as usize],
             mask: vec![0; n as usize],
-            sums: vec![0; n as usize * 64],
+            sums: huge_table(n as usize * 64),
             open: vec![0; n as usize],
             prev: vec![NIL; n as usize],
             next: vec![NIL; n as usize],
@@ -702,6 +702,27 @@ impl CacheState {
         self.mask[p as usize] = 0;
         self.open[p as usize] = 0;
     }
+}
+
+/// A zeroed table of `n` u32s whose memory the kernel may back with transparent huge pages
+/// (MADV_HUGEPAGE): the redo worker touches one entry row per page it writes, scattered over
+/// the whole table, and with 4 KiB pages each row was a TLB miss of its own.
+fn huge_table(n: usize) -> Vec<u32> {
+    let v = vec![0u32; n];
+    let (start, len) = (v.as_ptr() as usize, n * 4);
+    let first = start.next_multiple_of(2 << 20);
+    if first < start + len {
+        // SAFETY: advising (not changing) the table's own mapping, which `v` owns; a hint
+        // only, and failure (no THP support) is harmless.
+        unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                (start + len - first) / (2 << 20) * (2 << 20),
+                libc::MADV_HUGEPAGE,
+            )
+        };
+    }
+    v
 }
 
 /// Hint that the cache line holding `p` will be read or written soon. A hint only: any address
