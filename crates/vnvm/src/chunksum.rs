@@ -97,11 +97,20 @@ pub(crate) fn chunk_sums(first: u64, bytes: &[u8], cs: usize, out: &mut [u32]) {
     }
 }
 
-/// The XOR of the entries of `sums` (one per chunk of a page) whose bits are set in `mask`.
-/// Branch-free over all 64 entries (the compiler vectorises it): a page of a busy heap has most
-/// chunks valid, and a loop over the set bits cost ~100 cycles per record published.
-pub(crate) fn xor_masked(sums: &[u32], mask: u64) -> u32 {
+/// The XOR of the entries of `sums` (one per chunk of a page) whose bits are set in `mask`: a
+/// loop over the set bits when there are few (a page a batch wrote a few bytes of), branch-free
+/// over all 64 entries otherwise (the compiler vectorises it; a busy heap page has most chunks
+/// valid, and the bit loop then cost ~100 cycles per record published).
+pub(crate) fn xor_masked(sums: &[u32], mut mask: u64) -> u32 {
     let mut x = 0;
+    if mask.count_ones() <= 8 {
+        while mask != 0 {
+            let ch = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            x ^= sums.get(ch).copied().unwrap_or(0);
+        }
+        return x;
+    }
     for (i, &s) in sums.iter().take(64).enumerate() {
         x ^= s & 0u32.wrapping_sub(((mask >> i) & 1) as u32);
     }

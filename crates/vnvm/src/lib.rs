@@ -725,6 +725,17 @@ fn huge_table(n: usize) -> Vec<u32> {
     v
 }
 
+/// Hint that the cache line holding `p` will be read or written soon. A hint only: any address
+/// is allowed (a prefetch never faults).
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch instructions do not access memory architecturally and never fault.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+}
+
 /// Add the `len` bytes at `off` to `runs`, extending the last run when they lie in it or
 /// start at most 8 bytes after it (neighbouring page records).
 fn add_run(runs: &mut Vec<(u64, u64)>, off: u64, len: u64) {
@@ -2350,7 +2361,25 @@ impl Inner {
         // An edge chunk being put together (a chunk is at most 128 bytes: 8 KiB pages).
         let mut chunk_buf = [0u8; 128];
         let mut c = self.cstate.lock();
-        for e in entries {
+        for (i, e) in entries.iter().enumerate() {
+            // Ask for what entry i + AHEAD will touch now, so that its cache misses overlap
+            // this entry's work: the first and last cache line it stores into (an edge chunk's
+            // line is read) and its chunk sums. Entries mostly write cache pages that are not
+            // in the CPU cache, and a read of one stalls the worker for a memory round trip.
+            const AHEAD: usize = 8;
+            if let Some(n) = entries.get(i + AHEAD) {
+                if let Some(&p) = c.map.get(&(n.file_id, n.offset >> ps_shift)) {
+                    let at = p as u64 * ps + (n.offset & (ps - 1));
+                    let last = at + n.len.max(1) as u64 - 1;
+                    let row = (p as usize * 64 + ((n.offset & (ps - 1)) >> cs_shift) as usize)
+                        .min(c.sums.len().saturating_sub(1));
+                    if last < self.cache.data_len() as u64 {
+                        prefetch(self.cache.data_ptr().wrapping_add(at as usize));
+                        prefetch(self.cache.data_ptr().wrapping_add(last as usize));
+                    }
+                    prefetch(c.sums.as_ptr().wrapping_add(row) as *const u8);
+                }
+            }
             let pidx = e.offset >> ps_shift;
             let key = (e.file_id, pidx);
             let page = loop {
