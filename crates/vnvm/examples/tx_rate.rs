@@ -1,6 +1,7 @@
 //! Quick throughput probe (not a benchmark harness): transactions of 32 page writes of S bytes,
 //! sequential over the pages of a region, log and cache pools each as large as the region.
-//! Time ends when the redo worker has applied every committed log (drain).
+//! Time ends when the redo worker has applied every committed log (drain). Prints the CPU time
+//! of each thread over the timed part, and the redo worker's per applied entry.
 //!
 //! `cargo run --release -p tiermem-vnvm --example tx_rate -- [region MiB] [bytes per page] [passes]
 //! [untimed warm-up passes]`
@@ -28,6 +29,7 @@ fn main() -> Result<(), VnvmError> {
     let r = vn.nv_allocate(dir.join("array"), size, Mode::Private)?;
     let pages = size / 4096;
     let buf = vec![0x5au8; s];
+    let mut cpu0 = thread_cpu();
     let mut t0 = Instant::now();
     let mut txs = 0u64;
     for pass in 0..warm + passes {
@@ -35,6 +37,7 @@ fn main() -> Result<(), VnvmError> {
             // Warm-up passes (untimed): every page mapped in the cache, then background work
             // done, as between the cells of `tiermem bench vnvm`.
             vn.quiesce()?;
+            cpu0 = thread_cpu();
             t0 = Instant::now();
             txs = 0;
         }
@@ -62,6 +65,21 @@ fn main() -> Result<(), VnvmError> {
     let commit_done = t0.elapsed();
     vn.drain()?;
     let total = t0.elapsed();
+    // CPU time of each thread over the timed part (commits and drain), and the redo worker's
+    // per applied entry: on 2 cores, what the workers use the application cannot.
+    let entries = txs as f64 * 32.0;
+    let used: Vec<String> = thread_cpu()
+        .into_iter()
+        .map(|(name, ns)| {
+            let d = ns - cpu0.iter().find(|c| c.0 == name).map_or(0, |c| c.1);
+            let per = if name == "vnvm-redo" {
+                format!(" ({:.0} ns per entry)", d as f64 / entries)
+            } else {
+                String::new()
+            };
+            format!("{name} {:.1} ms{per}", d as f64 / 1e6)
+        })
+        .collect();
     println!(
         "{txs} transactions of 32 x {s} B over {mib} MiB x {passes}: {:.0} tx/s with drain \
          ({:.0} tx/s commit only); {:?}",
@@ -69,6 +87,7 @@ fn main() -> Result<(), VnvmError> {
         txs as f64 / commit_done.as_secs_f64(),
         vn.stats()
     );
+    println!("cpu: {}", used.join(", "));
     // Idle: the workers sleep on futexes; report the CPU the process burns in one second.
     let cpu = || {
         // SAFETY: zeroed rusage is a valid out-buffer for getrusage.
@@ -87,4 +106,26 @@ fn main() -> Result<(), VnvmError> {
     vn.nv_release()?;
     std::fs::remove_dir_all(&dir).unwrap();
     Ok(())
+}
+
+/// CPU time (ns) of each of this process's threads by name, from `/proc/self/task/*/schedstat`
+/// (threads of one name summed).
+fn thread_cpu() -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = Vec::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return v;
+    };
+    for t in tasks.flatten() {
+        let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let ns = std::fs::read_to_string(t.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        let name = name.trim().to_string();
+        match v.iter_mut().find(|x| x.0 == name) {
+            Some(x) => x.1 += ns,
+            None => v.push((name, ns)),
+        }
+    }
+    v
 }
