@@ -70,6 +70,21 @@ fn quick_json_has_every_cell_for_every_system() {
             "{what}: ratio {ratio} is not vnvm/pmdk = {}",
             vnvm / pmdk
         );
+        // CPU beside wall time: each system used some, and the per-CPU ratio is the ratio of
+        // the per-CPU throughputs.
+        finite_positive(&r["vnvm_cpu_s"], &format!("{what} vnvm_cpu_s"));
+        finite_positive(&r["pmdk_cpu_s"], &format!("{what} pmdk_cpu_s"));
+        finite_positive(&r["memcpy_cpu_s"], &format!("{what} memcpy_cpu_s"));
+        let vpc = finite_positive(&r["vnvm_tps_per_cpu"], &format!("{what} vnvm_tps_per_cpu"));
+        let ppc = finite_positive(&r["pmdk_tps_per_cpu"], &format!("{what} pmdk_tps_per_cpu"));
+        let rpc = finite_positive(
+            &r["ratio_vs_pmdk_per_cpu"],
+            &format!("{what} ratio_vs_pmdk_per_cpu"),
+        );
+        assert!(
+            (rpc - vpc / ppc).abs() <= 0.01 * rpc.max(1.0),
+            "{what}: per-CPU ratio {rpc} is not {vpc}/{ppc}"
+        );
         // 8 MiB = 2048 pages = 64 transactions of 32 page writes per pass.
         assert_eq!(r["transactions"].as_u64(), Some(64 * p), "{what}");
     }

@@ -40,6 +40,7 @@
 //! end. Servers are killed and the storage directory removed however the run ends (drop guards;
 //! SIGINT/SIGTERM are caught for that; servers and clients also die with this process).
 
+use super::cpu;
 use super::kv_harness::{
     self as h, BenchRow, RedisBenchmark, Server, Stop, Ycsb, YcsbReport, YcsbWorkload,
 };
@@ -216,6 +217,9 @@ struct Sample {
     load: YcsbReport,
     a: YcsbReport,
     b: YcsbReport,
+    /// Server CPU seconds (user + system, all its threads) during each of SET, GET, the YCSB
+    /// load, ycsb-a and ycsb-b; NaN where it could not be read.
+    cpu: [f64; 5],
 }
 
 /// A result row: the JSON `results` entries.
@@ -225,6 +229,10 @@ struct Row {
     workload: &'static str,
     ops_per_s: f64,
     p99_us: f64,
+    /// The server's CPU seconds for the workload's operations (median over the repetitions).
+    server_cpu_s: f64,
+    /// Operations per second of server CPU (median over the repetitions).
+    ops_per_cpu_s: f64,
 }
 
 /// One repetition's numbers for one (system, workload), with the per-operation detail.
@@ -235,6 +243,8 @@ struct Detail {
     repetition: usize,
     ops_per_s: f64,
     p99_us: f64,
+    /// The server's CPU seconds during this run.
+    server_cpu_s: f64,
     /// redis-benchmark's row, for its workloads.
     #[serde(skip_serializing_if = "Option::is_none")]
     redis_benchmark: Option<BenchRow>,
@@ -246,6 +256,7 @@ struct Detail {
 #[derive(Serialize)]
 struct Method {
     ops_per_s: &'static str,
+    server_cpu_s: &'static str,
     p99_us: &'static str,
     statistic: &'static str,
     order: &'static str,
@@ -309,6 +320,10 @@ struct Report {
     durable_over_redis_always_ycsb_a: Option<f64>,
     /// tiermem-kv-vnvm ycsb-a ops/s over redis-aof-everysec'.
     durable_over_redis_everysec_ycsb_a: Option<f64>,
+    /// The same three ratios per second of server CPU (`ops_per_cpu_s`).
+    durable_over_volatile_ycsb_b_per_cpu: Option<f64>,
+    durable_over_redis_always_ycsb_a_per_cpu: Option<f64>,
+    durable_over_redis_everysec_ycsb_a_per_cpu: Option<f64>,
     /// Systems that failed: name -> what went wrong.
     errors: BTreeMap<&'static str, String>,
     warnings: Vec<String>,
@@ -437,11 +452,35 @@ fn measure(
         cfg.rb.requests
     ));
     let server = start(sys, data, logs, &format!("r{rep}-rb"))?;
-    let rows = cfg
-        .rb
-        .run(server.port(), logs, client_timeout)
-        .map_err(|e| with_log(e, &server))?;
+    // The server's CPU around a client run (NaN if it cannot be read).
+    let cpu_of = |server: &Server| {
+        server
+            .pid()
+            .and_then(cpu::process_cpu_s)
+            .unwrap_or(f64::NAN)
+    };
+    // One redis-benchmark run per test, so that each test's server CPU is its own.
+    let mut rows = Vec::new();
+    let mut rb_cpu = Vec::new();
+    for t in &cfg.rb.tests {
+        let one = RedisBenchmark {
+            tests: vec![t.clone()],
+            ..cfg.rb.clone()
+        };
+        let c0 = cpu_of(&server);
+        rows.extend(
+            one.run(server.port(), logs, client_timeout)
+                .map_err(|e| with_log(e, &server))?,
+        );
+        rb_cpu.push((t.to_ascii_uppercase(), cpu_of(&server) - c0));
+    }
     stop(sys, server, warnings)?;
+    let rb_cpu_of = |t: &str| {
+        rb_cpu
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(t))
+            .map_or(f64::NAN, |x| x.1)
+    };
     let find = |t: &str| {
         rows.iter()
             .find(|r| r.test.eq_ignore_ascii_case(t))
@@ -464,12 +503,15 @@ fn measure(
         ..Default::default()
     };
     say(&format!("YCSB load, {} records", cfg.records));
+    let c0 = cpu_of(&server);
     let load = ycsb.load(&w, logs).map_err(|e| with_log(e, &server))?;
+    let c1 = cpu_of(&server);
     say(&format!(
         "YCSB load {:.0} ops/s; workload a",
         load.throughput
     ));
     let a = ycsb.run(&w, logs).map_err(|e| with_log(e, &server))?;
+    let c2 = cpu_of(&server);
     say(&format!(
         "ycsb-a {:.0} ops/s, p99 {} µs; workload b",
         a.throughput,
@@ -477,6 +519,7 @@ fn measure(
     ));
     w.workload = "b".into();
     let b = ycsb.run(&w, logs).map_err(|e| with_log(e, &server))?;
+    let c3 = cpu_of(&server);
     say(&format!(
         "ycsb-b {:.0} ops/s, p99 {} µs",
         b.throughput,
@@ -485,6 +528,13 @@ fn measure(
     stop(sys, server, warnings)?;
     fresh_dir(data)?;
     Ok(Sample {
+        cpu: [
+            rb_cpu_of("SET"),
+            rb_cpu_of("GET"),
+            c1 - c0,
+            c2 - c1,
+            c3 - c2,
+        ],
         set,
         get,
         load,
@@ -666,7 +716,22 @@ pub fn run(o: KvOpts) -> Result<()> {
         for wl in WORKLOADS {
             let mut ops = Vec::new();
             let mut p99 = Vec::new();
+            let mut cpus = Vec::new();
+            let mut per_cpu = Vec::new();
             for (rep, s) in ss {
+                // The operations a run did, for its operations per CPU-second.
+                let (n_ops, c) = match wl {
+                    "redis-benchmark-set" => (cfg.rb.requests as f64, s.cpu[0]),
+                    "redis-benchmark-get" => (cfg.rb.requests as f64, s.cpu[1]),
+                    "ycsb-a" => (cfg.ops as f64, s.cpu[3]),
+                    _ => (cfg.ops as f64, s.cpu[4]),
+                };
+                if c.is_finite() {
+                    cpus.push(c);
+                    if let Some(v) = cpu::per_cpu(n_ops, c) {
+                        per_cpu.push(v);
+                    }
+                }
                 let (x, y, d) = match wl {
                     "redis-benchmark-set" => (s.set.rps, s.set.p99_us, (Some(s.set.clone()), None)),
                     "redis-benchmark-get" => (s.get.rps, s.get.p99_us, (Some(s.get.clone()), None)),
@@ -689,15 +754,25 @@ pub fn run(o: KvOpts) -> Result<()> {
                     repetition: rep + 1,
                     ops_per_s: round1(x),
                     p99_us: y,
+                    server_cpu_s: round3(c),
                     redis_benchmark: d.0,
                     ycsb: d.1,
                 });
             }
+            let med = |v: &[f64]| {
+                if v.is_empty() {
+                    f64::NAN
+                } else {
+                    percentile(v, 50.0)
+                }
+            };
             results.push(Row {
                 system: sys.name,
                 workload: wl,
                 ops_per_s: round1(percentile(&ops, 50.0)),
                 p99_us: round1(percentile(&p99, 50.0)),
+                server_cpu_s: round3(med(&cpus)),
+                ops_per_cpu_s: round1(med(&per_cpu)),
             });
         }
         for (rep, s) in ss {
@@ -707,6 +782,7 @@ pub fn run(o: KvOpts) -> Result<()> {
                 repetition: rep + 1,
                 ops_per_s: round1(s.load.throughput),
                 p99_us: s.load.max_op_p99_us().unwrap_or(f64::NAN),
+                server_cpu_s: round3(s.cpu[2]),
                 redis_benchmark: None,
                 ycsb: Some(s.load.clone()),
             });
@@ -717,6 +793,13 @@ pub fn run(o: KvOpts) -> Result<()> {
             .iter()
             .find(|r| r.system == s && r.workload == w)
             .map(|r| r.ops_per_s)
+    };
+    let per_cpu_of = |s: &str, w: &str| {
+        results
+            .iter()
+            .find(|r| r.system == s && r.workload == w)
+            .map(|r| r.ops_per_cpu_s)
+            .filter(|v| v.is_finite())
     };
     let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(round3(a / b)),
@@ -736,6 +819,18 @@ pub fn run(o: KvOpts) -> Result<()> {
         durable_over_redis_everysec_ycsb_a: ratio(
             ops_of(vnvm, "ycsb-a"),
             ops_of("redis-aof-everysec", "ycsb-a"),
+        ),
+        durable_over_volatile_ycsb_b_per_cpu: ratio(
+            per_cpu_of(vnvm, "ycsb-b"),
+            per_cpu_of("tiermem-kv-volatile", "ycsb-b"),
+        ),
+        durable_over_redis_always_ycsb_a_per_cpu: ratio(
+            per_cpu_of(vnvm, "ycsb-a"),
+            per_cpu_of("redis-aof-always", "ycsb-a"),
+        ),
+        durable_over_redis_everysec_ycsb_a_per_cpu: ratio(
+            per_cpu_of(vnvm, "ycsb-a"),
+            per_cpu_of("redis-aof-everysec", "ycsb-a"),
         ),
         results,
         systems: systems
@@ -758,6 +853,10 @@ pub fn run(o: KvOpts) -> Result<()> {
         method: Method {
             ops_per_s: "redis-benchmark: its requests/s per test; YCSB: [OVERALL] \
                         Throughput(ops/sec) of the run phase",
+            server_cpu_s: "the server process's CPU time (user + system, all threads, \
+                           /proc/PID/stat) across the client run, one redis-benchmark run per \
+                           test; ops_per_cpu_s = the run's operations / that CPU time. The \
+                           clients' CPU (redis-benchmark, YCSB's JVM) is not counted",
             p99_us: "redis-benchmark: its p99_latency_ms per test (per request, pipelined), in \
                      µs; YCSB: 99th percentile (nearest rank) of every operation of the run \
                      phase, all operation types merged, from YCSB's raw per-operation samples \
@@ -939,6 +1038,31 @@ fn print_table(r: &Report, systems: &[System]) {
         "durable_over_redis_everysec_ycsb_a (vnvm / redis-aof-everysec, ycsb-a ops/s): {}",
         f(r.durable_over_redis_everysec_ycsb_a)
     );
+    println!(
+        "per second of server CPU (the same ratios of ops_per_cpu_s): {}, {}, {}",
+        f(r.durable_over_volatile_ycsb_b_per_cpu),
+        f(r.durable_over_redis_always_ycsb_a_per_cpu),
+        f(r.durable_over_redis_everysec_ycsb_a_per_cpu)
+    );
+    println!("server CPU seconds per workload (median):");
+    for s in systems {
+        let cells: Vec<String> = WORKLOADS
+            .iter()
+            .filter_map(|w| {
+                let x = r
+                    .results
+                    .iter()
+                    .find(|x| x.system == s.name && x.workload == *w)?;
+                Some(format!(
+                    "{w} {:.2} s ({:.0} ops per CPU-second)",
+                    x.server_cpu_s, x.ops_per_cpu_s
+                ))
+            })
+            .collect();
+        if !cells.is_empty() {
+            println!("  {:<21} {}", s.name, cells.join(", "));
+        }
+    }
     let loads: Vec<String> = r
         .ycsb_load
         .iter()

@@ -1,6 +1,7 @@
 //! `tiermem bench <name>`: benchmarks that run their baseline side by side in the same run and
 //! print medians and ratios, the delay model in force and the machine they ran on.
 
+pub mod cpu;
 mod fault;
 mod kv;
 // Also compiled into the integration tests (tests/kv_harness.rs, by #[path]): some of its API is

@@ -53,6 +53,7 @@
 //! µs, memcpy's 0.2-1.8 µs): about the same microseconds per transaction as the others, but on
 //! transactions of 4-11 µs rather than memcpy's 0.6-2.5 µs, hence a smaller relative change.
 
+use super::cpu::{self, ThreadCpu};
 use super::{progress, BenchOpts};
 use crate::machine;
 use crate::stats::percentile;
@@ -110,6 +111,11 @@ pub trait TxSystem {
     }
     /// What this system charges to the delay model, for the report.
     fn charges(&self) -> &'static str;
+    /// Names of the system's own background threads in this process, whose CPU time counts as
+    /// the system's (with the calling thread's) in `*_cpu_s`. Default: none.
+    fn workers(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// The system's working memory, for the placement report: (what, its `(address, length)`
     /// ranges). Default: nothing.
     fn memory(&self) -> Vec<(&'static str, Vec<(usize, usize)>)> {
@@ -247,6 +253,10 @@ impl TxSystem for VnvmSystem {
          bytes it copies from the log into the DRAM cache; per batch of up to 64 transactions, \
          in the redo worker (on another CPU, timed until drain), one write of the bytes applied \
          to the NVM cache (>= 32 x S) and one log read"
+    }
+
+    fn workers(&self) -> &'static [&'static str] {
+        &["vnvm-redo", "vnvm-writeback"]
     }
 
     fn memory(&self) -> Vec<(&'static str, Vec<(usize, usize)>)> {
@@ -625,6 +635,20 @@ struct Row {
     pmdk_tps: f64,
     memcpy_tps: f64,
     ratio_vs_pmdk: Option<f64>,
+    /// CPU seconds each system used for the cell (median over the repetitions; see
+    /// `Report::cpu_method`).
+    vnvm_cpu_s: Option<f64>,
+    /// vnvm's CPU seconds within the timed window alone (without the quiesce, where its
+    /// writeback worker writes the cell's pages to the backing file), median.
+    vnvm_cpu_timed_s: Option<f64>,
+    pmdk_cpu_s: f64,
+    memcpy_cpu_s: f64,
+    /// Transactions per CPU-second (median over the repetitions).
+    vnvm_tps_per_cpu: Option<f64>,
+    pmdk_tps_per_cpu: Option<f64>,
+    /// vnvm's transactions per CPU-second over PMDK's: the wall-clock ratio's counterpart when
+    /// vnvm's background threads use the second CPU.
+    ratio_vs_pmdk_per_cpu: Option<f64>,
     transactions: usize,
 }
 
@@ -668,6 +692,8 @@ struct Report {
     passes: [usize; 2],
     repetitions: usize,
     statistic: &'static str,
+    /// How `*_cpu_s` is measured.
+    cpu_method: &'static str,
     delay: DelayInfo,
     pmdk: PmdkInfo,
     vnvm: String,
@@ -1342,8 +1368,11 @@ pub fn run(o: BenchOpts) -> Result<()> {
     let mut results = Vec::new();
     for passes in PASSES {
         for s in SIZES {
-            // [vnvm, pmdk, memcpy] samples in tx/s.
+            // [vnvm, pmdk, memcpy] samples in tx/s, CPU seconds, and tx per CPU-second.
             let mut samples: [Vec<f64>; 3] = Default::default();
+            let mut cpu: [Vec<f64>; 3] = Default::default();
+            let mut cpu_timed: [Vec<f64>; 3] = Default::default();
+            let mut per_cpu: [Vec<f64>; 3] = Default::default();
             let mut transactions = 0;
             for rep in 0..reps {
                 let mut systems: Vec<(usize, &mut dyn TxSystem)> =
@@ -1356,12 +1385,21 @@ pub fn run(o: BenchOpts) -> Result<()> {
                 systems.rotate_left(k);
                 for (slot, sys) in systems {
                     let seed = (rep * 8 + slot) as u8;
+                    let cpu0 = ThreadCpu::now();
                     let (txs, secs) = time_cell(sys, pages, s, passes, seed)?;
+                    cpu_timed[slot].push(ThreadCpu::now().since(&cpu0, sys.workers()));
                     // Untimed: no background work of this system runs into the next cell.
                     sys.quiesce()
                         .with_context(|| format!("{}: quiesce", sys.name()))?;
+                    // The CPU the cell cost, its untimed quiesce included (the background
+                    // work it left would otherwise run in the next cell).
+                    let used = ThreadCpu::now().since(&cpu0, sys.workers());
                     transactions = txs;
                     samples[slot].push(txs as f64 / secs);
+                    cpu[slot].push(used);
+                    if let Some(v) = cpu::per_cpu(txs as f64, used) {
+                        per_cpu[slot].push(v);
+                    }
                 }
                 progress(
                     o.json,
@@ -1380,6 +1418,10 @@ pub fn run(o: BenchOpts) -> Result<()> {
             let med = |v: &[f64]| (!v.is_empty()).then(|| percentile(v, 50.0).round());
             let pmdk_tps = med(&samples[1]).unwrap_or(f64::NAN);
             let vnvm_tps = med(&samples[0]);
+            // Microseconds kept: a small array's cell takes well under a millisecond of CPU.
+            let med_cpu =
+                |v: &[f64]| (!v.is_empty()).then(|| (percentile(v, 50.0) * 1e6).round() / 1e6);
+            let (vnvm_pc, pmdk_pc) = (med(&per_cpu[0]), med(&per_cpu[1]));
             results.push(Row {
                 passes,
                 bytes_per_page: s,
@@ -1387,6 +1429,13 @@ pub fn run(o: BenchOpts) -> Result<()> {
                 pmdk_tps,
                 memcpy_tps: med(&samples[2]).unwrap_or(f64::NAN),
                 ratio_vs_pmdk: vnvm_tps.map(|v| round3(v / pmdk_tps)),
+                vnvm_cpu_s: med_cpu(&cpu[0]),
+                vnvm_cpu_timed_s: med_cpu(&cpu_timed[0]),
+                pmdk_cpu_s: med_cpu(&cpu[1]).unwrap_or(f64::NAN),
+                memcpy_cpu_s: med_cpu(&cpu[2]).unwrap_or(f64::NAN),
+                vnvm_tps_per_cpu: vnvm_pc,
+                pmdk_tps_per_cpu: pmdk_pc,
+                ratio_vs_pmdk_per_cpu: vnvm_pc.zip(pmdk_pc).map(|(v, p)| round3(v / p)),
                 transactions,
             });
         }
@@ -1443,6 +1492,11 @@ pub fn run(o: BenchOpts) -> Result<()> {
         passes: PASSES,
         repetitions: reps,
         statistic: "median transactions/s over the repetitions, systems interleaved",
+        cpu_method: "per cell and system: CPU time (user + system, /proc/self/task/*/schedstat) \
+                     of the benchmark thread while it ran the system's cell and its untimed \
+                     quiesce, plus the system's own worker threads over that time (vnvm: \
+                     vnvm-redo, vnvm-writeback); median over the repetitions. The systems share \
+                     this process (issue #22: one process per system is to come)",
         delay: DelayInfo {
             model: delay.to_string(),
             memcpy_charged: memcpy.charges(),
@@ -1507,12 +1561,21 @@ fn print_table(r: &Report) {
     }
     let fmt = |v: Option<f64>| v.map_or_else(|| "—".to_string(), |x| format!("{x:.0}"));
     println!(
-        "\n{:>3} {:>5} {:>8} {:>12} {:>12} {:>13} {:>10}",
-        "P", "S", "tx", "vnvm tx/s", "PMDK tx/s", "memcpy tx/s", "vnvm/PMDK"
+        "\n{:>3} {:>5} {:>8} {:>12} {:>12} {:>13} {:>10} {:>9} {:>9} {:>14}",
+        "P",
+        "S",
+        "tx",
+        "vnvm tx/s",
+        "PMDK tx/s",
+        "memcpy tx/s",
+        "vnvm/PMDK",
+        "vnvm CPU",
+        "PMDK CPU",
+        "per CPU-second"
     );
     for row in &r.results {
         println!(
-            "{:>3} {:>5} {:>8} {:>12} {:>12.0} {:>13.0} {:>10}",
+            "{:>3} {:>5} {:>8} {:>12} {:>12.0} {:>13.0} {:>10} {:>9} {:>9} {:>14}",
             row.passes,
             row.bytes_per_page,
             row.transactions,
@@ -1520,6 +1583,11 @@ fn print_table(r: &Report) {
             row.pmdk_tps,
             row.memcpy_tps,
             row.ratio_vs_pmdk
+                .map_or_else(|| "—".to_string(), |x| format!("{x:.2}×")),
+            row.vnvm_cpu_s
+                .map_or_else(|| "—".to_string(), |x| format!("{x:.3} s")),
+            format!("{:.3} s", row.pmdk_cpu_s),
+            row.ratio_vs_pmdk_per_cpu
                 .map_or_else(|| "—".to_string(), |x| format!("{x:.2}×"))
         );
     }

@@ -1,0 +1,137 @@
+//! CPU time of the system under test, for the `*_cpu_s` figures and `*_per_cpu` ratios every
+//! benchmark reports beside wall-clock throughput: on 2 cores a background thread is not free,
+//! so a system that finishes sooner by keeping two CPUs busy must not look better per CPU.
+//!
+//! Two sources: the threads of this process by name (each thread's CPU clock, the clock id
+//! `pthread_getcpuclockid` would give, read with `clock_gettime`: exact to the nanosecond even
+//! for a running thread, where `/proc/self/task/*/schedstat` lags by up to a scheduler tick;
+//! for a system that runs in the benchmark's process, its calling thread plus its named worker
+//! threads), and whole other processes (`/proc/PID/stat` utime + stime of all their threads,
+//! clock ticks; for servers and child processes).
+
+use std::collections::HashMap;
+
+/// CPU nanoseconds of each thread of this process, by thread id, with its name.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadCpu(HashMap<u32, (String, u64)>);
+
+impl ThreadCpu {
+    /// The CPU time every thread of this process has used so far. Threads whose files cannot
+    /// be read (they exited meanwhile) are left out.
+    pub fn now() -> ThreadCpu {
+        let mut m = HashMap::new();
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return ThreadCpu(m);
+        };
+        for t in tasks.flatten() {
+            let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let ns = thread_cpu_ns(tid);
+            let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if let Some(ns) = ns {
+                m.insert(tid, (name.trim().to_string(), ns));
+            }
+        }
+        ThreadCpu(m)
+    }
+
+    /// Seconds of CPU used since `earlier` by the calling thread and by the threads named one
+    /// of `workers` (threads started since `earlier` count from zero).
+    pub fn since(&self, earlier: &ThreadCpu, workers: &[&str]) -> f64 {
+        let me = gettid();
+        let ns: u64 = self
+            .0
+            .iter()
+            .filter(|(tid, (name, _))| **tid == me || workers.contains(&name.as_str()))
+            .map(|(tid, (_, ns))| ns.saturating_sub(earlier.0.get(tid).map_or(0, |e| e.1)))
+            .sum();
+        ns as f64 / 1e9
+    }
+}
+
+/// CPU nanoseconds thread `tid` of this process has used, from its CPU-time clock (the clock id
+/// glibc's `pthread_getcpuclockid` builds: `(!tid << 3) | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED`);
+/// `None` when the thread is gone.
+fn thread_cpu_ns(tid: u32) -> Option<u64> {
+    let clock = ((!(tid as libc::clockid_t)) << 3) | 4 | 2;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid pointer; an invalid clock id (a
+    // thread that exited) is an error return, not undefined behaviour.
+    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// The calling thread's id.
+fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// Seconds of CPU (user + system, all threads) process `pid` has used so far, from
+/// `/proc/PID/stat`; `None` when it cannot be read (the process is gone).
+pub fn process_cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start at ") ".
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 here.
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks as f64 / hz)
+}
+
+/// Throughput per CPU-second: `ops` done with `cpu_s` seconds of CPU (`None` without CPU).
+pub fn per_cpu(ops: f64, cpu_s: f64) -> Option<f64> {
+    (cpu_s > 0.0 && ops.is_finite()).then(|| ops / cpu_s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_thread_is_counted_and_an_idle_one_is_not() {
+        let t0 = ThreadCpu::now();
+        let spin = std::thread::Builder::new()
+            .name("cpu-test-spin".into())
+            .spawn(|| {
+                let end = std::time::Instant::now() + std::time::Duration::from_millis(60);
+                let mut x = 0u64;
+                while std::time::Instant::now() < end {
+                    x = x.wrapping_add(1);
+                }
+                std::hint::black_box(x);
+                // Stay alive so that the snapshot below still sees this thread.
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            })
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let t1 = ThreadCpu::now();
+        let with = t1.since(&t0, &["cpu-test-spin"]);
+        let without = t1.since(&t0, &[]);
+        spin.join().unwrap();
+        assert!(
+            with >= without + 0.03,
+            "with the spinner {with} s, without {without} s"
+        );
+        assert!(without < 0.05, "a sleeping caller used {without} s");
+        let me = process_cpu_s(std::process::id()).unwrap();
+        assert!(me >= 0.03, "this process used {me} s");
+        assert!(process_cpu_s(u32::MAX).is_none());
+        assert_eq!(per_cpu(10.0, 0.0), None);
+        assert_eq!(per_cpu(10.0, 2.0), Some(5.0));
+        // The calling thread's own clock is exact: a millisecond of spinning shows.
+        let a = ThreadCpu::now();
+        let end = std::time::Instant::now() + std::time::Duration::from_millis(1);
+        while std::time::Instant::now() < end {
+            std::hint::spin_loop();
+        }
+        let spun = ThreadCpu::now().since(&a, &[]);
+        assert!(spun >= 0.0008, "1 ms of spinning counted as {spun} s");
+    }
+}
