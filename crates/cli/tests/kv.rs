@@ -6,9 +6,12 @@
 //! one is missing the test says so and skips, unless `TIERMEM_REQUIRE_CLIENTS=1` (set by
 //! `scripts/test.sh`), where a missing client is a failure.
 
+mod kv_common;
 #[allow(dead_code)]
 #[path = "../src/bench/kv_harness.rs"]
 mod kv_harness;
+
+use kv_common::client;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -27,23 +30,6 @@ fn scratch(name: &str) -> PathBuf {
 
 fn free_port() -> u16 {
     kv_harness::free_port().expect("a free port")
-}
-
-/// A client program on PATH, or `None` (and a note) when it is missing and not required.
-fn client(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(name))
-            .find(|f| f.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("TIERMEM_REQUIRE_CLIENTS").as_deref() != Ok("1"),
-            "{name} is missing: scripts/setup.sh installs it"
-        );
-        eprintln!("note: {name} is not installed (scripts/setup.sh installs it): skipping");
-    }
-    found
 }
 
 /// A running `tiermem kv serve`, shut down on drop unless it already exited.

@@ -1,8 +1,10 @@
 //! The client harness of `tiermem bench kv` (`src/bench/kv_harness.rs`, compiled in here as the
 //! tiermem-kv tests can do): its parsers on outputs captured from YCSB 0.17.0 and redis-benchmark
 //! 7.0 (`tests/data`), and one small real run against redis-server where it and the YCSB binding
-//! are installed (scripts/setup.sh installs both; without them that test says it skipped).
+//! are installed (scripts/setup.sh installs both; without them that test says it skipped, or
+//! fails under `TIERMEM_REQUIRE_CLIENTS=1`).
 
+mod kv_common;
 #[allow(dead_code)]
 #[path = "../src/bench/kv_harness.rs"]
 mod kv_harness;
@@ -134,16 +136,22 @@ fn scratch(name: &str) -> PathBuf {
 /// `tiermem bench kv` and the tiermem-kv tests do; and the harness' failures.
 #[test]
 fn real_redis_server_with_redis_benchmark_and_ycsb() {
-    let have_redis = std::process::Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_ok();
-    let ycsb = Ycsb::locate()
-        .ok()
-        .filter(|y| y.dir.join("target/tiermem-ycsb.jar").is_file());
-    let (true, Some(ycsb)) = (have_redis, ycsb) else {
-        eprintln!("skipped: redis-server or the YCSB binding (bench/ycsb) is not installed; run scripts/setup.sh");
+    let Some(_) = kv_common::client("redis-server") else {
         return;
+    };
+    let ycsb = match Ycsb::locate() {
+        Ok(y) if y.dir.join("target/tiermem-ycsb.jar").is_file() => y,
+        Ok(y) => {
+            kv_common::skip_unless_required(&format!(
+                "the YCSB binding is not built (no {})",
+                y.dir.join("target/tiermem-ycsb.jar").display()
+            ));
+            return;
+        }
+        Err(e) => {
+            kv_common::skip_unless_required(&format!("the YCSB binding: {e:#}"));
+            return;
+        }
     };
     ycsb.build().unwrap();
     let dir = scratch("redis");

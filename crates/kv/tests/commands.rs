@@ -657,7 +657,16 @@ fn concurrent_readers_and_writers() {
             };
             let mut s = svc.open_session("r");
             let mut last = 0i64;
+            // The writer's 2000 increments take well under a second; a reader still short of
+            // them after a minute waits for a writer that stopped (or a counter that sticks).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
             while last < 2000 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{eng:?} {d:?}: the reader still sees {last} of 2000 increments after 60 s \
+                     (writer finished: {})",
+                    w.is_finished()
+                );
                 let r = cmd(&svc, &mut s, "GET c");
                 if r == "$-1\r\n" {
                     continue;

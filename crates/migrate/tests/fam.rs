@@ -157,12 +157,15 @@ fn restore_refuses_a_missing_source_for_an_incomplete_dump() {
     assert!(t0.elapsed() < Duration::from_secs(2));
 }
 
-/// Child role of `a_dead_source_fails_the_target_promptly` (does nothing in a normal run).
+/// Child role of `a_dead_source_fails_the_target_promptly` (run only as its child process).
 #[test]
+#[ignore = "helper: run only as a child process"]
 fn child_target_with_a_dead_source() {
-    if std::env::var("TIERMEM_MIG_CHILD").as_deref() != Ok("dead-source") {
-        return;
-    }
+    assert_eq!(
+        std::env::var("TIERMEM_MIG_CHILD").as_deref(),
+        Ok("dead-source"),
+        "helper only"
+    );
     let fam = tempfile::tempdir_in("/dev/shm").unwrap();
     let len = 8 << 20;
     let src = region(len, 5);
@@ -202,7 +205,12 @@ fn child_target_with_a_dead_source() {
 fn a_dead_source_fails_the_target_promptly() {
     let t0 = Instant::now();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_target_with_a_dead_source", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            "child_target_with_a_dead_source",
+            "--nocapture",
+        ])
         .env("TIERMEM_MIG_CHILD", "dead-source")
         .output()
         .unwrap();

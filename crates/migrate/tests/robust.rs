@@ -52,13 +52,19 @@ fn target_bytes(t: &FamTarget, i: usize) -> &[u8] {
     unsafe { std::slice::from_raw_parts(r.as_ptr() as *const u8, r.len()) }
 }
 
-/// Run this test binary's `child_role` test as `role`, stdout piped.
+/// Run this test binary's ignored `child_role` test as `role`, stdout piped.
 fn spawn_child(role: &str, env: &[(&str, String)]) -> Child {
     let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, role)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    c.args([
+        "--ignored",
+        "--exact",
+        "child_role",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, role)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     for (k, v) in env {
         c.env(k, v);
     }
@@ -99,12 +105,12 @@ fn kill9(c: &mut Child) {
 const CHILD_LEN: usize = 32 << 20;
 const CHILD_SEED: u64 = 77;
 
-/// The roles a child process plays (does nothing in a normal run).
+/// The roles a child process plays (run only as a child process: see [`spawn_child`]).
 #[test]
+#[ignore = "helper: run only as a child process"]
 fn child_role() {
-    let Ok(role) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+    let role = std::env::var(CHILD_ENV)
+        .unwrap_or_else(|_| panic!("helper only: run by spawn_child with {CHILD_ENV} set"));
     let var = |k: &str| std::env::var(k).unwrap();
     match role.as_str() {
         // A source dumping slowly; says its address, then DONE when serve returned, then waits

@@ -6,6 +6,7 @@
 //! commit and the report).
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use tiermem_pheap::{Heap, HeapOptions};
@@ -34,12 +35,13 @@ fn value_of(p: *const u8) -> u64 {
     s[0]
 }
 
-/// Child body: runs only when PHEAP_CHILD names a heap.
+/// Child body, run only as a child process (see [`spawn`]) with PHEAP_CHILD naming a heap.
 #[test]
+#[ignore = "helper: run only as a child process"]
 fn child_updates_and_checkpoints() {
-    let Ok(path) = std::env::var("PHEAP_CHILD") else {
-        return;
-    };
+    let path = std::env::var("PHEAP_CHILD").unwrap_or_else(|_| {
+        panic!("helper only: run by the tests of this file with PHEAP_CHILD set")
+    });
     let h = Heap::open(&path).unwrap();
     let ptrs: Vec<*mut u8> = (0..OBJECTS).map(|i| h.get(&name(i)).unwrap()).collect();
     let start = value_of(ptrs[0]);
@@ -84,6 +86,7 @@ fn check(path: &Path) -> u64 {
 fn spawn(path: &Path, fail_at: Option<&str>) -> std::process::Child {
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args([
+        "--ignored",
         "--exact",
         "child_updates_and_checkpoints",
         "--nocapture",
@@ -109,6 +112,8 @@ fn kill_9_at_random_moments_recovers_last_complete_checkpoint() {
     setup(&path);
     let mut prev = check(&path);
     let mut rng = 7u64;
+    // Checkpoints the children reported complete, over all rounds.
+    let mut reported = 0;
     for round in 0..6 {
         let mut child = spawn(&path, None);
         let stdout = child.stdout.take().unwrap();
@@ -127,10 +132,17 @@ fn kill_9_at_random_moments_recovers_last_complete_checkpoint() {
             .wrapping_add(1442695040888963407);
         std::thread::sleep(std::time::Duration::from_millis(150 + (rng >> 33) % 300));
         child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        let status = child.wait().unwrap();
         let last = reader.join().unwrap();
+        // Killed by us, still running: not exited by itself (a failed start-up, a panic).
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "round {round}: the child must run until killed: {status:?}"
+        );
         let v = check(&path);
         eprintln!("round {round}: child reported {last:?}, recovered checkpoint {v}");
+        reported += last.map_or(0, |k| k - prev);
         // No report: no checkpoint completed since the child opened the heap.
         let last = last.unwrap_or(prev);
         assert!(
@@ -139,6 +151,13 @@ fn kill_9_at_random_moments_recovers_last_complete_checkpoint() {
         );
         prev = v;
     }
+    // A working child completes a checkpoint every few milliseconds (about a hundred per
+    // round here) and each round lets it run at least 150 ms: an average of one per round is a
+    // wide margin.
+    assert!(
+        reported >= 6,
+        "the children reported only {reported} complete checkpoints in 6 rounds"
+    );
 }
 
 #[test]
@@ -157,7 +176,12 @@ fn crash_at_each_checkpoint_step() {
         setup(&path);
         let before = check(&path);
         let out = spawn(&path, Some(step)).wait_with_output().unwrap();
-        assert!(!out.status.success(), "child must abort at {step}");
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGABRT),
+            "child must abort at {step}: {:?}",
+            out.status
+        );
         let v = check(&path);
         let want = if survives_new { before + 1 } else { before };
         eprintln!("abort at {step}: recovered {v} (before {before})");

@@ -438,6 +438,16 @@ fn metadata_journal_overflow_switches_to_snapshot() {
 fn wp_async_and_mprotect_trackers_agree_and_timings() {
     // Same workload under both trackers: first writes to 4096 objects of 2048 bytes (one per
     // view page, both views), then a checkpoint. Prints the per-first-write cost.
+    // The unforced heap tracks with WP_ASYNC wherever the kernel offers what the tracker needs
+    // (WP_ASYNC and WP_UNPOPULATED, WP on the memfd views; PAGEMAP_SCAN is Linux 6.7, which the
+    // tests require anyway: see `kernel_write_into_protected_view`).
+    let wp_async = match tiermem_fault::probe_features() {
+        Ok(f) => f.wp_async && f.wp_unpopulated && f.wp_hugetlbfs_shmem,
+        Err(e) => {
+            eprintln!("note: no userfaultfd ({e}): expecting the mprotect tracker only");
+            false
+        }
+    };
     let d = dir();
     let mut copied = Vec::new();
     for force in [false, true] {
@@ -451,6 +461,12 @@ fn wp_async_and_mprotect_trackers_agree_and_timings() {
             },
         )
         .unwrap();
+        let want = if wp_async && !force {
+            TrackingMethod::UffdWpAsync
+        } else {
+            TrackingMethod::Mprotect
+        };
+        assert_eq!(h.tracking_method(), want, "force_mprotect: {force}");
         let objs: Vec<*mut u8> = (0..4096).map(|_| h.malloc(2048, None).unwrap()).collect();
         h.ckall().unwrap();
         let t = std::time::Instant::now();

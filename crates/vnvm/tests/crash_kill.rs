@@ -2,27 +2,40 @@
 //! then recover: every acknowledged transaction is present entirely, every never-committed one
 //! entirely absent — for private regions and for shared ones.
 //!
-//! The test re-executes its own binary as the victim (`crash_child` with
-//! `TIERMEM_VNVM_CRASH_CHILD` set). `TIERMEM_VNVM_CRASH_ITERS` sets the number of crash points
-//! (default 50), `TIERMEM_VNVM_CRASH_SEED` the base seed. Crash point `k` uses
+//! The test re-executes its own binary as the victim (the ignored `crash_child`, run with
+//! `--ignored --exact` and `TIERMEM_VNVM_CRASH_CHILD` set). `TIERMEM_VNVM_CRASH_ITERS` sets the
+//! number of crash points (default 50), `TIERMEM_VNVM_CRASH_SEED` the base seed. Crash point `k`
+//! uses, by `k % 8`:
 //!
-//! * `k` even: a private region, killed with SIGKILL at a random time;
-//! * `k` odd: a shared region (`Mode::Shared`: the backing file itself is the DRAM cache, each
-//!   commit links into the region's own committed list, flushes msync and drop the logs),
-//!   killed with SIGKILL at a random time (`k % 4 == 1`), or (`k % 4 == 3`) by a seccomp
-//!   filter the victim arms after a random delay that kills it at its next `msync` — which only
-//!   a shared-region flush issues (the pools on tmpfs persist with cache flushes; private
-//!   writeback uses fdatasync) — so the crash lands inside a flush, after it marked the list's
-//!   tail and before it dropped the logs.
+//! * 0, 4: a private region, killed with SIGKILL at a random time;
+//! * 2: a private region, killed inside a commit: after a random delay, the victim SIGKILLs
+//!   itself from a signal handler that interrupted a worker inside `nv_commit` (a timer each
+//!   worker sets for a few microseconds later as it enters a commit);
+//! * 1: a shared region (`Mode::Shared`: the backing file itself is the DRAM cache, each commit
+//!   links into the region's own committed list, flushes msync and drop the logs), killed with
+//!   SIGKILL at a random time;
+//! * 5: a shared region killed inside a commit, as at 2;
+//! * 6: a shared region killed outside every commit: after a random delay, the victim SIGKILLs
+//!   itself from a signal handler (signals every 100 µs) that finds no worker in a commit;
+//! * 3, 7: a shared region killed by a seccomp filter the victim arms after a random delay that
+//!   kills it at its next `msync` — which only a shared-region flush issues (the pools on tmpfs
+//!   persist with cache flushes; private writeback uses fdatasync) — so the crash lands inside
+//!   a flush, after it marked the list's tail and before it dropped the logs;
 //!
-//! and 1, 2 or 3 threads (`1 + k % 3`), so six consecutive points cover every combination.
+//! and 1, 2 or 3 threads (`1 + k % 3`), so 24 consecutive points cover every combination.
+//! Whether a thread was inside a commit is read from the ack file after the kill, whatever the
+//! kill aimed at. Each mode must have been killed outside a commit and inside one, and the
+//! shared mode inside a flush: a category the points missed (only 1 to 7 points, or a flush
+//! trap that did not fire) gets up to 12 more points aimed at it, then the test fails.
 
 mod common;
 use common::*;
+use std::cell::Cell;
 use std::os::unix::fs::FileExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tiermem_vnvm::{nv_init, recover, Mode, VnvmError};
 
@@ -49,6 +62,12 @@ enum Kill {
     Random,
     /// Killed by seccomp at its first `msync` after a random delay (inside a shared flush).
     AtFlush,
+    /// SIGKILLed by itself, after a random delay, at a point where one of its workers is
+    /// inside a commit (between the two acknowledgements: most often inside `nv_commit`).
+    InCommit,
+    /// SIGKILLed by itself, after a random delay, at a point where none of its workers is
+    /// inside a commit.
+    OutsideCommit,
 }
 
 /// The ack file: per thread `t`, at `8 * t` the number of transactions whose `nv_commit`
@@ -58,12 +77,120 @@ fn ack_off(threads: usize, t: usize, entering: bool) -> u64 {
     8 * (t + if entering { threads } else { 0 }) as u64
 }
 
-/// The victim: runs the workload forever, acknowledging each commit in `ack`.
-#[test]
-fn crash_child() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
-        return;
+/// The kills aimed at a commit or away from one (`Kill::InCommit`, `Kill::OutsideCommit`):
+/// armed after a delay, they send workers [`AIM_SIGNAL`], and a worker whose handler finds
+/// itself where the kill is aimed SIGKILLs the process from there, so it dies at the very
+/// instruction the signal interrupted; otherwise the handler returns and the kill tries again.
+/// Aimed at a commit, each worker entering a commit sets a timer of its own to signal it a few
+/// microseconds later (inside `nv_commit` unless it was faster); aimed away from the commits,
+/// a killer thread signals every worker every 100 µs, and the handler kills only when no
+/// worker is inside a commit.
+const AIM_SIGNAL: libc::c_int = libc::SIGUSR1;
+/// Aim at a commit (else away from every commit).
+static AIM_IN_COMMIT: AtomicBool = AtomicBool::new(false);
+static AIM_ARMED: AtomicBool = AtomicBool::new(false);
+/// The workers' thread ids (0: not started).
+static WORKER_TIDS: [AtomicI32; 3] = [const { AtomicI32::new(0) }; 3];
+/// Workers from just before their first acknowledgement of a commit to just after the second.
+static COMMITTING: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This worker is between the two acknowledgements of a commit.
+    static IN_COMMIT: Cell<bool> = const { Cell::new(false) };
+}
+
+extern "C" fn on_aim_signal(_: libc::c_int) {
+    let here = if AIM_IN_COMMIT.load(Ordering::SeqCst) {
+        IN_COMMIT.with(Cell::get)
+    } else {
+        COMMITTING.load(Ordering::SeqCst) == 0
     };
+    if here {
+        // SAFETY: kill(2) is async-signal-safe; SIGKILL to this very process.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+}
+
+/// Arm the aimed kill after `delay`; aimed away from the commits, then signal the workers until
+/// the process dies.
+fn arm_aimed_kill(delay: Duration, in_commit: bool) {
+    AIM_IN_COMMIT.store(in_commit, Ordering::SeqCst);
+    // SAFETY: installing a handler that only reads atomics and a thread-local and calls
+    // kill(2); SA_RESTART so that a signal the handler ignores fails no system call.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_aim_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(AIM_SIGNAL, &sa, std::ptr::null_mut()), 0);
+    }
+    std::thread::sleep(delay);
+    AIM_ARMED.store(true, Ordering::SeqCst);
+    if in_commit {
+        return;
+    }
+    loop {
+        std::thread::sleep(Duration::from_micros(100));
+        for tid in &WORKER_TIDS {
+            let tid = tid.load(Ordering::SeqCst);
+            if tid != 0 {
+                // SAFETY: signalling a thread of this process.
+                unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, AIM_SIGNAL) };
+            }
+        }
+    }
+}
+
+/// A one-shot timer that signals the calling thread with [`AIM_SIGNAL`] (timer slack 1 ns, so
+/// that it fires when asked, not up to 50 µs later).
+struct ThreadTimer(libc::timer_t);
+
+impl ThreadTimer {
+    fn new() -> ThreadTimer {
+        // SAFETY: a zeroed sigevent is valid; the fields set make it signal this thread; the
+        // timer id is written by timer_create.
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0), 0);
+            let mut ev: libc::sigevent = std::mem::zeroed();
+            ev.sigev_notify = libc::SIGEV_THREAD_ID;
+            ev.sigev_signo = AIM_SIGNAL;
+            ev.sigev_notify_thread_id = libc::gettid();
+            let mut id: libc::timer_t = std::ptr::null_mut();
+            assert_eq!(
+                libc::timer_create(libc::CLOCK_MONOTONIC, &mut ev, &mut id),
+                0
+            );
+            ThreadTimer(id)
+        }
+    }
+
+    fn fire_in(&self, ns: i64) {
+        let t = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: ns,
+            },
+        };
+        // SAFETY: a timer of this process and a valid itimerspec.
+        assert_eq!(
+            unsafe { libc::timer_settime(self.0, 0, &t, std::ptr::null_mut()) },
+            0
+        );
+    }
+}
+
+/// The victim: runs the workload forever, acknowledging each commit in `ack`. Run only as a
+/// child process of `kill9_at_random_points_then_recover` (with `--ignored --exact`).
+#[test]
+#[ignore = "helper: run only as a child process"]
+fn crash_child() {
+    let spec = std::env::var(CHILD_ENV).unwrap_or_else(|_| {
+        panic!("helper only: run by kill9_at_random_points_then_recover with {CHILD_ENV} set")
+    });
     let mut it = spec.split(';');
     let dir = Path::new(it.next().unwrap());
     let seed: u64 = it.next().unwrap().parse().unwrap();
@@ -75,6 +202,13 @@ fn crash_child() {
     };
     // Microseconds after which to arm the kill-at-next-msync trap; 0: never.
     let trap_us: u64 = it.next().unwrap().parse().unwrap();
+    // Microseconds after which to arm the aimed kill (0: never), and its aim.
+    let aim_us: u64 = it.next().unwrap().parse().unwrap();
+    let aim_in_commit = match it.next().unwrap() {
+        "in" => true,
+        "out" => false,
+        a => panic!("aim {a}"),
+    };
     let ack = std::fs::OpenOptions::new()
         .write(true)
         .open(dir.join("ack"))
@@ -89,6 +223,9 @@ fn crash_child() {
                 std::thread::sleep(Duration::from_micros(trap_us));
                 kill_at_next_msync();
             });
+        }
+        if aim_us > 0 {
+            sc.spawn(move || arm_aimed_kill(Duration::from_micros(aim_us), aim_in_commit));
         }
         for t in 0..threads {
             let (vn, r, ack) = (&vn, &r, &ack);
@@ -172,6 +309,9 @@ fn worker(
 ) {
     let per = SLOTS / threads;
     let tseed = seed ^ ((t as u64) << 40);
+    // SAFETY: gettid(2) has no arguments.
+    WORKER_TIDS[t].store(unsafe { libc::gettid() }, Ordering::SeqCst);
+    let mut timer = None;
     for i in 0u64.. {
         let tid = vn.nv_txbegin();
         for s in tx_slots(tseed, i, per, 0) {
@@ -191,11 +331,21 @@ fn worker(
                 }
             }
         }
+        COMMITTING.fetch_add(1, Ordering::SeqCst);
         ack.write_all_at(&(i + 1).to_le_bytes(), ack_off(threads, t, true))
             .unwrap();
+        IN_COMMIT.with(|c| c.set(true));
+        if AIM_ARMED.load(Ordering::SeqCst) && AIM_IN_COMMIT.load(Ordering::SeqCst) {
+            // 2 to 30 µs into the commit (a private one takes about 15 µs, a shared one 30).
+            timer
+                .get_or_insert_with(ThreadTimer::new)
+                .fire_in(2_000 + (mix(i) % 29) as i64 * 1_000);
+        }
         vn.nv_commit(tid).unwrap();
+        IN_COMMIT.with(|c| c.set(false));
         ack.write_all_at(&(i + 1).to_le_bytes(), ack_off(threads, t, false))
             .unwrap();
+        COMMITTING.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -207,8 +357,16 @@ struct Stats {
     acked: u64,
     /// Transactions committed but not acknowledged that recovery kept (complete).
     in_flight_present: u64,
+    /// Crash points after the pools existed where no thread was inside nv_commit (and no
+    /// flush trap fired).
+    killed_outside_commit: u64,
     /// Crash points where some thread was inside nv_commit.
     killed_in_commit: u64,
+    /// Crash points with a kill aimed at a commit or away from one, those that landed where
+    /// aimed, and those where the victim did not kill itself in time (SIGKILL instead).
+    aimed: u64,
+    aimed_landed: u64,
+    aimed_missed: u64,
     /// Crash points killed by the msync trap (inside a shared flush).
     killed_in_flush: u64,
     /// Crash points where the msync trap did not fire in time (SIGKILL instead).
@@ -221,6 +379,8 @@ struct Stats {
     iters_replayed: u64,
     /// Crash points where recovery changed the backing file.
     file_changed: u64,
+    /// Crash points added after the schedule to hit a category it missed.
+    top_up: u64,
 }
 
 fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, st: &mut Stats) {
@@ -230,18 +390,27 @@ fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, st: &mut Stats) 
     std::fs::write(dir.join("data"), &init).unwrap();
     std::fs::write(dir.join("ack"), vec![0u8; 16 * threads]).unwrap();
     let delay_us = 500 + mix(seed) % 150_000;
+    let aimed = matches!(kill, Kill::InCommit | Kill::OutsideCommit);
     let spec = format!(
-        "{};{seed};{threads};{};{}",
+        "{};{seed};{threads};{};{};{};{}",
         dir.display(),
         if mode == Mode::Shared {
             "shared"
         } else {
             "private"
         },
-        if kill == Kill::AtFlush { delay_us } else { 0 }
+        if kill == Kill::AtFlush { delay_us } else { 0 },
+        if aimed { delay_us } else { 0 },
+        if kill == Kill::InCommit { "in" } else { "out" }
     );
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "crash_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, spec)
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -253,10 +422,10 @@ fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, st: &mut Stats) 
             unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
             child.wait().unwrap()
         }
-        Kill::AtFlush => {
-            // The child arms the trap itself after `delay_us` (from its start, not ours); a
+        Kill::AtFlush | Kill::InCommit | Kill::OutsideCommit => {
+            // The child arms its trap itself after `delay_us` (from its start, not ours); a
             // flush follows within a few milliseconds (threshold, log waiters, or the
-            // 200 ms period at the latest).
+            // 200 ms period at the latest), a commit within a millisecond.
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {
                 if let Some(s) = child.try_wait().unwrap() {
@@ -265,18 +434,24 @@ fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, st: &mut Stats) 
                 if Instant::now() > deadline {
                     // SAFETY: sending SIGKILL to our own child.
                     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-                    break child.wait().unwrap();
+                    let s = child.wait().unwrap();
+                    if aimed && s.signal() == Some(libc::SIGKILL) {
+                        st.aimed_missed += 1;
+                    }
+                    break s;
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
     };
+    let mut in_flush = false;
     match (kill, status.signal()) {
-        (Kill::Random, Some(libc::SIGKILL)) => {}
-        (Kill::AtFlush, Some(libc::SIGSYS)) => st.killed_in_flush += 1,
+        (Kill::Random | Kill::InCommit | Kill::OutsideCommit, Some(libc::SIGKILL)) => {}
+        (Kill::AtFlush, Some(libc::SIGSYS)) => in_flush = true,
         (Kill::AtFlush, Some(libc::SIGKILL)) => st.trap_missed += 1,
         _ => panic!("child did not die as planned ({kill:?}): {status:?} (seed {seed})"),
     }
+    st.killed_in_flush += in_flush as u64;
     st.iters += 1;
     let acks = std::fs::read(dir.join("ack")).unwrap();
     let word = |off: u64| {
@@ -289,10 +464,14 @@ fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, st: &mut Stats) 
     let entered: Vec<u64> = (0..threads)
         .map(|t| word(ack_off(threads, t, true)))
         .collect();
-    if acked.iter().zip(&entered).any(|(a, e)| e > a) {
-        st.killed_in_commit += 1;
+    let in_commit = acked.iter().zip(&entered).any(|(a, e)| e > a);
+    st.killed_in_commit += in_commit as u64;
+    if aimed {
+        st.aimed += 1;
+        st.aimed_landed += (in_commit == (kill == Kill::InCommit)) as u64;
     }
     let inst = dir.join("inst");
+    st.killed_outside_commit += (!in_commit && !in_flush && inst.join("meta.pool").exists()) as u64;
     let before = std::fs::read(dir.join("data")).unwrap();
     if inst.join("meta.pool").exists() {
         let rep = recover(&inst).unwrap_or_else(|e| panic!("recover failed (seed {seed}): {e}"));
@@ -350,23 +529,62 @@ fn kill9_at_random_points_then_recover() {
     let mut shared = Stats::default();
     for k in 0..iters {
         let threads = 1 + (k % 3) as usize;
-        let (mode, kill, st) = match k % 4 {
-            0 | 2 => (Mode::Private, Kill::Random, &mut private),
+        let (mode, kill, st) = match k % 8 {
+            0 | 4 => (Mode::Private, Kill::Random, &mut private),
+            2 => (Mode::Private, Kill::InCommit, &mut private),
             1 => (Mode::Shared, Kill::Random, &mut shared),
+            5 => (Mode::Shared, Kill::InCommit, &mut shared),
+            6 => (Mode::Shared, Kill::OutsideCommit, &mut shared),
             _ => (Mode::Shared, Kill::AtFlush, &mut shared),
         };
         one_crash(mix(base + k), threads, mode, kill, st);
     }
+    // Each crash category must have been hit in each mode (a flush only in shared mode). The
+    // schedule above normally hits them all; a category it missed (an unlucky timing) gets up
+    // to TOP_UP more crash points of the kind aimed at it.
+    const TOP_UP: u64 = 12;
+    let mut k = iters;
+    for (mode, st) in [(Mode::Private, &mut private), (Mode::Shared, &mut shared)] {
+        let aims = [
+            (
+                Kill::OutsideCommit,
+                (|s: &Stats| s.killed_outside_commit) as fn(&Stats) -> u64,
+            ),
+            (Kill::InCommit, |s: &Stats| s.killed_in_commit),
+            (Kill::AtFlush, |s: &Stats| s.killed_in_flush),
+        ];
+        for (kill, hits) in aims {
+            if kill == Kill::AtFlush && mode == Mode::Private {
+                continue;
+            }
+            for _ in 0..TOP_UP {
+                if hits(st) > 0 {
+                    break;
+                }
+                eprintln!("{mode:?}: no crash point hit by {kill:?} yet: one more");
+                one_crash(mix(base + k), 1 + (k % 3) as usize, mode, kill, st);
+                st.top_up += 1;
+                k += 1;
+            }
+        }
+    }
     for (name, s) in [("private", &private), ("shared", &shared)] {
         eprintln!(
-            "{name}: {} crash points ({} in a commit, {} in a flush, {} flush traps missed, {} \
-             before the pools existed): {} acknowledged transactions checked, {} in-flight \
-             transactions found complete; recovery wrote {} dirty pages, replayed {} \
-             transactions (at {} crash points) and changed the file at {} crash points",
+            "{name}: {} crash points ({} added; {} outside a commit, {} in a commit, {} in a \
+             flush, {} flush traps missed, {} of {} aimed kills landed where aimed and {} \
+             missed, {} before the pools existed): \
+             {} acknowledged transactions checked, {} in-flight transactions found complete; \
+             recovery wrote {} dirty pages, replayed {} transactions (at {} crash points) and \
+             changed the file at {} crash points",
             s.iters,
+            s.top_up,
+            s.killed_outside_commit,
             s.killed_in_commit,
             s.killed_in_flush,
             s.trap_missed,
+            s.aimed_landed,
+            s.aimed,
+            s.aimed_missed,
             s.no_instance,
             s.acked,
             s.in_flight_present,
@@ -376,4 +594,18 @@ fn kill9_at_random_points_then_recover() {
             s.file_changed,
         );
     }
+    for (name, s) in [("private", &private), ("shared", &shared)] {
+        assert!(
+            s.killed_outside_commit > 0,
+            "{name}: no crash point killed the victim outside a commit"
+        );
+        assert!(
+            s.killed_in_commit > 0,
+            "{name}: no crash point killed the victim inside a commit"
+        );
+    }
+    assert!(
+        shared.killed_in_flush > 0,
+        "shared: no crash point killed the victim inside a flush"
+    );
 }

@@ -5,8 +5,9 @@
 //! random points: the others must neither block nor lose anything, and the victim's
 //! acknowledged transactions must be in its files once the survivors have reaped it.
 //!
-//! The test re-executes its own binary as the workers (`mp_child` with `TIERMEM_VNVM_MP_CHILD`
-//! set). `TIERMEM_VNVM_MP_KILLS` sets the number of kill rounds (default 3).
+//! The test re-executes its own binary as the workers (the ignored `mp_child`, run with
+//! `--ignored --exact` and `TIERMEM_VNVM_MP_CHILD` set). `TIERMEM_VNVM_MP_KILLS` sets the
+//! number of kill rounds (default 3).
 
 mod common;
 use common::*;
@@ -53,12 +54,14 @@ fn words(v: u64, n: usize) -> Vec<u8> {
 /// A worker process: `dir;idx;n` (n = 0: run until killed). Transaction i of the private
 /// region writes i at 0 and a 64-byte record of i at slot i % 16; of the shared region, i at
 /// its stripe's start, a record at stripe slot i % 64, and the shared block tagged (idx, i).
-/// After each commit, the pair of last committed numbers goes to `ack<idx>`.
+/// After each commit, the pair of last committed numbers goes to `ack<idx>`. Run only as a
+/// child process of the tests below (with `--ignored --exact`).
 #[test]
+#[ignore = "helper: run only as a child process"]
 fn mp_child() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+    let spec = std::env::var(CHILD_ENV).unwrap_or_else(|_| {
+        panic!("helper only: run by the tests of this file with {CHILD_ENV} set")
+    });
     let mut it = spec.split(';');
     let dir = Path::new(it.next().unwrap());
     let idx: usize = it.next().unwrap().parse().unwrap();
@@ -109,7 +112,13 @@ fn mp_child() {
 
 fn spawn(dir: &Path, idx: usize, n: u64) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "mp_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "mp_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, format!("{};{idx};{n}", dir.display()))
         .spawn()
         .unwrap()
@@ -378,10 +387,14 @@ const SHARED_RUN_ENV: &str = "TIERMEM_VNVM_MP_SHARED_RUN";
 /// i at its stripe's start and 1–12 KiB of i's bytes after it (up to three log pages), and
 /// every 500 transactions it leaves the region and joins it again.
 #[test]
+#[ignore = "helper: run only as a child process"]
 fn mp_shared_run_child() {
-    let Ok(spec) = std::env::var(SHARED_RUN_ENV) else {
-        return;
-    };
+    let spec = std::env::var(SHARED_RUN_ENV).unwrap_or_else(|_| {
+        panic!(
+            "helper only: run by four_processes_long_runs_of_shared_commits with \
+             {SHARED_RUN_ENV} set"
+        )
+    });
     let mut it = spec.split(';');
     let dir = Path::new(it.next().unwrap());
     let idx: usize = it.next().unwrap().parse().unwrap();
@@ -418,7 +431,7 @@ fn four_processes_long_runs_of_shared_commits() {
     let mut kids: Vec<Child> = (0..4)
         .map(|k| {
             Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "mp_shared_run_child", "--nocapture"])
+                .args(["--ignored", "--exact", "mp_shared_run_child", "--nocapture"])
                 .env(SHARED_RUN_ENV, format!("{};{k};{n}", d.path().display()))
                 .spawn()
                 .unwrap()

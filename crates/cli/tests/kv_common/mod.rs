@@ -1,14 +1,38 @@
-//! What the kv end-to-end tests share: starting `tiermem kv serve` (one place), and a small
-//! RESP2 client that reports malformed or torn replies as errors.
+//! What the kv end-to-end tests share: starting `tiermem kv serve` (one place), a small RESP2
+//! client that reports malformed or torn replies as errors, and finding the real clients (a
+//! missing one skips the test, or fails it under `TIERMEM_REQUIRE_CLIENTS=1`).
 
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// A client program on PATH, or `None` (and a note) when it is missing and not required.
+pub fn client(name: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|f| f.is_file())
+    });
+    if found.is_none() {
+        skip_unless_required(&format!("{name} is not installed"));
+    }
+    found
+}
+
+/// A test cannot run because of `what` (a client or tool that is missing): a failure under
+/// `TIERMEM_REQUIRE_CLIENTS=1` (set by `scripts/test.sh`), else a note; the caller then skips.
+pub fn skip_unless_required(what: &str) {
+    assert!(
+        std::env::var("TIERMEM_REQUIRE_CLIENTS").as_deref() != Ok("1"),
+        "{what}: scripts/setup.sh installs it"
+    );
+    eprintln!("note: {what} (scripts/setup.sh installs it): skipping");
+}
 
 /// A running `tiermem kv serve` (killed on drop if still running).
 pub struct Server {
