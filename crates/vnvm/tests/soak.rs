@@ -288,10 +288,10 @@ fn run_tx(vn: &Vnvm, r: &Region, seed: u64, k: usize, i: u64, shared: bool, junk
 /// A worker: `dir;k;seed`. Checks what the previous incarnations left (after the reaping or
 /// recovery its `nv_init` ran), then runs transactions until `dir/stop` exists.
 #[test]
+#[ignore = "helper: run only as a child process"]
 fn soak_child() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+    let spec = std::env::var(CHILD_ENV)
+        .unwrap_or_else(|_| panic!("helper only: run by the soak test with {CHILD_ENV} set"));
     let mut it = spec.split(';');
     let dir = Path::new(it.next().unwrap());
     let k: usize = it.next().unwrap().parse().unwrap();
@@ -369,7 +369,13 @@ fn soak_child() {
 
 fn spawn(dir: &Path, k: usize, seed: u64) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "soak_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "soak_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, format!("{};{k};{seed}", dir.display()))
         .spawn()
         .unwrap()
