@@ -32,7 +32,13 @@ fn quick_json_has_every_row_and_the_headline_figures() {
         "progress on stderr: {stderr}"
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
-    for k in ["bytes_saved_pct", "speedup_pct", "tracking_overhead_pct"] {
+    for k in [
+        "bytes_saved_pct",
+        "speedup_pct",
+        "tracking_overhead_pct",
+        "speedup_pct_per_cpu",
+        "tracking_overhead_pct_per_cpu",
+    ] {
         let x = v[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {v}"));
         assert!(x.is_finite(), "{k} = {x}");
     }
@@ -42,6 +48,12 @@ fn quick_json_has_every_row_and_the_headline_figures() {
         "programs: skipped reason or rows: {progs}"
     );
     let rows = v["results"].as_array().expect("results array");
+    for r in rows {
+        let c = r["cpu_ms"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("cpu_ms missing: {r}"));
+        assert!(c.is_finite() && c >= 0.0, "cpu_ms = {c}: {r}");
+    }
     let ckpt = ["pgck", "fgck", "fgck4", "fgck8"];
     let base = ["heap-nockpt", "malloc"];
     let has = |f: &dyn Fn(&Value) -> bool| rows.iter().filter(|r| f(r)).count();

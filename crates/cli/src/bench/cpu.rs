@@ -65,6 +65,12 @@ fn thread_cpu_ns(tid: u32) -> Option<u64> {
     (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
+/// CPU nanoseconds the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`): for a system that
+/// runs on the benchmark's thread alone.
+pub fn this_thread_ns() -> u64 {
+    thread_cpu_ns(gettid()).unwrap_or(0)
+}
+
 /// The calling thread's id.
 fn gettid() -> u32 {
     // SAFETY: gettid has no arguments and cannot fail.
