@@ -22,9 +22,10 @@
 //!
 //! Headline figures come from the sparse update workload (1 % of 64 B and 128 B objects):
 //! `bytes_saved_pct` = 1 − FGCK/PGCK bytes copied per steady checkpoint; `speedup_pct` =
-//! 1 − FGCK/PGCK steady-phase time (updates + checkpoints); `*_per_cpu`: the same on the
-//! benchmark thread's CPU time (`cpu_ms`; the heap has no thread of its own); `tracking_overhead_pct` =
-//! `heap-nockpt`/`malloc` − 1 on the whole work (allocation, initial writes, updates).
+//! 1 − FGCK/PGCK steady-phase time (updates + checkpoints); `tracking_overhead_pct` =
+//! `heap-nockpt`/`malloc` − 1 on the whole work (allocation, initial writes, updates); the two
+//! `*_per_cpu` figures are the same on the benchmark thread's CPU time (`cpu_ms`; the heap has
+//! no thread of its own).
 //! Times and faults are medians over several runs; bytes are deterministic.
 
 use crate::machine;
