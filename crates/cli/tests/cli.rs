@@ -177,6 +177,14 @@ fn bench_fault_quick_json_reports_scan_1gib_ms() {
         "mprotect_over_pagemap_scan",
     );
     assert_eq!(v["faults"].as_array().unwrap().len(), 6);
+    // CPU per fault beside each latency, and its ratio to the kernel fault's.
+    for f in v["faults"].as_array().unwrap() {
+        finite_positive(&f["cpu_us_per_fault"], "cpu_us_per_fault");
+        finite_positive(
+            &f["cpu_over_kernel_first_touch"],
+            "cpu_over_kernel_first_touch",
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -91,6 +91,23 @@ pub fn process_cpu_s(pid: u32) -> Option<f64> {
     Some(ticks as f64 / hz)
 }
 
+/// Seconds of CPU (user + system) this process, all its threads, and its waited-for children
+/// have used so far (`getrusage` SELF + CHILDREN): for a probe that may run threads or a child
+/// of its own.
+pub fn self_and_children_s() -> f64 {
+    let get = |who| {
+        // SAFETY: getrusage fills the zeroed plain-data struct it is given.
+        let ru = unsafe {
+            let mut ru: libc::rusage = std::mem::zeroed();
+            libc::getrusage(who, &mut ru);
+            ru
+        };
+        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+        t(ru.ru_utime) + t(ru.ru_stime)
+    };
+    get(libc::RUSAGE_SELF) + get(libc::RUSAGE_CHILDREN)
+}
+
 /// Throughput per CPU-second: `ops` done with `cpu_s` seconds of CPU (`None` without CPU).
 pub fn per_cpu(ops: f64, cpu_s: f64) -> Option<f64> {
     (cpu_s > 0.0 && ops.is_finite()).then(|| ops / cpu_s)

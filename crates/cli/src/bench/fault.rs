@@ -2,7 +2,7 @@
 //! kernel's own first-touch fault, and written-page scans with userfaultfd WP_ASYNC + PAGEMAP_SCAN
 //! against the mprotect + SIGSEGV baseline, on the same region in the same run.
 
-use super::{progress, BenchOpts};
+use super::{cpu, progress, BenchOpts};
 use crate::machine;
 use crate::stats::P50P99;
 use anyhow::{Context, Result};
@@ -15,6 +15,12 @@ struct FaultRow {
     p50_us: f64,
     p99_us: f64,
     p50_over_kernel_first_touch: f64,
+    /// CPU microseconds per fault: the process's CPU (all threads, the engine's runtime thread
+    /// included, and a probe's child) over the probe, divided by the faults. A handler thread
+    /// that spins or wakes costs CPU its latency does not show.
+    cpu_us_per_fault: f64,
+    /// `cpu_us_per_fault` over the kernel first touch's.
+    cpu_over_kernel_first_touch: f64,
 }
 
 #[derive(Serialize)]
@@ -59,20 +65,26 @@ pub fn run(o: BenchOpts) -> Result<()> {
     ];
     let mut faults = Vec::new();
     let mut kernel_p50 = f64::NAN;
+    let mut kernel_cpu = f64::NAN;
     let mut raw: Vec<(&'static str, Vec<f64>)> = Vec::new();
     for (name, f) in paths {
         progress(o.json, &format!("{pages} faults: {name}"));
+        let c0 = cpu::self_and_children_s();
         let samples = f(pages).with_context(|| format!("measuring {name}"))?;
+        let cpu_us = (cpu::self_and_children_s() - c0) * 1e6 / pages as f64;
         let s = P50P99::from_ns_as_us(&samples);
         raw.push((name, samples.iter().map(|ns| ns / 1e3).collect()));
         if faults.is_empty() {
             kernel_p50 = s.p50;
+            kernel_cpu = cpu_us;
         }
         faults.push(FaultRow {
             path: name,
             p50_us: s.p50,
             p99_us: s.p99,
             p50_over_kernel_first_touch: (s.p50 / kernel_p50 * 100.0).round() / 100.0,
+            cpu_us_per_fault: (cpu_us * 100.0).round() / 100.0,
+            cpu_over_kernel_first_touch: (cpu_us / kernel_cpu * 100.0).round() / 100.0,
         });
     }
 
@@ -149,13 +161,18 @@ pub fn run(o: BenchOpts) -> Result<()> {
         report.delay_model
     );
     println!(
-        "{:<40} {:>9} {:>9} {:>14}",
-        "fault path", "p50 µs", "p99 µs", "p50 / kernel"
+        "{:<40} {:>9} {:>9} {:>14} {:>12} {:>14}",
+        "fault path", "p50 µs", "p99 µs", "p50 / kernel", "CPU µs", "CPU / kernel"
     );
     for r in &report.faults {
         println!(
-            "{:<40} {:>9.2} {:>9.2} {:>13.2}×",
-            r.path, r.p50_us, r.p99_us, r.p50_over_kernel_first_touch
+            "{:<40} {:>9.2} {:>9.2} {:>13.2}× {:>12.2} {:>13.2}×",
+            r.path,
+            r.p50_us,
+            r.p99_us,
+            r.p50_over_kernel_first_touch,
+            r.cpu_us_per_fault,
+            r.cpu_over_kernel_first_touch
         );
     }
     println!(
