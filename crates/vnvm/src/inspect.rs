@@ -100,7 +100,7 @@ pub struct DomainInfo {
 }
 
 /// Occupancy of the NVM write cache (from the cache page objects).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CacheInfo {
     /// Cache pages in the pool (same as [`InstanceGeometry::cache_pages`]).
     pub pages: u32,
@@ -113,6 +113,10 @@ pub struct CacheInfo {
     pub valid_bytes: u64,
     /// `dirty / pages` (0.0 ..= 1.0).
     pub dirty_ratio: f64,
+    /// The dirty pages, as (file id, page index in the file), in cache page order. After a
+    /// crash these file pages are rebuilt from the cache by recovery; their backing-file bytes
+    /// outside the page's valid chunks are not verified (see docs/vnvm.md, "Checksums").
+    pub dirty_pages: Vec<(u32, u64)>,
 }
 
 /// Worker activity of one process (app) using a live instance.
@@ -270,6 +274,7 @@ fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
 
     let mut mapped = 0u32;
     let mut dirty = 0u32;
+    let mut dirty_pages = Vec::new();
     let mut valid_chunks = 0u64;
     let replayed = replayed_keys(&listed, g.page_size);
     for page in 0..g.cache_pages {
@@ -279,6 +284,7 @@ fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
             valid_chunks += rec.mask.count_ones() as u64;
             if d {
                 check_cache_page(&p.cache, &p.geo, page, (f, idx), &rec, &replayed)?;
+                dirty_pages.push((f, idx));
             }
         }
     }
@@ -308,6 +314,7 @@ fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
             dirty,
             valid_bytes: valid_chunks * g.chunk(),
             dirty_ratio: dirty as f64 / g.cache_pages as f64,
+            dirty_pages,
         },
         live: live_info(dir, &p.geo),
     })
