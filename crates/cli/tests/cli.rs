@@ -162,6 +162,11 @@ fn bench_media_quick_json_has_the_headline_key() {
     let acc = v["accuracy"].as_array().unwrap();
     assert_eq!(acc.len(), 6, "3 presets × 2 sizes");
     assert_eq!(v["bandwidth"].as_array().unwrap().len(), 4);
+    // Bandwidth per second of the copying thread's CPU beside the wall-clock one.
+    for b in v["bandwidth"].as_array().unwrap() {
+        finite_positive(&b["cpu_gbps"], "cpu_gbps");
+        finite_positive(&b["ratio_vs_none_per_cpu"], "ratio_vs_none_per_cpu");
+    }
     // The directory holds no leftover benchmark pool.
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
     let _ = std::fs::remove_dir_all(&dir);

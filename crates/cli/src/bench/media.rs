@@ -5,7 +5,7 @@ use super::{progress, BenchOpts};
 use crate::machine;
 use anyhow::{Context, Result};
 use serde::Serialize;
-use tiermem_media::bench::{copy_bandwidth_gbps, delay_accuracy};
+use tiermem_media::bench::{copy_bandwidth, delay_accuracy};
 use tiermem_media::{DelayModel, Pool, PoolKind, PoolOptions};
 
 const PRESETS: [&str; 4] = ["none", "pcm-fam", "nvmm", "ethernet-10g"];
@@ -16,6 +16,10 @@ struct BandwidthRow {
     model: String,
     copy_gbps: f64,
     ratio_vs_none: f64,
+    /// Bytes copied per nanosecond of the copying thread's CPU (the delay model busy-waits on
+    /// it), and its ratio to the no-delay preset's.
+    cpu_gbps: f64,
+    ratio_vs_none_per_cpu: f64,
 }
 
 #[derive(Serialize)]
@@ -68,19 +72,24 @@ pub fn run(o: BenchOpts) -> Result<()> {
     let reps = if o.quick { 15 } else { 41 };
     let mut bandwidth = Vec::new();
     let mut base_gbps = f64::NAN;
+    let mut base_cpu_gbps = f64::NAN;
     for name in PRESETS {
         let model: DelayModel = name.parse()?;
         pool.set_delay(model);
         progress(o.json, &format!("copy bandwidth, delay {name}"));
-        let gbps = copy_bandwidth_gbps(&pool, copy_bytes, if o.quick { 5 } else { 9 })?;
+        let bw = copy_bandwidth(&pool, copy_bytes, if o.quick { 5 } else { 9 })?;
+        let gbps = bw.gbps;
         if name == "none" {
             base_gbps = gbps;
+            base_cpu_gbps = bw.cpu_gbps;
         }
         bandwidth.push(BandwidthRow {
             delay: name.into(),
             model: model.to_string(),
             copy_gbps: round2(gbps),
             ratio_vs_none: round3(gbps / base_gbps),
+            cpu_gbps: round2(bw.cpu_gbps),
+            ratio_vs_none_per_cpu: round3(bw.cpu_gbps / base_cpu_gbps),
         });
     }
 
@@ -119,13 +128,13 @@ pub fn run(o: BenchOpts) -> Result<()> {
     println!("machine: {}", report.machine.one_line());
     println!("pool: {} ({})\n", path.display(), report.pool_medium);
     println!(
-        "{:<14} {:>12} {:>10}  model",
-        "delay", "copy GB/s", "vs none"
+        "{:<14} {:>12} {:>10} {:>16}  model",
+        "delay", "copy GB/s", "vs none", "GB per CPU-s"
     );
     for r in &report.bandwidth {
         println!(
-            "{:<14} {:>12.2} {:>9.3}×  {}",
-            r.delay, r.copy_gbps, r.ratio_vs_none, r.model
+            "{:<14} {:>12.2} {:>9.3}× {:>16.2}  {}",
+            r.delay, r.copy_gbps, r.ratio_vs_none, r.cpu_gbps, r.model
         );
     }
     println!(
