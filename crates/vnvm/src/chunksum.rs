@@ -59,35 +59,24 @@ pub(crate) fn chunks_xor(page: &[u8], cs: usize, mut mask: u64) -> u32 {
 /// of index `first`), into `out` (one per chunk; `bytes.len()` is `out.len() · cs`). Three at
 /// a time where the CPU has the crc32 instruction.
 pub(crate) fn chunk_sums(first: u64, bytes: &[u8], cs: usize, out: &mut [u32]) {
+    let n = out.len();
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if cs % 8 == 0 && std::arch::is_x86_feature_detected!("sse4.2") {
-        while done + 3 <= out.len() {
-            let ch = [0, 1, 2].map(|k| first as usize + done + k);
-            let s = [0, 1, 2].map(|k| bytes.get((done + k) * cs..(done + k + 1) * cs));
+        // Three lanes per pass; with one or two chunks left the last one fills the other
+        // lanes (a three-lane pass costs what one chain does).
+        while done < n {
+            let lane = |k: usize| (done + k).min(n - 1);
+            let ch = [0, 1, 2].map(|k| first as usize + lane(k));
+            let s = [0, 1, 2].map(|k| bytes.get(lane(k) * cs..(lane(k) + 1) * cs));
             let (Some(a), Some(b), Some(c)) = (s[0], s[1], s[2]) else {
                 break;
             };
             // SAFETY: SSE4.2 is available (checked above).
             let three = unsafe { three_sse42(ch, [a, b, c]) };
-            out[done..done + 3].copy_from_slice(&three);
-            done += 3;
-        }
-    }
-    // One or two left: a three-lane pass still (the last chunk again fills the lanes), as
-    // cheap as one chain.
-    #[cfg(target_arch = "x86_64")]
-    if done < out.len() && cs % 8 == 0 && std::arch::is_x86_feature_detected!("sse4.2") {
-        let n = out.len();
-        let lane = |k: usize| (done + k).min(n - 1);
-        let ch = [0, 1, 2].map(|k| first as usize + lane(k));
-        let s = [0, 1, 2].map(|k| bytes.get(lane(k) * cs..(lane(k) + 1) * cs));
-        if let (Some(a), Some(b), Some(c)) = (s[0], s[1], s[2]) {
-            // SAFETY: SSE4.2 is available (checked above).
-            let three = unsafe { three_sse42(ch, [a, b, c]) };
-            let left = n - done;
-            out[done..].copy_from_slice(&three[..left]);
-            done = n;
+            let k = (n - done).min(3);
+            out[done..done + k].copy_from_slice(&three[..k]);
+            done += k;
         }
     }
     for (k, o) in out.iter_mut().enumerate().skip(done) {
