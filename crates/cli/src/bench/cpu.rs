@@ -2,53 +2,13 @@
 //! benchmark reports beside wall-clock throughput: on 2 cores a background thread is not free,
 //! so a system that finishes sooner by keeping two CPUs busy must not look better per CPU.
 //!
-//! Two sources: the threads of this process by name (each thread's CPU clock, the clock id
-//! `pthread_getcpuclockid` would give, read with `clock_gettime`: exact to the nanosecond even
-//! for a running thread, where `/proc/self/task/*/schedstat` lags by up to a scheduler tick;
-//! for a system that runs in the benchmark's process, its calling thread plus its named worker
-//! threads), and whole other processes (`/proc/PID/stat` utime + stime of all their threads,
-//! clock ticks; for servers and child processes).
-
-use std::collections::HashMap;
-
-/// CPU nanoseconds of each thread of this process, by thread id, with its name.
-#[derive(Clone, Debug, Default)]
-pub struct ThreadCpu(HashMap<u32, (String, u64)>);
-
-impl ThreadCpu {
-    /// The CPU time every thread of this process has used so far. Threads whose files cannot
-    /// be read (they exited meanwhile) are left out.
-    pub fn now() -> ThreadCpu {
-        let mut m = HashMap::new();
-        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-            return ThreadCpu(m);
-        };
-        for t in tasks.flatten() {
-            let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            let ns = thread_cpu_ns(tid);
-            let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if let Some(ns) = ns {
-                m.insert(tid, (name.trim().to_string(), ns));
-            }
-        }
-        ThreadCpu(m)
-    }
-
-    /// Seconds of CPU used since `earlier` by the calling thread and by the threads named one
-    /// of `workers` (threads started since `earlier` count from zero).
-    pub fn since(&self, earlier: &ThreadCpu, workers: &[&str]) -> f64 {
-        let me = gettid();
-        let ns: u64 = self
-            .0
-            .iter()
-            .filter(|(tid, (name, _))| **tid == me || workers.contains(&name.as_str()))
-            .map(|(tid, (_, ns))| ns.saturating_sub(earlier.0.get(tid).map_or(0, |e| e.1)))
-            .sum();
-        ns as f64 / 1e9
-    }
-}
+//! Three sources: this whole process ([`process_ns`], the process CPU-time clock: user + system
+//! of every thread, live or exited, to the nanosecond; for a system that runs in a worker
+//! process of its own, as `bench vnvm`'s and `bench migrate`'s do), the calling thread alone
+//! ([`this_thread_ns`]; its CPU clock, exact even while it runs, where
+//! `/proc/self/task/*/schedstat` lags by up to a scheduler tick), and whole other processes
+//! (`/proc/PID/stat` utime + stime of all their threads, clock ticks; for servers and child
+//! processes).
 
 /// CPU nanoseconds thread `tid` of this process has used, from its CPU-time clock (the clock id
 /// glibc's `pthread_getcpuclockid` builds: `(!tid << 3) | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED`);
@@ -69,6 +29,24 @@ fn thread_cpu_ns(tid: u32) -> Option<u64> {
 /// runs on the benchmark's thread alone.
 pub fn this_thread_ns() -> u64 {
     thread_cpu_ns(gettid()).unwrap_or(0)
+}
+
+/// CPU nanoseconds this process has used so far: user + system time of all its threads, those
+/// that exited included (`CLOCK_PROCESS_CPUTIME_ID`; the quantity `getrusage(RUSAGE_SELF)` and
+/// `/proc/self/stat` give in microseconds and clock ticks). For a system that runs in a process
+/// of its own, background threads and all.
+pub fn process_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid pointer.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if r == 0 {
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    } else {
+        0
+    }
 }
 
 /// The calling thread's id.
@@ -118,43 +96,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_busy_thread_is_counted_and_an_idle_one_is_not() {
-        let t0 = ThreadCpu::now();
-        let spin = std::thread::Builder::new()
-            .name("cpu-test-spin".into())
-            .spawn(|| {
-                let end = std::time::Instant::now() + std::time::Duration::from_millis(60);
-                let mut x = 0u64;
-                while std::time::Instant::now() < end {
-                    x = x.wrapping_add(1);
-                }
-                std::hint::black_box(x);
-                // Stay alive so that the snapshot below still sees this thread.
-                std::thread::sleep(std::time::Duration::from_millis(200));
-            })
-            .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let t1 = ThreadCpu::now();
-        let with = t1.since(&t0, &["cpu-test-spin"]);
-        let without = t1.since(&t0, &[]);
+    fn busy_threads_are_counted_whether_running_or_exited() {
+        let p0 = process_ns();
+        let t0 = this_thread_ns();
+        let spin = std::thread::spawn(|| {
+            let end = std::time::Instant::now() + std::time::Duration::from_millis(60);
+            let mut x = 0u64;
+            while std::time::Instant::now() < end {
+                x = x.wrapping_add(1);
+            }
+            std::hint::black_box(x);
+        });
         spin.join().unwrap();
-        assert!(
-            with >= without + 0.03,
-            "with the spinner {with} s, without {without} s"
-        );
-        assert!(without < 0.05, "a sleeping caller used {without} s");
-        let me = process_cpu_s(std::process::id()).unwrap();
-        assert!(me >= 0.03, "this process used {me} s");
+        // The spinner exited: the process clock still counts it, the caller's clock does not.
+        let process = (process_ns() - p0) as f64 / 1e9;
+        let me = (this_thread_ns() - t0) as f64 / 1e9;
+        assert!(process >= me + 0.03, "process {process} s, caller {me} s");
+        assert!(me < 0.05, "a waiting caller used {me} s");
+        let whole = process_cpu_s(std::process::id()).unwrap();
+        assert!(whole >= 0.03, "this process used {whole} s");
         assert!(process_cpu_s(u32::MAX).is_none());
         assert_eq!(per_cpu(10.0, 0.0), None);
         assert_eq!(per_cpu(10.0, 2.0), Some(5.0));
         // The calling thread's own clock is exact: a millisecond of spinning shows.
-        let a = ThreadCpu::now();
+        let a = this_thread_ns();
         let end = std::time::Instant::now() + std::time::Duration::from_millis(1);
         while std::time::Instant::now() < end {
             std::hint::spin_loop();
         }
-        let spun = ThreadCpu::now().since(&a, &[]);
+        let spun = (this_thread_ns() - a) as f64 / 1e9;
         assert!(spun >= 0.0008, "1 ms of spinning counted as {spun} s");
     }
 }

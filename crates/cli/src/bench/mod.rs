@@ -13,6 +13,7 @@ pub mod migrate;
 mod migrate_kv;
 mod pheap;
 mod vnvm;
+pub mod worker;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
@@ -59,6 +60,10 @@ pub enum BenchCommand {
     /// checkpoint intervals 5/10/15 scaled seconds): bytes copied per checkpoint, checkpoint
     /// time, run time, minor faults, and the tracking overhead against glibc malloc.
     Pheap(BenchOpts),
+    /// Internal: the process one system of `bench vnvm` runs in, driven by `bench vnvm` over
+    /// its stdin and stdout (one JSON request and one reply per line).
+    #[command(hide = true)]
+    VnvmWorker(vnvm::WorkerArgs),
 }
 
 /// Run one benchmark.
@@ -70,6 +75,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Kv(o) => kv::run(o),
         BenchCommand::Migrate(o) => migrate::run(o),
         BenchCommand::Pheap(o) => pheap::run(o),
+        BenchCommand::VnvmWorker(a) => vnvm::worker_main(a),
     }
 }
 

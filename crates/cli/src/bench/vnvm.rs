@@ -53,14 +53,15 @@
 //! µs, memcpy's 0.2-1.8 µs): about the same microseconds per transaction as the others, but on
 //! transactions of 4-11 µs rather than memcpy's 0.6-2.5 µs, hence a smaller relative change.
 
-use super::cpu::{self, ThreadCpu};
+use super::cpu;
+use super::worker::{self, Worker};
 use super::{progress, BenchOpts};
 use crate::machine;
 use crate::stats::percentile;
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tiermem_media::{busy_wait_ns, DelayModel};
 
 /// Page size of the array (the paper's, and vnvm's default cache page).
@@ -111,11 +112,6 @@ pub trait TxSystem {
     }
     /// What this system charges to the delay model, for the report.
     fn charges(&self) -> &'static str;
-    /// Names of the system's own background threads in this process, whose CPU time counts as
-    /// the system's (with the calling thread's) in `*_cpu_s`. Default: none.
-    fn workers(&self) -> &'static [&'static str] {
-        &[]
-    }
     /// The system's working memory, for the placement report: (what, its `(address, length)`
     /// ranges). Default: nothing.
     fn memory(&self) -> Vec<(&'static str, Vec<(usize, usize)>)> {
@@ -123,25 +119,34 @@ pub trait TxSystem {
     }
 }
 
-/// The vnvm system: log and cache pools as large as the array (the paper's fairness rule), in
-/// the benchmark's directory, one private region over a backing file there. vnvm has no delay
-/// setting of its own: its pools take the model from `TIERMEM_DELAY` when they are created
-/// (`PoolOptions` without a delay), which is where the global `--delay` puts it and where `run`
-/// reads the other systems' model from.
-fn vnvm_system(dir: &Path) -> std::result::Result<VnvmSystem, String> {
+/// The directory of the vnvm system's instance, array and backing file: a fresh one in the
+/// benchmark's directory `dir`, named after this (the parent) process; an error (vnvm is then
+/// reported unavailable) when `dir` does not exist.
+fn vnvm_dir(dir: &Path) -> std::result::Result<PathBuf, String> {
     if !dir.is_dir() {
         return Err(format!(
             "benchmark directory {} does not exist",
             dir.display()
         ));
     }
-    Ok(VnvmSystem {
-        dir: dir.join(format!("vnvm-{}", std::process::id())),
-        vn: None,
-        region: None,
-        wb_mark: 0,
-        wb: BackgroundPages::default(),
-    })
+    Ok(dir.join(format!("vnvm-{}", std::process::id())))
+}
+
+impl VnvmSystem {
+    /// The vnvm system: log and cache pools as large as the array (the paper's fairness rule),
+    /// in `dir` (created by `setup`, removed on drop), one private region over a backing file
+    /// there. vnvm has no delay setting of its own: its pools take the model from
+    /// `TIERMEM_DELAY` when they are created (`PoolOptions` without a delay), which is where the
+    /// global `--delay` puts it and where the other systems read their model from.
+    fn new(dir: PathBuf) -> VnvmSystem {
+        VnvmSystem {
+            dir,
+            vn: None,
+            region: None,
+            wb_mark: 0,
+            wb: BackgroundPages::default(),
+        }
+    }
 }
 
 /// vnvm through its Rust API (`nv_txbegin`, `nv_write` × 32, `nv_commit`).
@@ -155,7 +160,7 @@ struct VnvmSystem {
 }
 
 /// Pages a system's background worker wrote back, split by when (the JSON `vnvm_writeback`).
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct BackgroundPages {
     /// During timed cells (up to the start of the following quiesce).
     pub timed: u64,
@@ -255,10 +260,6 @@ impl TxSystem for VnvmSystem {
          to the NVM cache (>= 32 x S) and one log read"
     }
 
-    fn workers(&self) -> &'static [&'static str] {
-        &["vnvm-redo", "vnvm-writeback"]
-    }
-
     fn memory(&self) -> Vec<(&'static str, Vec<(usize, usize)>)> {
         let mut v = Vec::new();
         if let Some(r) = self.region() {
@@ -316,7 +317,7 @@ const LAT_PAUSE_NS: u64 = 15_000_000;
 /// idle). `worker_sleeps_*`: voluntary context switches of the redo worker per commit over each
 /// series (its polls count too). `unpark_*`: `Thread::unpark` alone, on a thread parked for
 /// 15 ms and on one spinning (never parked).
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 struct CommitLatency {
     awake_p50_ns: u64,
     awake_p99_ns: u64,
@@ -336,7 +337,7 @@ struct CommitLatency {
     unpark_running_p99_ns: u64,
     /// Median cost of one `now_ns` pair with nothing between (included in every sample).
     timer_overhead_ns: u64,
-    method: &'static str,
+    method: String,
 }
 
 impl VnvmSystem {
@@ -426,7 +427,8 @@ impl VnvmSystem {
                      nv_commit timed with the TSC clock; awake: back to back; asleep: each after \
                      a 15 ms busy-wait (untimed; the worker goes to its long sleep after 10 ms \
                      idle); worker sleeps: voluntary context switches of \
-                     the redo worker per commit",
+                     the redo worker per commit"
+                .to_string(),
         })
     }
 }
@@ -655,9 +657,9 @@ struct Row {
 #[derive(Serialize)]
 struct DelayInfo {
     model: String,
-    memcpy_charged: &'static str,
-    pmdk_charged: &'static str,
-    vnvm_charged: &'static str,
+    memcpy_charged: String,
+    pmdk_charged: String,
+    vnvm_charged: String,
 }
 
 #[derive(Serialize)]
@@ -692,6 +694,10 @@ struct Report {
     passes: [usize; 2],
     repetitions: usize,
     statistic: &'static str,
+    /// How the systems were kept apart: "one process per system".
+    isolation: &'static str,
+    /// What that means, and how the parent drives the workers.
+    isolation_method: &'static str,
     /// How `*_cpu_s` is measured.
     cpu_method: &'static str,
     delay: DelayInfo,
@@ -1035,10 +1041,10 @@ fn mapped_file_ranges(path: &Path) -> Vec<(usize, usize)> {
 }
 
 /// Where one piece of a system's working memory lies physically (JSON `placement.memory`).
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 struct PlacementEntry {
-    system: &'static str,
-    memory: &'static str,
+    system: String,
+    memory: String,
     bytes: u64,
     resident_bytes: u64,
     /// Distinct 2 MiB physical blocks of its pages (`None`: page frames hidden, not root).
@@ -1064,8 +1070,8 @@ impl Placement {
                 let bytes: usize = ranges.iter().map(|r| r.1).sum();
                 let (resident, blocks) = pagemap_scan(&ranges).unwrap_or((0, None));
                 out.push(PlacementEntry {
-                    system: sys.name(),
-                    memory: what,
+                    system: sys.name().to_string(),
+                    memory: what.to_string(),
                     bytes: bytes as u64,
                     resident_bytes: resident,
                     phys_2mib_blocks: blocks,
@@ -1079,7 +1085,7 @@ impl Placement {
 
 /// What a measured read-pass mapping is, from `/proc/self/smaps` (its VMA) and
 /// `/proc/self/pagemap` (the measured range), read after the timed passes.
-#[derive(Serialize, Clone, Debug, Default, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 struct MemoryInfo {
     /// Kind, sharing and access of the mapping, e.g. "anonymous, private, read-write".
     mapping: String,
@@ -1245,31 +1251,256 @@ fn read_pass_secs(region: &[u8]) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
-/// Median seconds of a read pass over each region (`None` stays `None`). One untimed warm-up
-/// pass over every region first (it maps the pages of a view that was never read, e.g. vnvm's
-/// read-only view, whose first pass takes minor faults); then `reps` rounds, each reading every
-/// region once, the order rotating by one each round so that no region is always first.
-fn read_pass_medians(regions: &[Option<&[u8]>], reps: usize) -> Vec<Option<f64>> {
-    let present: Vec<usize> = (0..regions.len())
-        .filter(|i| regions[*i].is_some())
-        .collect();
-    for i in &present {
-        read_pass_secs(regions[*i].unwrap_or_default());
+/// Median seconds of a read pass over each region whose `present` entry is true (the others
+/// stay `None`); `pass(i)` times one pass over region `i` (which may live in another process).
+/// One untimed warm-up pass over every region first (it maps the pages of a view that was never
+/// read, e.g. vnvm's read-only view, whose first pass takes minor faults); then `reps` rounds,
+/// each reading every region once, the order rotating by one each round so that no region is
+/// always first.
+fn read_pass_medians(
+    present: &[bool],
+    reps: usize,
+    mut pass: impl FnMut(usize) -> Result<f64>,
+) -> Result<Vec<Option<f64>>> {
+    let idx: Vec<usize> = (0..present.len()).filter(|i| present[*i]).collect();
+    for i in &idx {
+        pass(*i)?;
     }
-    let mut samples = vec![Vec::with_capacity(reps); regions.len()];
+    let mut samples = vec![Vec::with_capacity(reps); present.len()];
     for rep in 0..reps {
-        for k in 0..present.len() {
-            let i = present[(rep + k) % present.len()];
-            samples[i].push(read_pass_secs(regions[i].unwrap_or_default()));
+        for k in 0..idx.len() {
+            let i = idx[(rep + k) % idx.len()];
+            samples[i].push(pass(i)?);
         }
     }
-    samples
+    Ok(samples
         .iter()
         .map(|v| (!v.is_empty()).then(|| percentile(v, 50.0)))
-        .collect()
+        .collect())
 }
 
-/// Run the benchmark: set every system up, time every (P, S) cell, print the table or JSON.
+/// A request from `bench vnvm` to one system's worker process: one JSON object per line,
+/// `{"cmd": "<kind>", ...}` (see `bench/worker.rs` for the framing and the replies).
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+enum Request {
+    /// Set the system up with an array of `bytes` bytes (untimed). Reply: [`SetupReply`]
+    /// (`read_bytes`: the part of the array the read pass covers).
+    Setup { bytes: usize, read_bytes: usize },
+    /// The physical placement of the system's working memory. Reply: `Vec<PlacementEntry>`.
+    Placement,
+    /// Time one cell ([`time_cell`]), then the untimed quiesce. Reply: [`CellReply`].
+    Cell {
+        pages: usize,
+        s: usize,
+        passes: usize,
+        seed: u8,
+    },
+    /// One read pass over the first `bytes` of the array. Reply: seconds, `null` without one.
+    ReadPass { bytes: usize },
+    /// [`MemoryInfo`] of the first `bytes` of the array. Reply: it, `null` without an array.
+    MemoryInfo { bytes: usize },
+    /// Write the first `bytes` of the array to the file `path`. Reply: `true` if written,
+    /// `false` without an array.
+    DumpRegion { bytes: usize, path: PathBuf },
+    /// vnvm only: [`VnvmSystem::commit_latency`]. Reply: [`CommitLatency`].
+    CommitLatency { n: usize, n_asleep: usize },
+    /// The system's background writeback counts. Reply: `Option<BackgroundPages>`.
+    Background,
+}
+
+impl Request {
+    /// The request's `cmd`, for messages and the fault-injection hook.
+    fn kind(&self) -> &'static str {
+        match self {
+            Request::Setup { .. } => "setup",
+            Request::Placement => "placement",
+            Request::Cell { .. } => "cell",
+            Request::ReadPass { .. } => "read_pass",
+            Request::MemoryInfo { .. } => "memory_info",
+            Request::DumpRegion { .. } => "dump_region",
+            Request::CommitLatency { .. } => "commit_latency",
+            Request::Background => "background",
+        }
+    }
+}
+
+/// A worker's answer to `setup`.
+#[derive(Serialize, Deserialize, Debug)]
+struct SetupReply {
+    /// What the system charges to the delay model.
+    charges: String,
+    /// Whether the mapping of the array's first `read_bytes` may get transparent huge pages
+    /// (`None`: the system does not lend its array out).
+    region_thp_eligible: Option<bool>,
+}
+
+/// A worker's measurement of one cell, in its own process.
+#[derive(Serialize, Deserialize, Debug)]
+struct CellReply {
+    transactions: usize,
+    /// Wall-clock seconds of the timed part (transactions and drain).
+    secs: f64,
+    /// CPU seconds of the worker process (every thread, user + system) over the timed part and
+    /// the untimed quiesce after it.
+    cpu_s: f64,
+    /// The same over the timed part alone.
+    cpu_timed_s: f64,
+}
+
+/// Arguments of the hidden `tiermem bench vnvm-worker`: the process one system of
+/// `tiermem bench vnvm` runs in.
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkerArgs {
+    /// The system: memcpy, pmdk or vnvm.
+    #[arg(long)]
+    system: String,
+    /// Where the system keeps its files (pmdk: the pool file; vnvm: its directory; memcpy:
+    /// unused), named by the parent, which removes it if the worker cannot.
+    #[arg(long)]
+    path: PathBuf,
+}
+
+/// Environment variable (tests): `SYSTEM:CMD:ACTION` makes the worker of SYSTEM, on request
+/// CMD, `exit` (status 70, no answer), answer an `error`, or `hang`.
+const FAULT_ENV: &str = "TIERMEM_BENCH_VNVM_WORKER_FAULT";
+/// Environment variable: seconds the parent waits for a worker's answer (default 1200).
+const TIMEOUT_ENV: &str = "TIERMEM_BENCH_VNVM_WORKER_TIMEOUT";
+
+/// The worker process of one system (`tiermem bench vnvm-worker`): the system is created here,
+/// set up on the parent's `setup` request and measured on its requests, in this process alone;
+/// it is released at EOF on stdin. See [`Request`] and `bench/worker.rs`.
+pub fn worker_main(a: WorkerArgs) -> Result<()> {
+    let delay = DelayModel::from_env()?;
+    let mut vnvm: Option<VnvmSystem> = None;
+    let mut other: Option<Box<dyn TxSystem>> = None;
+    match a.system.as_str() {
+        "vnvm" => vnvm = Some(VnvmSystem::new(a.path.clone())),
+        "pmdk" => {
+            other = Some(Box::new(PmdkSystem {
+                path: a.path.clone(),
+                pool: None,
+                delay,
+            }))
+        }
+        "memcpy" => {
+            other = Some(Box::new(MemcpySystem {
+                array: Vec::new(),
+                delay,
+            }))
+        }
+        s => bail!("bench vnvm-worker: unknown system {s:?} (memcpy, pmdk, vnvm)"),
+    }
+    let fault = std::env::var(FAULT_ENV).unwrap_or_default();
+    let fault: Vec<&str> = fault.splitn(3, ':').collect();
+    worker::serve(|req: Request| {
+        if fault.len() == 3 && fault[0] == a.system && fault[1] == req.kind() {
+            match fault[2] {
+                "exit" => std::process::exit(70),
+                "hang" => loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                },
+                _ => bail!("{FAULT_ENV}: injected failure of {}", req.kind()),
+            }
+        }
+        let sys: &mut dyn TxSystem = match (vnvm.as_mut(), other.as_mut()) {
+            (Some(v), _) => v,
+            (None, Some(o)) => o.as_mut(),
+            (None, None) => bail!("no system"),
+        };
+        let v = match req {
+            Request::Setup { bytes, read_bytes } => {
+                sys.setup(bytes)
+                    .with_context(|| format!("{}: setup", sys.name()))?;
+                serde_json::to_value(SetupReply {
+                    charges: sys.charges().to_string(),
+                    region_thp_eligible: sys
+                        .region()
+                        .map(|r| MemoryInfo::of(&r[..read_bytes.min(r.len())]).thp_eligible),
+                })?
+            }
+            Request::Placement => serde_json::to_value(Placement::measure(&[&*sys]))?,
+            Request::Cell {
+                pages,
+                s,
+                passes,
+                seed,
+            } => {
+                let c0 = cpu::process_ns();
+                let (transactions, secs) = time_cell(sys, pages, s, passes, seed)?;
+                let c_timed = cpu::process_ns();
+                // Untimed: no background work of this system runs into the next cell (of this
+                // or another system: the parent waits for this answer).
+                sys.quiesce()
+                    .with_context(|| format!("{}: quiesce", sys.name()))?;
+                let c1 = cpu::process_ns();
+                serde_json::to_value(CellReply {
+                    transactions,
+                    secs,
+                    cpu_s: c1.saturating_sub(c0) as f64 / 1e9,
+                    cpu_timed_s: c_timed.saturating_sub(c0) as f64 / 1e9,
+                })?
+            }
+            Request::ReadPass { bytes } => serde_json::to_value(
+                sys.region()
+                    .map(|r| read_pass_secs(&r[..bytes.min(r.len())])),
+            )?,
+            Request::MemoryInfo { bytes } => serde_json::to_value(
+                sys.region()
+                    .map(|r| MemoryInfo::of(&r[..bytes.min(r.len())])),
+            )?,
+            Request::DumpRegion { bytes, path } => match sys.region() {
+                Some(r) => {
+                    std::fs::write(&path, &r[..bytes.min(r.len())])
+                        .with_context(|| format!("writing {}", path.display()))?;
+                    serde_json::Value::Bool(true)
+                }
+                None => serde_json::Value::Bool(false),
+            },
+            Request::CommitLatency { n, n_asleep } => match vnvm.as_ref() {
+                Some(v) => serde_json::to_value(v.commit_latency(n, n_asleep)?)?,
+                None => bail!("commit latency is measured on vnvm only"),
+            },
+            Request::Background => serde_json::to_value(sys.background_pages())?,
+        };
+        Ok(Some(v))
+    })
+}
+
+/// The parent's handle on one system's worker process.
+struct SystemWorker {
+    w: Worker,
+}
+
+impl SystemWorker {
+    /// Start the worker of `system` (its files at `path`, removed when it is gone).
+    fn spawn(system: &str, path: &Path, timeout: Duration) -> Result<SystemWorker> {
+        let args = [
+            "bench".to_string(),
+            "vnvm-worker".to_string(),
+            "--system".to_string(),
+            system.to_string(),
+            "--path".to_string(),
+            path.display().to_string(),
+        ];
+        let cleanup = if system == "memcpy" {
+            Vec::new()
+        } else {
+            vec![path.to_path_buf()]
+        };
+        Ok(SystemWorker {
+            w: Worker::spawn(system, &args, timeout, cleanup)?,
+        })
+    }
+
+    /// Send `req`, decode the answer.
+    fn call<T: serde::de::DeserializeOwned>(&mut self, req: &Request, what: &str) -> Result<T> {
+        self.w.call(req, what)
+    }
+}
+
+/// Run the benchmark: start one worker process per system, set every system up, time every
+/// (P, S) cell with the systems interleaved, print the table or JSON.
 pub fn run(o: BenchOpts) -> Result<()> {
     if o.plot.is_some() {
         bail!("bench vnvm has no chart yet; its table is the result");
@@ -1279,28 +1510,39 @@ pub fn run(o: BenchOpts) -> Result<()> {
     let pages = bytes / PAGE;
     let reps = if o.quick { 3 } else { 5 };
     let delay = DelayModel::from_env()?;
-    // libpmem reads this once, at the first pool; we are still single-threaded here. An explicit
-    // value in the environment is kept (and reported), to allow comparing the msync path.
+    // libpmem reads this once, at the first pool, in the pmdk worker, which inherits it; we are
+    // still single-threaded here. An explicit value in the environment is kept (and reported),
+    // to allow comparing the msync path.
     if std::env::var_os(tiermem_pmdk::PMEM_IS_PMEM_FORCE).is_none() {
         tiermem_pmdk::force_pmem();
     }
     let force = std::env::var(tiermem_pmdk::PMEM_IS_PMEM_FORCE).unwrap_or_default();
     let dir = tiermem_media::ensure_default_dir()?;
+    let timeout = match std::env::var(TIMEOUT_ENV) {
+        Ok(v) if !v.trim().is_empty() => Duration::from_secs_f64(
+            v.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .with_context(|| format!("{TIMEOUT_ENV}={v}: not a number of seconds"))?,
+        ),
+        _ => Duration::from_secs(1200),
+    };
 
-    let mut memcpy = MemcpySystem {
-        array: Vec::new(),
-        delay,
-    };
-    let mut pmdk = PmdkSystem {
-        path: dir.join(format!("bench-vnvm-pmdk-{}.pool", std::process::id())),
-        pool: None,
-        delay,
-    };
-    let mut vnvm = vnvm_system(&dir);
+    // One process per system, started before any setup (each set up once, then driven cell by
+    // cell); slots: 0 vnvm, 1 pmdk, 2 memcpy. The parent hosts no system.
+    let pmdk_path = dir.join(format!("bench-vnvm-pmdk-{}.pool", std::process::id()));
+    let vnvm_path = vnvm_dir(&dir);
+    let mut workers: [Option<SystemWorker>; 3] = [None, None, None];
+    workers[2] = Some(SystemWorker::spawn("memcpy", &dir, timeout)?);
+    workers[1] = Some(SystemWorker::spawn("pmdk", &pmdk_path, timeout)?);
+    if let Ok(p) = &vnvm_path {
+        workers[0] = Some(SystemWorker::spawn("vnvm", p, timeout)?);
+    }
 
     // Before each system's setup, soak up the free memory scattered in blocks below 2 MiB, so
-    // that whichever system is set up first does not get it (see Absorber); freed once
-    // everything is set up, before the timed cells.
+    // that whichever system is set up first does not get it (see Absorber); the absorber lives
+    // in this process and is freed once everything is set up, before the timed cells.
     let absorb = std::env::var(ABSORB_ENV).map_or(true, |v| v.trim() != "0");
     let mut absorber = absorb.then(|| {
         // Leave room for what the systems map (array, PMDK pool, vnvm's log, cache, DRAM cache
@@ -1320,7 +1562,7 @@ pub fn run(o: BenchOpts) -> Result<()> {
     progress(
         o.json,
         &format!(
-            "setting up a {} MiB array per system (untimed){}",
+            "setting up a {} MiB array per system, each in a process of its own (untimed){}",
             bytes >> 20,
             if absorb {
                 ", each after absorbing the scattered free memory"
@@ -1329,39 +1571,48 @@ pub fn run(o: BenchOpts) -> Result<()> {
             }
         ),
     );
-    fill_absorber("memcpy")?;
-    memcpy.setup(bytes).context("memcpy: setup")?;
-    fill_absorber("pmdk")?;
-    pmdk.setup(bytes).context("pmdk: setup")?;
-    if let Ok(v) = vnvm.as_mut() {
-        fill_absorber("vnvm")?;
-        v.setup(bytes).context("vnvm: setup")?;
-    }
-    // The read pass's plain-memory baseline, allocated right after vnvm's region (from the same
-    // state of free memory) with the page size vnvm's view can have; see PlainMemory.
     let read_bytes = bytes.min(READ_PASS_MAX);
-    let view_thp = vnvm
+    let mut setups: [Option<SetupReply>; 3] = [None, None, None];
+    let mut setup_order = Vec::new();
+    for slot in [2, 1, 0] {
+        let Some(w) = workers[slot].as_mut() else {
+            continue;
+        };
+        let name = w.w.name().to_string();
+        fill_absorber(&name)?;
+        setups[slot] = Some(w.call(&Request::Setup { bytes, read_bytes }, "setup")?);
+        setup_order.push(match slot {
+            0 => "vnvm",
+            1 => "pmdk",
+            _ => "memcpy",
+        });
+    }
+    // The read pass's plain-memory baseline, allocated (here: it is no system) right after
+    // vnvm's region, from the same state of free memory, with the page size vnvm's view can
+    // have; see PlainMemory.
+    let view_thp = setups[0]
         .as_ref()
-        .ok()
-        .and_then(|v| v.region())
-        .is_some_and(|r| MemoryInfo::of(&r[..read_bytes]).thp_eligible);
+        .and_then(|s| s.region_thp_eligible)
+        .unwrap_or(false);
     fill_absorber("the read baseline")?;
     let mut plain_mem = PlainMemory::new(read_bytes, view_thp)?;
-    let pmdk_pool = pmdk.path.display().to_string();
-    let mut measured: Vec<&dyn TxSystem> = vec![&memcpy, &pmdk];
-    if let Ok(v) = vnvm.as_ref() {
-        measured.push(v);
+    let pmdk_pool = pmdk_path.display().to_string();
+    let mut memory = Vec::new();
+    for slot in [2, 1, 0] {
+        if let Some(w) = workers[slot].as_mut() {
+            memory.extend(w.call::<Vec<PlacementEntry>>(&Request::Placement, "placement")?);
+        }
     }
     let placement = Placement {
         method: "distinct 2 MiB physical blocks (pagemap page frame numbers) of each system's \
-                 working memory right after setup; an absorber first took the free memory \
-                 scattered in blocks below 2 MiB",
-        setup_order: measured.iter().map(|s| s.name()).collect(),
+                 working memory right after setup, read by the system's own process; an \
+                 absorber first took the free memory scattered in blocks below 2 MiB",
+        setup_order,
         absorber: absorber
             .as_ref()
             .map(|a| a.info.clone())
             .unwrap_or_default(),
-        memory: Placement::measure(&measured),
+        memory,
     };
     drop(absorber);
 
@@ -1375,29 +1626,35 @@ pub fn run(o: BenchOpts) -> Result<()> {
             let mut per_cpu: [Vec<f64>; 3] = Default::default();
             let mut transactions = 0;
             for rep in 0..reps {
-                let mut systems: Vec<(usize, &mut dyn TxSystem)> =
-                    vec![(1, &mut pmdk), (2, &mut memcpy)];
-                if let Ok(v) = vnvm.as_mut() {
-                    systems.insert(0, (0, v as &mut dyn TxSystem));
+                let mut systems: Vec<usize> = vec![1, 2];
+                if workers[0].is_some() {
+                    systems.insert(0, 0);
                 }
                 // Rotate the order each repetition: no system always runs first (or last).
                 let k = rep % systems.len();
                 systems.rotate_left(k);
-                for (slot, sys) in systems {
+                for slot in systems {
+                    let Some(w) = workers[slot].as_mut() else {
+                        continue;
+                    };
                     let seed = (rep * 8 + slot) as u8;
-                    let cpu0 = ThreadCpu::now();
-                    let (txs, secs) = time_cell(sys, pages, s, passes, seed)?;
-                    cpu_timed[slot].push(ThreadCpu::now().since(&cpu0, sys.workers()));
-                    // Untimed: no background work of this system runs into the next cell.
-                    sys.quiesce()
-                        .with_context(|| format!("{}: quiesce", sys.name()))?;
-                    // The CPU the cell cost, its untimed quiesce included (the background
-                    // work it left would otherwise run in the next cell).
-                    let used = ThreadCpu::now().since(&cpu0, sys.workers());
-                    transactions = txs;
-                    samples[slot].push(txs as f64 / secs);
-                    cpu[slot].push(used);
-                    if let Some(v) = cpu::per_cpu(txs as f64, used) {
+                    // The worker times the cell and counts its own process's CPU over it and
+                    // its untimed quiesce (the background work the cell left would otherwise
+                    // run in the next cell); the others wait idle meanwhile.
+                    let c: CellReply = w.call(
+                        &Request::Cell {
+                            pages,
+                            s,
+                            passes,
+                            seed,
+                        },
+                        &format!("cell P={passes} S={s} rep {}", rep + 1),
+                    )?;
+                    transactions = c.transactions;
+                    samples[slot].push(c.transactions as f64 / c.secs);
+                    cpu[slot].push(c.cpu_s);
+                    cpu_timed[slot].push(c.cpu_timed_s);
+                    if let Some(v) = cpu::per_cpu(c.transactions as f64, c.cpu_s) {
                         per_cpu[slot].push(v);
                     }
                 }
@@ -1445,40 +1702,96 @@ pub fn run(o: BenchOpts) -> Result<()> {
     // A pass is ~20 ms: repetitions are cheap, and a 2-vCPU machine's neighbours are noisy.
     let read_reps = if o.quick { 11 } else { 15 };
     let gbps = |secs: f64| round2(read_bytes as f64 / secs / 1e9);
-    let vnvm_region = vnvm
-        .as_ref()
-        .ok()
-        .and_then(|v| v.region())
-        .map(|r| &r[..read_bytes]);
-    let pmdk_region = pmdk.region().map(|r| &r[..read_bytes]);
-    // The same data in the baseline as in vnvm's region (untimed).
-    if let Some(r) = vnvm_region {
-        plain_mem.as_mut_slice().copy_from_slice(r);
+    // The same data in the baseline as in vnvm's region (untimed), through a file the vnvm
+    // worker writes next to its pools.
+    if let Some(w) = workers[0].as_mut() {
+        let copy = dir.join(format!("bench-vnvm-read-{}.dat", std::process::id()));
+        let wrote: Result<bool> = w.call(
+            &Request::DumpRegion {
+                bytes: read_bytes,
+                path: copy.clone(),
+            },
+            "dump of the region for the read baseline",
+        );
+        let filled = wrote.and_then(|wrote| {
+            if wrote {
+                use std::io::Read;
+                std::fs::File::open(&copy)
+                    .and_then(|mut f| f.read_exact(plain_mem.as_mut_slice()))
+                    .with_context(|| format!("reading {}", copy.display()))?;
+            }
+            Ok(())
+        });
+        let _ = std::fs::remove_file(&copy);
+        filled?;
     }
-    let plain_region = plain_mem.as_slice();
-    let medians = read_pass_medians(&[Some(plain_region), pmdk_region, vnvm_region], read_reps);
+    // Regions: 0 plain memory (here), 1 pmdk's pool, 2 vnvm's view (in their workers).
+    let lends = |slot: usize| {
+        setups[slot]
+            .as_ref()
+            .is_some_and(|s| s.region_thp_eligible.is_some())
+    };
+    let present = [true, lends(1), lends(0)];
+    let medians = read_pass_medians(&present, read_reps, |i| match i {
+        0 => Ok(read_pass_secs(plain_mem.as_slice())),
+        _ => {
+            let slot = if i == 1 { 1 } else { 0 };
+            let w = workers[slot].as_mut().context("no worker")?;
+            let secs: Option<f64> =
+                w.call(&Request::ReadPass { bytes: read_bytes }, "read pass")?;
+            secs.context("the system has no region to read")
+        }
+    })?;
     let (plain, pmdk_read, vnvm_read) = (medians[0].unwrap_or(f64::NAN), medians[1], medians[2]);
+    let mut mem_info = |slot: usize| -> Result<Option<MemoryInfo>> {
+        match workers[slot].as_mut() {
+            Some(w) if present[if slot == 1 { 1 } else { 2 }] => w.call(
+                &Request::MemoryInfo { bytes: read_bytes },
+                "memory information",
+            ),
+            _ => Ok(None),
+        }
+    };
+    let (pmdk_memory, vnvm_memory) = (mem_info(1)?, mem_info(0)?);
     let read_pass = ReadPass {
         bytes: read_bytes,
         repetitions: read_reps,
         method: "median time of a pass summing every 8-byte word, after one untimed warm-up \
-                 pass per region; regions read in rotating order each repetition",
+                 pass per region; regions read in rotating order each repetition, each by its \
+                 own process (plain memory by the parent, the pool and the view by their \
+                 system's worker)",
         plain_gbps: gbps(plain),
         pmdk_gbps: pmdk_read.map(gbps),
         vnvm_gbps: vnvm_read.map(gbps),
-        plain_memory: MemoryInfo::of(plain_region),
-        pmdk_memory: pmdk_region.map(MemoryInfo::of),
-        vnvm_memory: vnvm_region.map(MemoryInfo::of),
+        plain_memory: MemoryInfo::of(plain_mem.as_slice()),
+        pmdk_memory,
+        vnvm_memory,
     };
     drop(plain_mem);
 
-    progress(o.json, "vnvm commit latency, redo worker awake and asleep");
-    let commit_latency = match vnvm.as_ref() {
-        Ok(v) => {
-            let (n, n_asleep) = if o.quick { (5000, 200) } else { (20000, 600) };
-            Some(v.commit_latency(n, n_asleep)?)
+    // The baselines are done: their workers release their systems and exit before vnvm's
+    // commit latency is measured.
+    let charges = |slot: usize| {
+        setups[slot]
+            .as_ref()
+            .map_or_else(|| "n/a".to_string(), |s| s.charges.clone())
+    };
+    for slot in [2, 1] {
+        if let Some(w) = workers[slot].take() {
+            w.w.finish()?;
         }
-        Err(_) => None,
+    }
+    progress(o.json, "vnvm commit latency, redo worker awake and asleep");
+    let (commit_latency, vnvm_writeback) = match workers[0].take() {
+        Some(mut w) => {
+            let (n, n_asleep) = if o.quick { (5000, 200) } else { (20000, 600) };
+            let c: CommitLatency =
+                w.call(&Request::CommitLatency { n, n_asleep }, "commit latency")?;
+            let b: Option<BackgroundPages> = w.call(&Request::Background, "writeback counts")?;
+            w.w.finish()?;
+            (Some(c), b)
+        }
+        None => (None, None),
     };
 
     let report = Report {
@@ -1492,19 +1805,22 @@ pub fn run(o: BenchOpts) -> Result<()> {
         passes: PASSES,
         repetitions: reps,
         statistic: "median transactions/s over the repetitions, systems interleaved",
-        cpu_method: "per cell and system: CPU time (user + system, /proc/self/task/*/schedstat) \
-                     of the benchmark thread while it ran the system's cell and its untimed \
-                     quiesce, plus the system's own worker threads over that time (vnvm: \
-                     vnvm-redo, vnvm-writeback); median over the repetitions. The systems share \
-                     this process (issue #22: one process per system is to come)",
+        isolation: "one process per system",
+        isolation_method: "each system runs in a worker process of its own (this binary, `bench \
+                           vnvm-worker`, same directory, environment and CPU affinity), set up \
+                           once and driven over a pipe one request at a time, so that the cells \
+                           stay interleaved and only one system works at a time; no system's \
+                           threads or allocator state are in another's process, and the parent \
+                           hosts none",
+        cpu_method: "per cell and system: CPU time (user + system, every thread, the process \
+                     CPU-time clock) of the system's own worker process while it ran the cell \
+                     and its untimed quiesce (vnvm: its redo and writeback workers included); \
+                     median over the repetitions",
         delay: DelayInfo {
             model: delay.to_string(),
-            memcpy_charged: memcpy.charges(),
-            pmdk_charged: pmdk.charges(),
-            vnvm_charged: match &vnvm {
-                Ok(v) => v.charges(),
-                Err(_) => "n/a",
-            },
+            memcpy_charged: charges(2),
+            pmdk_charged: charges(1),
+            vnvm_charged: charges(0),
         },
         pmdk: PmdkInfo {
             libpmemobj: tiermem_pmdk::LIBPMEMOBJ_VERSION,
@@ -1512,8 +1828,8 @@ pub fn run(o: BenchOpts) -> Result<()> {
             pool_bytes: tiermem_pmdk::pool_size_for(bytes),
             pmem_is_pmem_force: force,
         },
-        vnvm_writeback: vnvm.as_ref().ok().and_then(|v| v.background_pages()),
-        vnvm: match &vnvm {
+        vnvm_writeback,
+        vnvm: match &vnvm_path {
             Ok(_) => "measured".to_string(),
             Err(e) => format!("unavailable: {e}"),
         },
@@ -1524,7 +1840,6 @@ pub fn run(o: BenchOpts) -> Result<()> {
         read_pass,
         seconds: round2(t0.elapsed().as_secs_f64()),
     };
-    drop(pmdk);
     if o.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -1766,15 +2081,47 @@ THPeligible:           0
     #[test]
     fn read_pass_medians_skip_absent_regions() {
         let a = vec![1u8; 1 << 16];
-        let m = read_pass_medians(&[Some(&a), None, Some(&a[..4096])], 3);
+        let regions = [Some(&a[..]), None, Some(&a[..4096])];
+        let mut calls = [0usize; 3];
+        let present: Vec<bool> = regions.iter().map(Option::is_some).collect();
+        let m = read_pass_medians(&present, 3, |i| {
+            calls[i] += 1;
+            Ok(read_pass_secs(regions[i].unwrap()))
+        })
+        .unwrap();
         assert!(m[0].is_some_and(|x| x > 0.0));
         assert!(m[1].is_none());
         assert!(m[2].is_some_and(|x| x > 0.0));
+        assert_eq!(
+            calls,
+            [4, 0, 4],
+            "one warm-up pass and three timed ones each"
+        );
+        assert!(read_pass_medians(&present, 3, |_| bail!("worker gone")).is_err());
     }
 
     #[test]
     fn vnvm_without_a_directory_is_reported_unavailable() {
-        assert!(vnvm_system(Path::new("/nonexistent")).is_err());
+        assert!(vnvm_dir(Path::new("/nonexistent")).is_err());
+    }
+
+    #[test]
+    fn requests_are_one_tagged_json_object_each() {
+        let r = Request::Cell {
+            pages: 3,
+            s: 16,
+            passes: 1,
+            seed: 9,
+        };
+        let line = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            line,
+            r#"{"cmd":"cell","pages":3,"s":16,"passes":1,"seed":9}"#
+        );
+        assert_eq!(r.kind(), "cell");
+        let back: Request = serde_json::from_str(&line).unwrap();
+        assert!(matches!(back, Request::Cell { seed: 9, .. }));
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"launch"}"#).is_err());
     }
 
     #[test]
