@@ -1,4 +1,5 @@
-//! `tiermem bench vnvm`: the report's shape on a small array (no timing thresholds here).
+//! `tiermem bench vnvm`: the report's shape on a small array (no timing thresholds here), and
+//! what a failing system worker process does to the run.
 
 use serde_json::Value;
 use std::path::PathBuf;
@@ -106,6 +107,11 @@ fn quick_json_has_every_cell_for_every_system() {
         .is_some_and(|s| !s.is_empty()));
     assert!(v["machine"]["cpus"].as_u64().is_some_and(|n| n > 0));
     assert_eq!(v["vnvm"], "measured");
+    // Every system in a process of its own (issue #22).
+    assert_eq!(v["isolation"], "one process per system");
+    assert!(v["cpu_method"]
+        .as_str()
+        .is_some_and(|s| s.contains("worker process")));
 
     // vnvm's commit latency, worker awake and asleep (no thresholds: only the shape).
     let c = &v["commit_latency"];
@@ -214,4 +220,58 @@ fn table_has_every_column_and_bad_sizes_are_refused() {
     let out = bench(&["--json"], &dir, "100");
     assert!(!out.status.success(), "less than a page");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A worker that dies, reports an error or hangs gives a clear error, no worker is left running
+/// and no pool file is left behind.
+#[test]
+fn a_failing_worker_is_a_clear_error_and_nothing_is_left_behind() {
+    for (fault, want) in [
+        ("pmdk:cell:exit", "the pmdk worker"),
+        ("vnvm:setup:error", "injected failure of setup"),
+        ("vnvm:read_pass:hang", "did not answer read pass within 2 s"),
+    ] {
+        let dir = scratch(&fault.replace(':', "-"));
+        let started = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+            .args(["bench", "vnvm", "--quick", "--json"])
+            .env("TIERMEM_DIR", &dir)
+            .env("TIERMEM_BENCH_VNVM_BYTES", "1MiB")
+            .env("TIERMEM_BENCH_VNVM_ABSORB", "0")
+            .env("TIERMEM_BENCH_VNVM_WORKER_FAULT", fault)
+            .env("TIERMEM_BENCH_VNVM_WORKER_TIMEOUT", "2")
+            .env_remove("TIERMEM_DELAY")
+            .output()
+            .expect("run tiermem");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{fault}: succeeded");
+        assert!(err.contains(want), "{fault}: {err}");
+        assert!(!err.contains("panicked"), "{fault}: {err}");
+        assert!(out.stdout.is_empty(), "{fault}: no report on failure");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "{fault}: took {:?}",
+            started.elapsed()
+        );
+        // The workers are reaped: no process has this test's directory in its environment.
+        let needle = format!("TIERMEM_DIR={}", dir.display());
+        let alive: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+            })
+            .filter(|e| {
+                std::fs::read(e.path().join("environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(alive.is_empty(), "{fault}: workers left running: {alive:?}");
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert!(left.is_empty(), "{fault}: left behind: {left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -1,5 +1,5 @@
 //! `tiermem bench vnvm`: the vNVML paper's microbenchmark (§2.5.3, Fig. 2.16), every system side
-//! by side in one run.
+//! by side in one run, each in a process of its own.
 //!
 //! An array of `bytes` (2 GiB; 256 MiB with `--quick`; `TIERMEM_BENCH_VNVM_BYTES` overrides both,
 //! for tests) is cut into 4 KiB pages. A cell (P, S) writes S bytes at the start of every page,
@@ -14,6 +14,17 @@
 //!   write in one transaction, pool on the same tmpfs directory, `PMEM_IS_PMEM_FORCE=1` set before
 //!   the pool is created (as the paper does; otherwise every flush is an `msync`).
 //! * **memcpy** — plain `memcpy` into a DRAM array: not durable, the upper bound.
+//!
+//! One process per system (issue #22): each system runs in a worker process of its own (this
+//! binary re-executed as the hidden `tiermem bench vnvm-worker`, same environment, directory and
+//! CPU affinity; `bench/worker.rs`), set up once, then driven over a pipe one request at a time
+//! ([`Request`]: setup, cell, read pass, ...), so the cells stay interleaved and only one system
+//! works at a time. vnvm's redo and writeback threads make its process multi-threaded, which
+//! sends glibc's allocator and stdio down their locked paths for good: PMDK measured 14-20 %
+//! slower in vnvm's process than alone. Each worker times its own cells and reports its own
+//! process's CPU (`*_cpu_s`: every thread, user + system, over the cell and its untimed
+//! quiesce); the parent only keeps the absorber and the read pass's plain-memory baseline, which
+//! are no system, and computes the medians and ratios.
 //!
 //! Setup — pool creation, allocation of the array and first population (every page resident) —
 //! is outside the timed part for every system. Before each system's setup an absorber takes the
