@@ -73,17 +73,26 @@ pub fn process_cpu_s(pid: u32) -> Option<f64> {
 /// have used so far (`getrusage` SELF + CHILDREN): for a probe that may run threads or a child
 /// of its own.
 pub fn self_and_children_s() -> f64 {
-    let get = |who| {
-        // SAFETY: getrusage fills the zeroed plain-data struct it is given.
-        let ru = unsafe {
-            let mut ru: libc::rusage = std::mem::zeroed();
-            libc::getrusage(who, &mut ru);
-            ru
-        };
-        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
-        t(ru.ru_utime) + t(ru.ru_stime)
+    rusage_s(libc::RUSAGE_SELF) + rusage_s(libc::RUSAGE_CHILDREN)
+}
+
+/// Seconds of CPU (user + system, all threads) used by this process's children that exited and
+/// were waited for, so far (`getrusage(RUSAGE_CHILDREN)`): a child's whole CPU time once its
+/// `/proc/PID` is gone.
+pub fn reaped_children_s() -> f64 {
+    rusage_s(libc::RUSAGE_CHILDREN)
+}
+
+/// `getrusage(who)`'s user + system seconds.
+fn rusage_s(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage fills the zeroed plain-data struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(who, &mut ru);
+        ru
     };
-    get(libc::RUSAGE_SELF) + get(libc::RUSAGE_CHILDREN)
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+    t(ru.ru_utime) + t(ru.ru_stime)
 }
 
 /// Throughput per CPU-second: `ops` done with `cpu_s` seconds of CPU (`None` without CPU).

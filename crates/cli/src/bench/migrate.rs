@@ -3,17 +3,28 @@
 //! migrated between two network namespaces that share a FAM directory, by FAM-aware post-copy
 //! (FAM with and without the `pcm-fam` delay), socket post-copy as CRIU does it (the real veth,
 //! and the `ethernet-10g` model; expiration 0, 3, 100, 150 ms), stop-and-copy and pre-copy;
-//! plus the live tiermem-kv case. Reports downtime, busy, total time and degradation per run,
-//! the paper's ratios, and a timeline PNG.
+//! plus the live tiermem-kv case. Reports downtime, busy, total time, degradation and CPU
+//! seconds per run, the paper's ratios with their per-CPU counterparts, and a timeline PNG.
+//!
+//! One process per system (issue #22): every run of a synthetic case — application, source,
+//! target and the method's threads — happens in a fresh worker process of its own (this binary
+//! re-executed as the hidden `tiermem bench migrate-case`, with its own pair of network
+//! namespaces; `bench/worker.rs`), so no method runs in a process an earlier method's threads,
+//! mappings and allocator state have been through, and its CPU time is its process's
+//! (`cpu_s`: every thread, user + system, over the whole case). The tiermem-kv case's servers
+//! are processes of their own already; its `cpu_s` is theirs (see `migrate_kv.rs`).
 
-use super::BenchOpts;
+use super::worker::{self, Worker};
+use super::{cpu, BenchOpts};
 use crate::plot;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tiermem_migrate::harness::{run_case, CaseResult, CaseSpec, Method};
+use tiermem_migrate::harness::{run_case, CaseResult, CaseSpec, Method, Sample};
+use tiermem_migrate::metrics::Metrics;
 use tiermem_migrate::netns::TwoHosts;
 use tiermem_migrate::workload::Workload;
 
@@ -119,12 +130,21 @@ struct CaseRow {
     on_demand: f64,
     from_fam: f64,
     pushed: f64,
+    /// CPU seconds of the system: the case's worker process (synthetic cases) or the source
+    /// and target servers after the freeze (kv); median over the runs.
+    cpu_s: f64,
     /// The timeline of the median run (by total time).
     timeline: Vec<tiermem_migrate::harness::Sample>,
 }
 
 impl CaseRow {
-    fn from_runs(workload: &str, size: usize, method: &Method, runs: &[CaseResult]) -> CaseRow {
+    fn from_runs(
+        workload: &str,
+        size: usize,
+        method: &Method,
+        runs: &[CaseResult],
+        cpu_s: &[f64],
+    ) -> CaseRow {
         let f = |g: &dyn Fn(&CaseResult) -> f64| median(runs.iter().map(g).collect());
         let ms = |ns: u64| ns as f64 / 1e6;
         let mut by_total: Vec<&CaseResult> = runs.iter().collect();
@@ -142,6 +162,7 @@ impl CaseRow {
             on_demand: f(&|r| r.metrics.pages_on_demand as f64),
             from_fam: f(&|r| r.metrics.faults_from_fam as f64),
             pushed: f(&|r| r.metrics.pages_pushed as f64),
+            cpu_s: median(cpu_s.to_vec()),
             timeline: by_total[by_total.len() / 2].timeline.clone(),
         }
     }
@@ -162,17 +183,24 @@ impl CaseRow {
             "faults_on_demand": self.on_demand,
             "faults_from_fam": self.from_fam,
             "pages_pushed": self.pushed,
+            "cpu_s": self.cpu_s,
         })
     }
 }
 
-/// The paper's ratios for one (workload, size).
+/// The paper's ratios for one (workload, size), and each with CPU seconds in place of time
+/// (`*_per_cpu`: the methods' `cpu_s`; a case's CPU is not split at its milestones, so the
+/// busy and total gains per CPU are the same figure).
 #[derive(Clone, Copy, Debug, Default)]
 struct Ratios {
     busy_ratio_socket_over_fam_100ms: f64,
     total_gain_pct: f64,
     busy_gain_pct: f64,
     downtime_gain_pct: f64,
+    busy_ratio_socket_over_fam_100ms_per_cpu: f64,
+    total_gain_pct_per_cpu: f64,
+    busy_gain_pct_per_cpu: f64,
+    downtime_gain_pct_per_cpu: f64,
 }
 
 fn find<'a>(rows: &'a [CaseRow], w: &str, size: usize, label: &str) -> Option<&'a CaseRow> {
@@ -184,18 +212,171 @@ fn ratios(rows: &[CaseRow], w: &str, size: usize) -> Option<Ratios> {
     let fam = find(rows, w, size, "fam/pcm-fam")?;
     let s100 = find(rows, w, size, "socket/ethernet-10g/100ms")?;
     let s0 = find(rows, w, size, "socket/ethernet-10g/0ms")?;
-    let socket_downtime = median(
+    let sockets = || {
         rows.iter()
-            .filter(|r| r.workload == w && r.size == size && r.method.name() == "socket")
-            .map(|r| r.downtime_ms)
-            .collect(),
-    );
+            .filter(move |r| r.workload == w && r.size == size && r.method.name() == "socket")
+    };
+    let socket_downtime = median(sockets().map(|r| r.downtime_ms).collect());
+    let socket_cpu = median(sockets().map(|r| r.cpu_s).collect());
     Some(Ratios {
         busy_ratio_socket_over_fam_100ms: s100.busy_ms / fam.busy_ms,
         total_gain_pct: (1.0 - fam.total_ms / s0.total_ms) * 100.0,
         busy_gain_pct: (1.0 - fam.busy_ms / s0.busy_ms) * 100.0,
         downtime_gain_pct: (1.0 - fam.downtime_ms / socket_downtime) * 100.0,
+        busy_ratio_socket_over_fam_100ms_per_cpu: s100.cpu_s / fam.cpu_s,
+        total_gain_pct_per_cpu: (1.0 - fam.cpu_s / s0.cpu_s) * 100.0,
+        busy_gain_pct_per_cpu: (1.0 - fam.cpu_s / s0.cpu_s) * 100.0,
+        downtime_gain_pct_per_cpu: (1.0 - fam.cpu_s / socket_cpu) * 100.0,
     })
+}
+
+/// The one request a `bench migrate-case` worker answers: run this case (a [`CaseSpec`] in
+/// plain terms) through `fam`.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct CaseRequest {
+    workload: String,
+    region_len: usize,
+    /// [`Method::name`], its delay and (socket) expiration.
+    method: String,
+    delay: String,
+    expiration_ms: u64,
+    steady_ms: u64,
+    tail_ms: u64,
+    seed: u64,
+    id: u64,
+    fam: PathBuf,
+}
+
+/// A case worker's answer: the [`CaseResult`] and its process's CPU over the case.
+#[derive(Serialize, Deserialize, Debug)]
+struct CaseReply {
+    downtime_ns: u64,
+    resume_ns: u64,
+    busy_ns: u64,
+    total_ns: u64,
+    pages_on_demand: u64,
+    faults_from_fam: u64,
+    pages_pushed: u64,
+    bytes: u64,
+    steady_ops_per_s: f64,
+    during_ops_per_s: f64,
+    degradation: f64,
+    /// (t_ms, ops_per_s, present) per sample.
+    timeline: Vec<(f64, f64, f64)>,
+    verified: bool,
+    /// CPU seconds of the worker process (every thread, user + system) over `run_case`: the
+    /// region's fill, the application's warm-up, steady phase and tail, the migration, and
+    /// the check of the target's copy.
+    cpu_s: f64,
+}
+
+impl CaseReply {
+    /// Back to the harness's result, with the method's name.
+    fn into_result(self, method: &Method) -> CaseResult {
+        CaseResult {
+            metrics: Metrics {
+                method: method.name().to_string(),
+                downtime_ns: self.downtime_ns,
+                resume_ns: self.resume_ns,
+                busy_ns: self.busy_ns,
+                total_ns: self.total_ns,
+                pages_on_demand: self.pages_on_demand,
+                faults_from_fam: self.faults_from_fam,
+                pages_pushed: self.pages_pushed,
+                bytes: self.bytes,
+            },
+            steady_ops_per_s: self.steady_ops_per_s,
+            during_ops_per_s: self.during_ops_per_s,
+            degradation: self.degradation,
+            timeline: self
+                .timeline
+                .iter()
+                .map(|&(t_ms, ops_per_s, present)| Sample {
+                    t_ms,
+                    ops_per_s,
+                    present,
+                })
+                .collect(),
+            verified: self.verified,
+        }
+    }
+}
+
+/// The worker process of one synthetic case run (`tiermem bench migrate-case`, hidden): reads
+/// one [`CaseRequest`] from stdin, makes its own two hosts (network namespaces), runs the case
+/// in this process alone, answers a [`CaseReply`], and exits at EOF.
+pub fn case_worker_main() -> Result<()> {
+    worker::serve(|req: CaseRequest| {
+        let workload = Workload::parse(&req.workload)
+            .with_context(|| format!("unknown workload {:?}", req.workload))?;
+        let method = Method::parse(&req.method, &req.delay, req.expiration_ms)
+            .map_err(anyhow::Error::msg)?;
+        let hosts = TwoHosts::create("tmbench")
+            .context("creating the two hosts (network namespaces; needs root and iproute2)")?;
+        let spec = CaseSpec {
+            workload,
+            region_len: req.region_len,
+            method,
+            steady: Duration::from_millis(req.steady_ms),
+            tail: Duration::from_millis(req.tail_ms),
+            seed: req.seed,
+            id: req.id,
+        };
+        let c0 = cpu::process_ns();
+        let r = run_case(&hosts, &req.fam, &spec).map_err(anyhow::Error::msg)?;
+        let cpu_s = cpu::process_ns().saturating_sub(c0) as f64 / 1e9;
+        drop(hosts);
+        let m = r.metrics;
+        Ok(Some(serde_json::to_value(CaseReply {
+            downtime_ns: m.downtime_ns,
+            resume_ns: m.resume_ns,
+            busy_ns: m.busy_ns,
+            total_ns: m.total_ns,
+            pages_on_demand: m.pages_on_demand,
+            faults_from_fam: m.faults_from_fam,
+            pages_pushed: m.pages_pushed,
+            bytes: m.bytes,
+            steady_ops_per_s: r.steady_ops_per_s,
+            during_ops_per_s: r.during_ops_per_s,
+            degradation: r.degradation,
+            timeline: r
+                .timeline
+                .iter()
+                .map(|s| (s.t_ms, s.ops_per_s, s.present))
+                .collect(),
+            verified: r.verified,
+            cpu_s,
+        })?))
+    })
+}
+
+/// Deadline of one case run in its worker.
+const CASE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Run one case in a fresh worker process; its result and the process's CPU seconds.
+fn run_case_in_worker(fam: &std::path::Path, spec: &CaseSpec) -> Result<(CaseResult, f64)> {
+    let req = CaseRequest {
+        workload: spec.workload.name().to_string(),
+        region_len: spec.region_len,
+        method: spec.method.name().to_string(),
+        delay: spec.method.delay().to_string(),
+        expiration_ms: spec.method.expiration_ms().unwrap_or(0),
+        steady_ms: spec.steady.as_millis() as u64,
+        tail_ms: spec.tail.as_millis() as u64,
+        seed: spec.seed,
+        id: spec.id,
+        fam: fam.to_path_buf(),
+    };
+    let mut w = Worker::spawn(
+        &format!("migrate-case {}", spec.method.label()),
+        &["bench".to_string(), "migrate-case".to_string()],
+        CASE_TIMEOUT,
+        vec![tiermem_migrate::fam::migration_dir(fam, spec.id)],
+    )?;
+    let reply: CaseReply = w.call(&req, "the case")?;
+    w.finish()?;
+    let cpu_s = reply.cpu_s;
+    Ok((reply.into_result(&spec.method), cpu_s))
 }
 
 /// Run the benchmark.
@@ -242,8 +423,6 @@ pub fn run(o: MigrateOpts) -> Result<()> {
         }
     }
     let _fam_guard = RemoveOnDrop(own_fam.then(|| fam.clone()));
-    let hosts = TwoHosts::create("tmbench")
-        .context("creating the two hosts (network namespaces; needs root and iproute2)")?;
     let total_cases = sizes.len() * workloads.len() * methods.len() * reps;
     let started = Instant::now();
     let mut done = 0usize;
@@ -253,6 +432,7 @@ pub fn run(o: MigrateOpts) -> Result<()> {
         for &w in &workloads {
             for m in &methods {
                 let mut runs = Vec::new();
+                let mut cpus = Vec::new();
                 for rep in 0..reps {
                     id += 1;
                     let spec = CaseSpec {
@@ -264,14 +444,14 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                         seed: id,
                         id,
                     };
-                    let r = run_case(&hosts, &fam, &spec).map_err(|e| {
-                        anyhow::anyhow!("{} MiB {} {}: {e}", size >> 20, w.name(), m.label())
+                    let (r, cpu_s) = run_case_in_worker(&fam, &spec).map_err(|e| {
+                        anyhow::anyhow!("{} MiB {} {}: {e:#}", size >> 20, w.name(), m.label())
                     })?;
                     let _ = std::fs::remove_dir_all(tiermem_migrate::fam::migration_dir(&fam, id));
                     done += 1;
                     eprintln!(
                         "  … [{done}/{total_cases}, {:.0} s] {} MiB {:<10} {:<26} run {}: downtime \
-                         {:.1} ms, busy {:.1} ms, total {:.1} ms, degradation {:.2}",
+                         {:.1} ms, busy {:.1} ms, total {:.1} ms, degradation {:.2}, CPU {:.3} s",
                         started.elapsed().as_secs_f64(),
                         size >> 20,
                         w.name(),
@@ -280,11 +460,13 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                         r.metrics.downtime_ns as f64 / 1e6,
                         r.metrics.busy_ns as f64 / 1e6,
                         r.metrics.total_ns as f64 / 1e6,
-                        r.degradation
+                        r.degradation,
+                        cpu_s
                     );
                     runs.push(r);
+                    cpus.push(cpu_s);
                 }
-                rows.push(CaseRow::from_runs(w.name(), size, m, &runs));
+                rows.push(CaseRow::from_runs(w.name(), size, m, &runs, &cpus));
             }
         }
     }
@@ -313,7 +495,11 @@ pub fn run(o: MigrateOpts) -> Result<()> {
 
     // The live tiermem-kv case.
     let mut kv_gain: Option<f64> = None;
+    let mut kv_gain_per_cpu: Option<f64> = None;
     if !o.no_kv {
+        // The kv servers are processes of their own; the load clients run here.
+        let hosts = TwoHosts::create("tmbench")
+            .context("creating the two hosts (network namespaces; needs root and iproute2)")?;
         let (heap, heap_bytes, keys, ops_after) = if quick {
             ("256mb", 256usize << 20, 200_000u64, 20_000u64)
         } else {
@@ -354,7 +540,7 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                 eprintln!(
                     "  … [{:.0} s] tiermem-kv {heap} {:<26} run {}: downtime {:.1} ms, busy {:.1} \
                      ms, total {:.1} ms, {} ops after the freeze at {:.0} ops/s (steady {:.0}), \
-                     degradation {:.2}",
+                     degradation {:.2}, servers' CPU {:.3} s",
                     started.elapsed().as_secs_f64(),
                     m.label(),
                     rep + 1,
@@ -364,7 +550,8 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                     ops_after,
                     r.after_ops_per_s,
                     r.steady_ops_per_s,
-                    r.degradation
+                    r.degradation,
+                    r.cpu_s
                 );
                 runs.push(r);
             }
@@ -384,6 +571,7 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                 on_demand: f64::NAN,
                 from_fam: f64::NAN,
                 pushed: f64::NAN,
+                cpu_s: f(&|r| r.cpu_s),
                 timeline: runs[runs.len() / 2]
                     .timeline
                     .iter()
@@ -403,8 +591,18 @@ pub fn run(o: MigrateOpts) -> Result<()> {
         if let (Some(f), Some(s3)) = (tput("fam/pcm-fam"), tput("socket/ethernet-10g/3ms")) {
             kv_gain = Some((f / s3 - 1.0) * 100.0);
         }
+        // The same per second of the servers' CPU: the first ops_after operations after the
+        // freeze over the CPU the source and target servers used meanwhile.
+        let per_cpu = |label: &str| {
+            rows.iter()
+                .find(|r| r.workload == "kv" && r.method.label() == label)
+                .and_then(|r| cpu::per_cpu(ops_after as f64, r.cpu_s))
+        };
+        if let (Some(f), Some(s3)) = (per_cpu("fam/pcm-fam"), per_cpu("socket/ethernet-10g/3ms")) {
+            kv_gain_per_cpu = Some((f / s3 - 1.0) * 100.0);
+        }
+        drop(hosts);
     }
-    drop(hosts);
 
     // The paper's ratios: per (workload, size), and their medians as the headline.
     let mut per_case = Vec::new();
@@ -421,6 +619,12 @@ pub fn run(o: MigrateOpts) -> Result<()> {
         total_gain_pct: med(&|r| r.total_gain_pct),
         busy_gain_pct: med(&|r| r.busy_gain_pct),
         downtime_gain_pct: med(&|r| r.downtime_gain_pct),
+        busy_ratio_socket_over_fam_100ms_per_cpu: med(&|r| {
+            r.busy_ratio_socket_over_fam_100ms_per_cpu
+        }),
+        total_gain_pct_per_cpu: med(&|r| r.total_gain_pct_per_cpu),
+        busy_gain_pct_per_cpu: med(&|r| r.busy_gain_pct_per_cpu),
+        downtime_gain_pct_per_cpu: med(&|r| r.downtime_gain_pct_per_cpu),
     };
 
     // The hot-page manifest: the target's on-demand faults (requests to the source) with and
@@ -445,6 +649,22 @@ pub fn run(o: MigrateOpts) -> Result<()> {
             "quick": quick,
             "reps": reps,
             "machine": crate::machine::describe(),
+            "isolation": "one process per system",
+            "isolation_method": "every run of a synthetic case (application, source, target and \
+                the method's threads) in a fresh worker process of its own (this binary, `bench \
+                migrate-case`, with its own pair of network namespaces), one after the other; \
+                the tiermem-kv case's source and target servers are processes of their own, its \
+                load clients run in the benchmark's process for every method alike",
+            "cpu_method": "cpu_s per row, median over the runs. Synthetic cases: CPU time (user + \
+                system, every thread, the process CPU-time clock) of the case's worker process \
+                over the whole case: the region's fill, the application's warm-up (50 ms), \
+                steady phase and tail, the migration, and the check of the target's copy — all \
+                but the migration are the same work for every method. tiermem-kv: CPU time of \
+                the source server from the freeze to its exit plus the target server's from its \
+                start to the ops_after-th operation after the freeze (/proc/PID/stat, getrusage \
+                of the reaped source). *_per_cpu: the headline ratio with cpu_s in place of the \
+                time (busy and total gains per CPU are the same figure: a case's CPU is not \
+                split at its milestones); kv: of operations per server CPU-second",
             "results": rows.iter().map(CaseRow::json).collect::<Vec<_>>(),
             "ratios_by_case": per_case.iter().map(|(w, s, r)| json!({
                 "workload": w, "region_bytes": s,
@@ -452,6 +672,10 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                 "total_gain_fam2gbs_vs_socket10g_0ms_pct": r.total_gain_pct,
                 "busy_gain_fam2gbs_vs_socket10g_0ms_pct": r.busy_gain_pct,
                 "downtime_gain_vs_socket_pct": r.downtime_gain_pct,
+                "busy_ratio_socket_over_fam_100ms_per_cpu": r.busy_ratio_socket_over_fam_100ms_per_cpu,
+                "total_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu": r.total_gain_pct_per_cpu,
+                "busy_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu": r.busy_gain_pct_per_cpu,
+                "downtime_gain_vs_socket_pct_per_cpu": r.downtime_gain_pct_per_cpu,
             })).collect::<Vec<_>>(),
             "batching": batching.iter().map(|(d, pv, b)| json!({
                 "delay": d, "region_bytes": sizes[0],
@@ -466,7 +690,13 @@ pub fn run(o: MigrateOpts) -> Result<()> {
             "total_gain_fam2gbs_vs_socket10g_0ms_pct": headline.total_gain_pct,
             "busy_gain_fam2gbs_vs_socket10g_0ms_pct": headline.busy_gain_pct,
             "downtime_gain_vs_socket_pct": headline.downtime_gain_pct,
+            "busy_ratio_socket_over_fam_100ms_per_cpu":
+                headline.busy_ratio_socket_over_fam_100ms_per_cpu,
+            "total_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu": headline.total_gain_pct_per_cpu,
+            "busy_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu": headline.busy_gain_pct_per_cpu,
+            "downtime_gain_vs_socket_pct_per_cpu": headline.downtime_gain_pct_per_cpu,
             "kv_throughput_gain_3ms_pct": kv_gain,
+            "kv_throughput_gain_3ms_pct_per_cpu": kv_gain_per_cpu,
             "timeline_png": timeline_written.as_ref().ok().map(|p| p.display().to_string()),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -476,7 +706,7 @@ pub fn run(o: MigrateOpts) -> Result<()> {
             reps
         );
         println!(
-            "{:>6} {:<10} {:<26} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>8}",
+            "{:>6} {:<10} {:<26} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>8} {:>8}",
             "MiB",
             "workload",
             "method/delay/expiration",
@@ -486,11 +716,12 @@ pub fn run(o: MigrateOpts) -> Result<()> {
             "degr",
             "demand",
             "fromFAM",
-            "pushed"
+            "pushed",
+            "CPU s"
         );
         for r in &rows {
             println!(
-                "{:>6} {:<10} {:<26} {:>9.2} {:>9.1} {:>9.1} {:>6.2} {:>8.0} {:>8.0} {:>8.0}",
+                "{:>6} {:<10} {:<26} {:>9.2} {:>9.1} {:>9.1} {:>6.2} {:>8.0} {:>8.0} {:>8.0} {:>8.3}",
                 r.size >> 20,
                 r.workload,
                 r.method.label(),
@@ -500,7 +731,8 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                 r.degradation,
                 r.on_demand,
                 r.from_fam,
-                r.pushed
+                r.pushed,
+                r.cpu_s
             );
         }
         println!();
@@ -542,10 +774,19 @@ pub fn run(o: MigrateOpts) -> Result<()> {
             headline.busy_gain_pct,
             headline.downtime_gain_pct
         );
+        println!(
+            "per CPU-second (each method's cpu_s in place of its time): busy ratio {:.2}, total \
+             and busy gain {:.1} %, downtime gain {:.1} %",
+            headline.busy_ratio_socket_over_fam_100ms_per_cpu,
+            headline.total_gain_pct_per_cpu,
+            headline.downtime_gain_pct_per_cpu
+        );
         match kv_gain {
             Some(g) => println!(
                 "tiermem-kv throughput during migration (first operations after the freeze), FAM \
-                 (2 GB/s) over socket (10 Gb/s, 3 ms expiration): {g:+.1} % (≥ 12)"
+                 (2 GB/s) over socket (10 Gb/s, 3 ms expiration): {g:+.1} % (≥ 12); per server \
+                 CPU-second {}",
+                kv_gain_per_cpu.map_or_else(|| "—".to_string(), |x| format!("{x:+.1} %"))
             ),
             None => println!("tiermem-kv case not run (--no-kv)"),
         }

@@ -5,7 +5,10 @@
 //! go on. As in the paper's Fig. 8 (YCSB running a fixed number of operations right after the
 //! migration starts), the throughput *during migration* is that of the first `ops_after`
 //! operations acknowledged after the freeze, measured from the freeze; degradation is it over
-//! the steady throughput before.
+//! the steady throughput before. CPU (`cpu_s`): the servers', each a process of its own — the
+//! source's from the freeze to its exit, the target's from its start to the `ops_after`-th
+//! operation after the freeze; the load clients (this process) are the same for every method
+//! and not counted.
 
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -33,6 +36,10 @@ pub struct KvResult {
     /// Throughput of the first `ops_after` operations after the freeze (from the freeze).
     pub after_ops_per_s: f64,
     pub degradation: f64,
+    /// CPU seconds (user + system, all threads) of the source server from the freeze to its
+    /// exit plus the target server's from its start to the `ops_after`-th operation after the
+    /// freeze.
+    pub cpu_s: f64,
     /// (ms since the freeze, ops/s) in 10 ms buckets.
     pub timeline: Vec<(f64, f64)>,
 }
@@ -337,6 +344,11 @@ pub fn run_kv_case(
     let reply = ctl.cmd(&args).context("TIERMEM.MIGRATE")?;
     let t0 = now_ns();
     t0_ns.store(t0, Ordering::Relaxed);
+    // The source's CPU so far, and what the reaped children used so far: the source's total
+    // is read from the latter once it exited (and was reaped), when /proc/PID is gone.
+    let src_cpu0 = super::cpu::process_cpu_s(src.0.id());
+    let reaped0 = super::cpu::reaped_children_s();
+    let mut src_cpu = None;
     let Reply::Ok = reply else {
         bail!("TIERMEM.MIGRATE answered {reply:?}");
     };
@@ -381,6 +393,7 @@ pub fn run_kv_case(
         }
         if busy_end.is_none() && src.0.try_wait()?.is_some() {
             busy_end = Some(now_ns());
+            src_cpu = src_cpu0.map(|c0| (super::cpu::reaped_children_s() - reaped0 - c0).max(0.0));
         }
         if complete_end.is_none() {
             if let Some(st) = dst.0.try_wait()? {
@@ -418,6 +431,7 @@ pub fn run_kv_case(
     while after_count.load(Ordering::Relaxed) < ops_after && Instant::now() < work_deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
+    let dst_cpu = super::cpu::process_cpu_s(dst.0.id());
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.join()
@@ -462,6 +476,10 @@ pub fn run_kv_case(
         steady_ops_per_s,
         after_ops_per_s,
         degradation: after_ops_per_s / steady_ops_per_s.max(1.0),
+        cpu_s: match (src_cpu, dst_cpu) {
+            (Some(a), Some(b)) => a + b,
+            _ => f64::NAN,
+        },
         timeline,
     })
 }

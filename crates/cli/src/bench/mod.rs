@@ -64,6 +64,10 @@ pub enum BenchCommand {
     /// its stdin and stdout (one JSON request and one reply per line).
     #[command(hide = true)]
     VnvmWorker(vnvm::WorkerArgs),
+    /// Internal: the process one synthetic case run of `bench migrate` runs in, driven by
+    /// `bench migrate` over its stdin and stdout.
+    #[command(hide = true)]
+    MigrateCase,
 }
 
 /// Run one benchmark.
@@ -76,6 +80,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Migrate(o) => migrate::run(o),
         BenchCommand::Pheap(o) => pheap::run(o),
         BenchCommand::VnvmWorker(a) => vnvm::worker_main(a),
+        BenchCommand::MigrateCase => migrate::case_worker_main(),
     }
 }
 
