@@ -395,11 +395,11 @@ fn corruption_sweep_of_clean_and_crashed_instances() {
     let bases = [&clean, &crashed];
     let names = ["clean", "crashed"];
     // The pages of heap.data that were dirty in the NVM cache at the crash: recovery rebuilds
-    // them from the cache, and their file bytes outside the cache page's valid chunks are not
-    // verified by any checksum yet (a gap issue #13 keeps open; docs/vnvm.md, "Checksums"). A
-    // flip there that is served is counted and printed, not failed; every other case must
-    // still be a refusal or the reference.
-    let unverified: BTreeSet<u64> = {
+    // them from the cache's valid chunks and must verify the file's other bytes against the
+    // checksum table's two recorded contents of the page (docs/vnvm.md, "Checksums"). Two in
+    // three flip cases of the crashed copy's heap.data aim at them, and 8 more cases follow the
+    // schedule.
+    let dirty: Vec<u64> = {
         let info = tiermem_vnvm::inspect(crashed.join("vnvm")).expect("inspect the crashed copy");
         let heap = info
             .files
@@ -414,42 +414,57 @@ fn corruption_sweep_of_clean_and_crashed_instances() {
             .collect()
     };
     eprintln!(
-        "crashed copy: {} pages of heap.data dirty in the NVM cache (unverified outside their \
-         valid chunks)",
-        unverified.len()
+        "crashed copy: {} pages of heap.data dirty in the NVM cache",
+        dirty.len()
     );
-    let mut in_window = Vec::new();
+    let (mut heap_flips, mut aimed) = (0u64, 0u64);
     let mut rng = Rng(seed);
     let mut failures = Vec::new();
-    for case in 0..cases {
-        let b = (case % 2) as usize;
+    // After the schedule, EXTRA cases of bit flips in the crashed copy's dirty heap.data pages.
+    const EXTRA: u64 = 8;
+    let extra = if dirty.is_empty() { 0 } else { EXTRA };
+    for case in 0..cases + extra {
+        let forced = case >= cases;
+        let b = if forced { 1 } else { (case % 2) as usize };
         let fl = files(bases[b]);
-        let file = &fl[(case as usize / 2) % fl.len()];
+        let file = if forced {
+            fl.iter()
+                .find(|f| f.as_path() == Path::new("heap.data"))
+                .expect("heap.data")
+        } else {
+            &fl[(case as usize / 2) % fl.len()]
+        };
         let dir = work.clone();
         copy_dir(bases[b], &dir);
         let path = dir.join(file);
         let mut bytes = std::fs::read(&path).unwrap();
         let used = bytes.iter().rposition(|&x| x != 0).map_or(1, |p| p + 1) as u64;
-        let mut window = false;
         let what = if bytes.is_empty() {
             // (An empty file: the only damage is its loss.)
             std::fs::remove_file(&path).unwrap();
             "removed (empty)".to_string()
-        } else if rng.below(10) < 3 {
+        } else if !forced && rng.below(10) < 3 {
             let (to, len) = (rng.below(bytes.len() as u64), bytes.len());
             bytes.truncate(to as usize);
             format!("truncated to {to} of {len} bytes")
         } else {
             let mut offs = Vec::new();
+            let crashed_heap = b == 1 && file.as_path() == Path::new("heap.data");
+            let aim = forced || crashed_heap && !dirty.is_empty() && heap_flips % 3 != 0;
+            heap_flips += crashed_heap as u64;
+            aimed += aim as u64;
             for _ in 0..1 + rng.below(3) {
-                let o = rng.below(used) as usize;
+                let o = if aim {
+                    let page = dirty[rng.below(dirty.len() as u64) as usize];
+                    (page * 4096 + rng.below(4096)).min(bytes.len() as u64 - 1) as usize
+                } else {
+                    rng.below(used) as usize
+                };
                 bytes[o] ^= 1 << rng.below(8);
                 offs.push(o);
-                window |= b == 1
-                    && file.as_path() == Path::new("heap.data")
-                    && unverified.contains(&(o as u64 / 4096));
             }
-            format!("bit flips at {offs:?} (used extent {used})")
+            let at = if aim { " in dirty pages" } else { "" };
+            format!("bit flips at {offs:?}{at} (used extent {used})")
         };
         if path.exists() {
             std::fs::write(&path, &bytes).unwrap();
@@ -459,29 +474,25 @@ fn corruption_sweep_of_clean_and_crashed_instances() {
         let line = format!("case {case}: {} {}: {what}: ", names[b], file.display());
         match out {
             Ok(o) => eprintln!("{line}{o}"),
-            Err(e) if window => {
-                eprintln!("{line}served damage in the unverified window (issue #13): {e}");
-                in_window.push(format!("{line}{e}"));
-            }
             Err(e) => {
                 eprintln!("{line}FAILED: {e}");
                 failures.push(format!("{line}{e}"));
             }
         }
     }
-    if !in_window.is_empty() {
-        eprintln!(
-            "{} case(s) served a flip in a page that was dirty at the crash (not verified yet, \
-             issue #13):\n{}",
-            in_window.len(),
-            in_window.join("\n")
-        );
-    }
+    eprintln!("{aimed} case(s) flipped bits in heap.data pages dirty at the crash");
     let _ = std::fs::remove_dir_all(&root);
     assert!(
         failures.is_empty(),
-        "{} of {cases} cases failed:\n{}",
+        "{} of {} cases failed:\n{}",
         failures.len(),
+        cases + extra,
         failures.join("\n")
     );
+    if !dirty.is_empty() {
+        assert!(
+            aimed >= EXTRA,
+            "too few cases flipped a dirty page of the crashed heap.data"
+        );
+    }
 }

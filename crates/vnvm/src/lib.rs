@@ -324,6 +324,9 @@ struct RegionInner {
     file: File,
     /// Private regions: the checksum table of the backing file's pages (`sums`).
     sums: Option<sums::SumTable>,
+    /// A writeback of this region failed after its table write: the table's last CRC of a unit
+    /// may not be what the file holds, so later writebacks read the file for `prev`.
+    sums_unsure: AtomicBool,
     dram: DramCache,
     /// Open transactions that wrote into this region.
     open_writers: AtomicU32,
@@ -1354,9 +1357,11 @@ impl Vnvm {
             // cannot fail later). Shared regions keep no table (msync writes them): a stale
             // one would condemn good pages later, so it goes.
             let sums = if sslot.is_none() {
-                let t = sums::SumTable::open(&path, true, true, i.perm)?;
-                if let Some(t) = &t {
+                let mut t = sums::SumTable::open(&path, true, true, i.perm)?;
+                if let Some(t) = &mut t {
                     sums::verify_file(&path, &file, t, u64::MAX)?;
+                    // Consistent with the file now: the writebacks' protocol from here on.
+                    t.upgrade()?;
                 }
                 t
             } else {
@@ -1421,6 +1426,7 @@ impl Vnvm {
             size: size as u64,
             file,
             sums,
+            sums_unsure: AtomicBool::new(false),
             dram,
             open_writers: AtomicU32::new(0),
             closing: AtomicBool::new(false),
@@ -2734,7 +2740,6 @@ impl Inner {
     /// move them to the clean list.
     fn writeback(&self, target: WbTarget) -> Result<()> {
         const BATCH: usize = 64;
-        let ps = self.geo.page_size as u64;
         // The copy of a run of pages being written (reused: a fresh one per batch was up to
         // 256 KiB, above malloc's mmap threshold, so every batch mapped, faulted in and
         // unmapped it).
@@ -2800,102 +2805,7 @@ impl Inner {
                 batch.sort_unstable_by_key(|b| b.1);
             }
             // Write outside the lock.
-            let mut files: Vec<Arc<RegionInner>> = Vec::new();
-            // (file id, unit, crc, len) of the units written, for the checksum tables.
-            let mut sums_new: Vec<(u32, u64, u32, u32)> = Vec::new();
-            let mut res = Ok(());
-            let mut k = 0;
-            while k < batch.len() {
-                let (f, idx) = batch[k].1;
-                let mut run = 1;
-                while k + run < batch.len() && batch[k + run].1 == (f, idx + run as u64) {
-                    run += 1;
-                }
-                let Some(r) = self.regions.read().get(f as usize).cloned().flatten() else {
-                    res = Err(VnvmError::Inconsistent(format!(
-                        "dirty cache page of file {f}, which this process has not allocated"
-                    )));
-                    break;
-                };
-                let start = idx * ps;
-                let n = (ps * run as u64).min(r.size - start) as usize;
-                // The pages go out from the DRAM cache: it holds every byte the NVM pages hold
-                // (commit fills DRAM before the redo worker sees a transaction), plus possibly
-                // newer committed data whose logs are still in the committed list.
-                // SAFETY: start + n lies within the region's DRAM mapping, which `r` keeps
-                // alive; the kernel reads it (concurrent commits may change it: harmless).
-                // With a checksum table the pages are copied first, so that the CRC is of
-                // exactly the bytes written (commits may change the DRAM page meanwhile).
-                let src: *const u8 = if r.sums.is_some() {
-                    buf.clear();
-                    // SAFETY: as for the pwrite below: start + n lies within the mapping.
-                    // (One copy, no zero-fill first: `resize` cost a memset of every page.)
-                    buf.extend_from_slice(unsafe {
-                        std::slice::from_raw_parts(r.dram.wview.add(start as usize), n)
-                    });
-                    for (u, b) in buf.chunks(sums::UNIT as usize).enumerate() {
-                        let unit = start / sums::UNIT + u as u64;
-                        sums_new.push((f, unit, sums::unit_crc(b), b.len() as u32));
-                    }
-                    buf.as_ptr()
-                } else {
-                    // SAFETY: start lies within the region's DRAM mapping.
-                    unsafe { r.dram.wview.add(start as usize) }
-                };
-                let wr = match self.cfg.writeback_fault {
-                    Some(errno) => Err(std::io::Error::from_raw_os_error(errno)),
-                    None => unsafe { pwrite_all(&r.file, src, n, start) },
-                };
-                if let Err(e) = wr {
-                    res = Err(io_err("write back cache pages", &r.path, e));
-                    break;
-                }
-                if !files.iter().any(|x| x.file_id == f) {
-                    files.push(r);
-                }
-                k += run;
-            }
-            if res.is_ok() {
-                for r in &files {
-                    if let Err(e) = r.file.sync_data() {
-                        res = Err(io_err("fdatasync", &r.path, e));
-                        break;
-                    }
-                }
-            }
-            // The pages are durable: now their checksums, durable before the pages are marked
-            // clean (a crash in between leaves the pages dirty: recovery rewrites them and
-            // checksums them again).
-            if res.is_ok() {
-                res = (|| {
-                    // One write per run of consecutive units of a file.
-                    sums_new.sort_unstable_by_key(|&(f, unit, _, _)| (f, unit));
-                    let mut run: Vec<(u32, u32)> = Vec::new();
-                    let mut k = 0;
-                    while k < sums_new.len() {
-                        let (f, first, _, _) = sums_new[k];
-                        run.clear();
-                        while let Some(&(f2, u2, crc, len)) = sums_new.get(k) {
-                            if f2 != f || u2 != first + run.len() as u64 {
-                                break;
-                            }
-                            run.push((crc, len));
-                            k += 1;
-                        }
-                        if let Some(t) = files
-                            .iter()
-                            .find(|r| r.file_id == f)
-                            .and_then(|r| r.sums.as_ref())
-                        {
-                            t.put_run(first, &run)?;
-                        }
-                    }
-                    for t in files.iter().filter_map(|r| r.sums.as_ref()) {
-                        t.sync()?;
-                    }
-                    Ok(())
-                })();
-            }
+            let res = self.write_batch(&batch, &mut buf);
             let mut c = self.cstate.lock();
             let mut cleaned = 0;
             let mut runs: Vec<(u64, u64)> = Vec::new();
@@ -2929,6 +2839,137 @@ impl Inner {
             drop(c);
             res?;
         }
+    }
+
+    /// Write one writeback batch's pages (sorted by (file, page)) to their backing files and
+    /// sync them. Runs of neighbouring pages go out with one `pwrite`. A private region's pages
+    /// are copied first (`buf`, reused), so that the checksums are of exactly the bytes
+    /// written (commits may change the DRAM page meanwhile), and the checksum table gets
+    /// `{new, prev}` for each unit and is synced *before* the data are written (see `sums`: a
+    /// crash anywhere leaves each unit at one of its two recorded contents).
+    fn write_batch(&self, batch: &[(u32, (u32, u64), u64)], buf: &mut Vec<u8>) -> Result<()> {
+        let ps = self.geo.page_size as u64;
+        // (region, first byte, bytes, where the copy is in `buf` if copied)
+        let mut runs: Vec<(Arc<RegionInner>, u64, usize, Option<usize>)> = Vec::new();
+        buf.clear();
+        let mut k = 0;
+        while k < batch.len() {
+            let (f, idx) = batch[k].1;
+            let mut run = 1;
+            while k + run < batch.len() && batch[k + run].1 == (f, idx + run as u64) {
+                run += 1;
+            }
+            let Some(r) = self.regions.read().get(f as usize).cloned().flatten() else {
+                return Err(VnvmError::Inconsistent(format!(
+                    "dirty cache page of file {f}, which this process has not allocated"
+                )));
+            };
+            let start = idx * ps;
+            let n = (ps * run as u64).min(r.size - start) as usize;
+            // The pages go out from the DRAM cache: it holds every byte the NVM pages hold
+            // (commit fills DRAM before the redo worker sees a transaction), plus possibly
+            // newer committed data whose logs are still in the committed list.
+            let at = r.sums.is_some().then(|| {
+                let at = buf.len();
+                // SAFETY: start + n lies within the region's DRAM mapping, which `r` keeps
+                // alive (concurrent commits may change it: harmless, the copy is what is
+                // written and checksummed). One copy, no zero-fill first.
+                buf.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(r.dram.wview.add(start as usize), n)
+                });
+                at
+            });
+            runs.push((r, start, n, at));
+            k += run;
+        }
+        // The checksum tables first: `{crc of the copy, prev = crc of what the file holds}`.
+        let mut tables: Vec<&RegionInner> = Vec::new();
+        for (r, start, n, at) in &runs {
+            let (Some(t), Some(at)) = (r.sums.as_ref(), at) else {
+                continue;
+            };
+            let res = (|| {
+                let data = &buf[*at..*at + *n];
+                let first = start / sums::UNIT;
+                let nunits = data.len().div_ceil(sums::UNIT as usize);
+                let old = t.read_run(first, nunits)?;
+                let unsure = r.sums_unsure.load(Ordering::Relaxed);
+                let mut entries = Vec::with_capacity(nunits);
+                let mut fb = [0u8; sums::UNIT as usize];
+                for (u, b) in data.chunks(sums::UNIT as usize).enumerate() {
+                    // What the file holds: the last entry's crc, which its writer synced (a
+                    // unit is written back by one writer at a time) — unless a write failed
+                    // since, or vnvm never wrote the unit: then read it.
+                    let prev = match old[u] {
+                        Some(s) if !unsure && s.len as usize == b.len() => s.crc,
+                        _ => {
+                            let fb = &mut fb[..b.len()];
+                            let off = start + (u as u64) * sums::UNIT;
+                            std::os::unix::fs::FileExt::read_exact_at(&r.file, fb, off)
+                                .map_err(|e| io_err("read backing file", &r.path, e))?;
+                            sums::unit_crc(fb)
+                        }
+                    };
+                    entries.push((sums::unit_crc(b), b.len() as u32, Some(prev)));
+                }
+                t.put_run(first, &entries)
+            })();
+            if let Err(e) = res {
+                r.sums_unsure.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+            if !tables.iter().any(|x| x.file_id == r.file_id) {
+                tables.push(r);
+            }
+        }
+        for r in &tables {
+            if let Some(t) = &r.sums {
+                if let Err(e) = t.sync() {
+                    r.sums_unsure.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        // Then the data, then fdatasync.
+        let mut files: Vec<&RegionInner> = Vec::new();
+        let mut res = Ok(());
+        for (r, start, n, at) in &runs {
+            let src: *const u8 = match at {
+                Some(at) => buf[*at..].as_ptr(),
+                // SAFETY: start lies within the region's DRAM mapping.
+                None => unsafe { r.dram.wview.add(*start as usize) },
+            };
+            let wr = match self.cfg.writeback_fault {
+                Some(errno) => Err(std::io::Error::from_raw_os_error(errno)),
+                // SAFETY: src..src + n is mapped: the copy in `buf`, or the region's DRAM
+                // mapping (which `r` keeps alive; the kernel reads it while commits may change
+                // it: harmless).
+                None => unsafe { pwrite_all(&r.file, src, *n, *start) },
+            };
+            if let Err(e) = wr {
+                res = Err(io_err("write back cache pages", &r.path, e));
+                break;
+            }
+            if !files.iter().any(|x| x.file_id == r.file_id) {
+                files.push(r);
+            }
+        }
+        if res.is_ok() {
+            for r in &files {
+                if let Err(e) = r.file.sync_data() {
+                    res = Err(io_err("fdatasync", &r.path, e));
+                    break;
+                }
+            }
+        }
+        if res.is_err() {
+            // The file may hold either contents, or a mix across a run: the next writeback
+            // of this region reads what the file holds instead of trusting the table.
+            for (r, ..) in &runs {
+                r.sums_unsure.store(true, Ordering::Relaxed);
+            }
+        }
+        res
     }
 }
 

@@ -11,7 +11,6 @@
 use super::*;
 use crate::shm::{Res, SLOT_LIVE};
 use std::collections::HashSet;
-use std::os::unix::fs::FileExt;
 
 impl Inner {
     /// This process's slot in the shared-memory object.
@@ -201,10 +200,12 @@ impl Inner {
             check_cache_page(&self.cache, &self.geo, p, (f, idx), &crec, &replayed)?;
             dirty.push((p, f, idx, crec.mask));
         }
-        let mut units: HashMap<u32, Vec<u64>> = HashMap::new();
-        // (1) its dirty cache pages, valid chunks only
+        // What each file receives, in order: (1) the valid chunks of its dirty cache pages,
+        // (2) its committed list, oldest first.
+        let mut patches: HashMap<u32, Vec<crate::sums::Patch<'_>>> = HashMap::new();
+        let mut in_dirty: HashSet<(u32, u64)> = HashSet::new();
         for &(p, f, idx, mask) in &dirty {
-            let (Some((file, path)), Some(rec)) = (files.get(&f), records.get(&f)) else {
+            let (Some(_), Some(rec)) = (files.get(&f), records.get(&f)) else {
                 return Err(VnvmError::Damaged {
                     path: self.meta.path().to_path_buf(),
                     what: format!("cache page object {p}"),
@@ -219,39 +220,48 @@ impl Inner {
                 }
                 let len = (n as u64 * chunk).min(rec.size - start) as usize;
                 let data = pool_slice(&self.cache, p as u64 * ps + c as u64 * chunk, len);
-                file.write_all_at(data, start)
-                    .map_err(|e| io_err("write back a dead user's page", path, e))?;
-                units
-                    .entry(f)
-                    .or_default()
-                    .extend(crate::sums::units_of(start, len as u64));
+                patches.entry(f).or_default().push(crate::sums::Patch {
+                    offset: start,
+                    data,
+                });
             }
+            in_dirty.extend(crate::sums::units_of(idx * ps, ps).map(|u| (f, u)));
         }
-        // (2) its committed list, in order
         for e in txs.iter().flatten() {
-            let Some((file, path)) = files.get(&e.file_id) else {
-                continue; // cannot happen: `check` admitted only its files
-            };
-            file.write_all_at(pool_slice(&self.log, e.log_off, e.len as usize), e.offset)
-                .map_err(|err| io_err("replay a dead user's log", path, err))?;
-            units
+            let data = pool_slice(&self.log, e.log_off, e.len as usize);
+            patches
                 .entry(e.file_id)
                 .or_default()
-                .extend(crate::sums::units_of(e.offset, e.len as u64));
+                .push(crate::sums::Patch {
+                    offset: e.offset,
+                    data,
+                });
         }
-        // (3) durable, then checksummed
-        for (f, path) in files.values() {
-            f.sync_data().map_err(|e| io_err("fdatasync", path, e))?;
+        // (3) rebuilt as recovery does (`sums::rebuild`): every file verified first, then
+        // checksummed before written, and synced.
+        let mut ids_sorted: Vec<u32> = files.keys().copied().collect();
+        ids_sorted.sort_unstable();
+        let mut tables = HashMap::new();
+        for &id in &ids_sorted {
+            if let Some(t) = crate::sums::SumTable::open(&files[&id].1, true, true, self.perm)? {
+                tables.insert(id, t);
+            }
         }
-        for (id, (f, path)) in &files {
-            let mut us = units.remove(id).unwrap_or_default();
-            us.sort_unstable();
-            us.dedup();
-            if let (Some(t), Some(rec)) = (
-                crate::sums::SumTable::open(path, true, true, self.perm)?,
-                records.get(id),
-            ) {
-                crate::sums::rechecksum(path, f, &t, &us, rec.size)?;
+        let in_dirty = &in_dirty;
+        let unverifiable = |id: u32| move |u: u64| in_dirty.contains(&(id, u));
+        for pass in [false, true] {
+            for &id in &ids_sorted {
+                let ((f, path), Some(rec)) = (&files[&id], records.get(&id)) else {
+                    continue; // cannot happen: `files` holds records' ids
+                };
+                let ps = patches.get(&id).map(|v| &v[..]).unwrap_or(&[]);
+                if pass {
+                    let t = tables.get_mut(&id);
+                    crate::sums::rebuild(path, f, rec.size, t, ps, &unverifiable(id))?;
+                } else {
+                    let t = tables.get(&id);
+                    crate::sums::verify_patched(path, f, rec.size, t, ps, &unverifiable(id))?;
+                }
             }
         }
         // (4) forget: page objects, its committed list, its file records

@@ -6,7 +6,6 @@ use crate::error::{io_err, Result, VnvmError};
 use crate::layout::*;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tiermem_media::{OpenOptions, Pool, PowerDomain};
@@ -601,8 +600,6 @@ pub(crate) fn recover_locked(dir: &Path) -> Result<RecoveryReport> {
     used.sort_unstable();
     used.dedup();
     let mut files: HashMap<u32, (File, &FileRecord, PathBuf)> = HashMap::new();
-    // Units of each file recovery writes: re-checksummed once they are synced.
-    let mut units: HashMap<u32, Vec<u64>> = HashMap::new();
     for id in used {
         let Some(r) = plan.records.get(&id) else {
             continue; // cannot happen: every used id passed check_entry / cache_obj
@@ -616,39 +613,14 @@ pub(crate) fn recover_locked(dir: &Path) -> Result<RecoveryReport> {
         files.insert(id, (f, r, path));
     }
     let ps = p.geo.page_size as u64;
-    // Backing-file pages that only committed logs write (no dirty cache page) cannot be newer
-    // than their checksums (the writeback checksums a page before it cleans its cache page):
-    // verify them before the replay overwrites part of them and checksums them again.
-    if !prior_recovery {
-        let in_dirty: HashSet<(u32, u64)> = plan
-            .dirty
-            .iter()
-            .flat_map(|&(_, f, idx, _)| crate::sums::units_of(idx * ps, ps).map(move |u| (f, u)))
-            .collect();
-        for (id, (file, r, path)) in &files {
-            if r.mode == 2 {
-                continue;
-            }
-            let Some(t) = crate::sums::SumTable::open(path, false, false, 0)? else {
-                continue;
-            };
-            let want: HashSet<u64> = plan
-                .txs
-                .iter()
-                .flatten()
-                .filter(|e| e.file_id == *id)
-                .flat_map(|e| crate::sums::units_of(e.offset, e.len as u64))
-                .filter(|u| !in_dirty.contains(&(*id, *u)))
-                .collect();
-            crate::sums::verify_units(path, file, &t, &want)?;
-        }
-    }
-    store_word_persist(&p.meta, STATE_OFF, STATE_RECOVERING)?;
-    // (1) dirty cache pages
+    // What each file receives, in order: (1) the valid chunks of its dirty cache pages (the
+    // rest of such a page is the file's, or a log's), (2) its committed logs, oldest first.
     let chunk = p.geo.chunk();
+    let mut patches: HashMap<u32, Vec<crate::sums::Patch<'_>>> = HashMap::new();
+    // Units of dirty cache pages: what a format-1 checksum table cannot vouch for.
+    let mut in_dirty: HashSet<(u32, u64)> = HashSet::new();
     for &(page, f, idx, mask) in &plan.dirty {
-        let (file, r, path) = &files[&f];
-        // Only the valid chunks of the page hold data; the rest is the file's (or the log's).
+        let r = files[&f].1;
         for (c, n) in mask_runs(mask) {
             let start = idx * ps + c as u64 * chunk;
             if start >= r.size {
@@ -656,46 +628,40 @@ pub(crate) fn recover_locked(dir: &Path) -> Result<RecoveryReport> {
             }
             let len = (n as u64 * chunk).min(r.size - start) as usize;
             let data = pool_slice(&p.cache, page as u64 * ps + c as u64 * chunk, len);
-            file.write_all_at(data, start)
-                .map_err(|e| io_err("write dirty page back", path, e))?;
-            units
-                .entry(f)
-                .or_default()
-                .extend(crate::sums::units_of(start, len as u64));
+            patches.entry(f).or_default().push(crate::sums::Patch {
+                offset: start,
+                data,
+            });
         }
+        in_dirty.extend(crate::sums::units_of(idx * ps, ps).map(|u| (f, u)));
         report.dirty_pages_written += 1;
     }
-    // (2) committed logs, in order
     for tx in &plan.txs {
         for e in tx {
-            let (file, _, path) = &files[&e.file_id];
             let data = pool_slice(&p.log, e.log_off, e.len as usize);
-            file.write_all_at(data, e.offset)
-                .map_err(|err| io_err("replay log entry", path, err))?;
-            units
+            patches
                 .entry(e.file_id)
                 .or_default()
-                .extend(crate::sums::units_of(e.offset, e.len as u64));
+                .push(crate::sums::Patch {
+                    offset: e.offset,
+                    data,
+                });
             report.entries_replayed += 1;
             report.bytes_replayed += e.len as u64;
         }
         report.transactions_replayed += 1;
     }
-    // (3) fdatasync
-    for (file, _, path) in files.values() {
-        file.sync_data().map_err(|e| io_err("fdatasync", path, e))?;
-        report.files.push(path.clone());
-    }
-    report.files.sort();
-    // (3b) the checksums of what was written, from the synced files (private regions only:
-    // shared regions keep no table).
-    for (id, (file, r, path)) in &files {
+    // (3) each file rebuilt: every file verified first (damage anywhere fails recovery with
+    // nothing written), then each checksummed before written and synced (see `sums`). Shared
+    // regions keep no checksum table.
+    let mut ids: Vec<u32> = files.keys().copied().collect();
+    ids.sort_unstable();
+    let mut tables: HashMap<u32, crate::sums::SumTable> = HashMap::new();
+    for &id in &ids {
+        let (file, r, path) = &files[&id];
         if r.mode == 2 {
             continue;
         }
-        let mut us = units.remove(id).unwrap_or_default();
-        us.sort_unstable();
-        us.dedup();
         let perm = {
             use std::os::unix::fs::PermissionsExt;
             file.metadata()
@@ -703,9 +669,31 @@ pub(crate) fn recover_locked(dir: &Path) -> Result<RecoveryReport> {
                 .unwrap_or(0o600)
         };
         if let Some(t) = crate::sums::SumTable::open(path, true, true, perm)? {
-            crate::sums::rechecksum(path, file, &t, &us, r.size)?;
+            tables.insert(id, t);
         }
     }
+    let in_dirty = &in_dirty;
+    let unverifiable = |id: u32| move |u: u64| prior_recovery || in_dirty.contains(&(id, u));
+    for &id in &ids {
+        let (file, r, path) = &files[&id];
+        let ps = patches.get(&id).map(|v| &v[..]).unwrap_or(&[]);
+        crate::sums::verify_patched(path, file, r.size, tables.get(&id), ps, &unverifiable(id))?;
+    }
+    store_word_persist(&p.meta, STATE_OFF, STATE_RECOVERING)?;
+    for &id in &ids {
+        let (file, r, path) = &files[&id];
+        let ps = patches.get(&id).map(|v| &v[..]).unwrap_or(&[]);
+        crate::sums::rebuild(
+            path,
+            file,
+            r.size,
+            tables.get_mut(&id),
+            ps,
+            &unverifiable(id),
+        )?;
+        report.files.push(path.clone());
+    }
+    report.files.sort();
     // (4) reset: dirty objects first (so a crash leaves only idempotent log replay), then the
     // committed lists, then the file records, then the state word.
     reset(&p)?;

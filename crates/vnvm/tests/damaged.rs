@@ -247,6 +247,29 @@ fn cache_full_with_a_failing_device_reports_and_loses_nothing() {
     );
     assert!(vn.nv_release().is_err());
     drop(r);
+    // The failed writebacks stored their checksums (with the page's previous contents beside
+    // them) before their data, which never arrived: the file's bytes outside what the cache
+    // holds of page 0 (its first 8 bytes) are verified against the previous contents, so a
+    // flip there is refused, and the page as it is accepted.
+    let data = d.path().join("data");
+    let flip = |at: u64| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&data)
+            .unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x40], at).unwrap();
+    };
+    flip(2000);
+    let e = recover(&cfg.dir).unwrap_err().to_string();
+    assert!(
+        e.contains("backing-file page 0") && e.contains("before the last write"),
+        "{e}"
+    );
+    flip(2000);
     let rep = recover(&cfg.dir).unwrap();
     assert!(!rep.was_clean);
     let f = std::fs::read(d.path().join("data")).unwrap();
