@@ -48,11 +48,14 @@ fn bench_reports_every_method_the_ratios_and_a_timeline_png() {
     // 2 workloads × (FAM ×2, FAM + hot-page manifest, socket ×8, stop-and-copy, pre-copy).
     assert_eq!(results.len(), 26, "{v:#}");
     for r in results {
-        for k in ["downtime_ms", "busy_ms", "total_ms", "degradation"] {
+        for k in ["downtime_ms", "busy_ms", "total_ms", "degradation", "cpu_s"] {
             let x = r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
             assert!(x.is_finite() && x >= 0.0, "{k} = {x} in {r}");
         }
         assert!(r["total_ms"].as_f64().unwrap() >= r["downtime_ms"].as_f64().unwrap());
+        // Each run's worker process did the whole case: some CPU, at least the application's
+        // warm-up and steady phase on one thread (50 + 150 ms with --quick) minus slack.
+        assert!(r["cpu_s"].as_f64().unwrap() > 0.1, "{r}");
         let m = r["method"].as_str().unwrap();
         assert!(["fam", "fam+hot", "socket", "stop-and-copy", "pre-copy"].contains(&m));
         assert_eq!(r["expiration_ms"].is_null(), m != "socket", "{r}");
@@ -73,7 +76,16 @@ fn bench_reports_every_method_the_ratios_and_a_timeline_png() {
         "downtime_gain_vs_socket_pct",
     ] {
         assert!(v[k].as_f64().unwrap().is_finite(), "{k}: {}", v[k]);
+        // Each headline ratio has its per-CPU counterpart, overall and per case.
+        let pc = format!("{k}_per_cpu");
+        assert!(v[&pc].as_f64().unwrap().is_finite(), "{pc}: {}", v[&pc]);
+        for c in v["ratios_by_case"].as_array().unwrap() {
+            assert!(c[&pc].as_f64().unwrap().is_finite(), "{pc} in {c}");
+        }
     }
+    assert_eq!(v["isolation"], "one process per system");
+    assert!(v["cpu_method"].as_str().is_some_and(|s| !s.is_empty()));
+    assert!(v.get("kv_throughput_gain_3ms_pct_per_cpu").is_some());
     assert!(v.get("kv_throughput_gain_3ms_pct").is_some());
     assert_eq!(v["hot_manifest"].as_array().unwrap().len(), 2);
     let b = v["batching"].as_array().unwrap();

@@ -183,7 +183,7 @@ impl CaseRow {
             "faults_on_demand": self.on_demand,
             "faults_from_fam": self.from_fam,
             "pages_pushed": self.pushed,
-            "cpu_s": self.cpu_s,
+            "cpu_s": (self.cpu_s * 1e6).round() / 1e6,
         })
     }
 }
