@@ -68,6 +68,9 @@ pub enum BenchCommand {
     /// `bench migrate` over its stdin and stdout.
     #[command(hide = true)]
     MigrateCase,
+    /// Internal: the process one run of `bench pheap` runs in.
+    #[command(hide = true)]
+    PheapRun,
 }
 
 /// Run one benchmark.
@@ -81,6 +84,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Pheap(o) => pheap::run(o),
         BenchCommand::VnvmWorker(a) => vnvm::worker_main(a),
         BenchCommand::MigrateCase => migrate::case_worker_main(),
+        BenchCommand::PheapRun => pheap::run_worker_main(),
     }
 }
 

@@ -27,18 +27,26 @@
 //! `*_per_cpu` figures are the same on the benchmark thread's CPU time (`cpu_ms`; the heap has
 //! no thread of its own).
 //! Times and faults are medians over several runs; bytes are deterministic.
+//!
+//! One process per run (issue #22): every run of every system — the heaps and the glibc
+//! `malloc` baseline — happens in a fresh worker process (this binary re-executed as the hidden
+//! `tiermem bench pheap-run`, `bench/worker.rs`), so that no system allocates from a glibc arena
+//! another system's run has shaped (the heap's own index vectors, the baseline's records), and
+//! each starts from the same state; the parent only orders the runs and computes the medians.
 
 use crate::machine;
-use anyhow::{Context, Result};
-use serde::Serialize;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tiermem_pheap::{Heap, HeapOptions};
 
+use super::worker::{self, Worker};
 use super::{cpu, BenchOpts};
 
 /// Sizes of one benchmark run.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug)]
 struct Plan {
     /// Objects of the update workload.
     update_n: usize,
@@ -172,7 +180,7 @@ const BASELINES: [Sys; 2] = [
 ];
 
 /// Measurements of one run.
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone, Copy, Serialize, Deserialize, Debug)]
 struct Sample {
     run_ns: u64,
     /// CPU of the benchmark thread (the heap has no thread of its own) over the same phase.
@@ -216,8 +224,9 @@ struct Backend {
 }
 
 impl Backend {
-    fn new(sys: Sys, dir: &Path, capacity: usize) -> Result<Backend> {
-        let path = dir.join(format!("bench-pheap-{}.heap", std::process::id()));
+    /// The backend of `sys`; a heap is created at `path` (removed on drop).
+    fn new(sys: Sys, path: &Path, capacity: usize) -> Result<Backend> {
+        let path = path.to_path_buf();
         let _ = std::fs::remove_file(&path);
         // SAFETY: malloc_trim only returns free arena memory to the kernel (also pages in the
         // middle of the arena), so that each run, the malloc baseline included, pays its
@@ -287,18 +296,18 @@ fn capacity_for(bytes: usize) -> usize {
     (bytes * 2 + (4 << 20)).div_ceil(sb) * sb
 }
 
-/// Update workload, one run. Measured: the steady phase (heap with checkpoints) or the whole
-/// work (baselines).
+/// Update workload, one run (a heap at `heap`). Measured: the steady phase (heap with
+/// checkpoints) or the whole work (baselines).
 fn update_run(
     sys: Sys,
-    dir: &Path,
+    heap: &Path,
     size: usize,
     pct: usize,
     p: &Plan,
     seed: u64,
 ) -> Result<Sample> {
     let n = p.update_n;
-    let mut be = Backend::new(sys, dir, capacity_for(n * size))?;
+    let mut be = Backend::new(sys, heap, capacity_for(n * size))?;
     let ckpt = matches!(sys, Sys::Heap { ckpt: true, .. });
     let mut s = Sample::default();
     let t_all = Instant::now();
@@ -344,10 +353,11 @@ fn update_run(
     Ok(s)
 }
 
-/// Insert workload (chained hash table in the heap), one run. Measured: the whole run.
+/// Insert workload (chained hash table in the heap at `heap`), one run. Measured: the whole
+/// run.
 fn insert_run(
     sys: Sys,
-    dir: &Path,
+    heap: &Path,
     size: usize,
     interval_ops: usize,
     p: &Plan,
@@ -355,7 +365,7 @@ fn insert_run(
 ) -> Result<Sample> {
     let n = p.insert_n;
     let nbuckets = (n / 2).next_power_of_two();
-    let mut be = Backend::new(sys, dir, capacity_for(n * size + nbuckets * 8))?;
+    let mut be = Backend::new(sys, heap, capacity_for(n * size + nbuckets * 8))?;
     let ckpt = matches!(sys, Sys::Heap { ckpt: true, .. });
     let mut s = Sample::default();
     let t0 = Instant::now();
@@ -390,6 +400,81 @@ fn insert_run(
     s.run_ns = t0.elapsed().as_nanos() as u64;
     s.cpu_ns = cpu::this_thread_ns().saturating_sub(c0);
     s.minflt = minflt() - f0;
+    Ok(s)
+}
+
+/// One run for a `bench pheap-run` worker: the workload (`update`: `param` = % of objects per
+/// round; `insert`: `param` = inserts per checkpoint), the system by name, the heap file.
+#[derive(Serialize, Deserialize, Debug)]
+struct RunRequest {
+    workload: String,
+    system: String,
+    size: usize,
+    param: usize,
+    seed: u64,
+    plan: Plan,
+    heap: PathBuf,
+}
+
+/// Sets glibc's mmap threshold once per process that measures: glibc otherwise raises it after
+/// large frees (the index vectors), so the malloc baseline would reuse resident memory and skip
+/// the first-touch faults the heap pays; with it, malloc_trim before each run returns the
+/// memory.
+fn fix_mmap_threshold() {
+    // SAFETY: mallopt only changes allocator tuning.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) };
+}
+
+/// The worker process of one run (`tiermem bench pheap-run`, hidden): answers [`RunRequest`]s
+/// read from stdin with a [`Sample`], until EOF; the parent starts one per run.
+pub fn run_worker_main() -> Result<()> {
+    fix_mmap_threshold();
+    worker::serve(|r: RunRequest| {
+        let Some(sys) = CKPT_SYSTEMS
+            .iter()
+            .chain(BASELINES.iter())
+            .copied()
+            .find(|s| s.name() == r.system)
+        else {
+            bail!("unknown system {:?}", r.system);
+        };
+        let s = match r.workload.as_str() {
+            "update" => update_run(sys, &r.heap, r.size, r.param, &r.plan, r.seed)?,
+            "insert" => insert_run(sys, &r.heap, r.size, r.param, &r.plan, r.seed)?,
+            w => bail!("unknown workload {w:?}"),
+        };
+        Ok(Some(serde_json::to_value(s)?))
+    })
+}
+
+/// Run one run of `sys` in a fresh worker process (see the module doc); its heap file is
+/// `heap`, removed whatever happens.
+fn run_in_worker(
+    workload: &str,
+    sys: Sys,
+    heap: &Path,
+    size: usize,
+    param: usize,
+    plan: &Plan,
+    seed: u64,
+) -> Result<Sample> {
+    let req = RunRequest {
+        workload: workload.to_string(),
+        system: sys.name().to_string(),
+        size,
+        param,
+        seed,
+        plan: *plan,
+        heap: heap.to_path_buf(),
+    };
+    let mut w = Worker::spawn(
+        &format!("pheap-run {workload} {}", sys.name()),
+        &["bench".to_string(), "pheap-run".to_string()],
+        Duration::from_secs(600),
+        vec![heap.to_path_buf()],
+    )?;
+    let s = w.call(&req, &format!("{workload} {size} B run"))?;
+    w.finish()?;
     Ok(s)
 }
 
@@ -473,15 +558,12 @@ pub fn run(o: BenchOpts) -> Result<()> {
             runs: 5,
         }
     };
-    // A fixed mmap threshold: glibc otherwise raises it after large frees (our index
-    // vectors), so the malloc baseline would reuse resident memory and skip the first-touch
-    // faults the heap pays; with it, malloc_trim after each run returns the memory.
-    // SAFETY: mallopt only changes allocator tuning.
-    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) };
     let dir = std::env::var_os("TIERMEM_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/dev/shm/tiermem"));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // The heap file of every run (one run at a time, each in its worker process).
+    let heap = dir.join(format!("bench-pheap-{}.heap", std::process::id()));
     let mut rows = Vec::new();
     // Update workload: 64 B and 128 B objects, 1 / 10 / 50 % per round.
     for size in [64usize, 128] {
@@ -495,7 +577,15 @@ pub fn run(o: BenchOpts) -> Result<()> {
             // Runs interleave the systems, so that background load spreads over all of them.
             for r in 0..plan.runs {
                 for (i, sys) in systems.iter().enumerate() {
-                    all[i].push(update_run(*sys, &dir, size, pct, &plan, 0x9e37 + r as u64)?);
+                    all[i].push(run_in_worker(
+                        "update",
+                        *sys,
+                        &heap,
+                        size,
+                        pct,
+                        &plan,
+                        0x9e37 + r as u64,
+                    )?);
                 }
             }
             for (sys, samples) in systems.iter().zip(all) {
@@ -523,7 +613,15 @@ pub fn run(o: BenchOpts) -> Result<()> {
             let mut all = vec![Vec::new(); CKPT_SYSTEMS.len()];
             for r in 0..plan.runs {
                 for (i, sys) in CKPT_SYSTEMS.iter().enumerate() {
-                    all[i].push(insert_run(*sys, &dir, size, ops, &plan, 0x51ed + r as u64)?);
+                    all[i].push(run_in_worker(
+                        "insert",
+                        *sys,
+                        &heap,
+                        size,
+                        ops,
+                        &plan,
+                        0x51ed + r as u64,
+                    )?);
                 }
             }
             for (sys, samples) in CKPT_SYSTEMS.into_iter().zip(all) {
@@ -546,9 +644,10 @@ pub fn run(o: BenchOpts) -> Result<()> {
         let mut all = vec![Vec::new(); BASELINES.len()];
         for r in 0..plan.runs {
             for (i, sys) in BASELINES.iter().enumerate() {
-                all[i].push(insert_run(
+                all[i].push(run_in_worker(
+                    "insert",
                     *sys,
-                    &dir,
+                    &heap,
                     size,
                     usize::MAX,
                     &plan,
