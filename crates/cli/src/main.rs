@@ -2,7 +2,7 @@
 //!
 //! Every subsystem has a subcommand here; the foundation provides `doctor` (what this machine can
 //! do and what it costs), `pool` (emulated NVM/FAM pools), `bench` (side-by-side benchmarks) and
-//! `tour` (the quick-start job: doctor plus a short walk through the media and fault layers).
+//! `tour` (the quick-start job: every subsystem at work, each result checked).
 
 mod bench;
 mod doctor;
@@ -79,11 +79,17 @@ enum Command {
         #[command(subcommand)]
         action: pheap_cmd::PheapCommand,
     },
-    /// The quick-start job: doctor, then a short tour of the media and fault layers.
+    /// The quick-start job: every subsystem at work, each result checked (doctor, media, fault,
+    /// vnvm, kv, migrate, pheap), then a table of what ran. Steps whose prerequisites are
+    /// missing are skipped; the exit status is non-zero when a step failed.
     Tour {
-        /// Directory for the demo pools (default: $TIERMEM_DIR or /dev/shm/tiermem).
+        /// Directory for the demo files (default: $TIERMEM_DIR or /dev/shm/tiermem).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Run only these steps (comma-separated), in the tour's order.
+        #[arg(long, value_name = "STEPS", value_delimiter = ',',
+              value_parser = clap::builder::PossibleValuesParser::new(tour::STEP_NAMES))]
+        only: Vec<String>,
     },
 }
 
@@ -105,7 +111,7 @@ fn main() -> ExitCode {
         Command::Kv { action } => kv_cmd::run(action),
         Command::Migrate { action } => migrate_cmd::run(action),
         Command::Pheap { action } => pheap_cmd::run(action),
-        Command::Tour { dir } => tour::run(dir),
+        Command::Tour { dir, only } => tour::run(dir, &only),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
