@@ -1,0 +1,477 @@
+//! Transactions and their logs: the open lists, `nv_write` (entries copied into the transaction's
+//! log pages, CRC computed while copying), `nv_commit` (log write-back, one fence, linking the log
+//! object into the committed list, then the DRAM caches), aborts, and the log objects and pages a
+//! transaction takes and gives back.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Committed,
+    Aborted { by_age: bool },
+}
+
+pub(crate) struct Tx {
+    pub(crate) start_ns: u64,
+    /// Log pages, in order.
+    pub(crate) pages: Vec<u32>,
+    /// Bytes used in the last page.
+    pub(crate) used: u32,
+    /// Regions written (pins them).
+    pub(crate) regions: Vec<Arc<RegionInner>>,
+    pub(crate) aborted_by_age: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct OpenList {
+    pub(crate) txs: HashMap<Tid, Tx>,
+    pub(crate) recent: VecDeque<(Tid, Outcome)>,
+}
+
+pub(crate) const RECENT: usize = 128;
+
+impl OpenList {
+    pub(crate) fn finish(&mut self, tid: Tid, o: Outcome) {
+        if self.recent.len() >= RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((tid, o));
+    }
+}
+
+pub(crate) struct Committed {
+    pub(crate) idx: u32,
+    pub(crate) pages: Vec<u32>,
+}
+
+/// [`COMMIT_WAIT`] (unit tests may shorten it).
+pub(crate) fn commit_wait() -> Duration {
+    #[cfg(test)]
+    {
+        let ms = tests::COMMIT_WAIT_MS.load(Ordering::Relaxed);
+        if ms > 0 {
+            return Duration::from_millis(ms);
+        }
+    }
+    COMMIT_WAIT
+}
+
+/// Why a commit into a shared region failed.
+pub(crate) enum CommitFail {
+    /// Before the link: the transaction's pages and log object are still the committer's.
+    NotLinked(VnvmError),
+    /// The link's persist failed after its store: the transaction is in the list (and
+    /// applied), as if committed.
+    Linked(VnvmError),
+}
+
+/// A log domain: one persistent committed list (private regions of a process; later one per
+/// shared region).
+pub(crate) struct CommitDomain {
+    pub(crate) id: u32,
+    pub(crate) head: u32,
+    pub(crate) tail: u32,
+    pub(crate) queue: VecDeque<Committed>,
+}
+
+impl Inner {
+    pub(crate) fn take_tx(&self, ol: &mut OpenList, tid: Tid) -> Result<Tx> {
+        match ol.txs.remove(&tid) {
+            Some(tx) if tx.aborted_by_age => {
+                ol.finish(tid, Outcome::Aborted { by_age: true });
+                Err(VnvmError::TxAborted { tid, by_age: true })
+            }
+            Some(tx) => Ok(tx),
+            None => Err(self.tid_error(ol, tid)),
+        }
+    }
+
+    pub(crate) fn tid_error(&self, ol: &OpenList, tid: Tid) -> VnvmError {
+        if tid == 0 || tid >= self.shm.next_tid().load(Ordering::Relaxed) {
+            return VnvmError::UnknownTx(tid);
+        }
+        match ol.recent.iter().rev().find(|(t, _)| *t == tid) {
+            Some((_, Outcome::Committed)) => VnvmError::TxCommitted(tid),
+            Some((_, Outcome::Aborted { by_age })) => VnvmError::TxAborted {
+                tid,
+                by_age: *by_age,
+            },
+            None => VnvmError::TxNotOpen(tid),
+        }
+    }
+
+    /// Free an uncommitted transaction's log pages and unpin its regions.
+    pub(crate) fn discard(&self, tx: Tx) {
+        self.free_log_pages(&tx.pages);
+        for r in &tx.regions {
+            r.open_writers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    pub(crate) fn free_log_pages(&self, pages: &[u32]) {
+        if pages.is_empty() {
+            return;
+        }
+        self.shm.free(shm::Res::Log, self.slot as u8 + 1, pages);
+    }
+
+    pub(crate) fn find_region(&self, addr: usize, len: usize) -> Option<Arc<RegionInner>> {
+        let regions = self.regions.read();
+        regions
+            .iter()
+            .flatten()
+            .find(|r| addr >= r.base() && addr + len <= r.base() + r.size as usize)
+            .cloned()
+    }
+
+    pub(crate) fn write(&self, tid: Tid, dst: usize, src: &[u8]) -> Result<usize> {
+        let ps = self.geo.page_size as usize;
+        let mut ol = self.open[tid as usize % OPEN_LISTS].lock();
+        let ol = &mut *ol;
+        let tx = match ol.txs.get_mut(&tid) {
+            Some(t) if t.aborted_by_age => return Err(VnvmError::TxAborted { tid, by_age: true }),
+            Some(t) => t,
+            None => return Err(self.tid_error(ol, tid)),
+        };
+        if src.is_empty() {
+            return Ok(0);
+        }
+        let end = dst.checked_add(src.len()).ok_or(VnvmError::OutOfRegion {
+            addr: dst,
+            len: src.len(),
+        })?;
+        // The region: the transaction's most recent one, else a lookup.
+        let region = match tx
+            .regions
+            .iter()
+            .rev()
+            .find(|r| dst >= r.base() && end <= r.base() + r.size as usize)
+        {
+            Some(r) => r.clone(),
+            None => {
+                let r = self
+                    .find_region(dst, src.len())
+                    .ok_or(VnvmError::OutOfRegion {
+                        addr: dst,
+                        len: src.len(),
+                    })?;
+                if tx
+                    .regions
+                    .first()
+                    .is_some_and(|f| f.shared.is_some() || r.shared.is_some())
+                {
+                    return Err(VnvmError::CrossRegion {
+                        tid,
+                        path: r.path.clone(),
+                    });
+                }
+                r.open_writers.fetch_add(1, Ordering::SeqCst);
+                if r.closing.load(Ordering::SeqCst) {
+                    r.open_writers.fetch_sub(1, Ordering::SeqCst);
+                    return Err(VnvmError::RegionFreed(r.path.clone()));
+                }
+                tx.regions.push(r.clone());
+                r
+            }
+        };
+        let mut off = (dst - region.base()) as u64;
+        let mut done = 0usize;
+        while done < src.len() {
+            // A new page when this one cannot take the rest or at least 64 bytes of it (a
+            // small write is never split into crumbs).
+            let want = (src.len() - done).min(64);
+            if tx.pages.is_empty() || tx.used as usize + ENTRY_HDR + want > ps {
+                let Some(np) = self.take_log_page() else {
+                    break;
+                };
+                if let Some(&last) = tx.pages.last() {
+                    self.log_store(last as u64 * ps as u64, &log_hdr(tx.used, np + 1, tid));
+                }
+                tx.pages.push(np);
+                tx.used = LOG_HDR as u32;
+            }
+            // cannot fail: the branch above pushed a page or left the loop.
+            let page = *tx.pages.last().expect("a page");
+            let room = ps - tx.used as usize - ENTRY_HDR;
+            let to_boundary = ps - (off % ps as u64) as usize;
+            let n = (src.len() - done).min(room).min(to_boundary);
+            let at = page as u64 * ps as u64 + tx.used as u64;
+            let data = &src[done..done + n];
+            // The entry's CRC32C is computed here, while its bytes are hot (one pass).
+            self.log_store(at, &entry_hdr(region.file_id, off, data));
+            self.log_store(at + ENTRY_HDR as u64, data);
+            tx.used += (ENTRY_HDR + pad8(n)) as u32;
+            done += n;
+            off += n as u64;
+        }
+        if done == 0 {
+            return Err(VnvmError::LogFull { logged: 0 });
+        }
+        Ok(done)
+    }
+
+    /// Store bytes into the log pool's data area (ordinary stores; `commit` writes the lines
+    /// back and fences). `at..at + data.len()` must lie in a log page the caller owns.
+    #[inline]
+    pub(crate) fn log_store(&self, at: u64, data: &[u8]) {
+        debug_assert!(at as usize + data.len() <= self.log.data_len());
+        // SAFETY: in bounds of the log pool's data area (checked by the callers' page
+        // arithmetic); the page belongs to the calling transaction alone.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.log.data_ptr().add(at as usize),
+                data.len(),
+            )
+        }
+    }
+
+    /// The entries of transaction `tid`'s log pages, each checked by `check(file, offset,
+    /// len)`; with `verify` (the redo worker) their CRC32Cs are checked too. Errors:
+    /// [`VnvmError::Damaged`] when a page does not parse, is stamped with another tid, an entry
+    /// fails `check` or (with `verify`) its checksum (never for pages written by this
+    /// process's `nv_write`, unless something else wrote into them).
+    pub(crate) fn entries_of(
+        &self,
+        tid: Tid,
+        pages: &[u32],
+        out: &mut Vec<Entry>,
+        check: &dyn Fn(u32, u64, u32) -> std::result::Result<(), String>,
+        verify: bool,
+    ) -> Result<()> {
+        let ps = self.geo.page_size;
+        for &p in pages {
+            let off = p as u64 * ps as u64;
+            if p >= self.geo.log_pages {
+                return Err(damaged(
+                    &self.log,
+                    format!("log page {p}"),
+                    off,
+                    "out of range",
+                ));
+            }
+            let b = pool_slice(&self.log, off, ps as usize);
+            let owner = u64_at(b, 8);
+            if owner != tid {
+                return Err(damaged(
+                    &self.log,
+                    format!("log page {p}"),
+                    off,
+                    format!("belongs to tid {owner}, not to tid {tid}"),
+                ));
+            }
+            parse_page(b, off, ps, out, check, verify)
+                .map_err(|e| damaged(&self.log, format!("log page {p} (tid {tid})"), off, e))?;
+        }
+        Ok(())
+    }
+
+    /// A free log object for transaction `tid`'s commit, waiting (up to [`COMMIT_WAIT`]) as
+    /// `nv_wait_log_space` waits for log pages: redo workers and shared-region flushes free
+    /// them. Errors: [`VnvmError::NoLogObject`] after the wait; the failure of a worker.
+    pub(crate) fn take_log_obj(&self, tid: Tid) -> Result<u32> {
+        let t0 = Instant::now();
+        loop {
+            let seen = self.shm.log_seq();
+            if let Some(i) = self.shm.take_one(shm::Res::Obj, self.slot) {
+                return Ok(i);
+            }
+            if let Some(e) = self.worker_error.lock().clone() {
+                return Err(VnvmError::CacheFull(format!(
+                    "no free log object and a worker failed: {e}"
+                )));
+            }
+            let waited = t0.elapsed();
+            let limit = commit_wait();
+            if waited >= limit {
+                return Err(VnvmError::NoLogObject {
+                    tid,
+                    waited_ms: waited.as_millis() as u64,
+                });
+            }
+            // Ask every user's workers to apply and flush (as a writer short of log space).
+            self.flush_req.store(true, Ordering::SeqCst);
+            if let Some(t) = self.redo_thread.get() {
+                t.unpark();
+            }
+            self.shm
+                .wait_log(seen, (limit - waited).min(Duration::from_millis(50)));
+        }
+    }
+
+    /// Give back a transaction whose commit failed before it was linked: its log object, and
+    /// the transaction itself, aborted (pages freed, regions unpinned, outcome recorded).
+    pub(crate) fn unwind_commit(&self, tid: Tid, tx: Tx, idx: u32) {
+        self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &[idx]);
+        self.open[tid as usize % OPEN_LISTS]
+            .lock()
+            .finish(tid, Outcome::Aborted { by_age: false });
+        self.discard(tx);
+    }
+
+    pub(crate) fn commit(&self, tid: Tid) -> Result<()> {
+        let ps = self.geo.page_size as u64;
+        // A transaction with logs needs a log object: take one first (waiting if need be), so
+        // that a commit that cannot get one leaves the transaction open.
+        let logged_any = self.open[tid as usize % OPEN_LISTS]
+            .lock()
+            .txs
+            .get(&tid)
+            .is_some_and(|t| !t.pages.is_empty() && !t.aborted_by_age);
+        let mut idx = if logged_any {
+            Some(self.take_log_obj(tid)?)
+        } else {
+            None
+        };
+        let tx = {
+            let mut ol = self.open[tid as usize % OPEN_LISTS].lock();
+            let tx = match self.take_tx(&mut ol, tid) {
+                Ok(tx) => tx,
+                Err(e) => {
+                    drop(ol);
+                    if let Some(i) = idx {
+                        self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &[i]);
+                    }
+                    return Err(e);
+                }
+            };
+            if idx.is_none() && !tx.pages.is_empty() {
+                // Another thread logged into it since we looked: take one without waiting.
+                idx = self.shm.take_one(shm::Res::Obj, self.slot);
+                if idx.is_none() {
+                    ol.txs.insert(tid, tx);
+                    return Err(VnvmError::NoLogObject { tid, waited_ms: 0 });
+                }
+            }
+            ol.finish(tid, Outcome::Committed);
+            tx
+        };
+        let (Some(&last), Some(idx)) = (tx.pages.last(), idx) else {
+            if let Some(i) = idx {
+                self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &[i]);
+            }
+            self.discard(tx);
+            return Ok(());
+        };
+        self.log_store(last as u64 * ps, &log_hdr(tx.used, 0, tid));
+        let mut logged = 0u64;
+        for &p in &tx.pages {
+            let used = if p == last {
+                tx.used
+            } else {
+                u32_at(pool_slice(&self.log, p as u64 * ps, LOG_HDR), 0)
+            };
+            if let Err(e) = self.log.flush(p as u64 * ps, used as usize) {
+                self.unwind_commit(tid, tx, idx);
+                return Err(e.into());
+            }
+            logged += used as u64;
+        }
+        // Every entry must land in a region the transaction pinned (so the copies below stay
+        // in bounds whatever the log pages hold).
+        let regions: Vec<(u32, u64)> = tx.regions.iter().map(|r| (r.file_id, r.size)).collect();
+        let check = |f: u32, o: u64, l: u32| -> std::result::Result<(), String> {
+            match regions.iter().find(|(id, _)| *id == f) {
+                Some((_, size)) if o.checked_add(l as u64).is_some_and(|e| e <= *size) => Ok(()),
+                _ => Err(format!(
+                    "entry {f}:{o}+{l} outside the transaction's regions"
+                )),
+            }
+        };
+        let mut entries = Vec::new();
+        // Our own pages, just written: parsed, not re-verified (the redo worker verifies).
+        if let Err(e) = self.entries_of(tid, &tx.pages, &mut entries, &check, false) {
+            self.unwind_commit(tid, tx, idx);
+            return Err(e);
+        }
+        let mut bytes = 0u64;
+        let mut queued = REDO_BATCH;
+        let mut linked_err = None;
+        if tx.regions.first().is_some_and(|r| r.shared.is_some()) {
+            match self.commit_shared(&tx, tid, idx, &entries) {
+                Ok(b) => bytes = b,
+                Err(CommitFail::NotLinked(e)) => {
+                    self.unwind_commit(tid, tx, idx);
+                    return Err(e);
+                }
+                Err(CommitFail::Linked(e)) => linked_err = Some(e),
+            }
+        } else {
+            let mut d = self.domains[0].lock();
+            let obj = LogObj {
+                tid,
+                prev: d.tail,
+                first_page: tx.pages[0],
+                npages: tx.pages.len() as u32,
+                domain: d.id,
+                app_id: self.slot as u32 + 1,
+                start_ns: tx.start_ns,
+            };
+            let ooff = self.geo.logobj_off(idx);
+            let ob = obj.encode();
+            // SAFETY: the log-object slot lies in the meta data area and is ours (popped from
+            // the free list).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    ob.as_ptr(),
+                    self.meta.data_ptr().add(ooff as usize),
+                    ob.len(),
+                )
+            };
+            if let Err(e) = self.meta.flush(ooff, ob.len()) {
+                drop(d);
+                self.unwind_commit(tid, tx, idx);
+                return Err(e.into());
+            }
+            // (1)+(2): every log entry and the log object are durable after this fence.
+            self.meta.fence();
+            // (3): link with one 8-byte atomic store, persisted. The store links it even if
+            // the persist fails: then it is committed as far as this process is concerned.
+            let head = if d.head == 0 { idx + 1 } else { d.head };
+            linked_err =
+                store_domain_persist(&self.meta, &self.geo, d.id, domain_word(head, idx + 1)).err();
+            d.head = head;
+            d.tail = idx + 1;
+            // (4): only now is the data visible in DRAM.
+            for e in &entries {
+                // cannot fail: `check` accepted only entries of the transaction's regions.
+                let Some(r) = tx.regions.iter().find(|r| r.file_id == e.file_id) else {
+                    continue;
+                };
+                // SAFETY: the entry lies in the log pool (parsed from our own pages) and in the
+                // region (checked above); the DRAM writable view is mapped.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.log.data_ptr().add(e.log_off as usize),
+                        r.dram.wview.add(e.offset as usize),
+                        e.len as usize,
+                    )
+                };
+                bytes += e.len as u64;
+            }
+            d.queue.push_back(Committed {
+                idx,
+                pages: tx.pages,
+            });
+            queued = d.queue.len();
+        }
+        self.log.charge_write(logged);
+        self.log.charge_read(bytes);
+        self.me().commits.fetch_add(1, Ordering::Relaxed);
+        for r in &tx.regions {
+            r.open_writers.fetch_sub(1, Ordering::SeqCst);
+        }
+        // Wake the redo worker only for a full batch: while commits keep coming it polls and
+        // finds this transaction within REDO_POLL; after an idle spell, within its periodic
+        // interval. Nothing waits for it: the log is durable already.
+        if queued >= REDO_BATCH {
+            if let Some(t) = self.redo_thread.get() {
+                t.unpark();
+            }
+        }
+        match linked_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
