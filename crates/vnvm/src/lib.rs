@@ -6,7 +6,9 @@
 //! worker applies committed logs to an NVM write cache; a writeback worker writes dirty cache
 //! pages to the files. The NVM pools can be much smaller than the regions.
 //!
-//! This is phase 1: private mode, one process, many threads. See `docs/vnvm.md` for the design.
+//! Private and shared regions, many threads, up to [`MAX_USERS`] processes per instance. See
+//! `docs/vnvm.md` for the design; the source is split by concern (`config`, `instance`, `region`,
+//! `tx`, `cache`, `redo`, `writeback`, `recovery`, `members`, `shared`, `sums`, …).
 //!
 //! ```no_run
 //! use tiermem_vnvm::{nv_init, Mode, VnvmConfig};
@@ -46,7 +48,7 @@
 //!   poll under load, or within the periodic interval after an idle spell — durability does
 //!   not wait for that (the log is durable at commit).
 //!
-//! ## Implementation notes (phase 1)
+//! ## Implementation notes
 //!
 //! * `nv_write` copies the entry header and data into the transaction's current log page with
 //!   ordinary stores (no syscall, no allocation, no global lock: the open list of `tid % 32` and
