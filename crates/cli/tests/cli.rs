@@ -193,22 +193,153 @@ fn bench_fault_quick_json_reports_scan_1gib_ms() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The tour's steps, in order (`tiermem tour --only` accepts these).
+const TOUR_STEPS: [&str; 7] = ["doctor", "media", "fault", "vnvm", "kv", "migrate", "pheap"];
+
+/// The rows of the tour's closing table: (step, result).
+fn tour_table(stdout: &str) -> Vec<(String, String)> {
+    stdout
+        .lines()
+        .skip_while(|l| !l.contains("== what ran =="))
+        .skip(2)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.to_string(), f.next()?.to_string()))
+        })
+        .collect()
+}
+
+/// The whole tour: every step reports ok (a step skipped for a missing prerequisite is a note,
+/// or a failure under `TIERMEM_REQUIRE_CLIENTS=1`), and nothing is left behind: no file in its
+/// directory, no server running on it, no network namespace.
 #[test]
 fn tour_runs_and_cleans_up() {
     let dir = scratch("tour");
-    let out = tiermem(&["tour", "--dir", dir.to_str().unwrap()], &dir);
+    let t = std::time::Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["tour", "--dir", dir.to_str().unwrap()])
+        .env("TIERMEM_DIR", &dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tiermem tour");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait for tiermem tour");
+    let took = t.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
+        "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("tour finished"));
+    assert!(stdout.contains("tour finished"), "{stdout}");
+    let rows = tour_table(&stdout);
+    let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(names, TOUR_STEPS, "the table lists other steps:\n{stdout}");
+    let required = std::env::var("TIERMEM_REQUIRE_CLIENTS").as_deref() == Ok("1");
+    for (step, result) in &rows {
+        match result.as_str() {
+            "ok" => {}
+            "skipped" if !required => {
+                eprintln!(
+                    "note: tour step {step} was skipped (scripts/setup.sh installs what it needs)"
+                )
+            }
+            _ => {
+                panic!("tour step {step}: {result} (TIERMEM_REQUIRE_CLIENTS={required})\n{stdout}")
+            }
+        }
+        if result == "skipped" {
+            assert!(stdout.contains(&format!("=> {step} skipped: ")), "{stdout}");
+        } else {
+            assert!(stdout.contains(&format!("=> {step} ok: ")), "{stdout}");
+        }
+    }
+    assert!(
+        took.as_secs() < 120,
+        "the tour took {took:?} (must be under 2 minutes)"
+    );
     assert_eq!(
         std::fs::read_dir(&dir).unwrap().count(),
         0,
         "the tour left files behind"
     );
+    // No process still runs on the tour's directory (the kv servers were killed and reaped).
+    let needle = dir.to_str().unwrap().as_bytes();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) {
+            let mine = e.file_name() == std::ffi::OsStr::new(&std::process::id().to_string());
+            assert!(
+                mine || !cmdline.windows(needle.len()).any(|w| w == needle),
+                "process {:?} still runs on the tour's directory: {}",
+                e.file_name(),
+                String::from_utf8_lossy(&cmdline).replace('\0', " ")
+            );
+        }
+    }
+    // Its network namespaces (tmtour-<pid>-...) are gone.
+    if let Ok(ns) = Command::new("ip").args(["netns", "list"]).output() {
+        let ns = String::from_utf8_lossy(&ns.stdout);
+        assert!(
+            !ns.contains(&format!("tmtour-{pid}-")),
+            "the tour left network namespaces: {ns}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--only` runs the named steps in the tour's order; an unknown name is refused with the list
+/// of valid ones, before anything runs.
+#[test]
+fn tour_only_runs_a_subset_and_refuses_unknown_steps() {
+    let dir = scratch("touronly");
+    let out = tiermem(
+        &[
+            "tour",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--only",
+            "vnvm,media",
+        ],
+        &dir,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = tour_table(&stdout);
+    assert_eq!(
+        rows,
+        [("media".into(), "ok".into()), ("vnvm".into(), "ok".into())],
+        "{stdout}"
+    );
+    assert!(!stdout.contains("doctor"), "{stdout}");
+
+    let out = tiermem(
+        &[
+            "tour",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--only",
+            "kv,nosuch",
+        ],
+        &dir,
+    );
+    assert!(!out.status.success());
+    assert!(
+        out.stdout.is_empty(),
+        "a step ran: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nosuch"), "{err}");
+    for step in TOUR_STEPS {
+        assert!(err.contains(step), "the error does not list {step}: {err}");
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
