@@ -431,7 +431,7 @@ fn migrate(a: MigrateArgs) -> Result<()> {
     }
     let mut child = cmd.spawn().context("starting the target")?;
     let pid = child.id();
-    let tail = || crate::bench::kv_harness::log_tail(&log, 8);
+    let tail = || tiermem_bench::kv_harness::log_tail(&log, 8);
 
     // 3. Wait until it serves, then until the migration is complete.
     let deadline = Instant::now() + timeout;

@@ -7,12 +7,17 @@
 mod bench;
 mod doctor;
 mod kv_cmd;
-mod machine;
+/// The machine description, shared with the benchmarks (tiermem-bench owns it).
+mod machine {
+    pub use tiermem_bench::machine::*;
+}
 mod migrate_cmd;
 mod pheap_cmd;
-mod plot;
 mod pool_cmd;
-mod stats;
+/// Percentiles, shared with the benchmarks (tiermem-bench owns them).
+mod stats {
+    pub use tiermem_bench::stats::*;
+}
 mod tour;
 mod vnvm_cmd;
 

@@ -7,9 +7,7 @@
 //! `scripts/test.sh`), where a missing client is a failure.
 
 mod kv_common;
-#[allow(dead_code)]
-#[path = "../src/bench/kv_harness.rs"]
-mod kv_harness;
+use tiermem_bench::kv_harness;
 
 use kv_common::client;
 

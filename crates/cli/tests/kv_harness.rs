@@ -1,13 +1,11 @@
-//! The client harness of `tiermem bench kv` (`src/bench/kv_harness.rs`, compiled in here as the
-//! tiermem-kv tests can do): its parsers on outputs captured from YCSB 0.17.0 and redis-benchmark
+//! The client harness of `tiermem bench kv` (`tiermem_bench::kv_harness`, which the tiermem-kv
+//! tests use too): its parsers on outputs captured from YCSB 0.17.0 and redis-benchmark
 //! 7.0 (`tests/data`), and one small real run against redis-server where it and the YCSB binding
 //! are installed (scripts/setup.sh installs both; without them that test says it skipped, or
 //! fails under `TIERMEM_REQUIRE_CLIENTS=1`).
 
 mod kv_common;
-#[allow(dead_code)]
-#[path = "../src/bench/kv_harness.rs"]
-mod kv_harness;
+use tiermem_bench::kv_harness;
 
 use kv_harness::*;
 use std::path::{Path, PathBuf};

@@ -186,18 +186,7 @@ impl TwoHosts {
         T: Send,
         F: FnOnce() -> T + Send,
     {
-        let name = self.name(which).to_string();
-        let file = open_ns(&name)?;
-        std::thread::scope(|s| {
-            let h = s.spawn(move || -> Result<T> {
-                enter_ns(&file, &name)?;
-                Ok(f())
-            });
-            match h.join() {
-                Ok(r) => r,
-                Err(p) => std::panic::resume_unwind(p),
-            }
-        })
+        run_in_named(self.name(which), f)
     }
 
     /// Like [`TwoHosts::run_in`] but does not wait: returns the thread's handle. The thread
@@ -264,6 +253,29 @@ pub fn remove_stale(name_prefix: &str) -> usize {
         }
     }
     removed
+}
+
+/// Runs `f` on a new thread that has entered the named network namespace (`ip netns`'s
+/// `/run/netns/<name>`), waits for it and returns its result: the one way every tiermem tool
+/// enters a namespace. Sockets created by `f` belong to that namespace for their whole life,
+/// whichever thread uses them later. A panic in `f` is propagated to the caller; failing to
+/// open or enter the namespace is [`NetnsError::Enter`].
+pub fn run_in_named<T, F>(name: &str, f: F) -> Result<T>
+where
+    T: Send,
+    F: FnOnce() -> T + Send,
+{
+    let file = open_ns(name)?;
+    std::thread::scope(|s| {
+        let h = s.spawn(move || -> Result<T> {
+            enter_ns(&file, name)?;
+            Ok(f())
+        });
+        match h.join() {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
 }
 
 fn open_ns(name: &str) -> Result<File> {

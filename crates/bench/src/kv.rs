@@ -40,13 +40,13 @@
 //! end. Servers are killed and the storage directory removed however the run ends (drop guards;
 //! SIGINT/SIGTERM are caught for that; servers and clients also die with this process).
 
-use super::cpu;
-use super::kv_harness::{
+use crate::cpu;
+use crate::kv_harness::{
     self as h, BenchRow, RedisBenchmark, Server, Stop, Ycsb, YcsbReport, YcsbWorkload,
 };
-use super::{progress, BenchOpts};
 use crate::machine;
 use crate::stats::percentile;
+use crate::{progress, BenchOpts};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::Serialize;

@@ -42,8 +42,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tiermem_pheap::{Heap, HeapOptions};
 
-use super::worker::{self, Worker};
-use super::{cpu, BenchOpts};
+use crate::worker::{self, Worker};
+use crate::{cpu, BenchOpts};
 
 /// Sizes of one benchmark run.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug)]

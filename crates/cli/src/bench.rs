@@ -1,36 +1,12 @@
-//! `tiermem bench <name>`: benchmarks that run their baseline side by side in the same run and
-//! print medians and ratios, the delay model in force and the machine they ran on.
-
-pub mod cpu;
-mod fault;
-mod kv;
-// Also compiled into the integration tests (tests/kv_harness.rs, by #[path]): some of its API is
-// for them only.
-#[allow(dead_code)]
-pub mod kv_harness;
-mod media;
-pub mod migrate;
-mod migrate_kv;
-mod pheap;
-mod vnvm;
-pub mod worker;
+//! `tiermem bench <name>`: the command line of the benchmarks (tiermem-bench holds them, one
+//! module per subsystem); this module parses arguments and dispatches, hidden worker
+//! subcommands included.
 
 use anyhow::Result;
-use clap::{Args, Subcommand};
-
-/// Options every benchmark takes.
-#[derive(Args, Clone)]
-pub struct BenchOpts {
-    /// Small sizes and few repetitions: finishes in seconds.
-    #[arg(long)]
-    pub quick: bool,
-    /// Print one JSON object (for machines) instead of tables.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the benchmark's chart (SVG) to this file, where it has one.
-    #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<std::path::PathBuf>,
-}
+use clap::Subcommand;
+/// `bench migrate`'s harness; `migrate run` shares its size syntax (`crate::bench::migrate`).
+pub use tiermem_bench::migrate;
+use tiermem_bench::{fault, kv, media, pheap, vnvm, BenchOpts};
 
 /// The benchmarks.
 #[derive(Subcommand)]
@@ -85,14 +61,5 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::VnvmWorker(a) => vnvm::worker_main(a),
         BenchCommand::MigrateCase => migrate::case_worker_main(),
         BenchCommand::PheapRun => pheap::run_worker_main(),
-    }
-}
-
-/// Print progress for long work on stderr (never into --json output).
-pub fn progress(json: bool, msg: &str) {
-    if !json {
-        eprintln!("  … {msg}");
-    } else {
-        let _ = json;
     }
 }

@@ -10,9 +10,9 @@
 //! scans — is measured first, in a process with no thread but the benchmark's, and the three
 //! engine paths last; the report lists them in the usual order.
 
-use super::{cpu, progress, BenchOpts};
 use crate::machine;
 use crate::stats::P50P99;
+use crate::{cpu, progress, BenchOpts};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use tiermem_fault::{probe, TrackerOptions};

@@ -254,7 +254,7 @@ pub fn run_kv_case(
             while !stop.load(Ordering::Relaxed) {
                 let Some(cl) = c.as_mut() else {
                     // Reconnect to the target (inside its namespace), retrying while it starts.
-                    match crate::kv_cmd::in_netns(Some(&dst_ns), || {
+                    match tiermem_migrate::netns::run_in_named(&dst_ns, || {
                         TcpStream::connect_timeout(&dst_addr, Duration::from_millis(200))
                     }) {
                         Ok(Ok(s)) => {
@@ -346,8 +346,8 @@ pub fn run_kv_case(
     t0_ns.store(t0, Ordering::Relaxed);
     // The source's CPU so far, and what the reaped children used so far: the source's total
     // is read from the latter once it exited (and was reaped), when /proc/PID is gone.
-    let src_cpu0 = super::cpu::process_cpu_s(src.0.id());
-    let reaped0 = super::cpu::reaped_children_s();
+    let src_cpu0 = crate::cpu::process_cpu_s(src.0.id());
+    let reaped0 = crate::cpu::reaped_children_s();
     let mut src_cpu = None;
     let Reply::Ok = reply else {
         bail!("TIERMEM.MIGRATE answered {reply:?}");
@@ -393,7 +393,7 @@ pub fn run_kv_case(
         }
         if busy_end.is_none() && src.0.try_wait()?.is_some() {
             busy_end = Some(now_ns());
-            src_cpu = src_cpu0.map(|c0| (super::cpu::reaped_children_s() - reaped0 - c0).max(0.0));
+            src_cpu = src_cpu0.map(|c0| (crate::cpu::reaped_children_s() - reaped0 - c0).max(0.0));
         }
         if complete_end.is_none() {
             if let Some(st) = dst.0.try_wait()? {
@@ -403,12 +403,13 @@ pub fn run_kv_case(
                 );
             }
             if info.is_none() {
-                info = crate::kv_cmd::in_netns(Some(hosts.name(Host::Dst)), || {
-                    TcpStream::connect_timeout(&dst_addr, Duration::from_millis(200))
-                })
-                .ok()
-                .and_then(|r| r.ok())
-                .and_then(|s| Client::new(s, Duration::from_secs(10)).ok());
+                info = hosts
+                    .run_in(Host::Dst, || {
+                        TcpStream::connect_timeout(&dst_addr, Duration::from_millis(200))
+                    })
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .and_then(|s| Client::new(s, Duration::from_secs(10)).ok());
             }
             if let Some(ic) = info.as_mut() {
                 match ic.cmd(&[b"INFO", b"migration"]) {
@@ -431,7 +432,7 @@ pub fn run_kv_case(
     while after_count.load(Ordering::Relaxed) < ops_after && Instant::now() < work_deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let dst_cpu = super::cpu::process_cpu_s(dst.0.id());
+    let dst_cpu = crate::cpu::process_cpu_s(dst.0.id());
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.join()

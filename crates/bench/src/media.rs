@@ -1,8 +1,8 @@
 //! `tiermem bench media`: copy bandwidth into a pool with each delay preset (against the same copy
 //! with no delay model), and the accuracy of the injected delay at 4 KB and 2 MB transfers.
 
-use super::{progress, BenchOpts};
 use crate::machine;
+use crate::{progress, BenchOpts};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use tiermem_media::bench::{copy_bandwidth, delay_accuracy};

@@ -1,10 +1,9 @@
 //! Driving Redis-protocol servers with real clients: start a server process and wait until it
 //! answers `PING`, stop it, run `redis-benchmark` and YCSB against it, and parse what they print.
 //!
-//! Used by `tiermem bench kv` and, compiled into them with
-//! `#[path = "../src/bench/kv_harness.rs"] mod kv_harness;`, by the integration tests of
-//! `crates/cli` (the crate has no library target). It therefore depends on nothing of the crate:
-//! only `std`, `libc`, `anyhow` and `serde`.
+//! Used by `tiermem bench kv` and, as `tiermem_bench::kv_harness`, by the integration tests of
+//! `crates/cli`. It depends on nothing else of the crate: only `std`, `libc`, `anyhow` and
+//! `serde`.
 //!
 //! # Example (a test)
 //!

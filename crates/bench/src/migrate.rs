@@ -14,9 +14,9 @@
 //! (`cpu_s`: every thread, user + system, over the whole case). The tiermem-kv case's servers
 //! are processes of their own already; its `cpu_s` is theirs (see `migrate_kv.rs`).
 
-use super::worker::{self, Worker};
-use super::{cpu, BenchOpts};
 use crate::plot;
+use crate::worker::{self, Worker};
+use crate::{cpu, BenchOpts};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -524,7 +524,7 @@ pub fn run(o: MigrateOpts) -> Result<()> {
             let mut runs = Vec::new();
             for rep in 0..kv_reps {
                 id += 1;
-                let r = super::migrate_kv::run_kv_case(
+                let r = crate::migrate_kv::run_kv_case(
                     &hosts,
                     &fam,
                     m,
@@ -555,7 +555,7 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                 );
                 runs.push(r);
             }
-            let f = |g: &dyn Fn(&super::migrate_kv::KvResult) -> f64| {
+            let f = |g: &dyn Fn(&crate::migrate_kv::KvResult) -> f64| {
                 median(runs.iter().map(g).collect())
             };
             rows.push(CaseRow {

@@ -64,11 +64,11 @@
 //! µs, memcpy's 0.2-1.8 µs): about the same microseconds per transaction as the others, but on
 //! transactions of 4-11 µs rather than memcpy's 0.6-2.5 µs, hence a smaller relative change.
 
-use super::cpu;
-use super::worker::{self, Worker};
-use super::{progress, BenchOpts};
+use crate::cpu;
 use crate::machine;
 use crate::stats::percentile;
+use crate::worker::{self, Worker};
+use crate::{progress, BenchOpts};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -732,7 +732,7 @@ struct Report {
 fn array_bytes(quick: bool) -> Result<usize> {
     let bytes = match std::env::var(BYTES_ENV) {
         Ok(v) if !v.trim().is_empty() => {
-            crate::pool_cmd::parse_size(&v).with_context(|| format!("{BYTES_ENV}={v}"))? as usize
+            crate::parse_size(&v).with_context(|| format!("{BYTES_ENV}={v}"))? as usize
         }
         _ if quick => 256 << 20,
         _ => 2 << 30,
@@ -944,7 +944,7 @@ impl Absorber {
             self.info.last_chunk_2mib_blocks = blocks;
             // A contiguous chunk alone proves nothing: the first chunks may come from the
             // per-CPU lists, i.e. from pages an exiting process just freed.
-            let contiguous = blocks.is_none_or(|b| b * 4 <= min_blocks * 5);
+            let contiguous = blocks.map_or(true, |b| b * 4 <= min_blocks * 5);
             match small_free_bytes() {
                 None => break "the free lists are not visible".to_string(),
                 Some((f, true)) if f <= ABSORB_LEFT && contiguous => {

@@ -1,0 +1,68 @@
+//! tiermem-bench: the benchmark harnesses behind `tiermem bench <name>`. Each module owns one
+//! subsystem's benchmark, which runs its baseline side by side in the same run and reports
+//! medians and ratios, the delay model in force and the machine it ran on. The `tiermem` binary
+//! only parses arguments and dispatches here, including the hidden worker subcommands whose
+//! entry points (`vnvm::worker_main`, `migrate::case_worker_main`, `pheap::run_worker_main`)
+//! the benchmarks re-execute the binary for.
+//!
+//! Shared pieces live here once: `machine` (what a report ran on), `stats` (percentiles),
+//! `plot` (charts), `cpu` (CPU-time accounting) and `worker` (worker processes).
+
+pub mod cpu;
+pub mod fault;
+pub mod kv;
+pub mod kv_harness;
+pub mod machine;
+pub mod media;
+pub mod migrate;
+pub mod migrate_kv;
+pub mod pheap;
+pub mod plot;
+pub mod stats;
+pub mod vnvm;
+pub mod worker;
+
+use clap::Args;
+
+/// Options every benchmark takes.
+#[derive(Args, Clone, Debug, Default)]
+pub struct BenchOpts {
+    /// Small sizes and few repetitions: finishes in seconds.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object (for machines) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the benchmark's chart (SVG) to this file, where it has one.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+/// Print progress for long work on stderr (never into --json output).
+pub fn progress(json: bool, msg: &str) {
+    if !json {
+        eprintln!("  … {msg}");
+    }
+}
+
+/// The error and its causes as one line, skipping a cause whose text the message before it
+/// already contains (typed errors often include their source in their own message).
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+/// Parse a byte size such as `4096`, `64k`, `1m` or `2GiB` (the media layer's syntax).
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    Ok(tiermem_media::parse_size(s)?)
+}
