@@ -7,6 +7,7 @@ use super::{which, Ctx, Outcome};
 use anyhow::{bail, ensure, Context, Result};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -225,6 +226,16 @@ impl Server {
             .stderr(out);
         if new {
             cmd.arg("--new");
+        }
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent: the server
+        // gets SIGKILL if the tour dies without reaching its cleanup (e.g. kill -9 of the tour).
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
         }
         let child = cmd.spawn().context("starting tiermem kv serve")?;
         let mut s = Server {

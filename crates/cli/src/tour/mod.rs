@@ -203,9 +203,14 @@ pub fn run(dir: Option<PathBuf>, only: &[String]) -> Result<()> {
         .filter(|r| matches!(r.1, Verdict::Failed))
         .map(|r| r.0.name)
         .collect();
+    let verdict = if failed.is_empty() {
+        "every result above was checked"
+    } else {
+        "see the FAILED lines above"
+    };
     println!(
-        "\ntour finished in {:.1} s: {ok} ok, {skipped} skipped, {} failed; every result above was checked. \
-         More: `tiermem --help`, docs/ in the repository.",
+        "\ntour finished in {:.1} s: {ok} ok, {skipped} skipped, {} failed; {verdict}. More: \
+         `tiermem --help` and the docs/ directory of the repository.",
         start.elapsed().as_secs_f64(),
         failed.len()
     );
