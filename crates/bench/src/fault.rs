@@ -17,47 +17,56 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use tiermem_fault::{probe, TrackerOptions};
 
-#[derive(Serialize)]
-struct FaultRow {
-    path: &'static str,
-    p50_us: f64,
-    p99_us: f64,
-    p50_over_kernel_first_touch: f64,
+/// `bench fault`'s options: the common ones (`plot` writes the latency CDF).
+pub type Options = BenchOpts;
+
+/// One fault path's latency and CPU cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRow {
+    pub path: &'static str,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p50_over_kernel_first_touch: f64,
     /// CPU microseconds per fault: the process's CPU (all threads, the engine's runtime thread
     /// included, and a probe's child) over the probe, divided by the faults. A handler thread
     /// that spins or wakes costs CPU its latency does not show.
-    cpu_us_per_fault: f64,
+    pub cpu_us_per_fault: f64,
     /// `cpu_us_per_fault` over the kernel first touch's.
-    cpu_over_kernel_first_touch: f64,
+    pub cpu_over_kernel_first_touch: f64,
 }
 
-#[derive(Serialize)]
-struct ScanRow {
-    method: String,
-    region_mib: usize,
-    written_pages: usize,
-    median_scan_ms: f64,
-    rounds: usize,
+/// One written-page scan method's median time.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScanRow {
+    pub method: String,
+    pub region_mib: usize,
+    pub written_pages: usize,
+    pub median_scan_ms: f64,
+    pub rounds: usize,
 }
 
-#[derive(Serialize)]
-struct Report {
-    machine: machine::Machine,
-    compared: &'static str,
-    delay_model: &'static str,
+/// What `bench fault` measured; `--json` prints it as is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub machine: machine::Machine,
+    pub compared: &'static str,
+    pub delay_model: &'static str,
     /// How the paths were kept apart: the ones without the engine were measured before its
     /// runtime thread started, with this many threads in the process.
-    isolation: String,
-    faults: Vec<FaultRow>,
-    scans: Vec<ScanRow>,
-    scan_1gib_ms: f64,
-    mprotect_over_pagemap_scan: f64,
+    pub isolation: String,
+    pub faults: Vec<FaultRow>,
+    pub scans: Vec<ScanRow>,
+    /// Median PAGEMAP_SCAN time over a 1 GiB region with 1 % written.
+    pub scan_1gib_ms: f64,
+    pub mprotect_over_pagemap_scan: f64,
 }
 
 const BARE: &str = "bare SIGBUS + UFFDIO_COPY (no engine)";
 const IN_THREAD: &str = "engine, in-thread (SIGBUS)";
 
-pub fn run(o: BenchOpts) -> Result<()> {
+/// Run `bench fault`: every fault path, then the scans, and the latency CDF to `o.plot` when
+/// set. Errors when a probe fails or WP_ASYNC tracking is unavailable.
+pub fn run(o: &Options) -> Result<Report> {
     let pages = if o.quick { 500 } else { 5000 };
     let rounds = if o.quick { 5 } else { 21 };
     type Probe = fn(usize) -> tiermem_fault::Result<Vec<f64>>;
@@ -183,59 +192,61 @@ pub fn run(o: BenchOpts) -> Result<()> {
             &format!("latency CDF written to {}", path.display()),
         );
     }
-    if o.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    println!("tiermem bench fault — {}", report.compared);
-    println!(
-        "machine: {}\ndelay model: {}\n",
-        report.machine.one_line(),
-        report.delay_model
-    );
-    println!(
-        "{:<40} {:>9} {:>9} {:>14} {:>12} {:>14}",
-        "fault path", "p50 µs", "p99 µs", "p50 / kernel", "CPU µs", "CPU / kernel"
-    );
-    for r in &report.faults {
+    Ok(report)
+}
+
+impl crate::Report for Report {
+    fn print_table(&self) {
+        let report = self;
+        println!("tiermem bench fault — {}", report.compared);
         println!(
-            "{:<40} {:>9.2} {:>9.2} {:>13.2}× {:>12.2} {:>13.2}×",
-            r.path,
-            r.p50_us,
-            r.p99_us,
-            r.p50_over_kernel_first_touch,
-            r.cpu_us_per_fault,
-            r.cpu_over_kernel_first_touch
+            "machine: {}\ndelay model: {}\n",
+            report.machine.one_line(),
+            report.delay_model
+        );
+        println!(
+            "{:<40} {:>9} {:>9} {:>14} {:>12} {:>14}",
+            "fault path", "p50 µs", "p99 µs", "p50 / kernel", "CPU µs", "CPU / kernel"
+        );
+        for r in &report.faults {
+            println!(
+                "{:<40} {:>9.2} {:>9.2} {:>13.2}× {:>12.2} {:>13.2}×",
+                r.path,
+                r.p50_us,
+                r.p99_us,
+                r.p50_over_kernel_first_touch,
+                r.cpu_us_per_fault,
+                r.cpu_over_kernel_first_touch
+            );
+        }
+        println!(
+            "\n{:<14} {:>10} {:>14} {:>16}",
+            "tracking", "region", "pages written", "median scan ms"
+        );
+        for r in &report.scans {
+            println!(
+                "{:<14} {:>7} MiB {:>14} {:>16.3}",
+                r.method, r.region_mib, r.written_pages, r.median_scan_ms
+            );
+        }
+        let p50 = |path: &str| {
+            report
+                .faults
+                .iter()
+                .find(|r| r.path == path)
+                .map(|r| r.p50_us)
+        };
+        if let (Some(engine), Some(bare)) = (p50(IN_THREAD), p50(BARE)) {
+            println!(
+                "\nthe engine's in-thread path costs {:+.2} µs against the bare mechanism at p50",
+                engine - bare
+            );
+        }
+        println!(
+            "\nscan_1gib_ms = {:.3} (target ≤ 2); mprotect baseline is {:.2}× slower",
+            report.scan_1gib_ms, report.mprotect_over_pagemap_scan
         );
     }
-    println!(
-        "\n{:<14} {:>10} {:>14} {:>16}",
-        "tracking", "region", "pages written", "median scan ms"
-    );
-    for r in &report.scans {
-        println!(
-            "{:<14} {:>7} MiB {:>14} {:>16.3}",
-            r.method, r.region_mib, r.written_pages, r.median_scan_ms
-        );
-    }
-    let p50 = |path: &str| {
-        report
-            .faults
-            .iter()
-            .find(|r| r.path == path)
-            .map(|r| r.p50_us)
-    };
-    if let (Some(engine), Some(bare)) = (p50(IN_THREAD), p50(BARE)) {
-        println!(
-            "\nthe engine's in-thread path costs {:+.2} µs against the bare mechanism at p50",
-            engine - bare
-        );
-    }
-    println!(
-        "\nscan_1gib_ms = {:.3} (target ≤ 2); mprotect baseline is {:.2}× slower",
-        report.scan_1gib_ms, report.mprotect_over_pagemap_scan
-    );
-    Ok(())
 }
 
 /// Threads of this process (`Threads:` of `/proc/self/status`).

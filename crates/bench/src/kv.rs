@@ -224,120 +224,133 @@ struct Sample {
 
 /// A result row: the JSON `results` entries.
 #[derive(Clone, Debug, Serialize)]
-struct Row {
-    system: &'static str,
-    workload: &'static str,
-    ops_per_s: f64,
-    p99_us: f64,
+pub struct Row {
+    pub system: &'static str,
+    pub workload: &'static str,
+    pub ops_per_s: f64,
+    pub p99_us: f64,
     /// The server's CPU seconds for the workload's operations (median over the repetitions).
-    server_cpu_s: f64,
+    pub server_cpu_s: f64,
     /// Operations per second of server CPU (median over the repetitions).
-    ops_per_cpu_s: f64,
+    pub ops_per_cpu_s: f64,
 }
 
 /// One repetition's numbers for one (system, workload), with the per-operation detail.
 #[derive(Clone, Debug, Serialize)]
-struct Detail {
-    system: &'static str,
-    workload: &'static str,
-    repetition: usize,
-    ops_per_s: f64,
-    p99_us: f64,
+pub struct Detail {
+    pub system: &'static str,
+    pub workload: &'static str,
+    pub repetition: usize,
+    pub ops_per_s: f64,
+    pub p99_us: f64,
     /// The server's CPU seconds during this run.
-    server_cpu_s: f64,
+    pub server_cpu_s: f64,
     /// redis-benchmark's row, for its workloads.
     #[serde(skip_serializing_if = "Option::is_none")]
-    redis_benchmark: Option<BenchRow>,
+    pub redis_benchmark: Option<BenchRow>,
     /// YCSB's report, for its workloads (and the load).
     #[serde(skip_serializing_if = "Option::is_none")]
-    ycsb: Option<YcsbReport>,
+    pub ycsb: Option<YcsbReport>,
 }
 
+/// How the figures were measured.
 #[derive(Serialize)]
-struct Method {
-    ops_per_s: &'static str,
-    server_cpu_s: &'static str,
-    p99_us: &'static str,
-    statistic: &'static str,
-    order: &'static str,
-    servers: &'static str,
+pub struct Method {
+    pub ops_per_s: &'static str,
+    pub server_cpu_s: &'static str,
+    pub p99_us: &'static str,
+    pub statistic: &'static str,
+    pub order: &'static str,
+    pub servers: &'static str,
 }
 
+/// YCSB's parameters.
 #[derive(Serialize)]
-struct YcsbParams {
-    records: u64,
-    operations: u64,
-    threads: u32,
-    fields: u32,
-    field_bytes: u32,
-    request_distribution: &'static str,
-    workload_a: &'static str,
-    workload_b: &'static str,
-    binding: &'static str,
-    jars: String,
+pub struct YcsbParams {
+    pub records: u64,
+    pub operations: u64,
+    pub threads: u32,
+    pub fields: u32,
+    pub field_bytes: u32,
+    pub request_distribution: &'static str,
+    pub workload_a: &'static str,
+    pub workload_b: &'static str,
+    pub binding: &'static str,
+    pub jars: String,
 }
 
+/// The run's parameters.
 #[derive(Serialize)]
-struct Params {
-    quick: bool,
-    repetitions: usize,
-    redis_benchmark: RedisBenchmark,
-    redis_benchmark_defaults: &'static str,
-    ycsb: YcsbParams,
+pub struct Params {
+    pub quick: bool,
+    pub repetitions: usize,
+    pub redis_benchmark: RedisBenchmark,
+    pub redis_benchmark_defaults: &'static str,
+    pub ycsb: YcsbParams,
 }
 
+/// How one system's server was run.
 #[derive(Serialize)]
-struct SystemInfo {
-    name: &'static str,
-    command: String,
-    stop: String,
-    status: String,
+pub struct SystemInfo {
+    pub name: &'static str,
+    pub command: String,
+    pub stop: String,
+    pub status: String,
 }
 
+/// Where the servers' data lived.
 #[derive(Serialize)]
-struct Storage {
-    dir: String,
-    filesystem: String,
-    note: &'static str,
+pub struct Storage {
+    pub dir: String,
+    pub filesystem: String,
+    pub note: &'static str,
 }
 
+/// The versions of everything measured.
 #[derive(Serialize)]
-struct Versions {
-    tiermem: &'static str,
-    redis_server: String,
-    redis_benchmark: String,
-    java: String,
-    ycsb_core: String,
-    jedis: String,
+pub struct Versions {
+    pub tiermem: &'static str,
+    pub redis_server: String,
+    pub redis_benchmark: String,
+    pub java: String,
+    pub ycsb_core: String,
+    pub jedis: String,
 }
 
+/// What `bench kv` measured; `--json` prints it as is.
 #[derive(Serialize)]
-struct Report {
-    results: Vec<Row>,
+pub struct Report {
+    pub results: Vec<Row>,
     /// tiermem-kv-vnvm ycsb-b ops/s over tiermem-kv-volatile's.
-    durable_over_volatile_ycsb_b: Option<f64>,
+    pub durable_over_volatile_ycsb_b: Option<f64>,
     /// tiermem-kv-vnvm ycsb-a ops/s over redis-aof-always'.
-    durable_over_redis_always_ycsb_a: Option<f64>,
+    pub durable_over_redis_always_ycsb_a: Option<f64>,
     /// tiermem-kv-vnvm ycsb-a ops/s over redis-aof-everysec'.
-    durable_over_redis_everysec_ycsb_a: Option<f64>,
+    pub durable_over_redis_everysec_ycsb_a: Option<f64>,
     /// The same three ratios per second of server CPU (`ops_per_cpu_s`).
-    durable_over_volatile_ycsb_b_per_cpu: Option<f64>,
-    durable_over_redis_always_ycsb_a_per_cpu: Option<f64>,
-    durable_over_redis_everysec_ycsb_a_per_cpu: Option<f64>,
+    pub durable_over_volatile_ycsb_b_per_cpu: Option<f64>,
+    pub durable_over_redis_always_ycsb_a_per_cpu: Option<f64>,
+    pub durable_over_redis_everysec_ycsb_a_per_cpu: Option<f64>,
     /// Systems that failed: name -> what went wrong.
-    errors: BTreeMap<&'static str, String>,
-    warnings: Vec<String>,
-    systems: Vec<SystemInfo>,
-    method: Method,
-    parameters: Params,
-    storage: Storage,
-    versions: Versions,
-    machine: machine::Machine,
+    pub errors: BTreeMap<&'static str, String>,
+    pub warnings: Vec<String>,
+    pub systems: Vec<SystemInfo>,
+    pub method: Method,
+    pub parameters: Params,
+    pub storage: Storage,
+    pub versions: Versions,
+    pub machine: machine::Machine,
     /// YCSB load phase per system and repetition (ops/s, and its insert p99 from YCSB's
     /// HdrHistogram).
-    ycsb_load: Vec<Detail>,
-    details: Vec<Detail>,
-    seconds: f64,
+    pub ycsb_load: Vec<Detail>,
+    pub details: Vec<Detail>,
+    pub seconds: f64,
+    /// The systems run, in the table's order.
+    #[serde(skip)]
+    systems_run: Vec<System>,
+    /// Where the chart was written, for the table.
+    #[serde(skip)]
+    pub plot_path: Option<PathBuf>,
 }
 
 /// Removes the run's working directory (and the storage root, if this run created it and it is
@@ -604,8 +617,12 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// Run the benchmark.
-pub fn run(o: KvOpts) -> Result<()> {
+/// `bench kv`'s options.
+pub type Options = KvOpts;
+
+/// Run the benchmark: every system, every repetition, and the chart to `o.bench.plot` when
+/// set. A system that fails is recorded in `Report::errors` (see [`crate::Report::outcome`]).
+pub fn run(o: &Options) -> Result<Report> {
     let t0 = Instant::now();
     let quick = o.bench.quick;
     let json = o.bench.json;
@@ -663,7 +680,7 @@ pub fn run(o: KvOpts) -> Result<()> {
     );
     ycsb.build()?;
 
-    let root = storage_root(&o);
+    let root = storage_root(o);
     let root_created = (!root.exists()).then(|| root.clone());
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
     let work = root.join(format!("run-{}", std::process::id()));
@@ -905,29 +922,36 @@ pub fn run(o: KvOpts) -> Result<()> {
         ycsb_load,
         details,
         seconds: round1(t0.elapsed().as_secs_f64()),
+        systems_run: systems,
+        plot_path: o.bench.plot.clone(),
     };
 
     if let Some(path) = &o.bench.plot {
         std::fs::write(path, plot(&report))
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report, &systems);
-        if let Some(path) = &o.bench.plot {
+    Ok(report)
+}
+
+impl crate::Report for Report {
+    fn print_table(&self) {
+        print_table(self, &self.systems_run);
+        if let Some(path) = &self.plot_path {
             println!("plot: {}", path.display());
         }
     }
-    if !report.errors.is_empty() {
-        let names: Vec<&str> = report.errors.keys().copied().collect();
-        bail!(
-            "{} system(s) failed: {} (see errors in the report)",
-            names.len(),
-            names.join(", ")
-        );
+
+    fn outcome(&self) -> Result<()> {
+        if !self.errors.is_empty() {
+            let names: Vec<&str> = self.errors.keys().copied().collect();
+            bail!(
+                "{} system(s) failed: {} (see errors in the report)",
+                names.len(),
+                names.join(", ")
+            );
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 fn plot(r: &Report) -> String {

@@ -38,6 +38,29 @@ pub struct BenchOpts {
     pub plot: Option<std::path::PathBuf>,
 }
 
+/// A benchmark's report: `--json` prints its serialisation, otherwise its tables.
+pub trait Report: serde::Serialize {
+    /// Print the report as human-readable tables on stdout.
+    fn print_table(&self);
+
+    /// Whether the run as a whole failed although it produced a report (printed first), e.g.
+    /// a system of several that could not be measured.
+    fn outcome(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// Print a report: one pretty JSON object when `json`, else its tables; then its
+/// [`Report::outcome`].
+pub fn print_report<R: Report>(report: &R, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        report.print_table();
+    }
+    report.outcome()
+}
+
 /// Print progress for long work on stderr (never into --json output).
 pub fn progress(json: bool, msg: &str) {
     if !json {

@@ -10,38 +10,53 @@ use tiermem_media::{DelayModel, Pool, PoolKind, PoolOptions};
 
 const PRESETS: [&str; 4] = ["none", "pcm-fam", "nvmm", "ethernet-10g"];
 
-#[derive(Serialize)]
-struct BandwidthRow {
-    delay: String,
-    model: String,
-    copy_gbps: f64,
-    ratio_vs_none: f64,
+/// `bench media`'s options: the common ones (it has no chart, so `plot` is refused).
+pub type Options = BenchOpts;
+
+/// Copy bandwidth under one delay preset.
+#[derive(Debug, Clone, Serialize)]
+pub struct BandwidthRow {
+    pub delay: String,
+    pub model: String,
+    pub copy_gbps: f64,
+    pub ratio_vs_none: f64,
     /// Bytes copied per nanosecond of the copying thread's CPU (the delay model busy-waits on
     /// it), and its ratio to the no-delay preset's.
-    cpu_gbps: f64,
-    ratio_vs_none_per_cpu: f64,
+    pub cpu_gbps: f64,
+    pub ratio_vs_none_per_cpu: f64,
 }
 
-#[derive(Serialize)]
-struct AccuracyRow {
-    delay: String,
-    bytes: usize,
-    expected_us: f64,
-    measured_us: f64,
-    error_pct: f64,
+/// The injected delay against the model for one preset and transfer size.
+#[derive(Debug, Clone, Serialize)]
+pub struct AccuracyRow {
+    pub delay: String,
+    pub bytes: usize,
+    pub expected_us: f64,
+    pub measured_us: f64,
+    pub error_pct: f64,
 }
 
-#[derive(Serialize)]
-struct Report {
-    machine: machine::Machine,
-    compared: &'static str,
-    pool_medium: String,
-    bandwidth: Vec<BandwidthRow>,
-    accuracy: Vec<AccuracyRow>,
-    delay_model_error_pct: f64,
+/// What `bench media` measured; `--json` prints it as is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub machine: machine::Machine,
+    pub compared: &'static str,
+    pub pool_medium: String,
+    pub bandwidth: Vec<BandwidthRow>,
+    pub accuracy: Vec<AccuracyRow>,
+    /// The worst |error| of the accuracy rows, in percent.
+    pub delay_model_error_pct: f64,
+    /// The pool file the copies went to (removed at the end), for the table.
+    #[serde(skip)]
+    pub pool_path: std::path::PathBuf,
+    /// Repetitions per accuracy cell, for the table.
+    #[serde(skip)]
+    pub reps: usize,
 }
 
-pub fn run(o: BenchOpts) -> Result<()> {
+/// Run `bench media`: copy bandwidth under every delay preset and the delay model's accuracy.
+/// Errors if `o.plot` is set (no chart) or the benchmark pool cannot be created.
+pub fn run(o: &Options) -> Result<Report> {
     let dir = tiermem_media::ensure_default_dir()?;
     let path = dir.join(format!("bench-media-{}.pool", std::process::id()));
     if o.plot.is_some() {
@@ -119,39 +134,48 @@ pub fn run(o: BenchOpts) -> Result<()> {
         bandwidth,
         accuracy,
         delay_model_error_pct: round2(worst),
+        pool_path: path.clone(),
+        reps,
     };
-    if o.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    println!("tiermem bench media — {}", report.compared);
-    println!("machine: {}", report.machine.one_line());
-    println!("pool: {} ({})\n", path.display(), report.pool_medium);
-    println!(
-        "{:<14} {:>12} {:>10} {:>16}  model",
-        "delay", "copy GB/s", "vs none", "GB per CPU-s"
-    );
-    for r in &report.bandwidth {
+    Ok(report)
+}
+
+impl crate::Report for Report {
+    fn print_table(&self) {
+        let report = self;
+        let reps = self.reps;
+        println!("tiermem bench media — {}", report.compared);
+        println!("machine: {}", report.machine.one_line());
         println!(
-            "{:<14} {:>12.2} {:>9.3}× {:>16.2}  {}",
-            r.delay, r.copy_gbps, r.ratio_vs_none, r.cpu_gbps, r.model
+            "pool: {} ({})\n",
+            report.pool_path.display(),
+            report.pool_medium
+        );
+        println!(
+            "{:<14} {:>12} {:>10} {:>16}  model",
+            "delay", "copy GB/s", "vs none", "GB per CPU-s"
+        );
+        for r in &report.bandwidth {
+            println!(
+                "{:<14} {:>12.2} {:>9.3}× {:>16.2}  {}",
+                r.delay, r.copy_gbps, r.ratio_vs_none, r.cpu_gbps, r.model
+            );
+        }
+        println!(
+            "\n{:<14} {:>9} {:>13} {:>13} {:>8}",
+            "delay", "bytes", "model µs", "injected µs", "error"
+        );
+        for r in &report.accuracy {
+            println!(
+                "{:<14} {:>9} {:>13.3} {:>13.3} {:>7.2}%",
+                r.delay, r.bytes, r.expected_us, r.measured_us, r.error_pct
+            );
+        }
+        println!(
+            "\nworst delay-model error: {:.2} % (median of {reps} repetitions per cell)",
+            report.delay_model_error_pct
         );
     }
-    println!(
-        "\n{:<14} {:>9} {:>13} {:>13} {:>8}",
-        "delay", "bytes", "model µs", "injected µs", "error"
-    );
-    for r in &report.accuracy {
-        println!(
-            "{:<14} {:>9} {:>13.3} {:>13.3} {:>7.2}%",
-            r.delay, r.bytes, r.expected_us, r.measured_us, r.error_pct
-        );
-    }
-    println!(
-        "\nworst delay-model error: {:.2} % (median of {reps} repetitions per cell)",
-        report.delay_model_error_pct
-    );
-    Ok(())
 }
 
 fn round2(x: f64) -> f64 {

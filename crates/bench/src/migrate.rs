@@ -20,7 +20,7 @@ use crate::{cpu, BenchOpts};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tiermem_migrate::harness::{run_case, CaseResult, CaseSpec, Method, Sample};
@@ -117,6 +117,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// One case's medians over its runs.
+#[derive(Debug, Clone)]
 struct CaseRow {
     workload: String,
     size: usize,
@@ -167,25 +168,114 @@ impl CaseRow {
         }
     }
 
-    fn json(&self) -> Value {
-        json!({
-            "workload": self.workload,
-            "region_bytes": self.size,
-            "method": self.method.name(),
-            "delay": self.method.delay(),
-            "expiration_ms": self.method.expiration_ms(),
-            "downtime_ms": self.downtime_ms,
-            "busy_ms": self.busy_ms,
-            "total_ms": self.total_ms,
-            "degradation": self.degradation,
-            "steady_ops_per_s": self.steady_ops_per_s,
-            "during_ops_per_s": self.during_ops_per_s,
-            "faults_on_demand": self.on_demand,
-            "faults_from_fam": self.from_fam,
-            "pages_pushed": self.pushed,
-            "cpu_s": (self.cpu_s * 1e6).round() / 1e6,
-        })
+    fn result(&self) -> ResultRow {
+        ResultRow {
+            workload: self.workload.clone(),
+            region_bytes: self.size,
+            method: self.method.name(),
+            delay: self.method.delay().to_string(),
+            expiration_ms: self.method.expiration_ms(),
+            downtime_ms: self.downtime_ms,
+            busy_ms: self.busy_ms,
+            total_ms: self.total_ms,
+            degradation: self.degradation,
+            steady_ops_per_s: self.steady_ops_per_s,
+            during_ops_per_s: self.during_ops_per_s,
+            faults_on_demand: self.on_demand,
+            faults_from_fam: self.from_fam,
+            pages_pushed: self.pushed,
+            cpu_s: (self.cpu_s * 1e6).round() / 1e6,
+        }
     }
+}
+
+/// One case's medians (the JSON `results` entries).
+#[derive(Debug, Clone, Serialize)]
+pub struct ResultRow {
+    pub workload: String,
+    pub region_bytes: usize,
+    pub method: &'static str,
+    pub delay: String,
+    pub expiration_ms: Option<u64>,
+    pub downtime_ms: f64,
+    pub busy_ms: f64,
+    pub total_ms: f64,
+    pub degradation: f64,
+    pub steady_ops_per_s: f64,
+    pub during_ops_per_s: f64,
+    pub faults_on_demand: f64,
+    pub faults_from_fam: f64,
+    pub pages_pushed: f64,
+    /// CPU seconds of the system (see `Report::cpu_method`), to the microsecond.
+    pub cpu_s: f64,
+}
+
+/// The paper's ratios for one case (the JSON `ratios_by_case` entries).
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseRatios {
+    pub workload: &'static str,
+    pub region_bytes: usize,
+    pub busy_ratio_socket_over_fam_100ms: f64,
+    pub total_gain_fam2gbs_vs_socket10g_0ms_pct: f64,
+    pub busy_gain_fam2gbs_vs_socket10g_0ms_pct: f64,
+    pub downtime_gain_vs_socket_pct: f64,
+    pub busy_ratio_socket_over_fam_100ms_per_cpu: f64,
+    pub total_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu: f64,
+    pub busy_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu: f64,
+    pub downtime_gain_vs_socket_pct_per_cpu: f64,
+}
+
+/// The batching checkpoint against one write per 2 MiB vector (the JSON `batching` entries).
+#[derive(Debug, Clone, Serialize)]
+pub struct Batching {
+    pub delay: &'static str,
+    pub region_bytes: usize,
+    pub per_vector_ms: f64,
+    pub batched_ms: f64,
+    pub time_saved_pct: f64,
+}
+
+/// On-demand faults with and without the hot-page manifest (the JSON `hot_manifest` entries).
+#[derive(Debug, Clone, Serialize)]
+pub struct HotManifest {
+    pub workload: &'static str,
+    pub region_bytes: usize,
+    pub faults_on_demand_without: f64,
+    pub faults_on_demand_with: f64,
+}
+
+/// What `bench migrate` measured; `--json` prints it as is. The headline ratios are the
+/// medians of `ratios_by_case`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub benchmark: &'static str,
+    pub quick: bool,
+    pub reps: usize,
+    pub machine: crate::machine::Machine,
+    pub isolation: &'static str,
+    pub isolation_method: &'static str,
+    pub cpu_method: &'static str,
+    pub results: Vec<ResultRow>,
+    pub ratios_by_case: Vec<CaseRatios>,
+    pub batching: Vec<Batching>,
+    pub hot_manifest: Vec<HotManifest>,
+    pub busy_ratio_socket_over_fam_100ms: f64,
+    pub total_gain_fam2gbs_vs_socket10g_0ms_pct: f64,
+    pub busy_gain_fam2gbs_vs_socket10g_0ms_pct: f64,
+    pub downtime_gain_vs_socket_pct: f64,
+    pub busy_ratio_socket_over_fam_100ms_per_cpu: f64,
+    pub total_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu: f64,
+    pub busy_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu: f64,
+    pub downtime_gain_vs_socket_pct_per_cpu: f64,
+    pub kv_throughput_gain_3ms_pct: Option<f64>,
+    pub kv_throughput_gain_3ms_pct_per_cpu: Option<f64>,
+    pub timeline_png: Option<String>,
+    /// The rows with their method, for the table.
+    #[serde(skip)]
+    rows: Vec<CaseRow>,
+    /// Why the timeline was not written, if it was not.
+    #[serde(skip)]
+    pub timeline_error: Option<String>,
 }
 
 /// The paper's ratios for one (workload, size), and each with CPU seconds in place of time
@@ -380,7 +470,13 @@ fn run_case_in_worker(fam: &std::path::Path, spec: &CaseSpec) -> Result<(CaseRes
 }
 
 /// Run the benchmark.
-pub fn run(o: MigrateOpts) -> Result<()> {
+/// `bench migrate`'s options.
+pub type Options = MigrateOpts;
+
+/// Run `bench migrate`: every synthetic case in a worker of its own, the batching checkpoint,
+/// the live tiermem-kv case (unless `no_kv`) and the timeline chart (`o.timeline`; failing to
+/// write it is reported in `Report::timeline_error`, not an error).
+pub fn run(o: &Options) -> Result<Report> {
     let quick = o.common.quick;
     let sizes: Vec<usize> = match &o.sizes {
         Some(v) => v.iter().map(|s| parse_size(s)).collect::<Result<_>>()?,
@@ -643,19 +739,18 @@ pub fn run(o: MigrateOpts) -> Result<()> {
 
     let timeline_written = write_timeline(&rows, sizes[0], &o.timeline);
 
-    if o.common.json {
-        let out = json!({
-            "benchmark": "migrate",
-            "quick": quick,
-            "reps": reps,
-            "machine": crate::machine::describe(),
-            "isolation": "one process per system",
-            "isolation_method": "every run of a synthetic case (application, source, target and \
+    let report = Report {
+        benchmark: "migrate",
+        quick,
+        reps,
+        machine: crate::machine::describe(),
+        isolation: "one process per system",
+        isolation_method: "every run of a synthetic case (application, source, target and \
                 the method's threads) in a fresh worker process of its own (this binary, `bench \
                 migrate-case`, with its own pair of network namespaces), one after the other; \
                 the tiermem-kv case's source and target servers are processes of their own, its \
                 load clients run in the benchmark's process for every method alike",
-            "cpu_method": "cpu_s per row, median over the runs. Synthetic cases: CPU time (user + \
+        cpu_method: "cpu_s per row, median over the runs. Synthetic cases: CPU time (user + \
                 system, every thread, the process CPU-time clock) of the case's worker process \
                 over the whole case: the region's fill, the application's warm-up (50 ms), \
                 steady phase and tail, the migration, and the check of the target's copy — all \
@@ -665,42 +760,69 @@ pub fn run(o: MigrateOpts) -> Result<()> {
                 of the reaped source). *_per_cpu: the headline ratio with cpu_s in place of the \
                 time (busy and total gains per CPU are the same figure: a case's CPU is not \
                 split at its milestones); kv: of operations per server CPU-second",
-            "results": rows.iter().map(CaseRow::json).collect::<Vec<_>>(),
-            "ratios_by_case": per_case.iter().map(|(w, s, r)| json!({
-                "workload": w, "region_bytes": s,
-                "busy_ratio_socket_over_fam_100ms": r.busy_ratio_socket_over_fam_100ms,
-                "total_gain_fam2gbs_vs_socket10g_0ms_pct": r.total_gain_pct,
-                "busy_gain_fam2gbs_vs_socket10g_0ms_pct": r.busy_gain_pct,
-                "downtime_gain_vs_socket_pct": r.downtime_gain_pct,
-                "busy_ratio_socket_over_fam_100ms_per_cpu": r.busy_ratio_socket_over_fam_100ms_per_cpu,
-                "total_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu": r.total_gain_pct_per_cpu,
-                "busy_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu": r.busy_gain_pct_per_cpu,
-                "downtime_gain_vs_socket_pct_per_cpu": r.downtime_gain_pct_per_cpu,
-            })).collect::<Vec<_>>(),
-            "batching": batching.iter().map(|(d, pv, b)| json!({
-                "delay": d, "region_bytes": sizes[0],
-                "per_vector_ms": pv * 1e3, "batched_ms": b * 1e3,
-                "time_saved_pct": (1.0 - b / pv) * 100.0,
-            })).collect::<Vec<_>>(),
-            "hot_manifest": hot.iter().map(|(w, s, without, with)| json!({
-                "workload": w, "region_bytes": s,
-                "faults_on_demand_without": without, "faults_on_demand_with": with,
-            })).collect::<Vec<_>>(),
-            "busy_ratio_socket_over_fam_100ms": headline.busy_ratio_socket_over_fam_100ms,
-            "total_gain_fam2gbs_vs_socket10g_0ms_pct": headline.total_gain_pct,
-            "busy_gain_fam2gbs_vs_socket10g_0ms_pct": headline.busy_gain_pct,
-            "downtime_gain_vs_socket_pct": headline.downtime_gain_pct,
-            "busy_ratio_socket_over_fam_100ms_per_cpu":
-                headline.busy_ratio_socket_over_fam_100ms_per_cpu,
-            "total_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu": headline.total_gain_pct_per_cpu,
-            "busy_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu": headline.busy_gain_pct_per_cpu,
-            "downtime_gain_vs_socket_pct_per_cpu": headline.downtime_gain_pct_per_cpu,
-            "kv_throughput_gain_3ms_pct": kv_gain,
-            "kv_throughput_gain_3ms_pct_per_cpu": kv_gain_per_cpu,
-            "timeline_png": timeline_written.as_ref().ok().map(|p| p.display().to_string()),
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
+        results: rows.iter().map(CaseRow::result).collect(),
+        ratios_by_case: per_case
+            .iter()
+            .map(|&(w, s, r)| CaseRatios {
+                workload: w,
+                region_bytes: s,
+                busy_ratio_socket_over_fam_100ms: r.busy_ratio_socket_over_fam_100ms,
+                total_gain_fam2gbs_vs_socket10g_0ms_pct: r.total_gain_pct,
+                busy_gain_fam2gbs_vs_socket10g_0ms_pct: r.busy_gain_pct,
+                downtime_gain_vs_socket_pct: r.downtime_gain_pct,
+                busy_ratio_socket_over_fam_100ms_per_cpu: r
+                    .busy_ratio_socket_over_fam_100ms_per_cpu,
+                total_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu: r.total_gain_pct_per_cpu,
+                busy_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu: r.busy_gain_pct_per_cpu,
+                downtime_gain_vs_socket_pct_per_cpu: r.downtime_gain_pct_per_cpu,
+            })
+            .collect(),
+        batching: batching
+            .iter()
+            .map(|&(d, pv, b)| Batching {
+                delay: d,
+                region_bytes: sizes[0],
+                per_vector_ms: pv * 1e3,
+                batched_ms: b * 1e3,
+                time_saved_pct: (1.0 - b / pv) * 100.0,
+            })
+            .collect(),
+        hot_manifest: hot
+            .iter()
+            .map(|&(w, s, without, with)| HotManifest {
+                workload: w,
+                region_bytes: s,
+                faults_on_demand_without: without,
+                faults_on_demand_with: with,
+            })
+            .collect(),
+        busy_ratio_socket_over_fam_100ms: headline.busy_ratio_socket_over_fam_100ms,
+        total_gain_fam2gbs_vs_socket10g_0ms_pct: headline.total_gain_pct,
+        busy_gain_fam2gbs_vs_socket10g_0ms_pct: headline.busy_gain_pct,
+        downtime_gain_vs_socket_pct: headline.downtime_gain_pct,
+        busy_ratio_socket_over_fam_100ms_per_cpu: headline.busy_ratio_socket_over_fam_100ms_per_cpu,
+        total_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu: headline.total_gain_pct_per_cpu,
+        busy_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu: headline.busy_gain_pct_per_cpu,
+        downtime_gain_vs_socket_pct_per_cpu: headline.downtime_gain_pct_per_cpu,
+        kv_throughput_gain_3ms_pct: kv_gain,
+        kv_throughput_gain_3ms_pct_per_cpu: kv_gain_per_cpu,
+        timeline_png: timeline_written
+            .as_ref()
+            .ok()
+            .map(|p| p.display().to_string()),
+        rows,
+        timeline_error: timeline_written.as_ref().err().map(|e| format!("{e:#}")),
+    };
+    if let Some(e) = &report.timeline_error {
+        eprintln!("tiermem bench migrate: the timeline chart was not written: {e}");
+    }
+    Ok(report)
+}
+
+impl crate::Report for Report {
+    fn print_table(&self) {
+        let reps = self.reps;
+        let rows = &self.rows;
         println!(
             "tiermem bench migrate — {} run(s) per case, medians; time 0 = freeze (pre-copy: first round)",
             reps
@@ -719,7 +841,7 @@ pub fn run(o: MigrateOpts) -> Result<()> {
             "pushed",
             "CPU s"
         );
-        for r in &rows {
+        for r in rows {
             println!(
                 "{:>6} {:<10} {:<26} {:>9.2} {:>9.1} {:>9.1} {:>6.2} {:>8.0} {:>8.0} {:>8.0} {:>8.3}",
                 r.size >> 20,
@@ -736,69 +858,68 @@ pub fn run(o: MigrateOpts) -> Result<()> {
             );
         }
         println!();
-        for (w, s, r) in &per_case {
+        for r in &self.ratios_by_case {
             println!(
                 "{:>6} MiB {:<10} busy socket(10G,100ms)/FAM(2GB/s) {:>6.1}×  total gain {:>5.1} %  \
                  busy gain {:>5.1} %  downtime gain {:>5.1} %",
-                s >> 20,
-                w,
+                r.region_bytes >> 20,
+                r.workload,
                 r.busy_ratio_socket_over_fam_100ms,
-                r.total_gain_pct,
-                r.busy_gain_pct,
-                r.downtime_gain_pct
+                r.total_gain_fam2gbs_vs_socket10g_0ms_pct,
+                r.busy_gain_fam2gbs_vs_socket10g_0ms_pct,
+                r.downtime_gain_vs_socket_pct
             );
         }
-        for (d, pv, b) in &batching {
+        for x in &self.batching {
+            let d = x.delay;
             println!(
                 "{:>6} MiB batching checkpoint, FAM {d}: per 2 MiB vector {:.1} ms, batched {:.1} \
                  ms ({:+.1} % time saved; the paper saw 15 %)",
-                sizes[0] >> 20,
-                pv * 1e3,
-                b * 1e3,
-                (1.0 - b / pv) * 100.0
+                x.region_bytes >> 20,
+                x.per_vector_ms,
+                x.batched_ms,
+                x.time_saved_pct
             );
         }
-        for (w, sz, without, with) in &hot {
+        for h in &self.hot_manifest {
+            let (without, with) = (h.faults_on_demand_without, h.faults_on_demand_with);
             println!(
                 "{:>6} MiB {:<10} hot-page manifest: faults asking the source {without:.0} without, \
                  {with:.0} with",
-                sz >> 20,
-                w
+                h.region_bytes >> 20,
+                h.workload
             );
         }
         println!(
             "median: busy_ratio_socket_over_fam_100ms {:.1} (≥ 10), total gain {:.1} % (≥ 15), \
              busy gain {:.1} % (≥ 33), downtime gain {:.1} % (≥ 23)",
-            headline.busy_ratio_socket_over_fam_100ms,
-            headline.total_gain_pct,
-            headline.busy_gain_pct,
-            headline.downtime_gain_pct
+            self.busy_ratio_socket_over_fam_100ms,
+            self.total_gain_fam2gbs_vs_socket10g_0ms_pct,
+            self.busy_gain_fam2gbs_vs_socket10g_0ms_pct,
+            self.downtime_gain_vs_socket_pct
         );
         println!(
             "per CPU-second (each method's cpu_s in place of its time): busy ratio {:.2}, total \
              and busy gain {:.1} %, downtime gain {:.1} %",
-            headline.busy_ratio_socket_over_fam_100ms_per_cpu,
-            headline.total_gain_pct_per_cpu,
-            headline.downtime_gain_pct_per_cpu
+            self.busy_ratio_socket_over_fam_100ms_per_cpu,
+            self.total_gain_fam2gbs_vs_socket10g_0ms_pct_per_cpu,
+            self.downtime_gain_vs_socket_pct_per_cpu
         );
-        match kv_gain {
+        match self.kv_throughput_gain_3ms_pct {
             Some(g) => println!(
                 "tiermem-kv throughput during migration (first operations after the freeze), FAM \
                  (2 GB/s) over socket (10 Gb/s, 3 ms expiration): {g:+.1} % (≥ 12); per server \
                  CPU-second {}",
-                kv_gain_per_cpu.map_or_else(|| "—".to_string(), |x| format!("{x:+.1} %"))
+                self.kv_throughput_gain_3ms_pct_per_cpu
+                    .map_or_else(|| "—".to_string(), |x| format!("{x:+.1} %"))
             ),
             None => println!("tiermem-kv case not run (--no-kv)"),
         }
-        match &timeline_written {
-            Ok(p) => println!("timeline: {}", p.display()),
-            Err(e) => println!("timeline not written: {e:#}"),
+        match (&self.timeline_png, &self.timeline_error) {
+            (Some(p), _) => println!("timeline: {p}"),
+            (None, e) => println!("timeline not written: {}", e.as_deref().unwrap_or("?")),
         }
     }
-    if let Err(e) = &timeline_written {
-        eprintln!("tiermem bench migrate: the timeline chart was not written: {e:#}");
-    }
-    Ok(())
 }
 
 /// One method's curves in a timeline panel: label, colour, throughput, pages present.

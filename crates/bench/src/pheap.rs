@@ -62,58 +62,59 @@ struct Plan {
 
 /// One result row.
 #[derive(Serialize, Clone)]
-struct Row {
-    workload: &'static str,
-    object_size: usize,
+pub struct Row {
+    pub workload: &'static str,
+    pub object_size: usize,
     /// Update workload: % of objects updated per round.
     #[serde(skip_serializing_if = "Option::is_none")]
-    update_pct: Option<usize>,
+    pub update_pct: Option<usize>,
     /// Insert workload: checkpoint interval in scaled seconds and in inserts.
     #[serde(skip_serializing_if = "Option::is_none")]
-    interval_s: Option<usize>,
+    pub interval_s: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    interval_ops: Option<usize>,
-    system: &'static str,
+    pub interval_ops: Option<usize>,
+    pub system: &'static str,
     /// User views (0 for glibc malloc).
-    views: usize,
-    objects: usize,
+    pub views: usize,
+    pub objects: usize,
     /// Checkpoints measured (update: steady rounds; insert: all).
-    checkpoints: usize,
-    bytes_copied_per_ckpt: f64,
-    bytes_copied_total: u64,
-    objects_copied_per_ckpt: f64,
-    view_pages_written_per_ckpt: f64,
-    ckpt_ms_mean: f64,
-    ckpt_ms_total: f64,
+    pub checkpoints: usize,
+    pub bytes_copied_per_ckpt: f64,
+    pub bytes_copied_total: u64,
+    pub objects_copied_per_ckpt: f64,
+    pub view_pages_written_per_ckpt: f64,
+    pub ckpt_ms_mean: f64,
+    pub ckpt_ms_total: f64,
     /// Measured phase: update → steady phase (updates + checkpoints); insert → whole run.
     /// For `malloc` / `heap-nockpt` → the whole work (allocation, initial writes, updates).
-    run_ms: f64,
+    pub run_ms: f64,
     /// CPU milliseconds of the measured phase (the benchmark thread; the heap has no thread of
     /// its own), median.
-    cpu_ms: f64,
+    pub cpu_ms: f64,
     /// Minor page faults (getrusage) during the measured phase.
-    minor_faults: u64,
-    runs: usize,
+    pub minor_faults: u64,
+    pub runs: usize,
 }
 
+/// What `bench pheap` measured; `--json` prints it as is.
 #[derive(Serialize)]
-struct Report {
-    machine: machine::Machine,
-    compared: &'static str,
-    scaling: String,
-    results: Vec<Row>,
-    bytes_saved_pct: f64,
-    speedup_pct: f64,
-    tracking_overhead_pct: f64,
+pub struct Report {
+    pub machine: machine::Machine,
+    pub compared: &'static str,
+    pub scaling: String,
+    pub results: Vec<Row>,
+    pub bytes_saved_pct: f64,
+    pub speedup_pct: f64,
+    pub tracking_overhead_pct: f64,
     /// The same two figures on CPU time (`cpu_ms`) instead of wall time.
-    speedup_pct_per_cpu: f64,
-    tracking_overhead_pct_per_cpu: f64,
+    pub speedup_pct_per_cpu: f64,
+    pub tracking_overhead_pct_per_cpu: f64,
     /// FGCK with 4 and 8 views on the sparse workload: bytes saved against PGCK.
-    bytes_saved_pct_views4: f64,
-    bytes_saved_pct_views8: f64,
+    pub bytes_saved_pct_views4: f64,
+    pub bytes_saved_pct_views8: f64,
     /// Unmodified programs under the preload library (FGCK 2 views vs PGCK 1 view), or why
     /// they were skipped.
-    programs: Value,
+    pub programs: Value,
 }
 
 #[derive(Clone, Copy)]
@@ -540,7 +541,12 @@ fn find<'a>(rows: &'a [Row], w: &str, size: usize, pct: usize, sys: &str) -> &'a
 }
 
 /// Run the benchmark.
-pub fn run(o: BenchOpts) -> Result<()> {
+/// `bench pheap`'s options: the common ones (no chart).
+pub type Options = BenchOpts;
+
+/// Run `bench pheap`: every run in a worker process of its own, then the unmodified programs
+/// under the preload library where they are installed.
+pub fn run(o: &Options) -> Result<Report> {
     let plan = if o.quick {
         Plan {
             update_n: 20_000,
@@ -703,49 +709,51 @@ pub fn run(o: BenchOpts) -> Result<()> {
         results: rows,
         programs: programs(&dir, o.quick),
     };
-    if o.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    println!("tiermem bench pheap — {}", report.machine.one_line());
-    println!("{}", report.compared);
-    println!("scaling: {}", report.scaling);
-    println!();
-    println!(
-        "{:<7} {:>5} {:>12} {:<12} {:>6} {:>12} {:>10} {:>10} {:>10} {:>9}",
-        "work",
-        "size",
-        "pct/interval",
-        "system",
-        "ckpts",
-        "B/ckpt",
-        "ms/ckpt",
-        "run ms",
-        "faults",
-        "pages/ck"
-    );
-    for r in &report.results {
-        let what = match (r.update_pct, r.interval_s) {
-            (Some(p), _) => format!("{p} %"),
-            (None, Some(s)) => format!("{s} s"),
-            _ => "-".into(),
-        };
+    Ok(report)
+}
+
+impl crate::Report for Report {
+    fn print_table(&self) {
+        let report = self;
+        println!("tiermem bench pheap — {}", report.machine.one_line());
+        println!("{}", report.compared);
+        println!("scaling: {}", report.scaling);
+        println!();
         println!(
-            "{:<7} {:>5} {:>12} {:<12} {:>6} {:>12.0} {:>10.3} {:>10.2} {:>10} {:>9.1}",
-            r.workload,
-            r.object_size,
-            what,
-            r.system,
-            r.checkpoints,
-            r.bytes_copied_per_ckpt,
-            r.ckpt_ms_mean,
-            r.run_ms,
-            r.minor_faults,
-            r.view_pages_written_per_ckpt
+            "{:<7} {:>5} {:>12} {:<12} {:>6} {:>12} {:>10} {:>10} {:>10} {:>9}",
+            "work",
+            "size",
+            "pct/interval",
+            "system",
+            "ckpts",
+            "B/ckpt",
+            "ms/ckpt",
+            "run ms",
+            "faults",
+            "pages/ck"
         );
-    }
-    println!();
-    println!(
+        for r in &report.results {
+            let what = match (r.update_pct, r.interval_s) {
+                (Some(p), _) => format!("{p} %"),
+                (None, Some(s)) => format!("{s} s"),
+                _ => "-".into(),
+            };
+            println!(
+                "{:<7} {:>5} {:>12} {:<12} {:>6} {:>12.0} {:>10.3} {:>10.2} {:>10} {:>9.1}",
+                r.workload,
+                r.object_size,
+                what,
+                r.system,
+                r.checkpoints,
+                r.bytes_copied_per_ckpt,
+                r.ckpt_ms_mean,
+                r.run_ms,
+                r.minor_faults,
+                r.view_pages_written_per_ckpt
+            );
+        }
+        println!();
+        println!(
         "sparse updates (1 % of 64 B and 128 B objects): FGCK copies {:.1} % fewer bytes than PGCK \
          (4 views {:.1} %, 8 views {:.1} %); steady-phase speedup {:.1} % (CPU time {:.1} %); \
          tracking overhead without checkpoints against glibc malloc {:.1} % (CPU time {:.1} %)",
@@ -757,17 +765,17 @@ pub fn run(o: BenchOpts) -> Result<()> {
         report.tracking_overhead_pct,
         report.tracking_overhead_pct_per_cpu
     );
-    match report.programs.get("skipped") {
-        Some(why) => println!(
-            "unmodified programs: skipped ({})",
-            why.as_str().unwrap_or("")
-        ),
-        None => println!(
-            "unmodified programs under the preload library:\n{}",
-            serde_json::to_string_pretty(&report.programs)?
-        ),
+        match report.programs.get("skipped") {
+            Some(why) => println!(
+                "unmodified programs: skipped ({})",
+                why.as_str().unwrap_or("")
+            ),
+            None => println!(
+                "unmodified programs under the preload library:\n{}",
+                serde_json::to_string_pretty(&report.programs).unwrap_or_default()
+            ),
+        }
     }
-    Ok(())
 }
 
 /// The preload library: `$TIERMEM_PHEAP_PRELOAD`, else `libtiermem_pheap_preload.so` next to

@@ -329,26 +329,26 @@ const LAT_PAUSE_NS: u64 = 15_000_000;
 /// series (its polls count too). `unpark_*`: `Thread::unpark` alone, on a thread parked for
 /// 15 ms and on one spinning (never parked).
 #[derive(Serialize, Deserialize, Clone, Debug)]
-struct CommitLatency {
-    awake_p50_ns: u64,
-    awake_p99_ns: u64,
-    asleep_p50_ns: u64,
-    asleep_p99_ns: u64,
+pub struct CommitLatency {
+    pub awake_p50_ns: u64,
+    pub awake_p99_ns: u64,
+    pub asleep_p50_ns: u64,
+    pub asleep_p99_ns: u64,
     /// asleep - awake, at p50 and p99.
-    wake_cost_p50_ns: i64,
-    wake_cost_p99_ns: i64,
-    awake_commits: usize,
-    asleep_commits: usize,
-    pause_us: u64,
-    worker_sleeps_per_commit_awake: Option<f64>,
-    worker_sleeps_per_commit_asleep: Option<f64>,
-    unpark_sleeping_p50_ns: u64,
-    unpark_sleeping_p99_ns: u64,
-    unpark_running_p50_ns: u64,
-    unpark_running_p99_ns: u64,
+    pub wake_cost_p50_ns: i64,
+    pub wake_cost_p99_ns: i64,
+    pub awake_commits: usize,
+    pub asleep_commits: usize,
+    pub pause_us: u64,
+    pub worker_sleeps_per_commit_awake: Option<f64>,
+    pub worker_sleeps_per_commit_asleep: Option<f64>,
+    pub unpark_sleeping_p50_ns: u64,
+    pub unpark_sleeping_p99_ns: u64,
+    pub unpark_running_p50_ns: u64,
+    pub unpark_running_p99_ns: u64,
     /// Median cost of one `now_ns` pair with nothing between (included in every sample).
-    timer_overhead_ns: u64,
-    method: String,
+    pub timer_overhead_ns: u64,
+    pub method: String,
 }
 
 impl VnvmSystem {
@@ -641,91 +641,95 @@ fn charge(delay: &DelayModel, bytes: u64) {
 
 /// One row of the result table (the JSON shape of issue #3).
 #[derive(Serialize)]
-struct Row {
-    passes: usize,
-    bytes_per_page: usize,
-    vnvm_tps: Option<f64>,
-    pmdk_tps: f64,
-    memcpy_tps: f64,
-    ratio_vs_pmdk: Option<f64>,
+pub struct Row {
+    pub passes: usize,
+    pub bytes_per_page: usize,
+    pub vnvm_tps: Option<f64>,
+    pub pmdk_tps: f64,
+    pub memcpy_tps: f64,
+    pub ratio_vs_pmdk: Option<f64>,
     /// CPU seconds each system used for the cell (median over the repetitions; see
     /// `Report::cpu_method`).
-    vnvm_cpu_s: Option<f64>,
+    pub vnvm_cpu_s: Option<f64>,
     /// vnvm's CPU seconds within the timed window alone (without the quiesce, where its
     /// writeback worker writes the cell's pages to the backing file), median.
-    vnvm_cpu_timed_s: Option<f64>,
-    pmdk_cpu_s: f64,
-    memcpy_cpu_s: f64,
+    pub vnvm_cpu_timed_s: Option<f64>,
+    pub pmdk_cpu_s: f64,
+    pub memcpy_cpu_s: f64,
     /// Transactions per CPU-second (median over the repetitions).
-    vnvm_tps_per_cpu: Option<f64>,
-    pmdk_tps_per_cpu: Option<f64>,
+    pub vnvm_tps_per_cpu: Option<f64>,
+    pub pmdk_tps_per_cpu: Option<f64>,
     /// vnvm's transactions per CPU-second over PMDK's: the wall-clock ratio's counterpart when
     /// vnvm's background threads use the second CPU.
-    ratio_vs_pmdk_per_cpu: Option<f64>,
-    transactions: usize,
+    pub ratio_vs_pmdk_per_cpu: Option<f64>,
+    pub transactions: usize,
 }
 
+/// The delay model and what each system is charged.
 #[derive(Serialize)]
-struct DelayInfo {
-    model: String,
-    memcpy_charged: String,
-    pmdk_charged: String,
-    vnvm_charged: String,
+pub struct DelayInfo {
+    pub model: String,
+    pub memcpy_charged: String,
+    pub pmdk_charged: String,
+    pub vnvm_charged: String,
 }
 
+/// The PMDK baseline's library and pool.
 #[derive(Serialize)]
-struct PmdkInfo {
-    libpmemobj: &'static str,
-    pool: String,
-    pool_bytes: u64,
-    pmem_is_pmem_force: String,
+pub struct PmdkInfo {
+    pub libpmemobj: &'static str,
+    pub pool: String,
+    pub pool_bytes: u64,
+    pub pmem_is_pmem_force: String,
 }
 
+/// Sequential read bandwidth over each system's memory.
 #[derive(Serialize)]
-struct ReadPass {
-    bytes: usize,
-    repetitions: usize,
-    method: &'static str,
-    plain_gbps: f64,
-    pmdk_gbps: Option<f64>,
-    vnvm_gbps: Option<f64>,
-    plain_memory: MemoryInfo,
-    pmdk_memory: Option<MemoryInfo>,
-    vnvm_memory: Option<MemoryInfo>,
+pub struct ReadPass {
+    pub bytes: usize,
+    pub repetitions: usize,
+    pub method: &'static str,
+    pub plain_gbps: f64,
+    pub pmdk_gbps: Option<f64>,
+    pub vnvm_gbps: Option<f64>,
+    pub plain_memory: MemoryInfo,
+    pub pmdk_memory: Option<MemoryInfo>,
+    pub vnvm_memory: Option<MemoryInfo>,
 }
 
+/// What `bench vnvm` measured; `--json` prints it as is.
 #[derive(Serialize)]
-struct Report {
-    machine: machine::Machine,
-    compared: &'static str,
-    quick: bool,
-    array_bytes: usize,
-    page_bytes: usize,
-    writes_per_tx: usize,
-    passes: [usize; 2],
-    repetitions: usize,
-    statistic: &'static str,
+pub struct Report {
+    pub machine: machine::Machine,
+    pub compared: &'static str,
+    pub quick: bool,
+    pub array_bytes: usize,
+    pub page_bytes: usize,
+    pub writes_per_tx: usize,
+    pub passes: [usize; 2],
+    pub repetitions: usize,
+    pub statistic: &'static str,
     /// How the systems were kept apart: "one process per system".
-    isolation: &'static str,
+    pub isolation: &'static str,
     /// What that means, and how the parent drives the workers.
-    isolation_method: &'static str,
+    pub isolation_method: &'static str,
     /// How `*_cpu_s` is measured.
-    cpu_method: &'static str,
-    delay: DelayInfo,
-    pmdk: PmdkInfo,
-    vnvm: String,
+    pub cpu_method: &'static str,
+    pub delay: DelayInfo,
+    pub pmdk: PmdkInfo,
+    pub vnvm: String,
     /// vnvm's writeback worker (lazy writeback of NVM-cache pages to the backing file, not
     /// needed for durability): pages written back while timed cells ran and during the
     /// untimed quiesce after them.
-    vnvm_writeback: Option<BackgroundPages>,
-    results: Vec<Row>,
-    read_overhead_ratio: Option<f64>,
+    pub vnvm_writeback: Option<BackgroundPages>,
+    pub results: Vec<Row>,
+    pub read_overhead_ratio: Option<f64>,
     /// vnvm's nv_commit latency with the redo worker awake and asleep; `None` without vnvm.
-    commit_latency: Option<CommitLatency>,
+    pub commit_latency: Option<CommitLatency>,
     /// Physical placement of every system's working memory after setup.
-    placement: Placement,
-    read_pass: ReadPass,
-    seconds: f64,
+    pub placement: Placement,
+    pub read_pass: ReadPass,
+    pub seconds: f64,
 }
 
 /// The array size: the env override, or 2 GiB / 256 MiB; whole pages, at least one.
@@ -889,22 +893,22 @@ struct Absorber {
 
 /// What the absorber did (JSON `placement.absorber`).
 #[derive(Serialize, Clone, Debug, Default)]
-struct AbsorberInfo {
-    enabled: bool,
-    bytes: u64,
+pub struct AbsorberInfo {
+    pub enabled: bool,
+    pub bytes: u64,
     /// Fills: one before each system's setup and one before the read pass's baseline.
-    fills: u32,
+    pub fills: u32,
     /// Free memory in blocks below 2 MiB before the first fill and after the last (movable
     /// pages from `/proc/pagetypeinfo` when readable, else every free block of
     /// `/proc/buddyinfo`).
-    small_free_before_bytes: Option<u64>,
-    small_free_after_bytes: Option<u64>,
+    pub small_free_before_bytes: Option<u64>,
+    pub small_free_after_bytes: Option<u64>,
     /// Distinct 2 MiB physical blocks of the first and the last chunk (minimum: 16).
-    first_chunk_2mib_blocks: Option<u64>,
-    last_chunk_2mib_blocks: Option<u64>,
+    pub first_chunk_2mib_blocks: Option<u64>,
+    pub last_chunk_2mib_blocks: Option<u64>,
     /// Why the last fill stopped.
-    stopped: String,
-    seconds: f64,
+    pub stopped: String,
+    pub seconds: f64,
 }
 
 impl Absorber {
@@ -1053,24 +1057,24 @@ fn mapped_file_ranges(path: &Path) -> Vec<(usize, usize)> {
 
 /// Where one piece of a system's working memory lies physically (JSON `placement.memory`).
 #[derive(Serialize, Deserialize, Clone, Debug)]
-struct PlacementEntry {
-    system: String,
-    memory: String,
-    bytes: u64,
-    resident_bytes: u64,
+pub struct PlacementEntry {
+    pub system: String,
+    pub memory: String,
+    pub bytes: u64,
+    pub resident_bytes: u64,
     /// Distinct 2 MiB physical blocks of its pages (`None`: page frames hidden, not root).
-    phys_2mib_blocks: Option<u64>,
+    pub phys_2mib_blocks: Option<u64>,
     /// The minimum: bytes / 2 MiB, rounded up.
-    min_2mib_blocks: u64,
+    pub min_2mib_blocks: u64,
 }
 
 /// The physical placement of every system's working memory, after setup (JSON `placement`).
 #[derive(Serialize)]
-struct Placement {
-    method: &'static str,
-    setup_order: Vec<&'static str>,
-    absorber: AbsorberInfo,
-    memory: Vec<PlacementEntry>,
+pub struct Placement {
+    pub method: &'static str,
+    pub setup_order: Vec<&'static str>,
+    pub absorber: AbsorberInfo,
+    pub memory: Vec<PlacementEntry>,
 }
 
 impl Placement {
@@ -1097,21 +1101,21 @@ impl Placement {
 /// What a measured read-pass mapping is, from `/proc/self/smaps` (its VMA) and
 /// `/proc/self/pagemap` (the measured range), read after the timed passes.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-struct MemoryInfo {
+pub struct MemoryInfo {
     /// Kind, sharing and access of the mapping, e.g. "anonymous, private, read-write".
-    mapping: String,
+    pub mapping: String,
     /// `KernelPageSize` of the mapping, in KiB.
-    kernel_page_kib: u64,
+    pub kernel_page_kib: u64,
     /// `THPeligible` of the mapping.
-    thp_eligible: bool,
+    pub thp_eligible: bool,
     /// Bytes of the whole mapping mapped with 2 MiB pages (`AnonHugePages` + `ShmemPmdMapped` +
     /// `FilePmdMapped`).
-    huge_mapped_bytes: u64,
+    pub huge_mapped_bytes: u64,
     /// Bytes of the measured range whose pages are present in the page table.
-    resident_bytes: u64,
+    pub resident_bytes: u64,
     /// Distinct 2 MiB physical blocks the measured range's pages lie in (the minimum is the
     /// range / 2 MiB); `None` when the page frame numbers are hidden (they need CAP_SYS_ADMIN).
-    phys_2mib_blocks: Option<u64>,
+    pub phys_2mib_blocks: Option<u64>,
 }
 
 impl MemoryInfo {
@@ -1512,7 +1516,11 @@ impl SystemWorker {
 
 /// Run the benchmark: start one worker process per system, set every system up, time every
 /// (P, S) cell with the systems interleaved, print the table or JSON.
-pub fn run(o: BenchOpts) -> Result<()> {
+/// `bench vnvm`'s options: the common ones (no chart: `plot` is refused).
+pub type Options = BenchOpts;
+
+/// Run `bench vnvm`: every system in a worker process of its own, cell by cell.
+pub fn run(o: &Options) -> Result<Report> {
     if o.plot.is_some() {
         bail!("bench vnvm has no chart yet; its table is the result");
     }
@@ -1851,12 +1859,13 @@ pub fn run(o: BenchOpts) -> Result<()> {
         read_pass,
         seconds: round2(t0.elapsed().as_secs_f64()),
     };
-    if o.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+    Ok(report)
+}
+
+impl crate::Report for Report {
+    fn print_table(&self) {
+        print_table(self)
     }
-    print_table(&report);
-    Ok(())
 }
 
 fn print_table(r: &Report) {

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Subcommand;
 /// `bench migrate`'s harness; `migrate run` shares its size syntax (`crate::bench::migrate`).
 pub use tiermem_bench::migrate;
-use tiermem_bench::{fault, kv, media, pheap, vnvm, BenchOpts};
+use tiermem_bench::{fault, kv, media, pheap, print_report, vnvm, BenchOpts};
 
 /// The benchmarks.
 #[derive(Subcommand)]
@@ -52,12 +52,12 @@ pub enum BenchCommand {
 /// Run one benchmark.
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
-        BenchCommand::Media(o) => media::run(o),
-        BenchCommand::Fault(o) => fault::run(o),
-        BenchCommand::Vnvm(o) => vnvm::run(o),
-        BenchCommand::Kv(o) => kv::run(o),
-        BenchCommand::Migrate(o) => migrate::run(o),
-        BenchCommand::Pheap(o) => pheap::run(o),
+        BenchCommand::Media(o) => print_report(&media::run(&o)?, o.json),
+        BenchCommand::Fault(o) => print_report(&fault::run(&o)?, o.json),
+        BenchCommand::Vnvm(o) => print_report(&vnvm::run(&o)?, o.json),
+        BenchCommand::Kv(o) => print_report(&kv::run(&o)?, o.bench.json),
+        BenchCommand::Migrate(o) => print_report(&migrate::run(&o)?, o.common.json),
+        BenchCommand::Pheap(o) => print_report(&pheap::run(&o)?, o.json),
         BenchCommand::VnvmWorker(a) => vnvm::worker_main(a),
         BenchCommand::MigrateCase => migrate::case_worker_main(),
         BenchCommand::PheapRun => pheap::run_worker_main(),
