@@ -127,6 +127,14 @@ pub fn run(dir: Option<PathBuf>, only: &[String]) -> Result<()> {
         }
         None => tiermem_media::ensure_default_dir()?,
     };
+    if !on_tmpfs(&dir) {
+        println!(
+            "note: {} is not on tmpfs: the emulated NVM of the durable steps (vnvm, kv) is synced \
+             to the disk there, which makes them much slower (kv: minutes); the default \
+             /dev/shm/tiermem is tmpfs",
+            dir.display()
+        );
+    }
     let ctx = Ctx {
         dir,
         tag: std::process::id(),
@@ -234,6 +242,21 @@ fn which(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(program))
         .find(|f| f.is_file())
+}
+
+/// True when `dir` is on a tmpfs (memory-backed: syncs cost nothing), or when that is unknown.
+fn on_tmpfs(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return true;
+    };
+    // SAFETY: `c` is a NUL-terminated path and `st` a properly sized, writable statfs buffer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; statfs only writes `st`.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return true;
+    }
+    st.f_type == libc::TMPFS_MAGIC
 }
 
 /// True when running as root (network namespaces, userfaultfd for everyone).
