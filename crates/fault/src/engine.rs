@@ -291,6 +291,15 @@ impl Engine {
         Ok(*self.features.get_or_init(|| f))
     }
 
+    /// How this process obtains its userfaultfds ([`UffdAccess`]; probed once, with
+    /// [`Engine::features`]). With [`UffdAccess::UserModeOnly`] (an unprivileged user without
+    /// `vm.unprivileged_userfaultfd=1` or access to `/dev/userfaultfd`) the engine works for
+    /// user-mode faults only: a kernel access to a missing page of a handler-thread region fails
+    /// with EFAULT instead of waiting for the resolver (in-thread regions behave so anyway).
+    pub fn access(&self) -> Result<UffdAccess> {
+        Ok(self.features()?.access)
+    }
+
     /// Counters since process start.
     pub fn stats(&self) -> EngineStats {
         let s = &self.stats;
@@ -388,6 +397,14 @@ impl Engine {
                 "UFFD_FEATURE_WP_ASYNC",
                 "async write protection",
             )?;
+        }
+        if spec.fork == ForkPolicy::ShareWithChild && f.event_fork_denied {
+            return Err(Error::Unsupported(
+                "ForkPolicy::ShareWithChild needs UFFD_FEATURE_EVENT_FORK, which the kernel grants \
+                 only to a process with CAP_SYS_PTRACE (run as root, or register with \
+                 ForkPolicy::DontFork)"
+                    .into(),
+            ));
         }
         if spec.fork == ForkPolicy::ShareWithChild {
             need(
@@ -537,7 +554,14 @@ impl Engine {
             } else {
                 UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_EVENT_FORK
             };
-        let mut want = required | (optional & f.raw);
+        // EVENT_FORK is in `raw` when the kernel offers it, but a process without
+        // CAP_SYS_PTRACE may not ask for it (the whole handshake would fail with EPERM).
+        let usable = if f.event_fork {
+            f.raw
+        } else {
+            f.raw & !UFFD_FEATURE_EVENT_FORK
+        };
+        let mut want = required | (optional & usable);
         if in_thread {
             want |= UFFD_FEATURE_SIGBUS;
         }

@@ -7,15 +7,15 @@ use std::io;
 /// allocates so that it can be built inside a signal handler.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// userfaultfd could not be opened at all (kernel without CONFIG_USERFAULTFD, or no permission).
-    #[error(
-        "userfaultfd is not available ({source}): needs CONFIG_USERFAULTFD and either root / \
-         CAP_SYS_PTRACE, vm.unprivileged_userfaultfd=1, or access to /dev/userfaultfd"
-    )]
+    /// userfaultfd could not be opened at all, none of the three ways (kernel without
+    /// CONFIG_USERFAULTFD, a kernel older than 5.11 without permission, a seccomp filter...).
+    #[error("userfaultfd is not available: {detail}")]
     UffdUnavailable {
-        /// The errno of the last attempt (syscall, then /dev/userfaultfd).
+        /// The errno of the first attempt (the plain syscall).
         #[source]
         source: io::Error,
+        /// Each way tried, why it failed and what it would need.
+        detail: String,
     },
 
     /// The running kernel does not offer a userfaultfd feature this configuration needs.

@@ -11,6 +11,9 @@
 //! * [`WriteTracker`]: which pages were written since the last scan (UFFD_FEATURE_WP_ASYNC +
 //!   one PAGEMAP_SCAN per chunk, or an mprotect + SIGSEGV fallback).
 //! * [`probe`]: measurements for `tiermem doctor` and `tiermem bench fault`.
+//! * [`access`]: how the process gets a userfaultfd — `userfaultfd(2)`, `/dev/userfaultfd`, or
+//!   `userfaultfd(2)` with `UFFD_USER_MODE_ONLY` for unprivileged users — and which one it used
+//!   ([`UffdAccess`], [`Engine::access`]).
 //! * [`sys`]: the raw uapi (userfaultfd.h, PAGEMAP_SCAN from fs.h) and a safe [`Uffd`] wrapper.
 //!
 //! ## Two resolution modes, and why both exist
@@ -57,6 +60,7 @@
 // The workspace targets Rust 1.80: keep `%` and `map_or` instead of newer helpers.
 #![allow(clippy::manual_is_multiple_of, clippy::unnecessary_map_or)]
 
+pub mod access;
 pub mod engine;
 pub mod error;
 pub mod policy;
@@ -66,6 +70,7 @@ mod sig;
 pub mod sys;
 pub mod tracker;
 
+pub use access::UffdAccess;
 pub use engine::{Engine, EngineStats, RegionHandle};
 pub use error::{Error, ResolveError, Result};
 pub use policy::{Fault, FaultKind, FaultOps, RegionEvent, Resolver};

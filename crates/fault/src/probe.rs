@@ -163,6 +163,9 @@ pub fn uffd_sigbus_bare_ns(pages: usize) -> Result<Vec<f64>> {
     if pages == 0 {
         return Err(Error::InvalidArgument("no pages to measure".into()));
     }
+    // The child opens its descriptor the way this process can (an unprivileged user may have
+    // only UFFD_USER_MODE_ONLY, which is all this user-mode probe needs).
+    let (_fd, access) = crate::access::open(libc::O_CLOEXEC | libc::O_NONBLOCK)?;
     let region = Map::anon(pages * PAGE_SIZE, false)?;
     let src = Map::anon(PAGE_SIZE, true)?;
     // Results travel back through a shared mapping: the child writes, the parent reads after
@@ -193,7 +196,7 @@ pub fn uffd_sigbus_bare_ns(pages: usize) -> Result<Vec<f64>> {
     if pid == 0 {
         // SAFETY: child side: raw syscalls on memory it owns; never returns.
         unsafe {
-            let code = bare_child(region.ptr, pages, src.ptr, out);
+            let code = bare_child(access, region.ptr, pages, src.ptr, out);
             libc::_exit(code);
         }
     }
@@ -219,15 +222,20 @@ pub fn uffd_sigbus_bare_ns(pages: usize) -> Result<Vec<f64>> {
 /// # Safety
 /// Call only in a freshly forked child; `region` (unpopulated), `src` and `out` must be mappings
 /// of `pages` pages, one page and `pages` f64 values.
-unsafe fn bare_child(region: *mut u8, pages: usize, src: *mut u8, out: *mut f64) -> i32 {
+unsafe fn bare_child(
+    access: crate::access::UffdAccess,
+    region: *mut u8,
+    pages: usize,
+    src: *mut u8,
+    out: *mut f64,
+) -> i32 {
     use crate::sys::{UffdioApi, UffdioRange, UffdioRegister, UFFDIO_API, UFFDIO_REGISTER};
     use std::sync::atomic::Ordering::Relaxed;
     // SAFETY (whole body): raw syscalls with valid arguments on memory this child owns.
     unsafe {
-        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32;
-        if fd < 0 {
+        let Ok(fd) = crate::access::open_raw(access, libc::O_CLOEXEC | libc::O_NONBLOCK) else {
             return 2;
-        }
+        };
         let mut api = UffdioApi {
             api: crate::sys::UFFD_API,
             features: crate::sys::UFFD_FEATURE_SIGBUS,

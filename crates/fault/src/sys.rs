@@ -8,9 +8,9 @@
 //! Everything in [`Uffd`] that resolves faults is async-signal-safe (one ioctl, no allocation, no
 //! locks), because in-thread resolution calls it from a SIGBUS handler.
 
+pub use crate::access::UffdAccess;
 use crate::error::{Error, ResolveError, Result};
 use std::fs::File;
-use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Page size this crate works with (x86-64 base pages). Checked against `sysconf` at engine start.
@@ -437,8 +437,14 @@ pub(crate) fn set_errno(v: i32) {
 pub struct UffdFeatures {
     /// Raw `UFFD_FEATURE_*` bitmask.
     pub raw: u64,
-    /// The fd had to be opened with `UFFD_USER_MODE_ONLY` (no permission for kernel faults).
+    /// The fd had to be opened with `UFFD_USER_MODE_ONLY` (no permission for kernel faults):
+    /// `access == UffdAccess::UserModeOnly`.
     pub user_mode_only: bool,
+    /// How the descriptor was obtained.
+    pub access: UffdAccess,
+    /// The kernel offers `UFFD_FEATURE_EVENT_FORK` but refuses it to this process (it needs
+    /// CAP_SYS_PTRACE); `event_fork` is then false. Set by [`probe_features`] only.
+    pub event_fork_denied: bool,
     /// `UFFD_FEATURE_SIGBUS`: faults raise SIGBUS in the faulting thread (in-thread mode).
     pub sigbus: bool,
     /// `UFFD_FEATURE_PAGEFAULT_FLAG_WP`: synchronous write-protect faults.
@@ -476,12 +482,14 @@ pub struct UffdFeatures {
 }
 
 impl UffdFeatures {
-    /// Decodes a raw `UFFD_FEATURE_*` mask.
-    pub fn from_raw(raw: u64, user_mode_only: bool) -> Self {
+    /// Decodes a raw `UFFD_FEATURE_*` mask of a descriptor obtained the way `access` says.
+    pub fn from_raw(raw: u64, access: UffdAccess) -> Self {
         let has = |f: u64| raw & f != 0;
         UffdFeatures {
             raw,
-            user_mode_only,
+            user_mode_only: access == UffdAccess::UserModeOnly,
+            access,
+            event_fork_denied: false,
             sigbus: has(UFFD_FEATURE_SIGBUS),
             wp: has(UFFD_FEATURE_PAGEFAULT_FLAG_WP),
             wp_async: has(UFFD_FEATURE_WP_ASYNC),
@@ -528,10 +536,12 @@ pub fn feature_name(bit: u64) -> &'static str {
 }
 
 /// Opens a fresh userfaultfd, performs the `UFFDIO_API` handshake with no feature requested and
-/// reports what the kernel offers. The fd is closed again (the API handshake can run only once
-/// per fd).
+/// reports what the kernel offers to this process, and the way the descriptor was obtained. The
+/// fd is closed again (the API handshake can run only once per fd). `event_fork` is reported
+/// only when this process may use it (a second handshake checks; see
+/// [`UffdFeatures::event_fork_denied`]).
 pub fn probe_features() -> Result<UffdFeatures> {
-    let (fd, umo) = open_raw_uffd()?;
+    let (fd, access) = open_raw_uffd()?;
     let mut api = UffdioApi {
         api: UFFD_API,
         features: 0,
@@ -542,50 +552,33 @@ pub fn probe_features() -> Result<UffdFeatures> {
     if r < 0 {
         return Err(Error::last("UFFDIO_API"));
     }
-    Ok(UffdFeatures::from_raw(api.features, umo))
+    let mut f = UffdFeatures::from_raw(api.features, access);
+    if f.event_fork && !event_fork_permitted() {
+        f.event_fork = false;
+        f.event_fork_denied = true;
+    }
+    Ok(f)
 }
 
-/// Opens a userfaultfd (`O_CLOEXEC | O_NONBLOCK`): the syscall first, then with
-/// `UFFD_USER_MODE_ONLY` when the syscall is refused, then `/dev/userfaultfd`. Returns the fd and
-/// whether it is user-mode-only.
-fn open_raw_uffd() -> Result<(OwnedFd, bool)> {
-    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-    // SAFETY: plain syscall with integer arguments.
-    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as i32;
-    if fd >= 0 {
-        // SAFETY: fd was just returned by the kernel and is owned by nobody else.
-        return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, false));
-    }
-    let first = io::Error::last_os_error();
-    // /dev/userfaultfd grants kernel-fault handling to whoever can open it.
-    if let Ok(dev) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-    {
-        // SAFETY: dev is an open /dev/userfaultfd; USERFAULTFD_IOC_NEW takes the flags by value.
-        let fd = unsafe {
-            libc::ioctl(
-                dev.as_raw_fd(),
-                USERFAULTFD_IOC_NEW as libc::c_ulong,
-                flags as libc::c_long,
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: fd was just returned by the kernel and is owned by nobody else.
-            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, false));
-        }
-    }
-    if first.raw_os_error() == Some(libc::EPERM) {
-        // SAFETY: plain syscall with integer arguments.
-        let fd =
-            unsafe { libc::syscall(libc::SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY) } as i32;
-        if fd >= 0 {
-            // SAFETY: fd was just returned by the kernel and is owned by nobody else.
-            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, true));
-        }
-    }
-    Err(Error::UffdUnavailable { source: first })
+/// Opens a userfaultfd (`O_CLOEXEC | O_NONBLOCK`) the first way that works (see
+/// [`crate::access::open`]). Returns the fd and the way.
+fn open_raw_uffd() -> Result<(OwnedFd, UffdAccess)> {
+    crate::access::open(libc::O_CLOEXEC | libc::O_NONBLOCK)
+}
+
+/// Whether this process may request `UFFD_FEATURE_EVENT_FORK` (the kernel grants it only with
+/// CAP_SYS_PTRACE in the initial user namespace): one handshake on a fresh descriptor.
+fn event_fork_permitted() -> bool {
+    let Ok((fd, _)) = open_raw_uffd() else {
+        return false;
+    };
+    let mut api = UffdioApi {
+        api: UFFD_API,
+        features: UFFD_FEATURE_EVENT_FORK,
+        ioctls: 0,
+    };
+    // SAFETY: fd is a valid userfaultfd; api is a properly sized uffdio_api.
+    unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as libc::c_ulong, &mut api) == 0 }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -604,7 +597,7 @@ pub struct Uffd {
     fd: OwnedFd,
     features: u64,
     ioctls: u64,
-    user_mode_only: bool,
+    access: UffdAccess,
     retry_eagain: bool,
 }
 
@@ -630,7 +623,7 @@ impl Uffd {
     /// Opens a userfaultfd and requests `features` (all must be offered by the kernel, else
     /// [`Error::MissingFeature`] names the first absent one, with `needed_for` as context).
     pub fn open(features: u64, needed_for: &'static str) -> Result<Uffd> {
-        let (fd, umo) = open_raw_uffd()?;
+        let (fd, access) = open_raw_uffd()?;
         let mut api = UffdioApi {
             api: UFFD_API,
             features,
@@ -640,6 +633,12 @@ impl Uffd {
         let r = unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as libc::c_ulong, &mut api) };
         if r < 0 {
             let e = errno();
+            if e == libc::EPERM && features & UFFD_FEATURE_EVENT_FORK != 0 {
+                return Err(Error::Unsupported(format!(
+                    "{needed_for} needs UFFD_FEATURE_EVENT_FORK, which the kernel grants only to \
+                     a process with CAP_SYS_PTRACE (run as root)"
+                )));
+            }
             if e == libc::EINVAL {
                 // Find which requested feature is missing, for a precise message.
                 let offered = probe_features().map(|f| f.raw).unwrap_or(0);
@@ -658,7 +657,7 @@ impl Uffd {
             fd,
             features: api.features,
             ioctls: api.ioctls,
-            user_mode_only: umo,
+            access,
             retry_eagain: true,
         })
     }
@@ -684,7 +683,8 @@ impl Uffd {
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             features,
             ioctls: 0,
-            user_mode_only: false,
+            // The kernel copies the parent context, so the child's descriptor came the same way.
+            access: crate::access::remembered().unwrap_or(UffdAccess::Syscall),
             retry_eagain: false,
         }
     }
@@ -704,7 +704,12 @@ impl Uffd {
 
     /// The features granted at the handshake.
     pub fn features(&self) -> UffdFeatures {
-        UffdFeatures::from_raw(self.features, self.user_mode_only)
+        UffdFeatures::from_raw(self.features, self.access)
+    }
+
+    /// How this descriptor was obtained.
+    pub fn access(&self) -> UffdAccess {
+        self.access
     }
 
     /// The `ioctls` mask returned by the handshake.

@@ -329,29 +329,40 @@ fn move_and_zeropage_resolvers_all_modes() {
 
 #[test]
 fn kernel_access_read2_into_missing_page() {
-    require_uffd();
+    let f = require_uffd();
     let mut file = tempfile_with(&(0..PS).map(|i| (i % 251) as u8).collect::<Vec<_>>());
     // Handler-thread: read(2) into a missing page faults in the kernel, the runtime fills it,
-    // and the read succeeds.
+    // and the read succeeds — with a descriptor that delivers kernel-mode faults. A
+    // user-mode-only one (an unprivileged user) makes the read fail with EFAULT instead, and the
+    // resolver never runs; a user access still works.
     let a = Area::anon(4);
     let r = PatternResolver::new(4);
     let h = Engine::global()
         .register(RegionSpec::new(a.ptr, a.len).handler_thread(0), r.clone())
         .unwrap();
+    assert_eq!(Engine::global().access().unwrap(), f.access);
     use std::io::Seek;
     file.seek(std::io::SeekFrom::Start(0)).unwrap();
     let n = unsafe { libc::read(file.as_raw_fd(), a.page(1) as *mut libc::c_void, PS) };
-    assert_eq!(
-        n,
-        PS as isize,
-        "read(2) into a handler-thread region: {}",
-        std::io::Error::last_os_error()
-    );
-    assert!((0..PS).all(|i| unsafe { *a.page(1).add(i) } == (i % 251) as u8));
-    wait_for("the resolver to count", || {
-        r.fills.load(Ordering::SeqCst) >= 1
-    });
-    assert_eq!(r.fills.load(Ordering::SeqCst), 1);
+    if f.access.kernel_faults() {
+        assert_eq!(
+            n,
+            PS as isize,
+            "read(2) into a handler-thread region: {}",
+            std::io::Error::last_os_error()
+        );
+        assert!((0..PS).all(|i| unsafe { *a.page(1).add(i) } == (i % 251) as u8));
+        wait_for("the resolver to count", || {
+            r.fills.load(Ordering::SeqCst) >= 1
+        });
+        assert_eq!(r.fills.load(Ordering::SeqCst), 1);
+    } else {
+        let e = std::io::Error::last_os_error();
+        assert_eq!(n, -1, "{:?}: read(2) must fail", f.access);
+        assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{:?}", f.access);
+        assert_eq!(r.fills.load(Ordering::SeqCst), 0);
+        check_page(a.ptr, 1, 1);
+    }
     drop(h);
     // In-thread (UFFD_FEATURE_SIGBUS): the kernel cannot deliver the signal inside read(2), so
     // the read fails with EFAULT — the documented cost of the fast path.

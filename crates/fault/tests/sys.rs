@@ -15,7 +15,11 @@ fn features_and_api_ioctls() {
         (f.minor_shmem, "UFFD_FEATURE_MINOR_SHMEM"),
         (f.move_, "UFFD_FEATURE_MOVE"),
         (
-            f.event_fork && f.event_remap && f.event_remove && f.event_unmap,
+            // EVENT_FORK counts when the kernel offers it, granted or not (CAP_SYS_PTRACE).
+            (f.event_fork || f.event_fork_denied)
+                && f.event_remap
+                && f.event_remove
+                && f.event_unmap,
             "UFFD_FEATURE_EVENT_*",
         ),
         (f.thread_id, "UFFD_FEATURE_THREAD_ID"),

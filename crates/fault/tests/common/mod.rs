@@ -7,18 +7,28 @@ use tiermem_fault::*;
 
 pub const PS: usize = PAGE_SIZE;
 
-/// Fails (never skips) when the kernel lacks what the engine needs.
+/// Fails (never skips) when the kernel lacks what the engine needs. Any way of obtaining a
+/// userfaultfd will do (an unprivileged user gets `UFFD_USER_MODE_ONLY` descriptors, which serve
+/// every user-mode fault); tests that depend on the way check `f.access` themselves.
 pub fn require_uffd() -> UffdFeatures {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    let f = probe_features().unwrap_or_else(|e| {
+    probe_features().unwrap_or_else(|e| {
         panic!("userfaultfd is required for this test (running as uid {euid}): {e}")
-    });
-    assert!(
-        !f.user_mode_only,
-        "this test needs kernel-fault userfaultfd (root or vm.unprivileged_userfaultfd=1)"
+    })
+}
+
+/// Prints, visibly, that (part of) `test` is skipped because the process lacks `privilege`.
+/// Only for what truly needs a privilege; `scripts/test.sh` lists these lines. Written to stderr
+/// directly, past the test harness's output capture, so that it shows for a passing test too.
+pub fn skip_unprivileged(test: &str, privilege: &str) {
+    use std::io::Write;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED as uid {euid}: {test}: needs {privilege}"
     );
-    f
 }
 
 /// Panics with a message naming `name` when `ok` is false.
