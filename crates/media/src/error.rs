@@ -19,6 +19,25 @@ pub enum MediaError {
         path: PathBuf,
     },
 
+    /// Neither default pool directory can be used (`TIERMEM_DIR` unset): the shared one is not
+    /// writable and the per-user fallback cannot be created or is not safely this user's.
+    #[error(
+        "no usable default pool directory: {} {shared_why}, and the per-user fallback {} \
+         {user_why}; set TIERMEM_DIR to a directory you can write, or pass pool paths",
+        shared.display(),
+        user.display()
+    )]
+    NoPoolDirectory {
+        /// The shared default directory (`/dev/shm/tiermem`).
+        shared: PathBuf,
+        /// Why it cannot be used.
+        shared_why: String,
+        /// The per-user fallback (`/dev/shm/tiermem-<uid>`).
+        user: PathBuf,
+        /// Why it cannot be used.
+        user_why: String,
+    },
+
     /// The file to open does not exist (its directory does).
     #[error("{} does not exist: create it first (Pool::create / SsdDevice::create) or check the path", path.display())]
     NotFound {
@@ -227,7 +246,9 @@ impl MediaError {
     pub fn errno(&self) -> i32 {
         match self {
             MediaError::MissingDirectory { .. } | MediaError::NotFound { .. } => libc::ENOENT,
-            MediaError::PermissionDenied { .. } => libc::EACCES,
+            MediaError::PermissionDenied { .. } | MediaError::NoPoolDirectory { .. } => {
+                libc::EACCES
+            }
             MediaError::NoSpace { .. } => libc::ENOSPC,
             MediaError::AlreadyExists { .. } => libc::EEXIST,
             MediaError::NotAPool { .. } => libc::EINVAL,

@@ -29,7 +29,7 @@
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `TIERMEM_DIR` | directory for pools named without a path | `/dev/shm/tiermem` |
+//! | `TIERMEM_DIR` | directory for pools named without a path | `/dev/shm/tiermem`, or `/dev/shm/tiermem-<uid>` when the shared one is not writable (see [`default_dir`]) |
 //! | `TIERMEM_DELAY` | delay model of devices opened without an explicit one | `none` |
 //!
 //! ## Caveats
@@ -64,7 +64,7 @@ pub use persist::{
     CpuFeatures, PersistMethod, CACHE_LINE,
 };
 pub use pool::{
-    default_dir, ensure_default_dir, parse_size, OpenOptions, Pool, PoolHeader, PoolKind,
+    default_dir, ensure_default_dir, parse_size, user_dir, OpenOptions, Pool, PoolHeader, PoolKind,
     PoolOptions,
 };
 pub use ssd::{AlignedBuf, DioAlign, IoOp, SsdDevice};

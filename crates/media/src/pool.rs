@@ -108,27 +108,126 @@ pub fn parse_size(s: &str) -> Result<u64> {
     n.checked_mul(mult).ok_or_else(|| bad("overflows 64 bits"))
 }
 
-/// The directory pools go to by default: `$TIERMEM_DIR`, else `/dev/shm/tiermem`.
+/// The directory pools go to by default: `$TIERMEM_DIR` when set, else the shared
+/// `/dev/shm/tiermem` when this user can write it (or create it), else the per-user
+/// [`user_dir`] (`/dev/shm/tiermem-<uid>`) — so that a normal user is not stuck on a shared
+/// directory root created. Looks only; [`ensure_default_dir`] creates it.
 pub fn default_dir() -> PathBuf {
     match std::env::var_os(DIR_ENV) {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(DEFAULT_DIR),
+        _ if shared_dir_usable(Path::new(DEFAULT_DIR)) => PathBuf::from(DEFAULT_DIR),
+        _ => user_dir(),
     }
 }
 
-/// Make sure [`default_dir`] exists, creating it (mode 0755, parents included) if needed, and
-/// return it. Errors if it exists but is not a directory.
+/// The per-user fallback pool directory, `/dev/shm/tiermem-<effective uid>`.
+pub fn user_dir() -> PathBuf {
+    PathBuf::from(format!("{DEFAULT_DIR}-{}", euid()))
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether this process (its effective ids) may write and search `path`.
+fn writable(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: faccessat with a NUL-terminated path; it only reads the path.
+    unsafe {
+        libc::faccessat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::W_OK | libc::X_OK,
+            libc::AT_EACCESS,
+        ) == 0
+    }
+}
+
+/// The shared default directory is usable: a directory this user can write, or absent with a
+/// parent this user can create it in.
+fn shared_dir_usable(dir: &Path) -> bool {
+    match std::fs::metadata(dir) {
+        Ok(m) => m.is_dir() && writable(dir),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            dir.parent().is_some_and(|p| p.is_dir() && writable(p))
+        }
+        Err(_) => false,
+    }
+}
+
+/// Make sure [`default_dir`] exists and return it. `$TIERMEM_DIR` is created (mode 0755,
+/// parents included) if missing; otherwise the shared `/dev/shm/tiermem` is used, or created
+/// (mode 0755), when this user can write it, else the per-user `/dev/shm/tiermem-<uid>` (created
+/// mode 0755; an existing one must be a directory owned by this user that no one else can write).
+/// Errors: the path exists but is not a directory, or [`MediaError::NoPoolDirectory`] when
+/// neither default directory is usable (saying why for both).
 pub fn ensure_default_dir() -> Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = default_dir();
-    if !dir.is_dir() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(&dir)
-            .map_err(|e| MediaError::from_io("create directory", &dir, e))?;
+    if let Some(d) = std::env::var_os(DIR_ENV).filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(d);
+        if !dir.is_dir() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&dir)
+                .map_err(|e| MediaError::from_io("create directory", &dir, e))?;
+        }
+        return Ok(dir);
     }
-    Ok(dir)
+    ensure_default_in(PathBuf::from(DEFAULT_DIR), user_dir())
+}
+
+/// [`ensure_default_dir`] without `$TIERMEM_DIR`, for a given shared and per-user directory.
+fn ensure_default_in(shared: PathBuf, user: PathBuf) -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let shared_why = match std::fs::DirBuilder::new().mode(0o755).create(&shared) {
+        Ok(()) => return Ok(shared),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if !shared.is_dir() {
+                "exists but is not a directory".to_string()
+            } else if writable(&shared) {
+                return Ok(shared);
+            } else {
+                format!("not writable by uid {}{}", euid(), owner_mode(&shared))
+            }
+        }
+        Err(e) => format!("cannot be created: {e}"),
+    };
+    let user_why = match std::fs::DirBuilder::new().mode(0o755).create(&user) {
+        Ok(()) => return Ok(user),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            use std::os::unix::fs::MetadataExt;
+            match std::fs::symlink_metadata(&user) {
+                Ok(m) if !m.is_dir() => "exists but is not a directory".to_string(),
+                Ok(m) if m.uid() != euid() => {
+                    format!("exists but belongs to someone else{}", owner_mode(&user))
+                }
+                Ok(m) if m.mode() & 0o022 != 0 => {
+                    format!("is writable by others{}: chmod go-w it", owner_mode(&user))
+                }
+                Ok(_) => return Ok(user),
+                Err(e) => format!("cannot be inspected: {e}"),
+            }
+        }
+        Err(e) => format!("cannot be created: {e}"),
+    };
+    Err(MediaError::NoPoolDirectory {
+        shared,
+        shared_why,
+        user,
+        user_why,
+    })
+}
+
+/// ` (owner uid U, mode 0755)` for messages, or nothing when the path cannot be read.
+fn owner_mode(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .map(|m| format!(" (owner uid {}, mode {:04o})", m.uid(), m.mode() & 0o7777))
+        .unwrap_or_default()
 }
 
 /// Options for [`Pool::create`].
@@ -1015,5 +1114,56 @@ impl Drop for Pool {
         // SAFETY: unmapping exactly the mapping created in create/open; no references into it
         // outlive the Pool (data_ptr users are bound by its documented lifetime).
         unsafe { libc::munmap(self.map as *mut libc::c_void, self.map_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A shared directory this user cannot write: root uses it anyway (it can write anything);
+    /// anyone else gets the per-user directory, created 0755, and a clear error once that one is
+    /// writable by others. (`scripts/test.sh` runs this binary as uid 65534 too.)
+    #[test]
+    fn default_dir_falls_back_to_a_per_user_directory() {
+        let d = tempfile::Builder::new()
+            .prefix("tiermem-defdir")
+            .tempdir_in("/dev/shm")
+            .unwrap();
+        let shared = d.path().join("shared");
+        let user = d.path().join("user");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let got = ensure_default_in(shared.clone(), user.clone()).unwrap();
+        if euid() == 0 {
+            assert_eq!(
+                got, shared,
+                "root writes the shared directory whatever its mode"
+            );
+            return;
+        }
+        assert_eq!(got, user);
+        assert!(user.is_dir());
+        // Again: the existing per-user directory is accepted.
+        assert_eq!(
+            ensure_default_in(shared.clone(), user.clone()).unwrap(),
+            user
+        );
+        // A per-user directory others can write is refused, naming both directories.
+        std::fs::set_permissions(&user, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = ensure_default_in(shared.clone(), user.clone()).unwrap_err();
+        let m = e.to_string();
+        assert!(matches!(e, MediaError::NoPoolDirectory { .. }), "{m}");
+        assert!(
+            m.contains("not writable by uid") && m.contains("writable by others"),
+            "{m}"
+        );
+        assert!(m.contains("TIERMEM_DIR"), "{m}");
+        // A shared directory that does not exist yet is created when its parent is writable.
+        let fresh = d.path().join("fresh");
+        assert_eq!(ensure_default_in(fresh.clone(), user).unwrap(), fresh);
+        assert!(shared_dir_usable(&fresh));
+        assert!(!shared_dir_usable(&shared));
     }
 }
