@@ -101,7 +101,15 @@ const STEPS: [Step; 7] = [
 ];
 
 /// The step names, in the order the tour runs them (the values `--only` accepts).
-pub const STEP_NAMES: [&str; 7] = ["doctor", "media", "fault", "vnvm", "kv", "migrate", "pheap"];
+pub const STEP_NAMES: [&str; STEPS.len()] = {
+    let mut names = [""; STEPS.len()];
+    let mut i = 0;
+    while i < STEPS.len() {
+        names[i] = STEPS[i].name;
+        i += 1;
+    }
+    names
+};
 
 /// The result of one step, for the table.
 enum Verdict {
