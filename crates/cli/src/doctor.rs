@@ -6,7 +6,7 @@ use crate::stats::P50P99;
 use anyhow::Result;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use tiermem_fault::{probe, probe_features, sys, Pagemap};
+use tiermem_fault::{access, probe, probe_features, sys, Pagemap, UffdAccess};
 use tiermem_media::{persist, PersistMethod, Pool, PoolOptions};
 
 /// The JSON report (`tiermem doctor --json`).
@@ -17,8 +17,78 @@ pub struct DoctorReport {
     pub features: BTreeMap<&'static str, bool>,
     pub costs_us: BTreeMap<&'static str, P50P99>,
     pub copy_gbps: f64,
+    /// The effective uid the report was made as.
+    pub uid: u32,
+    /// The way tiermem obtains userfaultfds here (`syscall`, `dev_userfaultfd`,
+    /// `user_mode_only`), the first that works in that order; null when none does.
+    pub userfaultfd_mode: Option<&'static str>,
+    /// Each of the three ways: whether it works and, if not, what it would need.
+    pub userfaultfd_access: Vec<AccessRow>,
     /// Human-readable notes on anything missing or degraded.
     pub notes: Vec<String>,
+}
+
+/// One way of obtaining a userfaultfd, as `tiermem doctor` reports it.
+#[derive(Serialize)]
+pub struct AccessRow {
+    /// `syscall`, `dev_userfaultfd` or `user_mode_only`.
+    pub way: &'static str,
+    pub works: bool,
+    /// The error it failed with (null when it works).
+    pub error: Option<String>,
+    /// What it would need on this machine (null when it works).
+    pub needs: Option<String>,
+}
+
+/// Try the three ways of obtaining a userfaultfd; returns the rows and the one tiermem uses.
+pub fn userfaultfd_access(notes: &mut Vec<String>) -> (Vec<AccessRow>, Option<UffdAccess>) {
+    let attempts = access::probe();
+    let used = attempts
+        .iter()
+        .find(|a| a.errno.is_none())
+        .map(|a| a.access);
+    let rows = attempts
+        .into_iter()
+        .map(|a| AccessRow {
+            way: a.access.name(),
+            works: a.errno.is_none(),
+            error: a
+                .errno
+                .map(|e| std::io::Error::from_raw_os_error(e).to_string()),
+            needs: a.needs,
+        })
+        .collect();
+    match used {
+        Some(UffdAccess::UserModeOnly) => notes.push(
+            "userfaultfd is user-mode only here (UFFD_USER_MODE_ONLY): in-thread regions and \
+             write tracking work as usual; a kernel access (read(2), recv(2), a futex) to a \
+             missing page of a handler-thread region fails with EFAULT instead of waiting for \
+             the resolver. For kernel-mode faults too: root, vm.unprivileged_userfaultfd=1, or \
+             access to /dev/userfaultfd (see userfaultfd access above)"
+                .into(),
+        ),
+        Some(_) => {}
+        None => notes.push(
+            "no way to obtain a userfaultfd works: the fault engine, vnvm's fault paths, pheap's \
+             WP_ASYNC tracking (it falls back to mprotect) and tiermem-kv's volatile engine need \
+             one"
+            .into(),
+        ),
+    }
+    (rows, used)
+}
+
+/// What needs a privilege an unprivileged user lacks, for the notes (empty as root).
+fn privileged_notes(uid: u32, notes: &mut Vec<String>) {
+    if uid == 0 {
+        return;
+    }
+    notes.push(format!(
+        "running as uid {uid}: pools (in {}), the fault engine, vnvm, pheap and tiermem-kv work \
+         unprivileged; `tiermem migrate`/`bench migrate` need root (CAP_SYS_ADMIN for network \
+         namespaces), memory cgroups and swap set-up need root",
+        tiermem_media::default_dir().display()
+    ));
 }
 
 /// Detect features; never fails (a probe that cannot run reports `false` and a note).
@@ -36,6 +106,13 @@ pub fn features(notes: &mut Vec<String>) -> BTreeMap<&'static str, bool> {
             f.insert("uffd_minor_shmem", u.minor_shmem);
             f.insert("uffd_move", u.move_);
             f.insert("uffd_event_fork", u.event_fork);
+            if u.event_fork_denied {
+                notes.push(
+                    "UFFD_FEATURE_EVENT_FORK is offered by the kernel but needs CAP_SYS_PTRACE: \
+                     regions shared with forked children (ForkPolicy::ShareWithChild) need root"
+                        .into(),
+                );
+            }
             f.insert("uffd_event_remap", u.event_remap);
             f.insert("uffd_event_remove", u.event_remove);
             f.insert("uffd_event_unmap", u.event_unmap);
@@ -210,6 +287,10 @@ pub fn measure(quick: bool, notes: &mut Vec<String>) -> (BTreeMap<&'static str, 
 /// Build the whole report.
 pub fn report(quick: bool) -> DoctorReport {
     let mut notes = Vec::new();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let (userfaultfd_access, used) = userfaultfd_access(&mut notes);
+    privileged_notes(uid, &mut notes);
     let features = features(&mut notes);
     let (costs_us, copy_gbps) = measure(quick, &mut notes);
     let m = machine::describe();
@@ -219,6 +300,9 @@ pub fn report(quick: bool) -> DoctorReport {
         features,
         costs_us,
         copy_gbps,
+        uid,
+        userfaultfd_mode: used.map(UffdAccess::name),
+        userfaultfd_access,
         notes,
     }
 }
@@ -231,6 +315,21 @@ pub fn print(r: &DoctorReport, json: bool) -> Result<()> {
     }
     println!("tiermem doctor");
     println!("machine: {}\n", r.machine.one_line());
+    println!("userfaultfd access (as uid {}, tried in this order)", r.uid);
+    for a in &r.userfaultfd_access {
+        let used = r.userfaultfd_mode == Some(a.way);
+        let state = match (a.works, used) {
+            (true, true) => "yes  <- used".to_string(),
+            (true, false) => "yes".to_string(),
+            (false, _) => format!(
+                "no   {}; needs {}",
+                a.error.as_deref().unwrap_or("?"),
+                a.needs.as_deref().unwrap_or("?")
+            ),
+        };
+        println!("  {:<18} {}", a.way, state);
+    }
+    println!();
     println!("features");
     for (k, v) in &r.features {
         println!("  {:<26} {}", k, if *v { "yes" } else { "no" });
