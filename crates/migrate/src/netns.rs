@@ -46,6 +46,19 @@ pub enum NetnsError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// `ip netns add` was refused for lack of privilege (not a name clash).
+    #[error(
+        "creating network namespaces needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN), running as \
+         uid {uid}: `{cmd}`: {stderr}"
+    )]
+    NeedsRoot {
+        /// The effective uid.
+        uid: u32,
+        /// The refused command line.
+        cmd: String,
+        /// Its standard error, trimmed.
+        stderr: String,
+    },
     /// No free namespace name was found (stale namespaces from crashed runs?).
     #[error("no free namespace name for prefix {0} (stale namespaces? see `ip netns list`)")]
     NoFreeName(String),
@@ -116,8 +129,20 @@ impl TwoHosts {
             n = COUNTER.fetch_add(1, Ordering::Relaxed);
             let src = format!("{name_prefix}-{pid}-{n}-src");
             let dst = format!("{name_prefix}-{pid}-{n}-dst");
-            if ip(&["netns", "add", &src]).is_err() {
-                continue;
+            match ip(&["netns", "add", &src]) {
+                Ok(()) => {}
+                // Refused for lack of privilege: every other name would be refused too.
+                Err(NetnsError::Command { cmd, stderr, .. })
+                    if stderr.contains("not permitted") || stderr.contains("Permission denied") =>
+                {
+                    return Err(NetnsError::NeedsRoot {
+                        // SAFETY: geteuid has no preconditions.
+                        uid: unsafe { libc::geteuid() },
+                        cmd,
+                        stderr,
+                    });
+                }
+                Err(_) => continue,
             }
             hosts.src = Some(src);
             if ip(&["netns", "add", &dst]).is_err() {
