@@ -11,13 +11,13 @@
 //! and not counted.
 
 use anyhow::{bail, Context, Result};
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tiermem_kv::client::{Client, Reply};
 use tiermem_migrate::harness::Method;
 use tiermem_migrate::netns::{Host, TwoHosts};
 
@@ -44,87 +44,6 @@ pub struct KvResult {
     pub timeline: Vec<(f64, f64)>,
 }
 
-/// A minimal RESP client (simple strings, errors, integers, bulk strings).
-struct Client {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-#[derive(Debug)]
-enum Reply {
-    Ok,
-    Err(String),
-    Bulk(Option<Vec<u8>>),
-}
-
-impl Client {
-    fn new(s: TcpStream, timeout: Duration) -> std::io::Result<Client> {
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(timeout))?;
-        s.set_write_timeout(Some(timeout))?;
-        Ok(Client {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
-        })
-    }
-
-    fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
-        out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-        for a in args {
-            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            out.extend_from_slice(a);
-            out.extend_from_slice(b"\r\n");
-        }
-    }
-
-    fn reply(&mut self) -> std::io::Result<Reply> {
-        let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let l = line.trim_end();
-        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not RESP");
-        match l.as_bytes().first() {
-            Some(b'+') | Some(b':') => Ok(Reply::Ok),
-            Some(b'-') => Ok(Reply::Err(l[1..].to_string())),
-            Some(b'$') => {
-                let n: i64 = l[1..].parse().map_err(|_| bad())?;
-                if n < 0 {
-                    return Ok(Reply::Bulk(None));
-                }
-                let mut b = vec![0u8; n as usize + 2];
-                self.r.read_exact(&mut b)?;
-                b.truncate(n as usize);
-                Ok(Reply::Bulk(Some(b)))
-            }
-            _ => Err(bad()),
-        }
-    }
-
-    fn cmd(&mut self, args: &[&[u8]]) -> std::io::Result<Reply> {
-        let mut out = Vec::new();
-        Client::encode(&mut out, args);
-        self.w.write_all(&out)?;
-        self.reply()
-    }
-
-    /// Send `cmds` in one write and read every reply (errors are returned as failures).
-    fn pipeline(&mut self, cmds: &[Vec<Vec<u8>>]) -> std::io::Result<()> {
-        let mut out = Vec::new();
-        for c in cmds {
-            let a: Vec<&[u8]> = c.iter().map(|x| x.as_slice()).collect();
-            Client::encode(&mut out, &a);
-        }
-        self.w.write_all(&out)?;
-        for _ in cmds {
-            if let Reply::Err(e) = self.reply()? {
-                return Err(std::io::Error::other(e));
-            }
-        }
-        Ok(())
-    }
-}
-
 fn connect_in(hosts: &TwoHosts, host: Host, addr: SocketAddr) -> Result<Client> {
     hosts
         .run_in(host, || {
@@ -132,14 +51,14 @@ fn connect_in(hosts: &TwoHosts, host: Host, addr: SocketAddr) -> Result<Client> 
         })
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .with_context(|| format!("connecting to {addr}"))
-        .and_then(|s| Client::new(s, Duration::from_secs(10)).context("client socket"))
+        .and_then(|s| Client::new(s, Some(Duration::from_secs(10))).context("client socket"))
 }
 
 fn wait_ping(hosts: &TwoHosts, host: Host, addr: SocketAddr, child: &mut Child) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(mut c) = connect_in(hosts, host, addr) {
-            if matches!(c.cmd(&[b"PING"]), Ok(Reply::Ok)) {
+            if matches!(c.command::<&[u8]>(&[b"PING"]), Ok(Reply::Simple(_))) {
                 return Ok(());
             }
         }
@@ -258,7 +177,7 @@ pub fn run_kv_case(
                         TcpStream::connect_timeout(&dst_addr, Duration::from_millis(200))
                     }) {
                         Ok(Ok(s)) => {
-                            c = Some(Client::new(s, Duration::from_secs(10))?);
+                            c = Some(Client::new(s, Some(Duration::from_secs(10)))?);
                             at_target = true;
                         }
                         _ => std::thread::sleep(Duration::from_millis(1)),
@@ -270,12 +189,12 @@ pub fn run_kv_case(
                 rng ^= rng << 17;
                 let k = key(rng % keys);
                 let r = if rng & (1 << 40) != 0 {
-                    cl.cmd(&[b"GET", &k])
+                    cl.command::<&[u8]>(&[b"GET", &k])
                 } else {
-                    cl.cmd(&[b"SET", &k, &value])
+                    cl.command::<&[u8]>(&[b"SET", &k, &value])
                 };
                 match r {
-                    Ok(Reply::Ok) | Ok(Reply::Bulk(_)) => {
+                    Ok(Reply::Simple(_) | Reply::Int(_) | Reply::Bulk(_)) => {
                         let n = now_ns();
                         acked.fetch_add(1, Ordering::Relaxed);
                         if n >= t0_ns.load(Ordering::Relaxed) {
@@ -287,7 +206,7 @@ pub fn run_kv_case(
                         }
                     }
                     // Refused while frozen, or the connection closed: go to the target.
-                    Ok(Reply::Err(_)) | Err(_) => {
+                    Ok(_) | Err(_) => {
                         c = None;
                         if !at_target {
                             continue;
@@ -341,7 +260,7 @@ pub fn run_kv_case(
     }
     // The server reserves the FAM files while it still serves, replies, then freezes: the
     // migration starts at the reply.
-    let reply = ctl.cmd(&args).context("TIERMEM.MIGRATE")?;
+    let reply = ctl.command::<&[u8]>(&args).context("TIERMEM.MIGRATE")?;
     let t0 = now_ns();
     t0_ns.store(t0, Ordering::Relaxed);
     // The source's CPU so far, and what the reaped children used so far: the source's total
@@ -349,7 +268,7 @@ pub fn run_kv_case(
     let src_cpu0 = crate::cpu::process_cpu_s(src.0.id());
     let reaped0 = crate::cpu::reaped_children_s();
     let mut src_cpu = None;
-    let Reply::Ok = reply else {
+    let (Reply::Simple(_) | Reply::Int(_)) = reply else {
         bail!("TIERMEM.MIGRATE answered {reply:?}");
     };
     let mut set = vec![
@@ -409,10 +328,10 @@ pub fn run_kv_case(
                     })
                     .ok()
                     .and_then(|r| r.ok())
-                    .and_then(|s| Client::new(s, Duration::from_secs(10)).ok());
+                    .and_then(|s| Client::new(s, Some(Duration::from_secs(10))).ok());
             }
             if let Some(ic) = info.as_mut() {
-                match ic.cmd(&[b"INFO", b"migration"]) {
+                match ic.command::<&[u8]>(&[b"INFO", b"migration"]) {
                     Ok(Reply::Bulk(Some(b))) => {
                         let text = String::from_utf8_lossy(&b);
                         if text.contains("migration_state:complete") {

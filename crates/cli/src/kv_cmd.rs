@@ -3,9 +3,11 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use tiermem_kv::client::{Client, Reply};
 use tiermem_kv::config::KvConfig;
 use tiermem_kv::instance::KvInstance;
 use tiermem_kv::server::ShutdownTrigger;
@@ -190,91 +192,18 @@ pub struct MigrateArgs {
     json: bool,
 }
 
-/// A RESP2 reply (enough of it for PING, INFO and TIERMEM.MIGRATE).
-#[derive(Debug, PartialEq)]
-enum Reply {
-    Simple(String),
-    Error(String),
-    Int(i64),
-    Bulk(Option<Vec<u8>>),
-}
-
 /// Send one command to `addr` and read its reply; every step bounded by `timeout`.
-fn resp_command(
-    addr: std::net::SocketAddr,
-    args: &[&str],
-    timeout: std::time::Duration,
-) -> std::io::Result<Reply> {
-    use std::io::{BufRead, Read, Write};
-    let s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    let mut req = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        req.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
-    }
-    (&s).write_all(&req)?;
-    let mut r = std::io::BufReader::new(s);
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    let line = line.trim_end_matches(['\r', '\n']);
-    let bad = || {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("not RESP: {line:?}"),
-        )
-    };
-    if line.is_empty() {
-        return Err(bad());
-    }
-    let (t, rest) = line.split_at(1);
-    Ok(match t {
-        "+" => Reply::Simple(rest.into()),
-        "-" => Reply::Error(rest.into()),
-        ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
-        "$" => {
-            let n: i64 = rest.parse().map_err(|_| bad())?;
-            if n < 0 {
-                Reply::Bulk(None)
-            } else {
-                let mut b = vec![0u8; n as usize + 2];
-                r.read_exact(&mut b)?;
-                b.truncate(n as usize);
-                Reply::Bulk(Some(b))
-            }
-        }
-        _ => return Err(bad()),
-    })
+fn resp_command(addr: SocketAddr, args: &[&str], timeout: Duration) -> std::io::Result<Reply> {
+    Client::connect(addr, timeout)?.command(args)
 }
 
 /// Run `f` on a thread inside network namespace `netns` (when given; sockets it creates belong
 /// there), else on this thread.
-pub(crate) fn in_netns<T: Send>(netns: Option<&str>, f: impl FnOnce() -> T + Send) -> Result<T> {
-    let Some(name) = netns else { return Ok(f()) };
-    let path = PathBuf::from("/var/run/netns").join(name);
-    let file = std::fs::File::open(&path).map_err(|e| {
-        anyhow::anyhow!(
-            "network namespace {name}: cannot open {}: {e}",
-            path.display()
-        )
-    })?;
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            use std::os::fd::AsRawFd;
-            // SAFETY: setns on an open namespace file; it changes only this thread's namespace.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                bail!(
-                    "cannot enter network namespace {name}: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-            Ok(f())
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("the thread in network namespace {name} panicked"))?
-    })
+fn in_netns<T: Send>(netns: Option<&str>, f: impl FnOnce() -> T + Send) -> Result<T> {
+    match netns {
+        None => Ok(f()),
+        Some(name) => Ok(tiermem_migrate::netns::run_in_named(name, f)?),
+    }
 }
 
 /// The `# Migration` fields of a target's INFO, or why there are none yet.

@@ -9,10 +9,9 @@
 mod kv_common;
 use tiermem_bench::kv_harness;
 
-use kv_common::client;
+use kv_common::{client, Conn, Reply};
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -142,73 +141,6 @@ impl Drop for Server {
             }
         }
         self.kill9();
-    }
-}
-
-#[derive(Debug, PartialEq, Clone)]
-enum Reply {
-    Simple(String),
-    Error(String),
-    Int(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Option<Vec<Reply>>),
-}
-
-/// A minimal RESP2 client (this test's own, to log acknowledgements exactly).
-struct Conn {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-impl Conn {
-    fn connect(port: u16) -> std::io::Result<Conn> {
-        let s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        s.set_nodelay(true)?;
-        Ok(Conn {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
-        })
-    }
-
-    fn send(&mut self, args: &[&str]) -> std::io::Result<()> {
-        let mut b = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            b.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
-        }
-        self.w.write_all(&b)
-    }
-
-    fn read(&mut self) -> std::io::Result<Reply> {
-        let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let line = line.trim_end_matches("\r\n");
-        let (t, rest) = line.split_at(1);
-        let n = || rest.parse::<i64>().unwrap();
-        Ok(match t {
-            "+" => Reply::Simple(rest.into()),
-            "-" => Reply::Error(rest.into()),
-            ":" => Reply::Int(n()),
-            "$" if n() < 0 => Reply::Bulk(None),
-            "$" => {
-                let mut b = vec![0u8; n() as usize + 2];
-                self.r.read_exact(&mut b)?;
-                b.truncate(n() as usize);
-                Reply::Bulk(Some(b))
-            }
-            "*" if n() < 0 => Reply::Array(None),
-            "*" => Reply::Array(Some(
-                (0..n()).map(|_| self.read()).collect::<Result<_, _>>()?,
-            )),
-            _ => panic!("not RESP: {line:?}"),
-        })
-    }
-
-    fn cmd(&mut self, args: &[&str]) -> Reply {
-        self.send(args).unwrap();
-        self.read().unwrap()
     }
 }
 
@@ -720,13 +652,13 @@ fn hostile_frames_get_errors_and_the_server_keeps_serving() {
         (b"SET \"unbalanced\r\n", "unbalanced quotes"),
     ] {
         let mut c = Conn::connect(s.port).unwrap();
-        c.w.write_all(frame).unwrap();
+        c.0.send_raw(frame).unwrap();
         match c.read() {
             Ok(Reply::Error(e)) => assert!(e.contains(err), "{e:?} for {frame:?}"),
             other => panic!("{other:?} for {frame:?}"),
         }
         let mut rest = Vec::new();
-        let _ = c.r.read_to_end(&mut rest);
+        let _ = c.0.read_to_end(&mut rest);
         assert!(rest.is_empty(), "connection closed after a protocol error");
     }
     let mut c = Conn::connect(s.port).unwrap();

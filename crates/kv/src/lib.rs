@@ -7,11 +7,13 @@
 //! * [`heap`]: the storage interface — a transactional heap addressed by offsets — and its
 //!   engines (`vnvm`: durable; `volatile`: one registered anonymous region);
 //! * `ds`, `commands`: Redis data structures over a heap and the command table;
-//! * [`instance`]: a whole server (engine, heap, commands, network) from a configuration.
+//! * [`instance`]: a whole server (engine, heap, commands, network) from a configuration;
+//! * [`client`]: a small blocking RESP2 client (the CLI, the benchmarks and the tests use it).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod commands;
 pub mod config;
 pub mod ds;

@@ -4,12 +4,13 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tiermem_kv::client::Client;
 
 /// A client program on PATH, or `None` (and a note) when it is missing and not required.
 pub fn client(name: &str) -> Option<PathBuf> {
@@ -134,73 +135,25 @@ impl Drop for Server {
     }
 }
 
-#[derive(Debug, PartialEq, Clone)]
-pub enum Reply {
-    Simple(String),
-    Error(String),
-    Int(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Option<Vec<Reply>>),
-}
+pub use tiermem_kv::client::Reply;
 
-/// A minimal RESP2 client.
-pub struct Conn {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
+/// The shared RESP2 client (`tiermem_kv::client`) with the tests' conveniences: string
+/// arguments, a port on 127.0.0.1 and panicking variants.
+pub struct Conn(pub Client);
 
 impl Conn {
     pub fn connect(port: u16) -> std::io::Result<Conn> {
         let s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_read_timeout(Some(Duration::from_secs(60)))?;
-        Ok(Conn {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
-        })
+        Ok(Conn(Client::new(s, Some(Duration::from_secs(60)))?))
     }
 
     pub fn send(&mut self, args: &[&str]) -> std::io::Result<()> {
-        let mut b = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            b.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
-        }
-        self.w.write_all(&b)
+        self.0.send(args)
     }
 
     /// One reply; an I/O error, or `InvalidData` for anything that is not RESP.
     pub fn read(&mut self) -> std::io::Result<Reply> {
-        let bad = || std::io::Error::from(std::io::ErrorKind::InvalidData);
-        let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let line = line.strip_suffix("\r\n").ok_or_else(bad)?;
-        if line.is_empty() {
-            return Err(bad());
-        }
-        let (t, rest) = line.split_at(1);
-        let n = || rest.parse::<i64>().map_err(|_| bad());
-        Ok(match t {
-            "+" => Reply::Simple(rest.into()),
-            "-" => Reply::Error(rest.into()),
-            ":" => Reply::Int(n()?),
-            "$" if n()? < 0 => Reply::Bulk(None),
-            "$" => {
-                let len = n()? as usize;
-                let mut b = vec![0u8; len + 2];
-                self.r.read_exact(&mut b)?;
-                if &b[len..] != b"\r\n" {
-                    return Err(bad());
-                }
-                b.truncate(len);
-                Reply::Bulk(Some(b))
-            }
-            "*" if n()? < 0 => Reply::Array(None),
-            "*" => Reply::Array(Some(
-                (0..n()?).map(|_| self.read()).collect::<Result<_, _>>()?,
-            )),
-            _ => return Err(bad()),
-        })
+        self.0.read()
     }
 
     /// Send a command and read its reply.
