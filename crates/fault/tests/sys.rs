@@ -239,3 +239,41 @@ fn sigbus_error_code_is_filled() {
         "read-missing, write-missing and write-protect faults classified"
     );
 }
+
+/// The three ways to a userfaultfd: probed in order, the one in use is the first that works and
+/// is remembered; a failed way says what it would need. Root uses the plain syscall; any user
+/// gets UFFD_USER_MODE_ONLY on this kernel (≥ 5.11).
+#[test]
+fn access_ways_are_probed_in_order_and_remembered() {
+    use tiermem_fault::access::{self, UffdAccess};
+    let f = require_uffd();
+    let rows = access::probe();
+    assert_eq!(
+        rows.iter().map(|r| r.access).collect::<Vec<_>>(),
+        UffdAccess::ALL.to_vec()
+    );
+    for r in &rows {
+        assert_eq!(r.errno.is_some(), r.needs.is_some(), "{r:?}");
+    }
+    assert_eq!(access::usable(), Some(f.access));
+    assert_eq!(access::remembered(), Some(f.access));
+    assert!(rows[2].errno.is_none(), "UFFD_USER_MODE_ONLY: {rows:?}");
+    assert_eq!(f.user_mode_only, f.access == UffdAccess::UserModeOnly);
+    assert_eq!(
+        f.access.kernel_faults(),
+        f.access != UffdAccess::UserModeOnly
+    );
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!(f.access, UffdAccess::Syscall);
+    }
+    let u = Uffd::open(0, "test").unwrap();
+    assert_eq!(u.access(), f.access);
+    assert_eq!(u.features().access, f.access);
+    let needs = |a, e| access::needs(a, e);
+    assert!(needs(UffdAccess::Syscall, libc::EPERM).contains("vm.unprivileged_userfaultfd=1"));
+    assert!(needs(UffdAccess::DevUserfaultfd, libc::EACCES).contains("chmod 0666"));
+    assert!(needs(UffdAccess::DevUserfaultfd, libc::ENOENT).contains("6.1"));
+    assert!(needs(UffdAccess::UserModeOnly, libc::EINVAL).contains("5.11"));
+    assert!(needs(UffdAccess::Syscall, libc::ENOSYS).contains("CONFIG_USERFAULTFD"));
+}
