@@ -191,7 +191,7 @@ fn ensure_default_in(shared: PathBuf, user: PathBuf) -> Result<PathBuf> {
             } else if writable(&shared) {
                 return Ok(shared);
             } else {
-                format!("not writable by uid {}{}", euid(), owner_mode(&shared))
+                format!("is not writable by uid {}{}", euid(), owner_mode(&shared))
             }
         }
         Err(e) => format!("cannot be created: {e}"),
