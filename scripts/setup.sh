@@ -20,7 +20,8 @@ fi
 #   redis-server, redis-tools: Redis 7.0 (Debian 12) as the baseline of `tiermem bench kv` and
 #     the tiermem-kv tests; redis-cli and redis-benchmark as real clients of tiermem-kv.
 #   maven, default-jdk-headless: build and run YCSB 0.17.0 with tiermem's binding (bench/ycsb).
-#   librsvg2-bin, fonts-dejavu-core: rsvg-convert turns the benchmarks' SVG charts into PNG.
+#   fonts-dejavu-core: the font of the benchmarks' charts (plotters lays text out with ab_glyph
+#     from /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf; no fontconfig or freetype needed).
 #   tokyocabinet-bin, sqlite3: unmodified programs (Tokyo Cabinet's on-memory database tools,
 #     sqlite3 on :memory:) run under the pheap LD_PRELOAD library (crates/pheap-preload tests,
 #     tiermem bench pheap).
@@ -28,7 +29,7 @@ APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procp
   libpmemobj-dev
   redis-server redis-tools
   maven default-jdk-headless
-  librsvg2-bin fonts-dejavu-core
+  fonts-dejavu-core
   tokyocabinet-bin sqlite3)
 
 missing=()

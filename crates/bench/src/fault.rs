@@ -67,6 +67,9 @@ const IN_THREAD: &str = "engine, in-thread (SIGBUS)";
 /// Run `bench fault`: every fault path, then the scans, and the latency CDF to `o.plot` when
 /// set. Errors when a probe fails or WP_ASYNC tracking is unavailable.
 pub fn run(o: &Options) -> Result<Report> {
+    if let Some(p) = &o.plot {
+        crate::plot::check_path(p)?;
+    }
     let pages = if o.quick { 500 } else { 5000 };
     let rounds = if o.quick { 5 } else { 21 };
     type Probe = fn(usize) -> tiermem_fault::Result<Vec<f64>>;
@@ -178,15 +181,15 @@ pub fn run(o: &Options) -> Result<Report> {
             .iter()
             .map(|(label, s)| crate::plot::Series { label, samples: s })
             .collect();
-        let svg = crate::plot::cdf_svg(
+        crate::plot::cdf(
+            path,
             &format!(
                 "Fault resolution latency, {pages} faults per path ({})",
                 report.machine.cpu_model
             ),
             "µs per fault (log scale)",
             &series,
-        );
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        )?;
         progress(
             o.json,
             &format!("latency CDF written to {}", path.display()),

@@ -623,6 +623,9 @@ pub type Options = KvOpts;
 /// Run the benchmark: every system, every repetition, and the chart to `o.bench.plot` when
 /// set. A system that fails is recorded in `Report::errors` (see [`crate::Report::outcome`]).
 pub fn run(o: &Options) -> Result<Report> {
+    if let Some(p) = &o.bench.plot {
+        crate::plot::check_path(p)?;
+    }
     let t0 = Instant::now();
     let quick = o.bench.quick;
     let json = o.bench.json;
@@ -927,8 +930,7 @@ pub fn run(o: &Options) -> Result<Report> {
     };
 
     if let Some(path) = &o.bench.plot {
-        std::fs::write(path, plot(&report))
-            .with_context(|| format!("writing {}", path.display()))?;
+        plot(&report, path)?;
     }
     Ok(report)
 }
@@ -954,7 +956,8 @@ impl crate::Report for Report {
     }
 }
 
-fn plot(r: &Report) -> String {
+/// The throughput chart: one group of bars per workload, one bar per system.
+fn plot(r: &Report, path: &Path) -> Result<()> {
     let values: Vec<(String, Vec<Option<f64>>)> = r
         .systems
         .iter()
@@ -981,7 +984,8 @@ fn plot(r: &Report) -> String {
         .iter()
         .map(|(label, v)| crate::plot::Bars { label, values: v })
         .collect();
-    crate::plot::bars_svg(
+    crate::plot::bars(
+        path,
         &format!(
             "tiermem bench kv: throughput (median of {}, {})",
             r.parameters.repetitions, r.storage.filesystem

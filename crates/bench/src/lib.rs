@@ -33,8 +33,9 @@ pub struct BenchOpts {
     /// Print one JSON object (for machines) instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Also write the benchmark's chart (SVG) to this file, where it has one.
-    #[arg(long, value_name = "FILE.svg")]
+    /// Also write the benchmark's chart to this file, where it has one: PNG when the name ends
+    /// in .png, SVG when it ends in .svg.
+    #[arg(long, value_name = "FILE.png|FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
 }
 

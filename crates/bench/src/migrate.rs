@@ -46,7 +46,7 @@ pub struct MigrateOpts {
     /// removed afterwards).
     #[arg(long)]
     pub fam: Option<PathBuf>,
-    /// The timeline chart (PNG; its SVG is written next to it).
+    /// The timeline chart (.png; its SVG is written next to it; or .svg alone).
     #[arg(long, default_value = "migrate-timeline.png")]
     pub timeline: PathBuf,
     /// Leave out the live tiermem-kv case.
@@ -477,6 +477,7 @@ pub type Options = MigrateOpts;
 /// the live tiermem-kv case (unless `no_kv`) and the timeline chart (`o.timeline`; failing to
 /// write it is reported in `Report::timeline_error`, not an error).
 pub fn run(o: &Options) -> Result<Report> {
+    crate::plot::check_path(&o.timeline)?;
     let quick = o.common.quick;
     let sizes: Vec<usize> = match &o.sizes {
         Some(v) => v.iter().map(|s| parse_size(s)).collect::<Result<_>>()?,
@@ -1024,13 +1025,16 @@ fn write_timeline(rows: &[CaseRow], size: usize, png: &std::path::Path) -> Resul
                 .collect(),
         })
         .collect();
-    let svg = plot::timeline_svg(
-        "Migration timeline: application throughput / steady state (solid), fraction of the region at the target (dashed)",
-        "ms since the migration started",
-        "relative",
+    let title = "Migration timeline: application throughput / steady state (solid), fraction of the region at the target (dashed)";
+    let (x_label, y_label) = ("ms since the migration started", "relative");
+    plot::timeline(png, title, x_label, y_label, 1.2, &panels)?;
+    plot::timeline(
+        &png.with_extension("svg"),
+        title,
+        x_label,
+        y_label,
         1.2,
         &panels,
-    );
-    plot::write_png(&svg, png)?;
+    )?;
     Ok(png.to_path_buf())
 }

@@ -1,7 +1,19 @@
-//! Minimal SVG charts for benchmark results (no dependencies): cumulative distributions of
-//! latency samples on a logarithmic time axis, and grouped bar charts on a logarithmic value axis.
+//! The benchmarks' charts, drawn with `plotters`: cumulative distributions of latency samples on
+//! a logarithmic axis (`bench fault`), grouped bars on a logarithmic axis (`bench kv`) and
+//! stacked timeline panels (`bench migrate`). A chart is written as PNG when its file name ends
+//! in `.png` and as SVG when it ends in `.svg`.
+//!
+//! Text is laid out with plotters' `ab_glyph` feature, which needs no system library: the font
+//! is DejaVu Sans, read at the first chart from `$TIERMEM_FONT` or the Debian package
+//! fonts-dejavu-core (installed by scripts/setup.sh); a missing font is a clear error.
 
-use std::fmt::Write;
+use anyhow::{anyhow, bail, Context, Result};
+use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use std::path::Path;
+use std::sync::OnceLock;
 
 /// One curve: a label and its samples (any unit; the axis label says which).
 pub struct Series<'a> {
@@ -9,243 +21,11 @@ pub struct Series<'a> {
     pub samples: &'a [f64],
 }
 
-const COLORS: [&str; 8] = [
-    "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4",
-];
-
-/// Render the empirical CDF of each series as an SVG document (x: log10 scale).
-pub fn cdf_svg(title: &str, x_label: &str, series: &[Series<'_>]) -> String {
-    let (w, h) = (860.0, 480.0);
-    let (left, right, top, bottom) = (70.0, 250.0, 40.0, 60.0);
-    let pw = w - left - right;
-    let ph = h - top - bottom;
-    let (lo, llo, lhi) = log_axis(series.iter().flat_map(|s| s.samples.iter().copied()));
-    let xmap = |x: f64| left + (x.max(lo).log10() - llo) / (lhi - llo) * pw;
-    let ymap = |q: f64| top + (1.0 - q) * ph;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<text x="{}" y="24" font-size="15" text-anchor="middle">{}</text>
-"#,
-        left + pw / 2.0,
-        esc(title)
-    );
-    // Grid: decades on x, quartiles on y.
-    let mut d = llo;
-    while d <= lhi + 1e-9 {
-        let x = left + (d - llo) / (lhi - llo) * pw;
-        let _ = writeln!(
-            s,
-            r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-            top + ph,
-            top + ph + 16.0,
-            fmt_decade(d)
-        );
-        d += 1.0;
-    }
-    for q in [0.0, 0.25, 0.5, 0.75, 0.9, 0.99] {
-        let y = ymap(q);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{q}</text>"##,
-            left + pw,
-            left - 6.0,
-            y + 4.0
-        );
-    }
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="18" y="{:.1}" transform="rotate(-90 18 {:.1})" text-anchor="middle">fraction of samples ≤ x</text>"#,
-        left + pw / 2.0,
-        h - 18.0,
-        esc(x_label),
-        top + ph / 2.0,
-        top + ph / 2.0
-    );
-    for (i, ser) in series.iter().enumerate() {
-        let mut v: Vec<f64> = ser.samples.iter().copied().filter(|x| *x > 0.0).collect();
-        if v.is_empty() {
-            continue;
-        }
-        v.sort_by(|a, b| a.total_cmp(b));
-        let n = v.len() as f64;
-        let step = (v.len() / 400).max(1);
-        let mut pts = String::new();
-        for (k, x) in v
-            .iter()
-            .enumerate()
-            .step_by(step)
-            .chain(std::iter::once((v.len() - 1, &v[v.len() - 1])))
-        {
-            let _ = write!(pts, "{:.1},{:.1} ", xmap(*x), ymap((k + 1) as f64 / n));
-        }
-        let c = COLORS[i % COLORS.len()];
-        let _ = writeln!(
-            s,
-            r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{pts}"/>"#
-        );
-        let ly = top + 10.0 + i as f64 * 20.0;
-        let _ = writeln!(
-            s,
-            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{c}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            w - right + 15.0,
-            w - right + 40.0,
-            w - right + 46.0,
-            ly + 4.0,
-            esc(ser.label)
-        );
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
 /// One system's bars in a grouped bar chart: a label and one value per group (`None`: no bar,
 /// e.g. the system failed).
 pub struct Bars<'a> {
     pub label: &'a str,
     pub values: &'a [Option<f64>],
-}
-
-/// Render a grouped bar chart as an SVG document: one group per entry of `groups` (x axis), one
-/// bar per series in each group, heights on a log10 axis (values spanning decades, e.g. pipelined
-/// and unpipelined throughput, stay readable), each bar labelled with its value. Non-positive and
-/// missing values draw no bar.
-pub fn bars_svg(title: &str, y_label: &str, groups: &[&str], series: &[Bars<'_>]) -> String {
-    let (w, h) = (860.0, 480.0);
-    let (left, right, top, bottom) = (80.0, 200.0, 40.0, 60.0);
-    let pw = w - left - right;
-    let ph = h - top - bottom;
-    let (_, llo, lhi) = log_axis(
-        series
-            .iter()
-            .flat_map(|s| s.values.iter().flatten().copied()),
-    );
-    let ymap = |v: f64| top + ph - (v.log10() - llo) / (lhi - llo) * ph;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<text x="{}" y="24" font-size="15" text-anchor="middle">{}</text>
-"#,
-        left + pw / 2.0,
-        esc(title)
-    );
-    let mut d = llo;
-    while d <= lhi + 1e-9 {
-        let y = top + ph - (d - llo) / (lhi - llo) * ph;
-        let _ = writeln!(
-            s,
-            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            left + pw,
-            left - 6.0,
-            y + 4.0,
-            fmt_si(10f64.powf(d))
-        );
-        d += 1.0;
-    }
-    let _ = writeln!(
-        s,
-        r#"<text x="18" y="{:.1}" transform="rotate(-90 18 {:.1})" text-anchor="middle">{}</text>"#,
-        top + ph / 2.0,
-        top + ph / 2.0,
-        esc(y_label)
-    );
-    let gw = pw / groups.len().max(1) as f64;
-    let bw = gw * 0.8 / series.len().max(1) as f64;
-    for (g, name) in groups.iter().enumerate() {
-        let gx = left + g as f64 * gw;
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            gx + gw / 2.0,
-            top + ph + 18.0,
-            esc(name)
-        );
-        for (i, ser) in series.iter().enumerate() {
-            let Some(v) = ser.values.get(g).copied().flatten().filter(|v| *v > 0.0) else {
-                continue;
-            };
-            let x = gx + gw * 0.1 + i as f64 * bw;
-            let y = ymap(v);
-            let _ = writeln!(
-                s,
-                r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" font-size="9" text-anchor="middle">{}</text>"#,
-                bw * 0.9,
-                top + ph - y,
-                COLORS[i % COLORS.len()],
-                x + bw * 0.45,
-                y - 3.0,
-                fmt_si(v)
-            );
-        }
-    }
-    for (i, ser) in series.iter().enumerate() {
-        let ly = top + 10.0 + i as f64 * 20.0;
-        let _ = writeln!(
-            s,
-            r#"<rect x="{:.1}" y="{:.1}" width="14" height="10" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            w - right + 15.0,
-            ly - 5.0,
-            COLORS[i % COLORS.len()],
-            w - right + 35.0,
-            ly + 4.0,
-            esc(ser.label)
-        );
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
-/// 1234567 -> "1.2M", 28100 -> "28.1k", 10000 -> "10k", 950 -> "950".
-fn fmt_si(v: f64) -> String {
-    let (x, unit) = if v >= 1e9 {
-        (v / 1e9, "G")
-    } else if v >= 1e6 {
-        (v / 1e6, "M")
-    } else if v >= 1e3 {
-        (v / 1e3, "k")
-    } else {
-        (v, "")
-    };
-    if x >= 100.0 || (unit.is_empty() && x >= 1.0) || (x - x.round()).abs() < 0.05 {
-        format!("{x:.0}{unit}")
-    } else {
-        format!("{x:.1}{unit}")
-    }
-}
-
-/// A log axis for `values` (non-positive ones ignored): the smallest value, and the decades
-/// (log10) the axis starts and ends at, at least one decade apart; 1..10 when nothing is left.
-fn log_axis(values: impl Iterator<Item = f64>) -> (f64, f64, f64) {
-    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
-    for v in values.filter(|v| *v > 0.0) {
-        lo = lo.min(v);
-        hi = hi.max(v);
-    }
-    if !lo.is_finite() || hi <= 0.0 {
-        lo = 1.0;
-        hi = 10.0;
-    }
-    let llo = lo.log10().floor();
-    (lo, llo, hi.log10().ceil().max(llo + 1.0))
-}
-
-fn fmt_decade(d: f64) -> String {
-    let v = 10f64.powf(d);
-    if v >= 1.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v}")
-    }
-}
-
-fn esc(t: &str) -> String {
-    t.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 /// One line of a timeline panel: a label, a colour index, solid or dashed, and its points
@@ -263,229 +43,506 @@ pub struct Panel<'a> {
     pub lines: Vec<Line<'a>>,
 }
 
-/// Render stacked timeline panels as one SVG document: x linear (`x_label`, shared range), y
-/// linear from 0 to `y_max` (`y_label`), one legend per panel; a vertical line at x = 0.
-pub fn timeline_svg(
+const COLORS: [RGBColor; 8] = [
+    RGBColor(0x1b, 0x9e, 0x77),
+    RGBColor(0xd9, 0x5f, 0x02),
+    RGBColor(0x75, 0x70, 0xb3),
+    RGBColor(0xe7, 0x29, 0x8a),
+    RGBColor(0x66, 0xa6, 0x1e),
+    RGBColor(0xe6, 0xab, 0x02),
+    RGBColor(0xa6, 0x76, 0x1d),
+    RGBColor(0x1f, 0x78, 0xb4),
+];
+
+/// The font family every chart uses (registered under this name).
+const FONT: &str = "sans-serif";
+/// Where fonts-dejavu-core puts DejaVu Sans.
+const DEJAVU: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+/// Register the charts' font once per process; the error says how to get one.
+fn ensure_font() -> Result<()> {
+    static DONE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let path = std::env::var_os("TIERMEM_FONT")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| DEJAVU.into());
+        let bytes = std::fs::read(&path).map_err(|e| {
+            format!(
+                "charts need a TrueType font: cannot read {} ({e}); install Debian's \
+                 fonts-dejavu-core (scripts/setup.sh does) or set TIERMEM_FONT to a .ttf file",
+                path.display()
+            )
+        })?;
+        // Registered fonts live for the whole process (plotters keeps a &'static).
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        for style in [FontStyle::Normal, FontStyle::Bold] {
+            plotters::style::register_font(FONT, style, bytes)
+                .map_err(|_| format!("{} is not a usable TrueType font", path.display()))?;
+        }
+        Ok(())
+    })
+    .clone()
+    .map_err(|e| anyhow!(e))
+}
+
+/// Check that `path` names a chart format (.png or .svg) before a benchmark measures anything.
+pub fn check_path(path: &Path) -> Result<()> {
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| e.to_ascii_lowercase())
+    {
+        Some(e) if e == "png" || e == "svg" => Ok(()),
+        _ => bail!(
+            "{}: a chart is written as .png or .svg (name the file so)",
+            path.display()
+        ),
+    }
+}
+
+fn draw_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow!("drawing the chart: {e}")
+}
+
+/// Draw with `$draw(&root, args...)` on a PNG or SVG backend chosen by `$path`'s extension,
+/// then write the file.
+macro_rules! render {
+    ($path:expr, $size:expr, $draw:ident ( $($arg:expr),* )) => {{
+        let path: &Path = $path;
+        check_path(path)?;
+        ensure_font()?;
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(|e| e.to_ascii_lowercase());
+        match ext.as_deref() {
+            Some("png") => {
+                let root = BitMapBackend::new(path, $size).into_drawing_area();
+                $draw(&root, $($arg),*)?;
+                root.present().map_err(draw_err)
+            }
+            _ => {
+                // (check_path let through .svg only)
+                let root = SVGBackend::new(path, $size).into_drawing_area();
+                $draw(&root, $($arg),*)?;
+                root.present().map_err(draw_err)
+            }
+        }
+        .with_context(|| format!("writing {}", path.display()))
+    }};
+}
+
+/// Write the empirical CDF of each series (x: log10 scale) to `path` (.png or .svg).
+pub fn cdf(path: &Path, title: &str, x_label: &str, series: &[Series<'_>]) -> Result<()> {
+    render!(path, (860, 480), draw_cdf(title, x_label, series))
+}
+
+fn draw_cdf<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    x_label: &str,
+    series: &[Series<'_>],
+) -> Result<()> {
+    root.fill(&WHITE).map_err(draw_err)?;
+    let (lo, hi) = log_range(series.iter().flat_map(|s| s.samples.iter().copied()));
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, (FONT, 17))
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d((lo..hi).log_scale(), 0.0..1.0)
+        .map_err(draw_err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc("fraction of samples ≤ x")
+        .label_style((FONT, 13))
+        .x_label_formatter(&|v| fmt_si(*v))
+        .light_line_style(RGBColor(0xee, 0xee, 0xee))
+        .draw()
+        .map_err(draw_err)?;
+    for (i, ser) in series.iter().enumerate() {
+        let mut v: Vec<f64> = ser.samples.iter().copied().filter(|x| *x > 0.0).collect();
+        if v.is_empty() {
+            continue;
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len() as f64;
+        // At most ~400 points per curve, the last one always.
+        let step = (v.len() / 400).max(1);
+        let last = v.len() - 1;
+        let pts: Vec<(f64, f64)> = (0..v.len())
+            .step_by(step)
+            .chain((last % step != 0).then_some(last))
+            .map(|k| (v[k], (k + 1) as f64 / n))
+            .collect();
+        let c = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+            .map_err(draw_err)?
+            .label(ser.label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(3)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font((FONT, 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(0x99, 0x99, 0x99))
+        .draw()
+        .map_err(draw_err)?;
+    Ok(())
+}
+
+/// Write a grouped bar chart to `path` (.png or .svg): one group per entry of `groups` (x axis),
+/// one bar per series in each group, heights on a log10 axis (values spanning decades stay
+/// readable), each bar labelled with its value. Non-positive and missing values draw no bar.
+pub fn bars(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    groups: &[&str],
+    series: &[Bars<'_>],
+) -> Result<()> {
+    render!(path, (860, 480), draw_bars(title, y_label, groups, series))
+}
+
+fn draw_bars<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    y_label: &str,
+    groups: &[&str],
+    series: &[Bars<'_>],
+) -> Result<()> {
+    root.fill(&WHITE).map_err(draw_err)?;
+    let (lo, hi) = log_range(
+        series
+            .iter()
+            .flat_map(|s| s.values.iter().flatten().copied()),
+    );
+    let ng = groups.len().max(1);
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, (FONT, 17))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0..ng as f64, (lo..hi).log_scale())
+        .map_err(draw_err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(ng * 2 + 1)
+        .x_label_formatter(&|x| {
+            // Group names at the groups' centres only.
+            let g = x - 0.5;
+            if (g - g.round()).abs() < 1e-6 && g >= 0.0 {
+                groups.get(g.round() as usize).unwrap_or(&"").to_string()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc(y_label)
+        .y_label_formatter(&|v| fmt_si(*v))
+        .label_style((FONT, 13))
+        .light_line_style(RGBColor(0xee, 0xee, 0xee))
+        .draw()
+        .map_err(draw_err)?;
+    let bw = 0.8 / series.len().max(1) as f64;
+    for (i, ser) in series.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let bars: Vec<(f64, f64)> = (0..groups.len())
+            .filter_map(|g| {
+                let v = ser.values.get(g).copied().flatten().filter(|v| *v > 0.0)?;
+                Some((g as f64 + 0.1 + i as f64 * bw, v))
+            })
+            .collect();
+        chart
+            .draw_series(
+                bars.iter()
+                    .map(|&(x, v)| Rectangle::new([(x, lo), (x + bw * 0.9, v)], c.filled())),
+            )
+            .map_err(draw_err)?
+            .label(ser.label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
+        chart
+            .draw_series(bars.iter().map(|&(x, v)| {
+                Text::new(
+                    fmt_si(v),
+                    (x + bw * 0.45, v),
+                    (FONT, 10)
+                        .into_font()
+                        .color(&BLACK)
+                        .pos(Pos::new(HPos::Center, VPos::Bottom)),
+                )
+            }))
+            .map_err(draw_err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font((FONT, 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(0x99, 0x99, 0x99))
+        .draw()
+        .map_err(draw_err)?;
+    Ok(())
+}
+
+/// Write stacked timeline panels to `path` (.png or .svg): x linear (`x_label`, the same range
+/// in every panel), y linear from 0 to `y_max` (`y_label`), one legend per panel, a dotted
+/// vertical line at x = 0 when the range spans it.
+pub fn timeline(
+    path: &Path,
     title: &str,
     x_label: &str,
     y_label: &str,
     y_max: f64,
     panels: &[Panel<'_>],
-) -> String {
-    let (w, ph) = (1060.0, 220.0);
-    let (left, right, top, gap) = (70.0, 340.0, 46.0, 50.0);
-    let pw = w - left - right;
-    let h = top + panels.len() as f64 * (ph + gap) + 10.0;
-    let xs = panels
-        .iter()
-        .flat_map(|p| p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.0)));
+) -> Result<()> {
+    let h = 60 + panels.len().max(1) as u32 * 270;
+    render!(
+        path,
+        (1060, h),
+        draw_timeline(title, x_label, y_label, y_max, panels)
+    )
+}
+
+fn draw_timeline<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    y_max: f64,
+    panels: &[Panel<'_>],
+) -> Result<()> {
+    root.fill(&WHITE).map_err(draw_err)?;
+    let root = root.titled(title, (FONT, 15)).map_err(draw_err)?;
     let (mut x0, mut x1) = (f64::MAX, f64::MIN);
-    for x in xs {
+    for x in panels
+        .iter()
+        .flat_map(|p| p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.0)))
+        .filter(|x| x.is_finite())
+    {
         x0 = x0.min(x);
         x1 = x1.max(x);
     }
-    if x0 > x1 {
+    if x0 >= x1 {
         (x0, x1) = (0.0, 1.0);
     }
-    let span = (x1 - x0).max(1e-9);
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<text x="10" y="22" font-size="14">{}</text>
-"#,
-        esc(title)
-    );
-    // Round x ticks: a step of 1, 2 or 5 × 10^k giving 5 to 10 ticks.
-    let raw = span / 8.0;
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|st| span / st <= 10.0)
-        .unwrap_or(10.0 * mag);
-    for (pi, p) in panels.iter().enumerate() {
-        let pt = top + pi as f64 * (ph + gap);
-        let xmap = |x: f64| left + (x - x0) / span * pw;
-        let ymap = |y: f64| pt + ph - (y.clamp(0.0, y_max) / y_max) * ph;
-        let _ = writeln!(
-            s,
-            r##"<text x="{left}" y="{:.1}" font-size="13">{}</text><rect x="{left}" y="{pt:.1}" width="{pw:.1}" height="{ph:.1}" fill="none" stroke="#999"/>"##,
-            pt - 6.0,
-            esc(p.title)
-        );
-        for i in 0..=4 {
-            let y = y_max * i as f64 / 4.0;
-            let _ = writeln!(
-                s,
-                r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{:.1}</text>"##,
-                ymap(y),
-                left + pw,
-                ymap(y),
-                left - 6.0,
-                ymap(y) + 4.0,
-                y
-            );
-        }
-        let mut x = (x0 / step).ceil() * step;
-        while x <= x1 + 1e-9 {
-            let _ = writeln!(
-                s,
-                r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#999"/><text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-                xmap(x),
-                pt + ph,
-                xmap(x),
-                pt + ph + 4.0,
-                xmap(x),
-                pt + ph + 16.0,
-                // (+ 0.0: no "-0" label)
-                (x * 1e6).round() / 1e6 + 0.0
-            );
-            x += step;
-        }
+    let areas = root.split_evenly((panels.len().max(1), 1));
+    for (p, area) in panels.iter().zip(areas.iter()) {
+        // The legend to the right of the plot, as long labels would cover the curves.
+        let (plot_area, legend_area) = area.split_horizontally(area.dim_in_pixel().0 as i32 - 330);
+        let mut chart = ChartBuilder::on(&plot_area)
+            .caption(p.title, (FONT, 14))
+            .margin(8)
+            .x_label_area_size(40)
+            .y_label_area_size(56)
+            .build_cartesian_2d(x0..x1, 0.0..y_max)
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .y_labels(5)
+            .x_label_formatter(&|x| format!("{}", (x * 1e3).round() / 1e3 + 0.0))
+            .label_style((FONT, 12))
+            .light_line_style(RGBColor(0xf0, 0xf0, 0xf0))
+            .draw()
+            .map_err(draw_err)?;
         if x0 < 0.0 && x1 > 0.0 {
-            let _ = writeln!(
-                s,
-                r##"<line x1="{:.1}" y1="{pt:.1}" x2="{:.1}" y2="{:.1}" stroke="#444" stroke-dasharray="2,2"/>"##,
-                xmap(0.0),
-                xmap(0.0),
-                pt + ph
-            );
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(0.0, 0.0), (0.0, y_max)],
+                    2,
+                    2,
+                    RGBColor(0x44, 0x44, 0x44).into(),
+                ))
+                .map_err(draw_err)?;
         }
-        let _ = writeln!(
-            s,
-            r#"<text x="18" y="{:.1}" transform="rotate(-90 18 {:.1})" text-anchor="middle">{}</text>"#,
-            pt + ph / 2.0,
-            pt + ph / 2.0,
-            esc(y_label)
-        );
         for (li, l) in p.lines.iter().enumerate() {
-            let color = COLORS[l.color % COLORS.len()];
-            let dash = if l.dashed {
-                r#" stroke-dasharray="5,3""#
+            let c = COLORS[l.color % COLORS.len()];
+            let pts = l
+                .points
+                .iter()
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .map(|&(x, y)| (x, y.clamp(0.0, y_max)));
+            let style = c.stroke_width(2);
+            if l.dashed {
+                chart.draw_series(DashedLineSeries::new(pts, 6, 4, style))
             } else {
-                ""
-            };
-            let mut d = String::new();
-            for (i, &(x, y)) in l.points.iter().enumerate() {
-                let _ = write!(
-                    d,
-                    "{}{:.1},{:.1} ",
-                    if i == 0 { "M" } else { "L" },
-                    xmap(x),
-                    ymap(y)
-                );
+                chart.draw_series(LineSeries::new(pts, style))
             }
-            let _ = writeln!(
-                s,
-                r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.4"{dash}/>"#
-            );
-            let ly = pt + 10.0 + li as f64 * 18.0;
-            let _ = writeln!(
-                s,
-                r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
-                w - right + 15.0,
-                w - right + 40.0,
-                w - right + 46.0,
-                ly + 4.0,
-                esc(l.label)
-            );
+            .map_err(draw_err)?;
+            let y = 40 + li as i32 * 18;
+            let sample: Vec<(i32, i32)> = vec![(10, y), (36, y)];
+            if l.dashed {
+                legend_area.draw(&DashedPathElement::new(sample, 5, 3, style))
+            } else {
+                legend_area.draw(&PathElement::new(sample, style))
+            }
+            .map_err(draw_err)?;
+            legend_area
+                .draw(&Text::new(
+                    l.label.to_string(),
+                    (44, y),
+                    (FONT, 12)
+                        .into_font()
+                        .color(&BLACK)
+                        .pos(Pos::new(HPos::Left, VPos::Center)),
+                ))
+                .map_err(draw_err)?;
         }
-    }
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-        left + pw / 2.0,
-        h - 4.0,
-        esc(x_label)
-    );
-    s.push_str("</svg>\n");
-    s
-}
-
-/// Convert an SVG document to a PNG file with `rsvg-convert` (Debian's librsvg2-bin, installed
-/// by scripts/setup.sh). The SVG is written next to it (`.svg`) either way.
-pub fn write_png(svg: &str, png: &std::path::Path) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let svg_path = png.with_extension("svg");
-    std::fs::write(&svg_path, svg).with_context(|| format!("writing {}", svg_path.display()))?;
-    let out = std::process::Command::new("rsvg-convert")
-        .arg("-o")
-        .arg(png)
-        .arg(&svg_path)
-        .output()
-        .context(
-            "running rsvg-convert (Debian package librsvg2-bin; scripts/setup.sh installs it)",
-        )?;
-    if !out.status.success() {
-        anyhow::bail!(
-            "rsvg-convert failed on {}: {}",
-            svg_path.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
     }
     Ok(())
+}
+
+/// 1234567 -> "1.2M", 28100 -> "28.1k", 10000 -> "10k", 950 -> "950", 0.5 -> "0.5".
+fn fmt_si(v: f64) -> String {
+    let (x, unit) = if v >= 1e9 {
+        (v / 1e9, "G")
+    } else if v >= 1e6 {
+        (v / 1e6, "M")
+    } else if v >= 1e3 {
+        (v / 1e3, "k")
+    } else {
+        (v, "")
+    };
+    if x >= 100.0 || (unit.is_empty() && x >= 1.0) || (x - x.round()).abs() < 0.05 {
+        format!("{x:.0}{unit}")
+    } else if x >= 0.01 {
+        format!("{x:.1}{unit}")
+    } else {
+        format!("{x:.0e}")
+    }
+}
+
+/// A log axis for `values` (non-positive ones ignored): from the decade at or below the
+/// smallest to the one at or above the largest, at least one decade apart; 1..10 when nothing
+/// is left.
+fn log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+    for v in values.filter(|v| *v > 0.0 && v.is_finite()) {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if !lo.is_finite() || hi <= 0.0 {
+        return (1.0, 10.0);
+    }
+    let llo = lo.log10().floor();
+    let lhi = hi.log10().ceil().max(llo + 1.0);
+    (10f64.powf(llo), 10f64.powf(lhi))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn cdf_has_one_polyline_per_nonempty_series() {
-        let a = [1.0, 2.0, 3.0];
-        let b = [10.0, 20.0];
-        let svg = cdf_svg(
-            "t <x>",
-            "µs",
-            &[
-                Series {
-                    label: "a",
-                    samples: &a,
-                },
-                Series {
-                    label: "b",
-                    samples: &b,
-                },
-                Series {
-                    label: "empty",
-                    samples: &[],
-                },
-            ],
-        );
-        assert_eq!(svg.matches("<polyline").count(), 2);
-        assert!(svg.contains("t &lt;x&gt;"));
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    fn scratch(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("tiermem-plot-{}-{name}", std::process::id()))
     }
 
     #[test]
-    fn bars_skip_missing_values_and_label_the_rest() {
-        let a = [Some(1_200_000.0), Some(28_100.0)];
-        let b = [None, Some(950.0)];
-        let svg = bars_svg(
-            "kv <ops>",
-            "ops/s",
-            &["set", "ycsb-a"],
-            &[
-                Bars {
-                    label: "a",
-                    values: &a,
+    fn si_labels_without_a_needless_decimal() {
+        assert_eq!(fmt_si(1_200_000.0), "1.2M");
+        assert_eq!(fmt_si(28_100.0), "28.1k");
+        assert_eq!(fmt_si(10_000.0), "10k");
+        assert_eq!(fmt_si(950.0), "950");
+        assert_eq!(log_range([3.0, 250.0].into_iter()), (1.0, 1000.0));
+        assert_eq!(log_range(std::iter::empty()), (1.0, 10.0));
+    }
+
+    #[test]
+    fn every_chart_writes_png_and_svg_and_refuses_other_names() {
+        if ensure_font().is_err() {
+            eprintln!("note: no font ({DEJAVU}): skipping");
+            return;
+        }
+        let a = [1.0, 2.0, 3.0];
+        let b = [10.0, 20.0];
+        let series = [
+            Series {
+                label: "a",
+                samples: &a,
+            },
+            Series {
+                label: "b",
+                samples: &b,
+            },
+            Series {
+                label: "empty",
+                samples: &[],
+            },
+        ];
+        let va = [Some(1_200_000.0), Some(28_100.0)];
+        let vb = [None, Some(950.0)];
+        let bars_ = [
+            Bars {
+                label: "a",
+                values: &va,
+            },
+            Bars {
+                label: "b",
+                values: &vb,
+            },
+        ];
+        let pts = [(-5.0, 1.0), (0.0, 0.2), (10.0, 1.1)];
+        let panels = [Panel {
+            title: "p",
+            lines: vec![
+                Line {
+                    label: "t",
+                    color: 0,
+                    dashed: false,
+                    points: &pts,
                 },
-                Bars {
-                    label: "b",
-                    values: &b,
+                Line {
+                    label: "present",
+                    color: 0,
+                    dashed: true,
+                    points: &pts,
                 },
             ],
-        );
-        // 3 bars + 2 legend swatches + the background.
-        assert_eq!(svg.matches("<rect").count(), 6);
-        assert!(svg.contains(">1.2M<") && svg.contains(">28.1k<") && svg.contains(">950<"));
-        assert!(
-            svg.contains(">10k<"),
-            "decade labels without a needless decimal"
-        );
-        assert!(svg.contains("kv &lt;ops&gt;"));
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        }];
+        for ext in ["png", "svg"] {
+            let p = scratch(&format!("c.{ext}"));
+            cdf(&p, "t <x>", "µs", &series).unwrap();
+            bars(
+                &scratch(&format!("b.{ext}")),
+                "kv",
+                "ops/s",
+                &["set", "get"],
+                &bars_,
+            )
+            .unwrap();
+            timeline(
+                &scratch(&format!("t.{ext}")),
+                "tl",
+                "ms",
+                "rel",
+                1.2,
+                &panels,
+            )
+            .unwrap();
+            for n in ["c", "b", "t"] {
+                let f = scratch(&format!("{n}.{ext}"));
+                let bytes = std::fs::read(&f).unwrap();
+                if ext == "png" {
+                    assert!(bytes.starts_with(b"\x89PNG"), "{}", f.display());
+                } else {
+                    assert!(bytes.starts_with(b"<svg"), "{}", f.display());
+                }
+                let _ = std::fs::remove_file(&f);
+            }
+        }
+        let svg = std::fs::read_to_string({
+            let p = scratch("x.svg");
+            cdf(&p, "t <x>", "µs", &series).unwrap();
+            p
+        })
+        .unwrap();
+        assert!(svg.contains("t &lt;x&gt;"));
+        let _ = std::fs::remove_file(scratch("x.svg"));
+        assert!(cdf(&scratch("c.pdf"), "t", "µs", &series).is_err());
     }
 }
