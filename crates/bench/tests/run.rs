@@ -45,7 +45,7 @@ fn a_chart_name_without_png_or_svg_is_refused_before_measuring() {
         ..quick()
     };
     let t0 = std::time::Instant::now();
-    let e = fault::run(&o).err().expect("a .pdf chart is refused");
+    let e = fault::run(&o).expect_err("a .pdf chart is refused");
     assert!(e.to_string().contains(".png or .svg"), "{e}");
     assert!(
         t0.elapsed() < std::time::Duration::from_secs(1),
