@@ -18,6 +18,7 @@ pub mod migrate;
 pub mod migrate_kv;
 pub mod pheap;
 pub mod plot;
+pub mod progress;
 pub mod stats;
 pub mod vnvm;
 pub mod worker;
@@ -62,11 +63,11 @@ pub fn print_report<R: Report>(report: &R, json: bool) -> anyhow::Result<()> {
     report.outcome()
 }
 
-/// Print progress for long work on stderr (never into --json output).
-pub fn progress(json: bool, msg: &str) {
-    if !json {
-        eprintln!("  … {msg}");
-    }
+/// Show `msg` as the step of long work now running (see [`progress`](mod@progress): a bar or
+/// spinner on stderr when it is a terminal, nothing otherwise; never into --json output). `json`
+/// is kept for the callers' sake: stdout is never written either way.
+pub fn progress(_json: bool, msg: &str) {
+    progress::step(msg);
 }
 
 /// The error and its causes as one line, skipping a cause whose text the message before it

@@ -521,6 +521,7 @@ pub fn run(o: &Options) -> Result<Report> {
     }
     let _fam_guard = RemoveOnDrop(own_fam.then(|| fam.clone()));
     let total_cases = sizes.len() * workloads.len() * methods.len() * reps;
+    crate::progress::plan("bench migrate", Some(total_cases as u64));
     let started = Instant::now();
     let mut done = 0usize;
     let mut rows: Vec<CaseRow> = Vec::new();
@@ -546,8 +547,8 @@ pub fn run(o: &Options) -> Result<Report> {
                     })?;
                     let _ = std::fs::remove_dir_all(tiermem_migrate::fam::migration_dir(&fam, id));
                     done += 1;
-                    eprintln!(
-                        "  … [{done}/{total_cases}, {:.0} s] {} MiB {:<10} {:<26} run {}: downtime \
+                    crate::progress::step(&format!(
+                        "[{done}/{total_cases}, {:.0} s] {} MiB {:<10} {:<26} run {}: downtime \
                          {:.1} ms, busy {:.1} ms, total {:.1} ms, degradation {:.2}, CPU {:.3} s",
                         started.elapsed().as_secs_f64(),
                         size >> 20,
@@ -559,7 +560,7 @@ pub fn run(o: &Options) -> Result<Report> {
                         r.metrics.total_ns as f64 / 1e6,
                         r.degradation,
                         cpu_s
-                    );
+                    ));
                     runs.push(r);
                     cpus.push(cpu_s);
                 }
@@ -579,14 +580,14 @@ pub fn run(o: &Options) -> Result<Report> {
             if quick { 3 } else { 5 },
         )
         .context("the batching checkpoint measurement")?;
-        eprintln!(
-            "  … [{:.0} s] batching checkpoint, {} MiB, FAM {delay}: one pwritev per 2 MiB \
+        crate::progress::step(&format!(
+            "[{:.0} s] batching checkpoint, {} MiB, FAM {delay}: one pwritev per 2 MiB \
              vector {:.1} ms, batched {:.1} ms",
             started.elapsed().as_secs_f64(),
             sizes[0] >> 20,
             per_vector * 1e3,
             batched * 1e3
-        );
+        ));
         batching.push((delay, per_vector, batched));
     }
 
@@ -634,8 +635,8 @@ pub fn run(o: &Options) -> Result<Report> {
                 )
                 .with_context(|| format!("tiermem-kv {}", m.label()))?;
                 let _ = std::fs::remove_dir_all(tiermem_migrate::fam::migration_dir(&fam, id));
-                eprintln!(
-                    "  … [{:.0} s] tiermem-kv {heap} {:<26} run {}: downtime {:.1} ms, busy {:.1} \
+                crate::progress::step(&format!(
+                    "[{:.0} s] tiermem-kv {heap} {:<26} run {}: downtime {:.1} ms, busy {:.1} \
                      ms, total {:.1} ms, {} ops after the freeze at {:.0} ops/s (steady {:.0}), \
                      degradation {:.2}, servers' CPU {:.3} s",
                     started.elapsed().as_secs_f64(),
@@ -649,7 +650,7 @@ pub fn run(o: &Options) -> Result<Report> {
                     r.steady_ops_per_s,
                     r.degradation,
                     r.cpu_s
-                );
+                ));
                 runs.push(r);
             }
             let f = |g: &dyn Fn(&crate::migrate_kv::KvResult) -> f64| {

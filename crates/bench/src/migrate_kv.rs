@@ -385,7 +385,7 @@ pub fn run_kv_case(
     drop(dst);
     drop(src);
     if std::env::var_os("TIERMEM_BENCH_KEEP_LOGS").is_some() {
-        eprintln!("  … kv logs kept in {}", log_dir.display());
+        crate::progress::note(&format!("kv logs kept in {}", log_dir.display()));
     } else {
         let _ = std::fs::remove_dir_all(&log_dir);
     }

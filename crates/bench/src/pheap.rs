@@ -604,10 +604,10 @@ pub fn run(o: &Options) -> Result<Report> {
                     plan.update_n,
                     &samples,
                 );
-                eprintln!(
-                    "  … update {size} B {pct:>2} %: {:<11} {:>10.0} B/ckpt {:>8.3} ms/ckpt {:>9.2} ms run {:>7} faults",
+                crate::progress::step(&format!(
+                    "update {size} B {pct:>2} %: {:<11} {:>10.0} B/ckpt {:>8.3} ms/ckpt {:>9.2} ms run {:>7} faults",
                     rw.system, rw.bytes_copied_per_ckpt, rw.ckpt_ms_mean, rw.run_ms, rw.minor_faults
-                );
+                ));
                 rows.push(rw);
             }
         }
@@ -640,10 +640,10 @@ pub fn run(o: &Options) -> Result<Report> {
                     plan.insert_n,
                     &samples,
                 );
-                eprintln!(
-                    "  … insert {size:>4} B every {secs:>2} s ({ops} ops): {:<6} {:>10.0} B/ckpt {:>8.3} ms/ckpt {:>9.2} ms run {:>7} faults",
+                crate::progress::step(&format!(
+                    "insert {size:>4} B every {secs:>2} s ({ops} ops): {:<6} {:>10.0} B/ckpt {:>8.3} ms/ckpt {:>9.2} ms run {:>7} faults",
                     rw.system, rw.bytes_copied_per_ckpt, rw.ckpt_ms_mean, rw.run_ms, rw.minor_faults
-                );
+                ));
                 rows.push(rw);
             }
         }
@@ -663,10 +663,10 @@ pub fn run(o: &Options) -> Result<Report> {
         }
         for (sys, samples) in BASELINES.into_iter().zip(all) {
             let rw = row("insert", size, None, None, sys, plan.insert_n, &samples);
-            eprintln!(
-                "  … insert {size:>4} B, no checkpoints: {:<11} {:>9.2} ms run {:>7} faults",
+            crate::progress::step(&format!(
+                "insert {size:>4} B, no checkpoints: {:<11} {:>9.2} ms run {:>7} faults",
                 rw.system, rw.run_ms, rw.minor_faults
-            );
+            ));
             rows.push(rw);
         }
     }
@@ -824,7 +824,9 @@ fn programs(dir: &Path, quick: bool) -> Value {
         }
         let mut bytes = [0f64; 2];
         for (i, views) in [2usize, 1].into_iter().enumerate() {
-            eprintln!("  … {prog} under the preload library, {views} view(s)");
+            crate::progress::step(&format!(
+                "{prog} under the preload library, {views} view(s)"
+            ));
             let r = program_run(dir, &lib, prog, &args, stdin.as_deref(), views);
             bytes[i] = r["bytes_copied"].as_f64().unwrap_or(f64::NAN);
             rows.push(r);

@@ -1528,6 +1528,12 @@ pub fn run(o: &Options) -> Result<Report> {
     let bytes = array_bytes(o.quick)?;
     let pages = bytes / PAGE;
     let reps = if o.quick { 3 } else { 5 };
+    // Progress: the setup, every (passes, size, repetition) cell, the read pass, the commit
+    // latency.
+    crate::progress::plan(
+        "bench vnvm",
+        Some((PASSES.len() * SIZES.len() * reps) as u64 + 3),
+    );
     let delay = DelayModel::from_env()?;
     // libpmem reads this once, at the first pool, in the pmdk worker, which inherits it; we are
     // still single-threaded here. An explicit value in the environment is kept (and reported),

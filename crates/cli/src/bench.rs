@@ -51,6 +51,35 @@ pub enum BenchCommand {
 
 /// Run one benchmark.
 pub fn run(cmd: BenchCommand) -> Result<()> {
+    // Progress on stderr while it runs (a terminal only; a benchmark may plan its steps).
+    // Workers (hidden subcommands) draw nothing: their parent shows the progress.
+    let Some(name) = cmd.name() else {
+        return run_inner(cmd);
+    };
+    tiermem_bench::progress::plan(name, None);
+    let r = run_inner(cmd);
+    tiermem_bench::progress::done();
+    r
+}
+
+impl BenchCommand {
+    /// `bench NAME` of a benchmark; `None` for the hidden worker subcommands.
+    fn name(&self) -> Option<&'static str> {
+        Some(match self {
+            BenchCommand::Media(_) => "bench media",
+            BenchCommand::Fault(_) => "bench fault",
+            BenchCommand::Vnvm(_) => "bench vnvm",
+            BenchCommand::Kv(_) => "bench kv",
+            BenchCommand::Migrate(_) => "bench migrate",
+            BenchCommand::Pheap(_) => "bench pheap",
+            BenchCommand::VnvmWorker(_) | BenchCommand::MigrateCase | BenchCommand::PheapRun => {
+                return None
+            }
+        })
+    }
+}
+
+fn run_inner(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Media(o) => print_report(&media::run(&o)?, o.json),
         BenchCommand::Fault(o) => print_report(&fault::run(&o)?, o.json),

@@ -280,7 +280,10 @@ fn migrate(a: MigrateArgs) -> Result<()> {
         .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
     let target = std::net::SocketAddr::new(target_ip, target_port);
 
+    // Progress on stderr while it runs (a terminal only).
+    let _progress = tiermem_bench::progress::show("kv migrate");
     // 1. The source: freeze and serve.
+    tiermem_bench::progress::step(&format!("freezing the source at {}", a.from));
     let fam_arg = fam
         .as_ref()
         .map_or("-".to_string(), |f| f.display().to_string());
@@ -321,6 +324,7 @@ fn migrate(a: MigrateArgs) -> Result<()> {
     let migrate_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     // 2. The target, detached (its own session; it outlives this command).
+    tiermem_bench::progress::step("starting the target");
     let log = a.target_log.clone().unwrap_or_else(|| {
         fam.clone()
             .unwrap_or_else(std::env::temp_dir)
@@ -363,6 +367,7 @@ fn migrate(a: MigrateArgs) -> Result<()> {
     let tail = || tiermem_bench::kv_harness::log_tail(&log, 8);
 
     // 3. Wait until it serves, then until the migration is complete.
+    tiermem_bench::progress::step("waiting for the target to serve, then for the last page");
     let deadline = Instant::now() + timeout;
     let mut serving_ms = None;
     let fields = loop {

@@ -99,6 +99,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A closed stdout (`tiermem … | head`) ends the program quietly, as for other Unix tools,
+    // instead of a "Broken pipe" panic in println!.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     if let Some(model) = &cli.delay {
         if let Err(e) = model.parse::<tiermem_media::DelayModel>() {
@@ -121,25 +127,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tiermem: error: {}", error_chain(&e));
+            eprintln!("tiermem: error: {}", tiermem_bench::error_chain(&e));
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes as one line, skipping a cause whose text the message before it
-/// already contains (typed errors often include their source in their own message).
-fn error_chain(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
 }

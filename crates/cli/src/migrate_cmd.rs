@@ -441,17 +441,16 @@ fn run_one(
     let hosts = tiermem_migrate::netns::TwoHosts::create("tmrun")
         .context("creating the two hosts (network namespaces; needs root and iproute2)")?;
     let id = (std::process::id() as u64) << 20 | 1;
-    if !json {
-        eprintln!(
-            "  … migrating a {} MiB region under {} updates by {} between {} and {} (FAM {})",
-            region_len >> 20,
-            w.name(),
-            m.label(),
-            hosts.name(tiermem_migrate::netns::Host::Src),
-            hosts.name(tiermem_migrate::netns::Host::Dst),
-            fam.display()
-        );
-    }
+    let _progress = tiermem_bench::progress::show("migrate run");
+    tiermem_bench::progress::step(&format!(
+        "migrating a {} MiB region under {} updates by {} between {} and {} (FAM {})",
+        region_len >> 20,
+        w.name(),
+        m.label(),
+        hosts.name(tiermem_migrate::netns::Host::Src),
+        hosts.name(tiermem_migrate::netns::Host::Dst),
+        fam.display()
+    ));
     let spec = CaseSpec {
         workload: w,
         region_len,

@@ -110,8 +110,11 @@ pub fn run(cmd: VnvmCommand) -> Result<()> {
     match cmd {
         VnvmCommand::Recover { dir, json } => {
             let dir = instance_dir(dir);
+            let progress = tiermem_bench::progress::show("vnvm recover");
+            tiermem_bench::progress::step(&format!("recovering {}", dir.display()));
             let r = tiermem_vnvm::recover(&dir)
                 .with_context(|| format!("recovering the vnvm instance in {}", dir.display()))?;
+            drop(progress);
             if json {
                 let v = serde_json::json!({
                     "dir": dir.display().to_string(),

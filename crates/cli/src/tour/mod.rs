@@ -177,7 +177,7 @@ pub fn run(dir: Option<PathBuf>, only: &[String]) -> Result<()> {
             }
             Ok(Err(e)) => (
                 Verdict::Failed,
-                format!("{} FAILED: {}", step.name, crate::error_chain(&e)),
+                format!("{} FAILED: {}", step.name, tiermem_bench::error_chain(&e)),
             ),
             Err(p) => {
                 let msg = p
