@@ -5,8 +5,7 @@
 
 use super::{which, Ctx, Outcome};
 use anyhow::{bail, ensure, Context, Result};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -327,46 +326,27 @@ impl Drop for Server {
 }
 
 /// A RESP2 reply.
-#[derive(Debug, PartialEq)]
-enum Reply {
-    Simple(String),
-    Error(String),
-    Int(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Option<Vec<Reply>>),
-}
+use tiermem_kv::client::{Client, Reply};
 
-/// A minimal RESP2 client (requests as arrays of bulk strings).
-struct Conn {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
+/// The tour's connection: the project's RESP2 client (`tiermem_kv::client`) with errors as
+/// `anyhow` and a DBSIZE helper.
+struct Conn(Client);
 
 impl Conn {
     fn connect(port: u16) -> Result<Conn> {
-        let s = TcpStream::connect(("127.0.0.1", port))
-            .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        Ok(Conn {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
-        })
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        Ok(Conn(
+            Client::connect(addr, Duration::from_secs(30))
+                .with_context(|| format!("connecting to {addr}"))?,
+        ))
     }
 
     fn send(&mut self, args: &[&[u8]]) -> Result<()> {
-        let mut b = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            b.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            b.extend_from_slice(a);
-            b.extend_from_slice(b"\r\n");
-        }
-        self.w.write_all(&b)?;
-        Ok(())
+        Ok(self.0.send(args)?)
     }
 
     fn cmd(&mut self, args: &[&[u8]]) -> Result<Reply> {
-        self.send(args)?;
-        self.read()
+        Ok(self.0.command(args)?)
     }
 
     fn dbsize(&mut self) -> Result<u64> {
@@ -378,38 +358,6 @@ impl Conn {
 
     /// One reply; an error for anything that is not RESP2.
     fn read(&mut self) -> Result<Reply> {
-        let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
-            bail!("the server closed the connection");
-        }
-        let Some(line) = line.strip_suffix("\r\n").filter(|l| !l.is_empty()) else {
-            bail!("malformed reply line {line:?}");
-        };
-        let (t, rest) = line.split_at(1);
-        let n = || {
-            rest.parse::<i64>()
-                .with_context(|| format!("malformed length in {line:?}"))
-        };
-        Ok(match t {
-            "+" => Reply::Simple(rest.into()),
-            "-" => Reply::Error(rest.into()),
-            ":" => Reply::Int(n()?),
-            "$" if n()? < 0 => Reply::Bulk(None),
-            "$" => {
-                let len = n()? as usize;
-                ensure!(
-                    len <= 64 << 20,
-                    "a bulk reply of {len} bytes (more than 64 MiB)"
-                );
-                let mut b = vec![0u8; len + 2];
-                self.r.read_exact(&mut b)?;
-                ensure!(&b[len..] == b"\r\n", "bulk reply without its CRLF");
-                b.truncate(len);
-                Reply::Bulk(Some(b))
-            }
-            "*" if n()? < 0 => Reply::Array(None),
-            "*" => Reply::Array(Some((0..n()?).map(|_| self.read()).collect::<Result<_>>()?)),
-            _ => bail!("malformed reply line {line:?}"),
-        })
+        Ok(self.0.read()?)
     }
 }
