@@ -99,12 +99,6 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // A closed stdout (`tiermem … | head`) ends the program quietly, as for other Unix tools,
-    // instead of a "Broken pipe" panic in println!.
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = Cli::parse();
     if let Some(model) = &cli.delay {
         if let Err(e) = model.parse::<tiermem_media::DelayModel>() {
