@@ -1,17 +1,11 @@
-//! Small order statistics for reports: medians and percentiles of samples.
+//! Small order statistics for reports: medians and percentiles of samples (few samples: sorted
+//! copies; YCSB's raw samples, the many-sample case, go through an HdrHistogram in kv_harness).
 
 use serde::Serialize;
 
-/// The p-th percentile (0..=100) of `samples` by nearest rank; NaN for an empty slice.
-pub fn percentile(samples: &[f64], p: f64) -> f64 {
-    if samples.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = samples.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    v[rank.clamp(1, v.len()) - 1]
-}
+/// The p-th percentile (0..=100) of `samples` by nearest rank; NaN for an empty slice. One
+/// definition for the project: the fault crate's, which `doctor`'s probes use.
+pub use tiermem_fault::probe::percentile;
 
 /// p50 and p99 of a set of latency samples, in the unit of the samples.
 #[derive(Debug, Clone, Copy, Serialize)]

@@ -5,21 +5,13 @@
 //! `tour` (the quick-start job: every subsystem at work, each result checked).
 
 mod bench;
-mod doctor;
 mod kv_cmd;
-/// The machine description, shared with the benchmarks (tiermem-bench owns it).
-mod machine {
-    pub use tiermem_bench::machine::*;
-}
 mod migrate_cmd;
 mod pheap_cmd;
 mod pool_cmd;
-/// Percentiles, shared with the benchmarks (tiermem-bench owns them).
-mod stats {
-    pub use tiermem_bench::stats::*;
-}
-mod tour;
 mod vnvm_cmd;
+
+use tiermem_tour::{self as tour, doctor};
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -98,7 +90,28 @@ enum Command {
     },
 }
 
+/// Ends the process quietly when stdout's reader has gone (`tiermem doctor | head`): `println!`
+/// panics on EPIPE because Rust ignores SIGPIPE, which the servers and migrations rely on (a peer
+/// that hangs up must be an error, not a silent death). Exit status 141 is what a shell reports
+/// for a process killed by SIGPIPE. Every other panic keeps the default report.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     if let Some(model) = &cli.delay {
         if let Err(e) = model.parse::<tiermem_media::DelayModel>() {

@@ -1,6 +1,7 @@
 //! Integration tests that run the real `tiermem` binary the way a user would.
 
 use serde_json::Value;
+use std::os::fd::FromRawFd;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -339,6 +340,57 @@ fn tour_only_runs_a_subset_and_refuses_unknown_steps() {
     for step in TOUR_STEPS {
         assert!(err.contains(step), "the error does not list {step}: {err}");
     }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs tiermem with stdout a pipe whose reader is already gone.
+fn tiermem_into_closed_pipe(args: &[&str], dir: &std::path::Path) -> Output {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both descriptors were just created and are owned here; the read end is closed at
+    // once, the write end is handed to the child (Stdio takes ownership).
+    let write_end = unsafe {
+        libc::close(fds[0]);
+        std::process::Stdio::from(std::os::fd::OwnedFd::from_raw_fd(fds[1]))
+    };
+    Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(args)
+        .env("TIERMEM_DIR", dir)
+        .stdout(write_end)
+        .output()
+        .expect("run tiermem")
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_output_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = scratch("closedpipe");
+    // A printing command stops as a SIGPIPE-killed one would (status 141), without a panic.
+    let out = tiermem_into_closed_pipe(&["doctor", "--quick"], &dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.code(),
+        Some(141),
+        "{:?} {err}",
+        out.status.signal()
+    );
+    // The tour runs its steps to the end, cleans up and succeeds; only its lines are lost.
+    let out = tiermem_into_closed_pipe(
+        &[
+            "tour",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--only",
+            "media,vnvm",
+        ],
+        &dir,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{} {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -30,7 +30,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
 
     let mut server = Server::start(&ctx.exe, &data, true, &kdir.join("server-1.log"))?;
     let port = server.port;
-    println!(
+    say!(
         "started `tiermem kv serve --engine vnvm --durability commit --new` on 127.0.0.1:{port} (data in {})",
         data.display()
     );
@@ -43,10 +43,10 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
     )?;
     let want = "OK\n3\n42\nstored by redis-cli\na\nb\nc\n";
     ensure!(out == want, "redis-cli got {out:?}, expected {want:?}");
-    println!("redis-cli: SET, RPUSH, INCRBY, GET, LRANGE answered as Redis would");
+    say!("redis-cli: SET, RPUSH, INCRBY, GET, LRANGE answered as Redis would");
 
     let (set, get) = redis_benchmark(&bench, port)?;
-    println!(
+    say!(
         "redis-benchmark -t set,get -n 20000 -c 8 -r 10000: SET {set:.0} req/s (each durable before its reply), GET {get:.0} req/s"
     );
 
@@ -83,7 +83,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
     let _ = writer.join();
     let n = n.max(acked.load(Ordering::Acquire));
     ensure!(n > 0, "no write was acknowledged before the kill");
-    println!(
+    say!(
         "a client wrote keys as fast as the server acknowledged them; kill -9 of the server after {n} acknowledged SETs (the server was reaped)"
     );
     drop(conn);
@@ -131,7 +131,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
         out == want,
         "after the restart redis-cli got {out:?}, expected {want:?}"
     );
-    println!(
+    say!(
         "restarted on the same data (recovery included: {restart_ms:.0} ms to the first PONG): all {n} acknowledged writes read back, {size} keys as before the kill, redis-cli's keys intact"
     );
     drop(conn);

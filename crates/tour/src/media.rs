@@ -31,7 +31,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
 fn media_tour(nvm: &Path, bad: &Path) -> Result<Pool> {
     let size = 64u64 << 20;
     let pool = Pool::create(nvm, &PoolOptions::new(size).kind(PoolKind::Nvm).tag("tour"))?;
-    println!(
+    say!(
         "created {} ({} MiB, mode 0600), persistence method {:?}",
         nvm.display(),
         size >> 20,
@@ -46,7 +46,7 @@ fn media_tour(nvm: &Path, bad: &Path) -> Result<Pool> {
     }
     pool.persist(0, data_len)?;
     let s = pool.stats().snapshot();
-    println!(
+    say!(
         "wrote {} MiB with non-temporal stores and persisted it ({} persists, {} fences)",
         s.bytes_written >> 20,
         s.persists,
@@ -60,7 +60,7 @@ fn media_tour(nvm: &Path, bad: &Path) -> Result<Pool> {
         fill_page(&mut page, i);
         ensure!(back == page, "page {i} read back wrong after reopen");
     }
-    println!("reopened: header validated (magic, version, size, CRC32) and data read back intact");
+    say!("reopened: header validated (magic, version, size, CRC32) and data read back intact");
 
     // The delay model: the same 2 MiB write, without and with the FAM preset.
     let chunk = vec![7u8; 2 << 20];
@@ -80,7 +80,7 @@ fn media_tour(nvm: &Path, bad: &Path) -> Result<Pool> {
     }
     reopened.set_delay(DelayModel::default());
     for (name, us, model_ns) in &timings {
-        println!(
+        say!(
             "2 MiB write with delay {name:<8} {us:>8.1} µs (the model adds {:.1} µs)",
             *model_ns as f64 / 1e3
         );
@@ -92,7 +92,7 @@ fn media_tour(nvm: &Path, bad: &Path) -> Result<Pool> {
     std::fs::write(bad, &bytes)?;
     match Pool::open(bad, &OpenOptions::default()) {
         Ok(_) => bail!("a pool with a flipped header byte was accepted"),
-        Err(e) => println!("a copy with one flipped header bit is refused:\n    {e}"),
+        Err(e) => say!("a copy with one flipped header bit is refused:\n    {e}"),
     }
     Ok(pool)
 }
@@ -121,7 +121,7 @@ fn crash_tour(path: &Path, image: &Path) -> Result<(u64, usize)> {
         Ok(domain)
     };
     let fences = run(None)?.fence_count();
-    println!("persistence-domain model: the 3-record commit issues {fences} fences; cutting power after each:");
+    say!("persistence-domain model: the 3-record commit issues {fences} fences; cutting power after each:");
     let mut seen = Vec::new();
     for n in 0..=fences {
         let domain = run(Some(n))?;
@@ -154,7 +154,7 @@ fn crash_tour(path: &Path, image: &Path) -> Result<(u64, usize)> {
         }
         seen.push(format!("{n}:{count}"));
     }
-    println!("    fence:records-visible  {}", seen.join("  "));
-    println!("    every image held only whole, committed records");
+    say!("    fence:records-visible  {}", seen.join("  "));
+    say!("    every image held only whole, committed records");
     Ok((fences, seen.len()))
 }

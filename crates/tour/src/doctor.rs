@@ -1,11 +1,11 @@
 //! `tiermem doctor`: which kernel features tiermem relies on are present, and what the basic
 //! operations cost on this machine (the floor every subsystem's performance is judged against).
 
-use crate::machine;
-use crate::stats::P50P99;
 use anyhow::Result;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use tiermem_bench::machine;
+use tiermem_bench::stats::P50P99;
 use tiermem_fault::{access, probe, probe_features, sys, Pagemap, UffdAccess};
 use tiermem_media::{persist, PersistMethod, Pool, PoolOptions};
 

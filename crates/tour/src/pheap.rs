@@ -85,7 +85,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
         "the persistent heap was too small ({} allocations went to glibc)",
         n("fallback_allocs")
     );
-    println!(
+    say!(
         "sqlite3 :memory: under LD_PRELOAD={PRELOAD} ({ms:.0} ms): output identical to a plain run; {} allocations in the persistent heap, {} incremental checkpoints (2 views, every 2000 allocator calls and at exit) copied {:.1} MiB",
         n("allocs"),
         n("checkpoints"),
@@ -111,7 +111,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
         heap.display(),
         v["problems"]
     );
-    println!(
+    say!(
         "tiermem pheap verify {}: both header copies valid, epoch {}, {} objects, {} checkpointed chunks match their CRC-32, redo log {}",
         heap.display(),
         v["epoch"],

@@ -1,12 +1,25 @@
-//! `tiermem tour`: the quick-start job. It walks through every built subsystem on the embedded
+//! tiermem-tour: the two commands a newcomer runs first, `tiermem doctor` (module `doctor`: what
+//! this machine can do and what the basic operations cost) and `tiermem tour` (this file: the
+//! quick-start job). The tour walks through every built subsystem on the embedded
 //! default devices (emulated pools under $TIERMEM_DIR), one step each — `doctor`, `media`,
-//! `fault`, `vnvm`, `kv`, `migrate`, `pheap` (one file per step in this directory) — checking
+//! `fault`, `vnvm`, `kv`, `migrate`, `pheap` (one module per step in this crate) — checking
 //! every result it prints. A step whose prerequisite is missing (root, network namespaces,
 //! redis-tools, sqlite3, the preload library) is skipped with the reason; a failing step does not
 //! stop the others. The tour ends with a table (step, result, time, where to go next) and fails
 //! when a step failed. Every step removes what it created (files, servers, namespaces) however
 //! it ends.
 
+/// Prints one line of the tour to stdout, like `println!`, but a reader that went away (`tiermem
+/// tour | head`) does not stop the tour: the steps still run to the end and remove what they
+/// created; their lines are dropped.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+pub mod doctor;
 mod fault;
 mod kv;
 mod media;
@@ -14,7 +27,6 @@ mod migrate;
 mod pheap;
 mod vnvm;
 
-use crate::doctor;
 use anyhow::{bail, Context, Result};
 use std::io::IsTerminal;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -136,7 +148,7 @@ pub fn run(dir: Option<PathBuf>, only: &[String]) -> Result<()> {
         None => tiermem_media::ensure_default_dir()?,
     };
     if !on_tmpfs(&dir) {
-        println!(
+        say!(
             "note: {} is not on tmpfs: the emulated NVM of the durable steps (vnvm, kv) is synced \
              to the disk there, which makes them much slower (kv: minutes); the default \
              /dev/shm/tiermem is tmpfs",
@@ -162,7 +174,7 @@ pub fn run(dir: Option<PathBuf>, only: &[String]) -> Result<()> {
         .iter()
         .filter(|s| only.is_empty() || only.iter().any(|n| n == s.name));
     for (i, step) in chosen.enumerate() {
-        println!(
+        say!(
             "\n{}",
             bold(&format!("== {}. {}: {} ==", i + 1, step.name, step.title))
         );
@@ -191,19 +203,19 @@ pub fn run(dir: Option<PathBuf>, only: &[String]) -> Result<()> {
                 )
             }
         };
-        println!("{}", bold(&format!("=> {line}")));
+        say!("{}", bold(&format!("=> {line}")));
         rows.push((step, result, took));
     }
 
-    println!("\n{}", bold("== what ran =="));
-    println!("{:<9} {:<8} {:>8}   next", "step", "result", "time");
+    say!("\n{}", bold("== what ran =="));
+    say!("{:<9} {:<8} {:>8}   next", "step", "result", "time");
     for (step, result, took) in &rows {
         let r = match result {
             Verdict::Ok => "ok",
             Verdict::Skipped => "skipped",
             Verdict::Failed => "FAILED",
         };
-        println!(
+        say!(
             "{:<9} {:<8} {:>6.1} s   {}",
             step.name,
             r,
@@ -224,7 +236,7 @@ pub fn run(dir: Option<PathBuf>, only: &[String]) -> Result<()> {
     } else {
         "see the FAILED lines above"
     };
-    println!(
+    say!(
         "\ntour finished in {:.1} s: {ok} ok, {skipped} skipped, {} failed; {verdict}. More: \
          `tiermem --help` and the docs/ directory of the repository.",
         start.elapsed().as_secs_f64(),

@@ -26,7 +26,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
         pool.write((i * PAGE_SIZE) as u64, &page)?;
     }
     pool.persist(0, pool.data_len())?;
-    println!("filled a 64 MiB NVM pool with a per-page pattern: the region below starts empty and is filled from it");
+    say!("filled a 64 MiB NVM pool with a per-page pattern: the region below starts empty and is filled from it");
     let (pages, us) = fault_tour(&pool)?;
     let (tracked, ms) = tracking_tour()?;
     Ok(Outcome::Ok(format!(
@@ -58,7 +58,7 @@ fn fault_tour(pool: &Arc<Pool>) -> Result<(usize, f64)> {
         RegionSpec::new(region.ptr, len).in_thread(),
         Arc::new(PoolBacked { pool: pool.clone() }),
     )?;
-    println!(
+    say!(
         "registered {} MiB of anonymous memory (MISSING, {:?}); nothing is copied yet",
         len >> 20,
         handle.resolution()
@@ -80,7 +80,7 @@ fn fault_tour(pool: &Arc<Pool>) -> Result<(usize, f64)> {
         }
     }
     let el = t.elapsed();
-    println!(
+    say!(
         "touched all {pages} pages: {} faults resolved in-thread, {:.2} µs per page including the 4 KiB copy; contents verified",
         handle.faults(),
         el.as_secs_f64() * 1e6 / pages as f64
@@ -125,7 +125,7 @@ fn tracking_tour() -> Result<(usize, f64)> {
         got.len(),
         written.len()
     );
-    println!(
+    say!(
         "{} MiB populated, {} pages (1 %) written: one scan ({:?}) returned exactly those {n} pages in {ms:.3} ms and re-protected them",
         len >> 20,
         written.len(),
@@ -133,7 +133,7 @@ fn tracking_tour() -> Result<(usize, f64)> {
     );
     let n2 = tracker.scan(&mut out)?;
     ensure!(n2 == 0, "a second scan with no writes returned {n2} pages");
-    println!("a second scan with no writes in between returned 0 pages");
+    say!("a second scan with no writes in between returned 0 pages");
     Ok((written.len(), ms))
 }
 

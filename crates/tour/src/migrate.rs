@@ -45,7 +45,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
         seed: id,
         id,
     };
-    println!(
+    say!(
         "a 64 MiB region under uniform random updates in {} migrates to {} by {} (FAM directory {})",
         hosts.name(Host::Src),
         hosts.name(Host::Dst),
@@ -57,7 +57,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
     ensure!(r.verified, "the target's region differs from the source's");
     let m = &r.metrics;
     let ms = |ns: u64| ns as f64 / 1e6;
-    println!(
+    say!(
         "downtime {:.2} ms, source busy {:.1} ms, every page at the target after {:.1} ms; {} pages read from FAM by the target's fault handler, {} asked of the source; the application kept running ({:.0} % of its steady rate during the migration); every byte checked at the target",
         ms(m.downtime_ns),
         ms(m.busy_ns),

@@ -70,7 +70,7 @@ fn bulk(vdir: &Path) -> Result<(usize, f64)> {
     vn.nv_write(tid, region.as_ptr(), &u64::MAX.to_le_bytes())?;
     vn.nv_abort(tid)?;
     let st = vn.stats();
-    println!(
+    say!(
         "{} MiB region over {} MiB of NVM log + {} MiB of NVM cache: {txs} transactions of 32 page writes in {:.1} ms ({:.0} tx/s, drained); {} pages already written back to the file (the write set is 8x the NVM cache, so writeback bounds the rate here)",
         size >> 20,
         cfg.log_size >> 20,
@@ -99,7 +99,7 @@ fn bulk(vdir: &Path) -> Result<(usize, f64)> {
             data.display()
         );
     }
-    println!("released: all {pages} pages of the backing file hold their committed values; the aborted write never appeared");
+    say!("released: all {pages} pages of the backing file hold their committed values; the aborted write never appeared");
     Ok((txs, txs as f64 / el.as_secs_f64()))
 }
 
@@ -144,7 +144,7 @@ fn crash(cdir: &Path) -> Result<(usize, usize)> {
         drop(region);
         vn.abandon();
     }
-    println!(
+    say!(
         "{committed} transactions of 2 page writes each committed into the NVM log (not yet applied to the file), a 9th begun, then the process state dropped as a crash would"
     );
     let before = std::fs::read(&data)?;
@@ -176,7 +176,7 @@ fn crash(cdir: &Path) -> Result<(usize, usize)> {
             .all(|&b| b == 0),
         "the never-committed transaction shows in the file after recovery"
     );
-    println!(
+    say!(
         "recovery ({ms:.1} ms) replayed {} transactions ({} bytes), wrote back {} dirty cache pages; every committed page is in the file, the open transaction is absent; a second recovery had nothing to do",
         report.transactions_replayed, report.bytes_replayed, report.dirty_pages_written
     );
