@@ -520,17 +520,29 @@ impl FamTarget {
                 ))
             }
             (false, Some(a)) => {
-                let s = TcpStream::connect_timeout(&a, timeout).map_err(|e| {
-                    FamError::Other(format!(
-                        "the source's page-server at {a} is unreachable ({e}) and the dump is not complete"
-                    ))
-                })?;
-                let mut c = Conn::new(
-                    s.try_clone().map_err(|e| FamError::Other(e.to_string()))?,
-                    Some(timeout),
-                )?;
-                c.client_handshake(id)?;
-                Some(Arc::new(SignalSafeLink::new(s, timeout)))
+                // The source finishes its dump and stops listening on its own schedule: a
+                // connection it never accepted fails, and that is no error when the files
+                // turned complete meanwhile (checked again after a failure).
+                let connected = TcpStream::connect_timeout(&a, timeout)
+                    .map_err(|e| {
+                        FamError::Other(format!(
+                            "the source's page-server at {a} is unreachable ({e}) and the dump \
+                             is not complete"
+                        ))
+                    })
+                    .and_then(|s| {
+                        let mut c = Conn::new(
+                            s.try_clone().map_err(|e| FamError::Other(e.to_string()))?,
+                            Some(timeout),
+                        )?;
+                        c.client_handshake(id)?;
+                        Ok(s)
+                    });
+                match connected {
+                    Ok(s) => Some(Arc::new(SignalSafeLink::new(s, timeout))),
+                    Err(_) if files.iter().all(|f| f.is_complete()) => None,
+                    Err(e) => return Err(e),
+                }
             }
         };
         let mut regions = Vec::new();
