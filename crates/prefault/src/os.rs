@@ -1,0 +1,382 @@
+//! The kernel calls the service makes, each wrapped once: `MADV_POPULATE_WRITE/READ`, presence
+//! of pages (`PAGEMAP_SCAN` from `tiermem-fault`, `mincore` where the ioctl is missing), the
+//! memory cgroup's room (v1 and v2), SCHED_IDLE, thread CPU time, and the check of a range
+//! against `/proc/self/maps` that [`Service::register`](crate::Service::register) makes.
+
+use crate::Error;
+use std::time::Duration;
+use tiermem_fault::sys::{PageRegion, PmScanArg, PAGE_IS_HUGE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED};
+use tiermem_fault::{Pagemap, PAGE_SIZE};
+
+/// `MADV_POPULATE_READ` (Linux 5.14).
+pub const MADV_POPULATE_READ: i32 = 22;
+/// `MADV_POPULATE_WRITE` (Linux 5.14).
+pub const MADV_POPULATE_WRITE: i32 = 23;
+
+/// Populates `[addr, addr+len)`; returns the errno on failure (ENOMEM: unmapped or out of
+/// memory, EFAULT/EINVAL: not populatable, EHWPOISON...). EINTR/EAGAIN are retried.
+pub fn populate(addr: usize, len: usize, write: bool) -> Result<(), i32> {
+    let advice = if write {
+        MADV_POPULATE_WRITE
+    } else {
+        MADV_POPULATE_READ
+    };
+    loop {
+        // SAFETY: madvise with a populate advice never changes the contents of a mapping: it
+        // faults pages in as an access would. An unmapped range is an error, not UB.
+        let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        if e != libc::EINTR && e != libc::EAGAIN {
+            return Err(e);
+        }
+    }
+}
+
+/// A run of present pages, in page indices relative to the scanned base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// First page.
+    pub first: usize,
+    /// Pages in the run.
+    pub pages: usize,
+    /// Mapped by a huge page.
+    pub huge: bool,
+}
+
+/// Reads which pages of a range are present (or swapped): one `PAGEMAP_SCAN` walk, or
+/// `mincore` where the ioctl is not available.
+pub struct Presence {
+    pagemap: Option<Pagemap>,
+    vec: Vec<PageRegion>,
+    mincore: Vec<u8>,
+}
+
+impl Presence {
+    /// Opens `/proc/self/pagemap` and probes the ioctl.
+    pub fn new() -> Presence {
+        let mut p = Presence {
+            pagemap: Pagemap::open().ok(),
+            vec: vec![PageRegion::default(); 512],
+            mincore: Vec::new(),
+        };
+        // Probe: an empty scan of our own stack page.
+        let probe = &p as *const _ as usize & !(PAGE_SIZE - 1);
+        let mut out = Vec::new();
+        if p.scan_pagemap(probe, PAGE_SIZE, &mut out).is_err() {
+            p.pagemap = None;
+        }
+        p
+    }
+
+    /// Whether `PAGEMAP_SCAN` is used (else `mincore`).
+    pub fn uses_pagemap_scan(&self) -> bool {
+        self.pagemap.is_some()
+    }
+
+    /// The present runs of `[base, base+len)`, appended to `out` in address order.
+    pub fn scan(&mut self, base: usize, len: usize, out: &mut Vec<Run>) -> Result<(), i32> {
+        out.clear();
+        if self.pagemap.is_some() {
+            self.scan_pagemap(base, len, out)
+        } else {
+            self.scan_mincore(base, len, out)
+        }
+    }
+
+    fn scan_pagemap(&mut self, base: usize, len: usize, out: &mut Vec<Run>) -> Result<(), i32> {
+        let pm = self.pagemap.as_ref().ok_or(libc::ENOSYS)?;
+        let end = base + len;
+        let mut start = base;
+        while start < end {
+            let mut arg = PmScanArg {
+                start: start as u64,
+                end: end as u64,
+                vec: self.vec.as_mut_ptr() as u64,
+                vec_len: self.vec.len() as u64,
+                category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+                return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_HUGE,
+                ..Default::default()
+            };
+            let n = pm.scan(&mut arg)?;
+            for r in &self.vec[..n] {
+                let first = (r.start as usize - base) / PAGE_SIZE;
+                let pages = (r.end - r.start) as usize / PAGE_SIZE;
+                let huge = r.categories & PAGE_IS_HUGE != 0;
+                match out.last_mut() {
+                    Some(l) if l.first + l.pages == first && l.huge == huge => l.pages += pages,
+                    _ => out.push(Run { first, pages, huge }),
+                }
+            }
+            let walked = arg.walk_end as usize;
+            if walked <= start || walked >= end || n < self.vec.len() {
+                break;
+            }
+            start = walked;
+        }
+        Ok(())
+    }
+
+    fn scan_mincore(&mut self, base: usize, len: usize, out: &mut Vec<Run>) -> Result<(), i32> {
+        let pages = len / PAGE_SIZE;
+        self.mincore.resize(pages, 0);
+        // SAFETY: the vector holds one byte per page of the range, as mincore requires.
+        let r = unsafe {
+            libc::mincore(
+                base as *mut libc::c_void,
+                len,
+                self.mincore.as_mut_ptr() as *mut libc::c_uchar,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        for (i, &b) in self.mincore.iter().enumerate() {
+            if b & 1 == 0 {
+                continue;
+            }
+            match out.last_mut() {
+                Some(l) if l.first + l.pages == i => l.pages += 1,
+                _ => out.push(Run {
+                    first: i,
+                    pages: 1,
+                    huge: false,
+                }),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for Presence {
+    fn default() -> Self {
+        Presence::new()
+    }
+}
+
+/// The memory cgroup the process is in: its limit and usage files (v1 `memory.limit_in_bytes`
+/// + `memory.usage_in_bytes`, or v2 `memory.max` + `memory.current`).
+pub struct Memcg {
+    limit_path: std::path::PathBuf,
+    usage_path: std::path::PathBuf,
+}
+
+impl Memcg {
+    /// Finds the process's memory cgroup; `None` when there is none or it has no limit files.
+    pub fn of_self() -> Option<Memcg> {
+        let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        for line in text.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
+            if ctrl.split(',').any(|c| c == "memory") {
+                let dir = std::path::Path::new("/sys/fs/cgroup/memory")
+                    .join(path.trim_start_matches('/'));
+                let m = Memcg {
+                    limit_path: dir.join("memory.limit_in_bytes"),
+                    usage_path: dir.join("memory.usage_in_bytes"),
+                };
+                if m.limit_path.exists() {
+                    return Some(m);
+                }
+            } else if ctrl.is_empty() {
+                let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+                let m = Memcg {
+                    limit_path: dir.join("memory.max"),
+                    usage_path: dir.join("memory.current"),
+                };
+                if m.limit_path.exists() {
+                    return Some(m);
+                }
+            }
+        }
+        None
+    }
+
+    /// Bytes left below the limit, `None` when unlimited or unreadable.
+    pub fn room(&self) -> Option<u64> {
+        let limit = read_u64(&self.limit_path)?;
+        if limit >= 1 << 60 {
+            return None;
+        }
+        let usage = read_u64(&self.usage_path)?;
+        Some(limit.saturating_sub(usage))
+    }
+}
+
+fn read_u64(p: &std::path::Path) -> Option<u64> {
+    let s = std::fs::read_to_string(p).ok()?;
+    let s = s.trim();
+    if s == "max" {
+        return Some(u64::MAX);
+    }
+    s.parse().ok()
+}
+
+/// Makes the calling thread SCHED_IDLE; returns whether it worked.
+pub fn set_sched_idle() -> bool {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; a plain syscall.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 }
+}
+
+/// CPU time of the calling thread.
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Checks that `[base, base+len)` is private anonymous memory, mapped readable and writable
+/// throughout (what populating ahead is for), from `/proc/self/maps`. The error names what is
+/// wrong and where.
+pub fn check_mapping(base: usize, len: usize) -> Result<(), Error> {
+    let text = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| Error::Os(format!("reading /proc/self/maps: {e}")))?;
+    let end = base + len;
+    let mut at = base;
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let path = f.next().unwrap_or("");
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        else {
+            continue;
+        };
+        if hi <= at {
+            continue;
+        }
+        if lo > at {
+            break;
+        }
+        let what = |why: &str| {
+            Error::BadRange(format!(
+                "{:#x}..{:#x}: {why} ({line})",
+                base,
+                end,
+                line = line.trim()
+            ))
+        };
+        if !perms.starts_with("rw") {
+            return Err(what(if perms.starts_with("---") {
+                "part of it is PROT_NONE"
+            } else {
+                "part of it is not writable"
+            }));
+        }
+        if perms.as_bytes().get(3) == Some(&b's') {
+            return Err(what("part of it is a shared mapping"));
+        }
+        if inode != "0" && !path.is_empty() {
+            return Err(what("part of it maps a file"));
+        }
+        at = hi;
+        if at >= end {
+            return Ok(());
+        }
+    }
+    Err(Error::BadRange(format!(
+        "{:#x}..{:#x}: {:#x} is not mapped",
+        base, end, at
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(len: usize, prot: i32, flags: i32) -> usize {
+        // SAFETY: a fresh anonymous mapping.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        p as usize
+    }
+
+    #[test]
+    fn presence_sees_what_is_populated() {
+        let len = 64 * PAGE_SIZE;
+        let a = map(
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        );
+        // SAFETY: our mapping.
+        unsafe { libc::madvise(a as *mut _, len, libc::MADV_NOHUGEPAGE) };
+        let mut p = Presence::new();
+        let mut runs = Vec::new();
+        p.scan(a, len, &mut runs).unwrap();
+        assert!(runs.is_empty());
+        populate(a + 3 * PAGE_SIZE, 5 * PAGE_SIZE, true).unwrap();
+        // SAFETY: our mapping.
+        unsafe { *((a + 40 * PAGE_SIZE) as *mut u8) = 1 };
+        p.scan(a, len, &mut runs).unwrap();
+        assert_eq!(
+            runs,
+            vec![
+                Run {
+                    first: 3,
+                    pages: 5,
+                    huge: false
+                },
+                Run {
+                    first: 40,
+                    pages: 1,
+                    huge: false
+                }
+            ]
+        );
+        // mincore agrees.
+        let mut m = Presence {
+            pagemap: None,
+            vec: Vec::new(),
+            mincore: Vec::new(),
+        };
+        let mut runs2 = Vec::new();
+        m.scan(a, len, &mut runs2).unwrap();
+        assert_eq!(runs, runs2);
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(a as *mut _, len) };
+    }
+
+    #[test]
+    fn check_mapping_names_the_problem() {
+        let len = 8 * PAGE_SIZE;
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let a = map(len, rw, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        check_mapping(a, len).unwrap();
+        // SAFETY: our mapping.
+        unsafe { libc::mprotect((a + 2 * PAGE_SIZE) as *mut _, PAGE_SIZE, libc::PROT_NONE) };
+        let e = check_mapping(a, len).unwrap_err().to_string();
+        assert!(e.contains("PROT_NONE"), "{e}");
+        // SAFETY: our mapping.
+        unsafe { libc::mprotect((a + 2 * PAGE_SIZE) as *mut _, PAGE_SIZE, libc::PROT_READ) };
+        let e = check_mapping(a, len).unwrap_err().to_string();
+        assert!(e.contains("not writable"), "{e}");
+        // SAFETY: our mapping.
+        unsafe { libc::munmap((a + 4 * PAGE_SIZE) as *mut _, PAGE_SIZE) };
+        let e = check_mapping(a + 3 * PAGE_SIZE, 4 * PAGE_SIZE)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not mapped"), "{e}");
+        let s = map(len, rw, libc::MAP_SHARED | libc::MAP_ANONYMOUS);
+        let e = check_mapping(s, len).unwrap_err().to_string();
+        assert!(e.contains("shared"), "{e}");
+        // SAFETY: our mappings.
+        unsafe {
+            libc::munmap(a as *mut _, len);
+            libc::munmap(s as *mut _, len);
+        }
+    }
+}

@@ -1,0 +1,689 @@
+//! The service: one SCHED_IDLE thread that, every pass, senses each registered region's window
+//! table and populates ahead (see [`crate::window`]), within the process-wide budget and the
+//! memory cgroup's room; and the handles callers hold: [`Service`], [`Registration`] (Rust) and
+//! [`RawRegistration`] (the preload library and the C ABI).
+
+use crate::os::{self, Memcg, Presence, Run};
+use crate::policy::{Options, Order, Policy, Populate};
+use crate::table::{Table, LIVE, MAX_SLOTS};
+use crate::window::{Mode, Window};
+use crate::Error;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tiermem_fault::{RegionHandle, PAGE_SIZE};
+
+/// What the service did, over all regions since it started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Live registrations.
+    pub regions: usize,
+    /// Passes over the table.
+    pub passes: u64,
+    /// Populate calls (madvise or engine installs).
+    pub populate_calls: u64,
+    /// Bytes populated ahead.
+    pub populated_bytes: u64,
+    /// Tripwires hit (4 KiB mode) and windows passed (huge-page mode).
+    pub tripwire_hits: u64,
+    /// Pages the application faulted in itself, seen by the service.
+    pub footprint_pages: u64,
+    /// Bytes populated and not known to be used now.
+    pub unused_bytes: u64,
+    /// The most `unused_bytes` ever were.
+    pub peak_unused_bytes: u64,
+    /// The budget (`Options::budget_bytes`).
+    pub budget_bytes: u64,
+    /// Passes that populated nothing because the memory cgroup was near its limit.
+    pub backoffs: u64,
+    /// Populate calls that failed.
+    pub failures: u64,
+    /// CPU time of the service thread.
+    pub service_cpu: Duration,
+    /// Whether the thread runs SCHED_IDLE.
+    pub sched_idle: bool,
+    /// How presence is read: "PAGEMAP_SCAN" or "mincore".
+    pub sensing: &'static str,
+}
+
+/// One registration's figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegionStats {
+    /// Bytes populated ahead in this region.
+    pub populated_bytes: u64,
+    /// Populate calls.
+    pub calls: u64,
+    /// Tripwires hit / windows passed.
+    pub hits: u64,
+    /// Failed populate calls, and the last errno.
+    pub failures: u64,
+    /// errno of the last failure (0: none).
+    pub last_errno: i32,
+    /// The order followed now (`Auto` while still learning).
+    pub order: Order,
+    /// The stride learned, in pages (0 unless `order` is `Stride`).
+    pub stride: usize,
+}
+
+pub(crate) struct Shared {
+    pub table: Table,
+    opts: Options,
+    stop: AtomicBool,
+    thread: OnceLock<std::thread::Thread>,
+    engines: Mutex<Vec<Option<Arc<RegionHandle>>>>,
+    passes: AtomicU64,
+    calls: AtomicU64,
+    populated: AtomicU64,
+    hits: AtomicU64,
+    footprint: AtomicU64,
+    unused: AtomicU64,
+    peak_unused: AtomicU64,
+    backoffs: AtomicU64,
+    failures: AtomicU64,
+    cpu_ns: AtomicU64,
+    idle: AtomicBool,
+    pagemap_scan: AtomicBool,
+    running: AtomicBool,
+}
+
+impl Shared {
+    fn wake(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// The prefault service: a background thread populating registered regions ahead of the
+/// application's first touches. Cheap to clone; the thread stops when the last clone is
+/// dropped (or at [`Service::stop`]); registrations outlive it harmlessly (nothing is
+/// populated any more).
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<ServiceInner>,
+}
+
+struct ServiceInner {
+    shared: Arc<Shared>,
+    join: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for ServiceInner {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, SeqCst);
+        self.shared.wake();
+        if let Some(j) = self.join.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = j.join();
+        }
+    }
+}
+
+impl Service {
+    /// Starts the service thread (`tiermem-prefault`, SCHED_IDLE when `opts.sched_idle`).
+    /// Fails on nonsensical options.
+    pub fn start(opts: Options) -> Result<Service, Error> {
+        if opts.budget_bytes < PAGE_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "budget {} bytes: at least one page",
+                opts.budget_bytes
+            )));
+        }
+        if opts.max_call_bytes < PAGE_SIZE || opts.max_call_bytes % PAGE_SIZE != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "max_call_bytes {}: a positive multiple of 4096",
+                opts.max_call_bytes
+            )));
+        }
+        if opts.min_interval > opts.interval || opts.interval.is_zero() {
+            return Err(Error::InvalidArgument(
+                "interval must be positive and at least min_interval".into(),
+            ));
+        }
+        let shared = Arc::new(Shared {
+            table: Table::new(),
+            opts,
+            stop: AtomicBool::new(false),
+            thread: OnceLock::new(),
+            engines: Mutex::new(vec![None; MAX_SLOTS]),
+            passes: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            populated: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            footprint: AtomicU64::new(0),
+            unused: AtomicU64::new(0),
+            peak_unused: AtomicU64::new(0),
+            backoffs: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
+            idle: AtomicBool::new(false),
+            pagemap_scan: AtomicBool::new(false),
+            running: AtomicBool::new(true),
+        });
+        let s2 = shared.clone();
+        let join = std::thread::Builder::new()
+            .name("tiermem-prefault".into())
+            .spawn(move || run(s2))
+            .map_err(|e| Error::Os(format!("starting the service thread: {e}")))?;
+        let _ = shared.thread.set(join.thread().clone());
+        Ok(Service {
+            inner: Arc::new(ServiceInner {
+                shared,
+                join: Mutex::new(Some(join)),
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// Registers `[ptr, ptr+len)`: private anonymous memory, readable and writable, page
+    /// aligned, not overlapping another registration (checked against `/proc/self/maps`; the
+    /// error says what is wrong). Populating starts at the next pass. The returned
+    /// [`Registration`] ends it when dropped, after any populate in flight there.
+    pub fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        policy: Policy,
+    ) -> Result<Registration, Error> {
+        check_args(ptr as usize, len, &policy)?;
+        os::check_mapping(ptr as usize, len)?;
+        let raw = self.register_trusted(ptr, len, policy)?;
+        Ok(Registration {
+            shared: self.shared().clone(),
+            raw,
+        })
+    }
+
+    /// Registers a `tiermem-fault` engine region (MISSING mode): filled ahead with
+    /// `RegionHandle::install` (zeroed pages; policy `Write`) or `install_zero` (`Read`), never
+    /// madvise (which would fault into the engine). The service keeps the handle alive until
+    /// the registration ends.
+    pub fn register_engine(
+        &self,
+        region: Arc<RegionHandle>,
+        policy: Policy,
+    ) -> Result<Registration, Error> {
+        let (base, len) = (region.base() as usize, region.len());
+        check_args(base, len, &policy)?;
+        if !region.is_alive() {
+            return Err(Error::BadRange("the engine region is unregistered".into()));
+        }
+        if !region.modes().missing {
+            return Err(Error::BadRange(
+                "the engine region is not registered for MISSING faults: install needs them".into(),
+            ));
+        }
+        let mut engines = self
+            .shared()
+            .engines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (slot, gen) = self.shared().table.claim(base, len, policy.pack(), 1)?;
+        engines[slot as usize] = Some(region);
+        drop(engines);
+        self.shared().wake();
+        Ok(Registration {
+            shared: self.shared().clone(),
+            raw: RawRegistration { slot, gen },
+        })
+    }
+
+    /// Registers without reading `/proc/self/maps` and without allocating: for a caller that
+    /// knows the range is private anonymous read-write memory (the preload library, right
+    /// after its own `mmap`). Alignment, length, policy and overlap are still checked.
+    /// Pair with [`Service::unregister_raw`] or [`Service::unregister_range`].
+    pub fn register_trusted(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        policy: Policy,
+    ) -> Result<RawRegistration, Error> {
+        check_args(ptr as usize, len, &policy)?;
+        let (slot, gen) = self
+            .shared()
+            .table
+            .claim(ptr as usize, len, policy.pack(), 0)?;
+        self.shared().wake();
+        Ok(RawRegistration { slot, gen })
+    }
+
+    /// Ends a raw registration; returns after any populate in flight in it. No-op when it
+    /// already ended.
+    pub fn unregister_raw(&self, r: RawRegistration) {
+        release(self.shared(), r);
+    }
+
+    /// Ends every registration overlapping `[addr, addr+len)` (call it *before* munmap,
+    /// mremap, MADV_DONTNEED or a MAP_FIXED mapping over the range); returns how many. No lock,
+    /// no allocation.
+    pub fn unregister_range(&self, addr: *mut u8, len: usize) -> usize {
+        self.shared().table.release_range(addr as usize, len)
+    }
+
+    /// Moves a raw registration's frontier to `offset` (bytes from its start).
+    pub fn hint_raw(&self, r: RawRegistration, offset: usize, len: usize) {
+        hint(self.shared(), r, offset, len);
+    }
+
+    /// A raw registration's figures (`None` when it ended).
+    pub fn region_stats_raw(&self, r: RawRegistration) -> Option<RegionStats> {
+        region_stats(self.shared(), r)
+    }
+
+    /// In a child after `fork`: the service thread does not exist there; mark every populate
+    /// as finished so that unregistering never waits, and stop serving. Call from a
+    /// `pthread_atfork` child handler (async-signal-safe: atomics only).
+    pub fn after_fork_child(&self) {
+        self.shared().table.after_fork_child();
+        self.shared().running.store(false, SeqCst);
+    }
+
+    /// Whether the service thread serves this process (false in a forked child, or stopped).
+    pub fn is_running(&self) -> bool {
+        self.shared().running.load(SeqCst) && !self.shared().stop.load(SeqCst)
+    }
+
+    /// The service's figures.
+    pub fn stats(&self) -> Stats {
+        let s = self.shared();
+        let regions = (0..s.table.high.load(SeqCst))
+            .filter(|&i| s.table.slots[i].state.load(SeqCst) == LIVE)
+            .count();
+        Stats {
+            regions,
+            passes: s.passes.load(Relaxed),
+            populate_calls: s.calls.load(Relaxed),
+            populated_bytes: s.populated.load(Relaxed),
+            tripwire_hits: s.hits.load(Relaxed),
+            footprint_pages: s.footprint.load(Relaxed),
+            unused_bytes: s.unused.load(Relaxed),
+            peak_unused_bytes: s.peak_unused.load(Relaxed),
+            budget_bytes: s.opts.budget_bytes as u64,
+            backoffs: s.backoffs.load(Relaxed),
+            failures: s.failures.load(Relaxed),
+            service_cpu: Duration::from_nanos(s.cpu_ns.load(Relaxed)),
+            sched_idle: s.idle.load(Relaxed),
+            sensing: if s.pagemap_scan.load(Relaxed) {
+                "PAGEMAP_SCAN"
+            } else {
+                "mincore"
+            },
+        }
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> &Options {
+        &self.shared().opts
+    }
+
+    /// Stops the thread now (registrations stay valid and inert). Idempotent.
+    pub fn stop(&self) {
+        self.shared().stop.store(true, SeqCst);
+        self.shared().wake();
+        let j = self
+            .inner
+            .join
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(j) = j {
+            let _ = j.join();
+        }
+    }
+}
+
+fn check_args(base: usize, len: usize, policy: &Policy) -> Result<(), Error> {
+    policy.validate().map_err(Error::InvalidArgument)?;
+    if base == 0 || base % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{base:#x} + {len}: start and length must be multiples of 4096"
+        )));
+    }
+    if len == 0 {
+        return Err(Error::InvalidArgument("zero-length range".into()));
+    }
+    if base.checked_add(len).is_none() {
+        return Err(Error::InvalidArgument("range wraps around".into()));
+    }
+    Ok(())
+}
+
+fn release(s: &Shared, r: RawRegistration) {
+    if s.table.release(r.slot, r.gen) {
+        let e = s.table.slots[r.slot as usize].engine.load(SeqCst);
+        if e != 0 {
+            s.engines.lock().unwrap_or_else(|e| e.into_inner())[r.slot as usize] = None;
+        }
+    }
+}
+
+fn hint(s: &Shared, r: RawRegistration, offset: usize, len: usize) {
+    let slot = &s.table.slots[r.slot as usize];
+    if slot.gen.load(SeqCst) != r.gen {
+        return;
+    }
+    let page = (offset / PAGE_SIZE) as u64;
+    let pages = len.div_ceil(PAGE_SIZE).min(u32::MAX as usize) as u64;
+    slot.hint.store((page + 1) << 32 | pages, SeqCst);
+    s.wake();
+}
+
+fn region_stats(s: &Shared, r: RawRegistration) -> Option<RegionStats> {
+    let slot = &s.table.slots[r.slot as usize];
+    if slot.gen.load(SeqCst) != r.gen || slot.state.load(SeqCst) != LIVE {
+        return None;
+    }
+    let learned = slot.learned.load(SeqCst);
+    Some(RegionStats {
+        populated_bytes: slot.populated_bytes.load(Relaxed),
+        calls: slot.calls.load(Relaxed),
+        hits: slot.hits.load(Relaxed),
+        failures: slot.failures.load(Relaxed),
+        last_errno: slot.last_errno.load(Relaxed) as i32,
+        order: match learned & 0xff {
+            1 => Order::Ascending,
+            2 => Order::Descending,
+            3 => Order::Stride,
+            4 => Order::Whole,
+            _ => Order::Auto,
+        },
+        stride: if learned & 0xff == 3 {
+            (learned >> 8) as usize
+        } else {
+            0
+        },
+    })
+}
+
+/// A raw registration: slot and generation, `Copy`, no destructor (the preload library and
+/// the C ABI keep these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawRegistration {
+    slot: u32,
+    gen: u32,
+}
+
+impl RawRegistration {
+    /// As one word (for the C ABI): generation << 32 | slot.
+    pub fn to_u64(self) -> u64 {
+        (self.gen as u64) << 32 | self.slot as u64
+    }
+    /// The inverse of [`RawRegistration::to_u64`]; `None` for a slot out of range.
+    pub fn from_u64(w: u64) -> Option<RawRegistration> {
+        let slot = w as u32;
+        ((slot as usize) < MAX_SLOTS).then_some(RawRegistration {
+            slot,
+            gen: (w >> 32) as u32,
+        })
+    }
+}
+
+/// A registered region. Dropping it ends the registration: it waits for a populate in flight
+/// in the range (one call, ≤ 256 KiB or one huge page) and nothing is populated there after.
+pub struct Registration {
+    shared: Arc<Shared>,
+    raw: RawRegistration,
+}
+
+impl Registration {
+    /// Moves the frontier: the application will next touch `[offset, offset+len)` (bytes from
+    /// the region's start), in the region's order from there.
+    pub fn hint(&self, offset: usize, len: usize) {
+        hint(&self.shared, self.raw, offset, len);
+    }
+
+    /// This region's figures.
+    pub fn stats(&self) -> RegionStats {
+        region_stats(&self.shared, self.raw).unwrap_or_default()
+    }
+
+    /// The raw handle (valid while this registration lives).
+    pub fn raw(&self) -> RawRegistration {
+        self.raw
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        release(&self.shared, self.raw);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the service thread
+// ---------------------------------------------------------------------------------------------
+
+struct Local {
+    gen: u32,
+    base: usize,
+    engine: Option<Arc<RegionHandle>>,
+    win: Window,
+    failed: bool,
+}
+
+fn run(s: Arc<Shared>) {
+    let idle = s.opts.sched_idle && os::set_sched_idle();
+    s.idle.store(idle, Relaxed);
+    let mut presence = Presence::new();
+    s.pagemap_scan.store(presence.uses_pagemap_scan(), Relaxed);
+    let memcg = Memcg::of_self();
+    let mut locals: Vec<Option<Local>> = (0..MAX_SLOTS).map(|_| None).collect();
+    let mut runs: Vec<Run> = Vec::new();
+    let mut zeros: Vec<u8> = Vec::new();
+    let mut interval = s.opts.interval;
+    let mut pass: u64 = 0;
+    let mut memcg_check = Instant::now() - Duration::from_secs(1);
+    let mut memcg_limited = memcg.as_ref().map_or(false, |m| m.room().is_some());
+    while !s.stop.load(SeqCst) {
+        pass += 1;
+        s.passes.fetch_add(1, Relaxed);
+        // Follow the table.
+        let high = s.table.high.load(SeqCst);
+        for (i, local) in locals.iter_mut().enumerate().take(high) {
+            let slot = &s.table.slots[i];
+            let state = slot.state.load(SeqCst);
+            let gen = slot.gen.load(SeqCst);
+            let current = matches!(local, Some(l) if l.gen == gen);
+            if state == LIVE && !current {
+                let base = slot.base.load(SeqCst);
+                let len = slot.len.load(SeqCst);
+                let policy = Policy::unpack(slot.policy.load(SeqCst));
+                let engine = if slot.engine.load(SeqCst) != 0 {
+                    s.engines.lock().unwrap_or_else(|e| e.into_inner())[i].clone()
+                } else {
+                    None
+                };
+                if slot.engine.load(SeqCst) != 0 && engine.is_none() {
+                    continue; // published before its handle: next pass
+                }
+                *local = Some(Local {
+                    gen,
+                    base,
+                    engine,
+                    win: Window::new(base, len, policy),
+                    failed: false,
+                });
+            } else if state != LIVE && local.is_some() {
+                *local = None;
+            }
+        }
+        // The memory cgroup's room (re-read whether it is limited every second).
+        if memcg_check.elapsed() > Duration::from_secs(1) {
+            memcg_limited = memcg.as_ref().map_or(false, |m| m.room().is_some());
+            memcg_check = Instant::now();
+        }
+        let mut room: Option<u64> = if memcg_limited {
+            memcg.as_ref().and_then(|m| m.room())
+        } else {
+            None
+        };
+        let mut backoff = false;
+        let mut total_unused: usize = locals
+            .iter()
+            .flatten()
+            .map(|l| l.win.unused_pages + l.win.stranded_pages)
+            .sum();
+        let mut active = false;
+        for (i, l) in locals.iter_mut().enumerate().take(high) {
+            let Some(l) = l.as_mut() else { continue };
+            if l.failed {
+                continue;
+            }
+            // Idle regions are sensed less often (up to every 32nd pass).
+            let idle_passes = l.win.idle_passes;
+            if idle_passes > 8 {
+                let every = 1u64 << (idle_passes - 8).min(5);
+                if pass % every != 0 {
+                    continue;
+                }
+            }
+            let slot = &s.table.slots[i];
+            let h = slot.hint.swap(0, SeqCst);
+            if h != 0 {
+                l.win.hint(((h >> 32) - 1) as usize);
+                l.win.idle_passes = 0;
+            }
+            let (lo, hi) = l.win.scan_range();
+            if hi > lo {
+                if let Err(e) =
+                    presence.scan(l.base + lo * PAGE_SIZE, (hi - lo) * PAGE_SIZE, &mut runs)
+                {
+                    slot.failures.fetch_add(1, Relaxed);
+                    slot.last_errno.store(e as u32, Relaxed);
+                    l.failed = true;
+                    continue;
+                }
+            } else {
+                runs.clear();
+            }
+            let before = l.win.unused_pages + l.win.stranded_pages;
+            let sensed = l.win.sense(&runs, (lo, hi));
+            total_unused = total_unused + (l.win.unused_pages + l.win.stranded_pages) - before;
+            if sensed.hits > 0 || sensed.footprint > 0 {
+                active = true;
+                slot.hits.fetch_add(sensed.hits, Relaxed);
+                s.hits.fetch_add(sensed.hits, Relaxed);
+                s.footprint.fetch_add(sensed.footprint, Relaxed);
+            }
+            slot.learned.store(l.win.mode.packed(), Relaxed);
+            // Refill.
+            while l.win.wants_more() && !backoff {
+                let budget_pages = (s.opts.budget_bytes / PAGE_SIZE).saturating_sub(total_unused);
+                let Some((_call, list)) = l.win.plan(budget_pages) else {
+                    break;
+                };
+                let bytes = (list.len() * PAGE_SIZE) as u64;
+                if let Some(r) = room {
+                    if r < s.opts.memcg_headroom_bytes as u64 + bytes {
+                        l.win.undo(&list);
+                        backoff = true;
+                        break;
+                    }
+                }
+                if !s.table.enter(i, l.gen) {
+                    l.win.undo(&list);
+                    l.failed = true;
+                    break;
+                }
+                let write = l.win.policy.populate == Populate::Write;
+                let r = populate_list(&s, l, &list, write, &mut zeros);
+                s.table.leave(i);
+                match r {
+                    Ok(calls) => {
+                        slot.calls.fetch_add(calls, Relaxed);
+                        total_unused += list.len();
+                        room = room.map(|r| r.saturating_sub(bytes));
+                        slot.populated_bytes.fetch_add(bytes, Relaxed);
+                        s.populated.fetch_add(bytes, Relaxed);
+                    }
+                    Err(e) => {
+                        l.win.undo(&list);
+                        slot.failures.fetch_add(1, Relaxed);
+                        slot.last_errno.store(e as u32, Relaxed);
+                        s.failures.fetch_add(1, Relaxed);
+                        if e == libc::ENOMEM && l.engine.is_none() {
+                            // Out of memory (or unmapped under us): back off this pass.
+                            backoff = true;
+                        } else {
+                            l.failed = true;
+                        }
+                        break;
+                    }
+                }
+            }
+            if l.win.mode == Mode::Learning {
+                slot.learned.store(0, Relaxed);
+            }
+        }
+        if backoff {
+            s.backoffs.fetch_add(1, Relaxed);
+        }
+        let unused = (total_unused * PAGE_SIZE) as u64;
+        s.unused.store(unused, Relaxed);
+        s.peak_unused.fetch_max(unused, Relaxed);
+        s.cpu_ns.store(os::thread_cpu().as_nanos() as u64, Relaxed);
+        if s.opts.adaptive {
+            interval = if active {
+                (interval / 4).max(s.opts.min_interval)
+            } else {
+                (interval * 2).min(s.opts.interval)
+            };
+        }
+        std::thread::park_timeout(interval);
+    }
+    s.running.store(false, SeqCst);
+}
+
+/// Populates the pages of `list` (region page indices, ascending), one call per contiguous
+/// run, each at most `max_call_bytes` (a 2 MiB unit is one call).
+fn populate_list(
+    s: &Shared,
+    l: &Local,
+    list: &[usize],
+    write: bool,
+    zeros: &mut Vec<u8>,
+) -> Result<u64, i32> {
+    let mut calls = 0;
+    let max_pages = if l.win.thp {
+        crate::window::UNIT
+    } else {
+        (s.opts.max_call_bytes / PAGE_SIZE).max(1)
+    };
+    let mut i = 0;
+    while i < list.len() {
+        let mut j = i + 1;
+        while j < list.len() && list[j] == list[j - 1] + 1 && j - i < max_pages {
+            j += 1;
+        }
+        let (first, pages) = (list[i], j - i);
+        s.calls.fetch_add(1, Relaxed);
+        calls += 1;
+        match &l.engine {
+            None => os::populate(l.base + first * PAGE_SIZE, pages * PAGE_SIZE, write)?,
+            Some(region) => {
+                let len = pages * PAGE_SIZE;
+                let r = if write {
+                    if zeros.len() < len {
+                        zeros.resize(len, 0);
+                    }
+                    region.install(first * PAGE_SIZE, &zeros[..len])
+                } else {
+                    region.install_zero(first * PAGE_SIZE, len)
+                };
+                if let Err(e) = r {
+                    return Err(match e {
+                        tiermem_fault::Error::Syscall { source, .. } => {
+                            source.raw_os_error().unwrap_or(libc::EIO)
+                        }
+                        _ => libc::EINVAL,
+                    });
+                }
+            }
+        }
+        i = j;
+    }
+    Ok(calls)
+}
