@@ -116,6 +116,8 @@ impl Drop for ServiceInner {
         if let Some(j) = self.join.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = j.join();
         }
+        // After the join: no populate can be in flight in a child forked from now on.
+        fork::untrack(&self.shared);
     }
 }
 
@@ -160,6 +162,7 @@ impl Service {
             pagemap_scan: AtomicBool::new(false),
             running: AtomicBool::new(true),
         });
+        fork::track(&shared);
         let s2 = shared.clone();
         let join = std::thread::Builder::new()
             .name("tiermem-prefault".into())
@@ -449,6 +452,59 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         release(&self.shared, self.raw);
+    }
+}
+
+/// Fork safety: a child has no service thread, but its copy of a registration table may say a
+/// populate was in flight (`busy`) at the fork, and an unregistering hook would wait for it
+/// forever. A `pthread_atfork` child handler, installed once, marks every running service of
+/// the child as stopped and idle. The services are found through a fixed array of pointers
+/// (no lock: the child may not take a lock another thread of the parent held at the fork).
+mod fork {
+    use super::Shared;
+    use std::sync::atomic::{AtomicPtr, Ordering::SeqCst};
+    use std::sync::{Arc, Once};
+
+    const MAX: usize = 64;
+    static SERVICES: [AtomicPtr<Shared>; MAX] =
+        [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX];
+    static INSTALL: Once = Once::new();
+
+    extern "C" fn child() {
+        for p in SERVICES.iter() {
+            let p = p.load(SeqCst);
+            if !p.is_null() {
+                // SAFETY: a tracked pointer is a live Arc<Shared> (untracked before the last
+                // reference goes); the child's memory is a copy of the parent's.
+                let s = unsafe { &*p };
+                s.table.after_fork_child();
+                s.running.store(false, SeqCst);
+            }
+        }
+    }
+
+    pub(super) fn track(s: &Arc<Shared>) {
+        INSTALL.call_once(|| {
+            // SAFETY: registering a plain function as the child handler.
+            unsafe { libc::pthread_atfork(None, None, Some(child)) };
+        });
+        let p = Arc::as_ptr(s) as *mut Shared;
+        for slot in SERVICES.iter() {
+            if slot
+                .compare_exchange(std::ptr::null_mut(), p, SeqCst, SeqCst)
+                .is_ok()
+            {
+                return;
+            }
+        }
+        // More than 64 services at once: forks of this process are not covered for the rest.
+    }
+
+    pub(super) fn untrack(s: &Arc<Shared>) {
+        let p = Arc::as_ptr(s) as *mut Shared;
+        for slot in SERVICES.iter() {
+            let _ = slot.compare_exchange(p, std::ptr::null_mut(), SeqCst, SeqCst);
+        }
     }
 }
 

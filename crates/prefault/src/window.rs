@@ -26,6 +26,13 @@ pub(crate) const UNIT: usize = 512;
 /// How far past the window a pass looks for the application's own faults.
 const LOOKAHEAD: usize = 2 * UNIT;
 const NONE: u32 = u32::MAX;
+/// How far ahead of the application the frontier jumps when it was overtaken, before rounding
+/// up to the next 2 MiB boundary: a whole unit, so the service's populates never take the
+/// page-table lock the application's own faults take. Measured with `examples/touch` (64 MiB,
+/// back-to-back touches): jumping only 64 pages made the application's kernel faults 20 %
+/// slower (p50 4,056 against 3,354 TSC ticks) and the whole run 0.79–0.91× of the kernel's
+/// instead of 0.74×; at a 5 µs gap it saved ~480 of ~16,000 faults.
+const JUMP: usize = UNIT;
 
 /// A window-table entry (16 bytes, as the paper's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,6 +241,12 @@ impl Window {
             if e.trip != NONE && get(seen, e.trip as usize) {
                 s.hits += 1;
                 self.unused_pages -= e.pages as usize - 1;
+                if self.mode == Mode::Whole {
+                    // In no order, a hit says one page of the chunk was touched, nothing of the
+                    // others: they stay counted against the budget (the bound holds; random
+                    // access gets at most a budget's worth populated ahead).
+                    self.stranded_pages += e.pages as usize - 1;
+                }
                 let t = e.trip as usize;
                 hit_pos = Some(hit_pos.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
             } else {
@@ -312,8 +325,19 @@ impl Window {
             }
         }
         let diffs: Vec<usize> = fp.windows(2).map(|w| w[1] - w[0]).collect();
-        let d0 = diffs[0];
-        let regular = diffs.iter().all(|&d| d == d0);
+        // The dominant gap: a footprint is regular when at least 3/4 of its gaps are equal
+        // (a pass may see the end of one run and the start of the next, or a straggler).
+        let mut sorted = diffs.clone();
+        sorted.sort_unstable();
+        let (mut d0, mut best, mut i) = (sorted[0], 0, 0);
+        while i < sorted.len() {
+            let j = sorted[i..].iter().take_while(|&&d| d == sorted[i]).count();
+            if j > best {
+                (d0, best) = (sorted[i], j);
+            }
+            i += j;
+        }
+        let regular = best * 4 >= diffs.len() * 3;
         let prev = self.app.or(hits.map(|h| h.1));
         let lo = fp[0];
         let hi = *fp.last().unwrap();
@@ -448,18 +472,23 @@ impl Window {
         if overtaken {
             self.next = if desc {
                 // ≥ 2 MiB below, at a unit boundary (huge-page mode: the unit below).
-                let t = if self.thp { p } else { p.saturating_sub(UNIT) };
+                let t = if self.thp { p } else { p.saturating_sub(JUMP) };
                 if t < self.head {
                     0
                 } else {
                     self.head + (t - self.head) / UNIT * UNIT
                 }
             } else {
-                let t = if self.thp { p + 1 } else { p + UNIT };
-                if t <= self.head {
+                let t = if self.thp { p + 1 } else { p + JUMP };
+                let n = if t <= self.head {
                     self.head
                 } else {
                     self.head + (t - self.head).div_ceil(UNIT) * UNIT
+                };
+                match self.mode {
+                    // Keep the stride's phase: the next page the application touches.
+                    Mode::Stride(st) => p + (n - p).div_ceil(st) * st,
+                    _ => n,
                 }
             };
         }
@@ -538,7 +567,7 @@ impl Window {
             // Advance the frontier past this chunk.
             match self.mode {
                 Mode::Desc => self.next = first,
-                _ => self.next = e.last() + 1,
+                _ => self.next = e.last() + step,
             }
             // Pages to populate: the chunk but its tripwire and pages already present.
             let mut list = Vec::with_capacity(pages);
@@ -720,5 +749,67 @@ mod tests {
         assert_eq!(w.table.len(), 0);
         assert_eq!(w.stranded_pages, 60);
         assert_eq!(w.unused_pages, 0);
+    }
+}
+
+#[cfg(test)]
+mod sim {
+    use super::*;
+    use crate::os::Run;
+
+    /// Simulates an application touching `order` one page per step, the service passing every
+    /// `every` touches: returns the fraction of touches that found their page populated.
+    pub(crate) fn simulate(order: &[usize], pages: usize, every: usize, policy: Policy) -> f64 {
+        let mut w = Window::new(1 << 30, pages * PAGE_SIZE, policy);
+        let mut present = vec![false; pages];
+        let mut fast = 0;
+        for (n, &p) in order.iter().enumerate() {
+            if present[p] {
+                fast += 1;
+            }
+            present[p] = true;
+            if n % every == every - 1 {
+                let mut runs: Vec<Run> = Vec::new();
+                for (i, &b) in present.iter().enumerate() {
+                    if b {
+                        match runs.last_mut() {
+                            Some(l) if l.first + l.pages == i => l.pages += 1,
+                            _ => runs.push(Run {
+                                first: i,
+                                pages: 1,
+                                huge: false,
+                            }),
+                        }
+                    }
+                }
+                w.sense(&runs, (0, pages));
+                while let Some((_, list)) = w.plan(usize::MAX) {
+                    for q in list {
+                        present[q] = true;
+                    }
+                }
+            }
+        }
+        fast as f64 / order.len() as f64
+    }
+
+    fn pol(order: Order) -> Policy {
+        Policy {
+            order,
+            thp: Thp::Off,
+            ..Policy::default()
+        }
+    }
+
+    #[test]
+    fn most_touches_find_their_page_in_every_sequential_pattern() {
+        let n = 16384;
+        let asc: Vec<usize> = (0..n).collect();
+        let desc: Vec<usize> = (0..n).rev().collect();
+        let stride: Vec<usize> = (0..n).step_by(4).collect();
+        for (name, o) in [("asc", &asc), ("desc", &desc), ("stride", &stride)] {
+            let f = simulate(o, n, 64, pol(Order::Auto));
+            assert!(f > 0.8, "{name}: {f}");
+        }
     }
 }
