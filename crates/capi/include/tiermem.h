@@ -70,6 +70,56 @@
 #define TIERMEM_POOL_GROUP_SHARED 1
 
 /**
+ * Order: learned from the footprint.
+ */
+#define TIERMEM_PREFAULT_AUTO 0
+
+/**
+ * Order: low addresses first.
+ */
+#define TIERMEM_PREFAULT_ASCENDING 1
+
+/**
+ * Order: high addresses first.
+ */
+#define TIERMEM_PREFAULT_DESCENDING 2
+
+/**
+ * Order: every n-th page (n learned).
+ */
+#define TIERMEM_PREFAULT_STRIDE 3
+
+/**
+ * Order: none; the whole region as far as the budget allows.
+ */
+#define TIERMEM_PREFAULT_WHOLE 4
+
+/**
+ * Populate: private zeroed pages (MADV_POPULATE_WRITE).
+ */
+#define TIERMEM_PREFAULT_WRITE 0
+
+/**
+ * Populate: the zero page (MADV_POPULATE_READ), for data only read.
+ */
+#define TIERMEM_PREFAULT_READ 1
+
+/**
+ * THP: as the kernel decides for the region.
+ */
+#define TIERMEM_PREFAULT_THP_AUTO 0
+
+/**
+ * THP: whole 2 MiB units.
+ */
+#define TIERMEM_PREFAULT_THP_ON 1
+
+/**
+ * THP: 4 KiB chunks with tripwires.
+ */
+#define TIERMEM_PREFAULT_THP_OFF 2
+
+/**
  * `nv_allocate` mode: the region's DRAM cache is private to this process.
  */
 #define NV_PRIVATE 1
@@ -85,6 +135,11 @@
  * An open NVM or FAM pool (opaque).
  */
 typedef struct TiermemPool TiermemPool;
+
+/**
+ * A running prefault service (opaque).
+ */
+typedef struct TiermemPrefault TiermemPrefault;
 
 /**
  * A registered region (opaque).
@@ -240,6 +295,104 @@ typedef struct nvh_ckpt_stats {
    */
   uint64_t nanos;
 } nvh_ckpt_stats;
+
+/**
+ * Service options (`tiermem_prefault_options_default` fills the defaults).
+ */
+typedef struct TiermemPrefaultOptions {
+  /**
+   * Bound on bytes populated ahead and not known to be used (default 64 MiB).
+   */
+  uint64_t budget_bytes;
+  /**
+   * Pass interval while idle, µs (default 2000).
+   */
+  uint32_t interval_us;
+  /**
+   * Shortest pass interval while entries get used, µs (default 100).
+   */
+  uint32_t min_interval_us;
+  /**
+   * Most bytes a 4 KiB-mode populate call covers (default 256 KiB).
+   */
+  uint64_t max_call_bytes;
+  /**
+   * Stop populating this close to the memory cgroup's limit (default 32 MiB).
+   */
+  uint64_t memcg_headroom_bytes;
+  /**
+   * Non-zero: the service thread runs SCHED_IDLE (default 1).
+   */
+  int sched_idle;
+  /**
+   * Non-zero: passes speed up while entries get used (default 1).
+   */
+  int adaptive;
+} TiermemPrefaultOptions;
+
+/**
+ * A region's policy (`tiermem_prefault_policy_default` fills the paper's defaults).
+ */
+typedef struct TiermemPrefaultPolicy {
+  /**
+   * TIERMEM_PREFAULT_AUTO / _ASCENDING / _DESCENDING / _STRIDE / _WHOLE.
+   */
+  int order;
+  /**
+   * TIERMEM_PREFAULT_WRITE / _READ.
+   */
+  int populate;
+  /**
+   * Pages per window entry, 1..=64 (default 16).
+   */
+  uint32_t chunk;
+  /**
+   * Window entries, 1..=64 (default 64).
+   */
+  uint32_t entries;
+  /**
+   * TIERMEM_PREFAULT_THP_AUTO / _ON / _OFF.
+   */
+  int thp;
+} TiermemPrefaultPolicy;
+
+/**
+ * The service's figures (`tiermem_prefault_stats`).
+ */
+typedef struct TiermemPrefaultStats {
+  uint64_t regions;
+  uint64_t passes;
+  uint64_t populate_calls;
+  uint64_t populated_bytes;
+  uint64_t tripwire_hits;
+  uint64_t footprint_pages;
+  uint64_t unused_bytes;
+  uint64_t peak_unused_bytes;
+  uint64_t budget_bytes;
+  uint64_t backoffs;
+  uint64_t failures;
+  uint64_t service_cpu_ns;
+  int sched_idle;
+} TiermemPrefaultStats;
+
+/**
+ * One registration's figures (`tiermem_prefault_region_stats`).
+ */
+typedef struct TiermemPrefaultRegionStats {
+  uint64_t populated_bytes;
+  uint64_t calls;
+  uint64_t hits;
+  uint64_t failures;
+  int last_errno;
+  /**
+   * The order followed now (TIERMEM_PREFAULT_AUTO while still learning).
+   */
+  int order;
+  /**
+   * The stride learned, in pages (0 unless order is TIERMEM_PREFAULT_STRIDE).
+   */
+  uint64_t stride;
+} TiermemPrefaultRegionStats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -614,6 +767,67 @@ int nvh_ckall(struct nvh_ckpt_stats *out);
  * Returns 0, -ENOENT when no object has that name, or another negative errno.
  */
 int nvh_ckone(const char *name);
+
+/**
+ * Fills `*out` with the default options. Returns 0, or -EINVAL for NULL.
+ */
+int tiermem_prefault_options_default(struct TiermemPrefaultOptions *out);
+
+/**
+ * Fills `*out` with the default policy (auto order, write, 16-page chunks, 64 entries, THP
+ * auto). Returns 0, or -EINVAL for NULL.
+ */
+int tiermem_prefault_policy_default(struct TiermemPrefaultPolicy *out);
+
+/**
+ * Starts a service (`opts` NULL: defaults) and stores its handle in `*out`.
+ */
+int tiermem_prefault_start(const struct TiermemPrefaultOptions *opts, struct TiermemPrefault **out);
+
+/**
+ * Stops the service and frees its handle; live registrations become inert (their ranges are
+ * never populated again). Returns 0, -EINVAL/-EBADF for a bad handle.
+ */
+int tiermem_prefault_stop(struct TiermemPrefault *p);
+
+/**
+ * Registers `[addr, addr+len)` (page aligned, private anonymous read-write memory, checked)
+ * with `policy` (NULL: defaults); stores the registration token in `*out`.
+ */
+int tiermem_prefault_register(const struct TiermemPrefault *p,
+                              void *addr,
+                              size_t len,
+                              const struct TiermemPrefaultPolicy *policy,
+                              uint64_t *out);
+
+/**
+ * Ends a registration; returns after a populate in flight in it. An ended registration is a
+ * no-op (0).
+ */
+int tiermem_prefault_unregister(const struct TiermemPrefault *p, uint64_t reg);
+
+/**
+ * Ends every registration overlapping `[addr, addr+len)` (call before munmap, mremap,
+ * MADV_DONTNEED or a MAP_FIXED mapping there). Returns how many, or a negative errno.
+ */
+int tiermem_prefault_unregister_range(const struct TiermemPrefault *p, void *addr, size_t len);
+
+/**
+ * The application will next touch `[offset, offset+len)` of the registration.
+ */
+int tiermem_prefault_hint(const struct TiermemPrefault *p, uint64_t reg, size_t offset, size_t len);
+
+/**
+ * The service's figures into `*out`.
+ */
+int tiermem_prefault_stats(const struct TiermemPrefault *p, struct TiermemPrefaultStats *out);
+
+/**
+ * One registration's figures into `*out`; -ENOENT when it ended.
+ */
+int tiermem_prefault_region_stats(const struct TiermemPrefault *p,
+                                  uint64_t reg,
+                                  struct TiermemPrefaultRegionStats *out);
 
 /**
  * Start a vnvm instance (the thesis' `nv_init`) in directory `dir` (NULL: `$TIERMEM_VNVM_DIR`,

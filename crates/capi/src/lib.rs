@@ -21,6 +21,7 @@ mod kv;
 mod media;
 mod migrate;
 mod pheap;
+mod prefault;
 mod vnvm;
 
 pub use error::*;
@@ -29,6 +30,7 @@ pub use kv::*;
 pub use media::*;
 pub use migrate::*;
 pub use pheap::*;
+pub use prefault::*;
 pub use vnvm::*;
 
 /// The library's version as a NUL-terminated string ("MAJOR.MINOR.PATCH"); static storage.
