@@ -195,7 +195,9 @@ fn bench_fault_quick_json_reports_scan_1gib_ms() {
 }
 
 /// The tour's steps, in order (`tiermem tour --only` accepts these).
-const TOUR_STEPS: [&str; 7] = ["doctor", "media", "fault", "vnvm", "kv", "migrate", "pheap"];
+const TOUR_STEPS: [&str; 8] = [
+    "doctor", "media", "fault", "vnvm", "kv", "migrate", "pheap", "prefault",
+];
 
 /// The rows of the tour's closing table: (step, result).
 fn tour_table(stdout: &str) -> Vec<(String, String)> {

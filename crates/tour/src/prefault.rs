@@ -1,0 +1,207 @@
+//! Tour step `prefault`: first touches of anonymous memory with and without the prefault
+//! service. The same 64 MiB walk (one byte per page, ascending, a short compute gap) runs on
+//! the kernel's demand faults, then with the service populating ahead; the faults the walking
+//! thread took (RUSAGE_THREAD) and the per-touch median are printed. Then a check that does not
+//! depend on timing: a window the service populated before the walk reaches it takes exactly
+//! its tripwire faults (one per 16-page chunk) and reads zero.
+
+use super::{Ctx, Outcome};
+use anyhow::{bail, ensure, Result};
+use std::time::{Duration, Instant};
+use tiermem_prefault::{Options, Order, Policy, Service, Thp};
+
+const PAGE: usize = 4096;
+
+/// Run the step (in memory only: nothing to clean up but its mappings).
+pub fn run(_ctx: &Ctx) -> Result<Outcome> {
+    let len = 64 << 20;
+    let kernel = walk(len, None)?;
+    say!(
+        "kernel demand faults: {} MiB touched one page at a time, {} faults in the walking thread, median touch {:.2} µs",
+        len >> 20,
+        kernel.faults,
+        kernel.p50_us
+    );
+    let svc = Service::start(Options::default())?;
+    let with = walk(len, Some(&svc))?;
+    let st = svc.stats();
+    say!(
+        "with the service ({}): {} faults in the walking thread, median touch {:.2} µs ({:.2}× the kernel's), order learned: {:?}; {} MiB populated ahead on the other core, service CPU {:.1} ms, peak populated-not-used {} KiB (budget {} MiB)",
+        if st.sched_idle { "SCHED_IDLE" } else { "normal priority" },
+        with.faults,
+        with.p50_us,
+        with.p50_us / kernel.p50_us,
+        with.order,
+        st.populated_bytes >> 20,
+        st.service_cpu.as_secs_f64() * 1e3,
+        st.peak_unused_bytes >> 10,
+        st.budget_bytes >> 20
+    );
+    ensure!(
+        st.peak_unused_bytes <= st.budget_bytes,
+        "populated-but-unused peaked at {} bytes, over the budget {}",
+        st.peak_unused_bytes,
+        st.budget_bytes
+    );
+    ensure!(
+        with.faults <= kernel.faults,
+        "the walk took more faults with the service ({}) than without ({})",
+        with.faults,
+        kernel.faults
+    );
+    // The check that does not depend on timing: wait for a window, then walk it.
+    let (pages, faults) = window_walk(&svc)?;
+    say!(
+        "a window populated before the walk reached it: {pages} first touches took {faults} faults (its tripwires, one per 16-page chunk) and read zero"
+    );
+    Ok(Outcome::Ok(format!(
+        "first touches {:.2}× the kernel's median ({:.2} vs {:.2} µs), {} of {} faults left in the application thread; a ready window: {faults} faults for {pages} touches",
+        with.p50_us / kernel.p50_us,
+        with.p50_us,
+        kernel.p50_us,
+        with.faults,
+        kernel.faults
+    )))
+}
+
+struct Walk {
+    faults: u64,
+    p50_us: f64,
+    order: Order,
+}
+
+fn thread_minflt() -> u64 {
+    // SAFETY: getrusage fills the struct.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+        ru.ru_minflt as u64
+    }
+}
+
+fn walk(len: usize, svc: Option<&Service>) -> Result<Walk> {
+    let m = Map::new(len)?;
+    let reg = match svc {
+        Some(s) => Some(s.register(
+            m.ptr,
+            len,
+            Policy {
+                thp: Thp::Off,
+                ..Policy::default()
+            },
+        )?),
+        None => None,
+    };
+    let pages = len / PAGE;
+    let mut t = Vec::with_capacity(pages);
+    let f0 = thread_minflt();
+    for i in 0..pages {
+        let gap = Instant::now();
+        while gap.elapsed() < Duration::from_micros(2) {}
+        let a = Instant::now();
+        // SAFETY: inside our mapping.
+        unsafe { m.ptr.add(i * PAGE).write_volatile(1) };
+        // mfence: the store completes (its cache miss included), as the benchmark measures.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        t.push(a.elapsed());
+    }
+    let faults = thread_minflt() - f0;
+    // Every byte: the touched ones 1, the rest zero.
+    // SAFETY: the whole mapping is ours and readable.
+    let all = unsafe { std::slice::from_raw_parts(m.ptr, len) };
+    for (i, &b) in all.iter().enumerate() {
+        ensure!(
+            b == u8::from(i % PAGE == 0),
+            "byte {i} reads {b} after the walk"
+        );
+    }
+    let order = reg.as_ref().map_or(Order::Auto, |r| r.stats().order);
+    drop(reg);
+    t.sort_unstable();
+    Ok(Walk {
+        faults,
+        p50_us: t[t.len() / 2].as_secs_f64() * 1e6,
+        order,
+    })
+}
+
+fn window_walk(svc: &Service) -> Result<(usize, u64)> {
+    let len = 8 << 20;
+    let m = Map::new(len)?;
+    let policy = Policy {
+        order: Order::Ascending,
+        thp: Thp::Off,
+        ..Policy::default()
+    };
+    let reg = svc.register(m.ptr, len, policy)?;
+    let window = (policy.entries * policy.chunk) as usize;
+    let want = (policy.entries * (policy.chunk - 1)) as u64 * PAGE as u64;
+    let t = Instant::now();
+    while reg.stats().populated_bytes < want {
+        if t.elapsed() > Duration::from_secs(20) {
+            bail!(
+                "the service populated {} of {want} bytes of a window in 20 s",
+                reg.stats().populated_bytes
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let f0 = thread_minflt();
+    let mut nonzero = 0;
+    for i in 0..window {
+        // SAFETY: inside our mapping.
+        // (The write first: a read of a tripwire would fault twice, for the zero page and
+        // then for the copy.)
+        unsafe {
+            m.ptr.add(i * PAGE).write_volatile(1);
+            nonzero += usize::from(m.ptr.add(i * PAGE + 100).read_volatile() != 0);
+        }
+    }
+    let faults = thread_minflt() - f0;
+    ensure!(nonzero == 0, "{nonzero} populated pages did not read zero");
+    ensure!(
+        faults <= policy.entries as u64,
+        "{faults} faults walking a populated window of {window} pages (expected at most its {} tripwires)",
+        policy.entries
+    );
+    drop(reg);
+    Ok((window, faults))
+}
+
+/// An anonymous private mapping with 4 KiB pages, unmapped on drop.
+struct Map {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Map {
+    fn new(len: usize) -> Result<Map> {
+        // SAFETY: a fresh anonymous mapping; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            bail!(
+                "mmap of {len} bytes failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        // SAFETY: our mapping; 4 KiB pages whatever the THP setting.
+        unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+        Ok(Map { ptr: p.cast(), len })
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // SAFETY: we own this mapping.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
