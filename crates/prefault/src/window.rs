@@ -469,14 +469,23 @@ impl Window {
             Mode::Desc => p < self.next,
             _ => false,
         };
+        // A region too small to jump in (an allocator's 1 MiB arena, say) is filled right
+        // behind the application instead: sharing its page table beats not filling at all.
         if overtaken {
-            self.next = if desc {
+            self.next = if desc && !self.thp && p <= JUMP {
+                p
+            } else if desc {
                 // ≥ 2 MiB below, at a unit boundary (huge-page mode: the unit below).
                 let t = if self.thp { p } else { p.saturating_sub(JUMP) };
                 if t < self.head {
                     0
                 } else {
                     self.head + (t - self.head) / UNIT * UNIT
+                }
+            } else if !self.thp && p + JUMP >= self.pages {
+                match self.mode {
+                    Mode::Stride(st) => p + st,
+                    _ => p + 1,
                 }
             } else {
                 let t = if self.thp { p + 1 } else { p + JUMP };
@@ -736,6 +745,20 @@ mod tests {
             (0, 4096),
         );
         assert_eq!(w.mode, Mode::Whole);
+    }
+
+    #[test]
+    fn a_small_region_is_filled_right_behind_the_application() {
+        let mut w = window(Order::Auto, 256);
+        w.sense(&[run(0, 6)], (0, 256));
+        assert_eq!(w.mode, Mode::Asc);
+        let (c, _) = w.plan(usize::MAX).unwrap();
+        assert_eq!(c.first, 7, "{c:?}");
+        let mut w = window(Order::Auto, 256);
+        w.sense(&[run(250, 6)], (0, 256));
+        assert_eq!(w.mode, Mode::Desc);
+        let (c, _) = w.plan(usize::MAX).unwrap();
+        assert_eq!(c.first + c.pages, 249, "{c:?}");
     }
 
     #[test]
