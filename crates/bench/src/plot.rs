@@ -43,7 +43,7 @@ pub struct Panel<'a> {
     pub lines: Vec<Line<'a>>,
 }
 
-const COLORS: [RGBColor; 8] = [
+const COLORS: [RGBColor; 11] = [
     RGBColor(0x1b, 0x9e, 0x77),
     RGBColor(0xd9, 0x5f, 0x02),
     RGBColor(0x75, 0x70, 0xb3),
@@ -52,6 +52,10 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(0xe6, 0xab, 0x02),
     RGBColor(0xa6, 0x76, 0x1d),
     RGBColor(0x1f, 0x78, 0xb4),
+    // bench prefault draws up to 11 curves in one chart.
+    RGBColor(0xe3, 0x1a, 0x1c),
+    RGBColor(0x66, 0x66, 0x66),
+    RGBColor(0x00, 0x00, 0x00),
 ];
 
 /// The font family every chart uses (registered under this name).
