@@ -2,7 +2,8 @@
 //! subsystem's benchmark, which runs its baseline side by side in the same run and reports
 //! medians and ratios, the delay model in force and the machine it ran on. The `tiermem` binary
 //! only parses arguments and dispatches here, including the hidden worker subcommands whose
-//! entry points (`vnvm::worker_main`, `migrate::case_worker_main`, `pheap::run_worker_main`)
+//! entry points (`vnvm::worker_main`, `migrate::case_worker_main`, `pheap::run_worker_main`,
+//! `prefault::run_worker_main`)
 //! the benchmarks re-execute the binary for.
 //!
 //! Shared pieces live here once: `machine` (what a report ran on), `stats` (percentiles),
@@ -18,6 +19,7 @@ pub mod migrate;
 pub mod migrate_kv;
 pub mod pheap;
 pub mod plot;
+pub mod prefault;
 pub mod progress;
 pub mod stats;
 pub mod vnvm;

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Subcommand;
 /// `bench migrate`'s harness; `migrate run` shares its size syntax (`crate::bench::migrate`).
 pub use tiermem_bench::migrate;
-use tiermem_bench::{fault, kv, media, pheap, print_report, vnvm, BenchOpts};
+use tiermem_bench::{fault, kv, media, pheap, prefault, print_report, vnvm, BenchOpts};
 
 /// The benchmarks.
 #[derive(Subcommand)]
@@ -36,6 +36,13 @@ pub enum BenchCommand {
     /// checkpoint intervals 5/10/15 scaled seconds): bytes copied per checkpoint, checkpoint
     /// time, run time, minor faults, and the tracking overhead against glibc malloc.
     Pheap(BenchOpts),
+    /// The prefault service (POE on a stock kernel): the first-touch critical path per access
+    /// (lfence; rdtsc; access; mfence; rdtscp) and total time of the paper's microbenchmark
+    /// against the kernel's demand fault, MAP_POPULATE and userfaultfd (POE's move pool,
+    /// UFFDIO_COPY, UFFDIO_ZEROPAGE), THP off and on; time to first touch of 10 % of 1 GiB;
+    /// programs (sqlite3, sort, python3, redis, memcached, x264, vips) plain and under
+    /// `tiermem prefault run`. Per-touch CDFs with --plot.
+    Prefault(BenchOpts),
     /// Internal: the process one system of `bench vnvm` runs in, driven by `bench vnvm` over
     /// its stdin and stdout (one JSON request and one reply per line).
     #[command(hide = true)]
@@ -47,6 +54,9 @@ pub enum BenchCommand {
     /// Internal: the process one run of `bench pheap` runs in.
     #[command(hide = true)]
     PheapRun,
+    /// Internal: the process one run of `bench prefault` runs in.
+    #[command(hide = true)]
+    PrefaultRun,
 }
 
 /// Run one benchmark.
@@ -72,9 +82,11 @@ impl BenchCommand {
             BenchCommand::Kv(_) => "bench kv",
             BenchCommand::Migrate(_) => "bench migrate",
             BenchCommand::Pheap(_) => "bench pheap",
-            BenchCommand::VnvmWorker(_) | BenchCommand::MigrateCase | BenchCommand::PheapRun => {
-                return None
-            }
+            BenchCommand::Prefault(_) => "bench prefault",
+            BenchCommand::VnvmWorker(_)
+            | BenchCommand::MigrateCase
+            | BenchCommand::PheapRun
+            | BenchCommand::PrefaultRun => return None,
         })
     }
 }
@@ -87,8 +99,10 @@ fn run_inner(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Kv(o) => print_report(&kv::run(&o)?, o.bench.json),
         BenchCommand::Migrate(o) => print_report(&migrate::run(&o)?, o.common.json),
         BenchCommand::Pheap(o) => print_report(&pheap::run(&o)?, o.json),
+        BenchCommand::Prefault(o) => print_report(&prefault::run(&o)?, o.json),
         BenchCommand::VnvmWorker(a) => vnvm::worker_main(a),
         BenchCommand::MigrateCase => migrate::case_worker_main(),
         BenchCommand::PheapRun => pheap::run_worker_main(),
+        BenchCommand::PrefaultRun => prefault::run_worker_main(),
     }
 }
