@@ -25,12 +25,17 @@ fi
 #   tokyocabinet-bin, sqlite3: unmodified programs (Tokyo Cabinet's on-memory database tools,
 #     sqlite3 on :memory:) run under the pheap LD_PRELOAD library (crates/pheap-preload tests,
 #     tiermem bench pheap).
+#   memcached, libmemcached-tools, x264, libvips-tools: unmodified programs of `tiermem bench
+#     prefault` run plain and under `tiermem prefault run` (memcached under libmemcached's
+#     memcslap; x264 and vips, the PARSEC members Debian packages), beside sqlite3, sort,
+#     python3 and redis.
 APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procps
   libpmemobj-dev
   redis-server redis-tools
   maven default-jdk-headless
   fonts-dejavu-core
-  tokyocabinet-bin sqlite3)
+  tokyocabinet-bin sqlite3
+  memcached libmemcached-tools x264 libvips-tools)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -41,6 +46,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [[ " ${missing[*]} " == *" memcached "* ]]; then
+    # Like redis-server's below: bench prefault starts its own memcached on a free port.
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now memcached.service >/dev/null 2>&1 || true
+    else
+      service memcached stop >/dev/null 2>&1 || true
+      update-rc.d memcached disable >/dev/null 2>&1 || true
+    fi
+  fi
   if [[ " ${missing[*]} " == *" redis-server "* ]]; then
     # Debian's package enables a system redis-server on port 6379 and starts it where services
     # may start. The benchmarks and tests start their own on free ports with their own config
