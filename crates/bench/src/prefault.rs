@@ -326,6 +326,9 @@ pub struct Report {
     pub scaling: String,
     pub isolation: &'static str,
     pub tsc_ghz: f64,
+    /// The 1-minute load average before and after the run: the service runs SCHED_IDLE, so on
+    /// a machine kept busy by other work it falls behind (its `passes` show it).
+    pub load_average: [Option<f64>; 2],
     /// Median cost of the timing itself on a cached access, ns (not subtracted).
     pub timer_overhead_ns: f64,
     pub floor: Floor,
@@ -1145,6 +1148,26 @@ fn r2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// `x` to three significant digits (ratios span decades: 0.0000668 stays readable).
+fn sig3(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(2 - x.abs().log10().floor() as i32);
+    (x * scale).round() / scale
+}
+
+/// The 1-minute load average (/proc/loadavg): how busy the machine was around the run (the
+/// service is SCHED_IDLE: it only gets a core nobody else wants).
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn r3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -1230,6 +1253,7 @@ pub fn run_scoped(o: &Options, sc: &Scope) -> Result<Report> {
     if let Some(p) = &o.plot {
         crate::plot::check_path(p)?;
     }
+    let load_before = load_average();
     let tsc_ghz = tiermem_media::tsc_ghz();
     let iters_per_us = calibrate_spin();
     let runs_micro: usize = sc.cells.iter().map(|c| c.4.len()).sum::<usize>() * sc.reps;
@@ -1369,7 +1393,7 @@ pub fn run_scoped(o: &Options, sc: &Scope) -> Result<Report> {
     use Op::*;
     use TouchOrder::*;
     let ratio = |a: Option<&Row>, b: Option<&Row>, f: &dyn Fn(&Row) -> f64| match (a, b) {
-        (Some(a), Some(b)) => finite(f(a) / f(b)).map(r3),
+        (Some(a), Some(b)) => finite(f(a) / f(b)).map(sig3),
         _ => None,
     };
     let micro = |arm, thp, op, gap| find("micro", arm, thp, Ascending, op, gap);
@@ -1537,6 +1561,7 @@ pub fn run_scoped(o: &Options, sc: &Scope) -> Result<Report> {
             "every run in a fresh worker process (tiermem bench prefault-run)"
         },
         tsc_ghz: r3(tsc_ghz),
+        load_average: [load_before, load_average()],
         timer_overhead_ns,
         floor,
         results,
@@ -1611,24 +1636,26 @@ impl crate::Report for Report {
     fn print_table(&self) {
         println!("tiermem bench prefault — {}", self.compared);
         println!(
-            "machine: {}\nTHP (system): {} · TSC {:.3} GHz · timing overhead {:.0} ns · floor: kernel first touch p50 {:.2} µs p99 {:.2} µs\n{}\n{}\n",
+            "machine: {}\nTHP (system): {} · TSC {:.3} GHz · timing overhead {:.0} ns · floor: kernel first touch p50 {:.2} µs p99 {:.2} µs · load average {} → {}\n{}\n{}\n",
             self.machine.one_line(),
             self.thp_system_setting,
             self.tsc_ghz,
             self.timer_overhead_ns,
             self.floor.first_touch_p50_us,
             self.floor.first_touch_p99_us,
+            self.load_average[0].map_or("?".to_string(), |v| format!("{v:.2}")),
+            self.load_average[1].map_or("?".to_string(), |v| format!("{v:.2}")),
             self.scaling,
             self.isolation
         );
         println!(
-            "{:<7} {:<15} {:<4} {:<10} {:<5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>8} {:>9}",
+            "{:<7} {:<15} {:<4} {:<10} {:<5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>6} {:>8} {:>9}",
             "case", "arm", "THP", "order", "op", "gap", "p50 ns", "p99 ns", "p99.9 ns", "mean ns",
-            "total ms", "first ms", "RSS/t", "faults", "svc CPU"
+            "total ms", "setup ms", "first ms", "RSS/t", "faults", "svc CPU"
         );
         for r in &self.results {
             println!(
-                "{:<7} {:<15} {:<4} {:<10} {:<5} {:>5} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.2} {:>9.3} {:>6.2} {:>8} {:>9}",
+                "{:<7} {:<15} {:<4} {:<10} {:<5} {:>5} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.2} {:>9.3} {:>9.3} {:>6.2} {:>8} {:>9}",
                 r.case,
                 r.arm,
                 r.thp,
@@ -1640,6 +1667,7 @@ impl crate::Report for Report {
                 r.p999_ns,
                 r.mean_ns,
                 r.total_ms,
+                r.setup_ms,
                 r.first_touch_ms,
                 r.rss_over_touched,
                 r.app_faults,
@@ -1651,13 +1679,14 @@ impl crate::Report for Report {
         for r in &self.results {
             if let Some(s) = &r.service {
                 println!(
-                    "  {:<7} {:<15} THP {:<3} {:<10} {:<5} gap {:>4}: populated {} MiB in {} calls, tripwire hits {}, footprint {} pages, peak unused {} KiB, order {} {}",
+                    "  {:<7} {:<15} THP {:<3} {:<10} {:<5} gap {:>4}: {} passes, populated {} MiB in {} calls, tripwire hits {}, footprint {} pages, peak unused {} KiB, order {} {}",
                     r.case,
                     r.arm,
                     r.thp,
                     format!("{:?}", r.order).to_lowercase(),
                     format!("{:?}", r.op).to_lowercase(),
                     r.gap_us,
+                    s.passes,
                     s.populated_bytes >> 20,
                     s.populate_calls,
                     s.tripwire_hits,
