@@ -4,7 +4,7 @@
 //! exec, so it also holds for the program `tiermem prefault run` starts) and with the system's
 //! THP setting; every run's output must be the same.
 //!
-//! Repetitions: 3 quick, 5 full. Programs (sizes quick / full): sqlite3 building an in-memory database with an index
+//! Repetitions: 5. Programs (sizes quick / full): sqlite3 building an in-memory database with an index
 //! (200 k / 2 M rows); `sort` (LC_ALL=C, in memory) of a generated file (96 MiB / 1 GiB);
 //! python3 building a big list (3 M / 30 M ints); redis-server under redis-benchmark (SET of
 //! 1 KiB values, random keys, pipelined; 200 k / 1 M requests); memcached under memcslap (SET,
@@ -19,8 +19,9 @@
 //!
 //! Figures per program and THP setting: `plain_ms`, `prefault_ms` (medians), `speedup_pct` =
 //! 100 × (1 − prefault / plain); `app_faults_plain` (minor + major faults of the program, all
-//! its threads, from wait4); `app_faults_prefault` (the same under the library, minus the pages
-//! the service populated, which the kernel counts as the service thread's faults: an estimate);
+//! its threads, from wait4); `app_faults_prefault` (the application threads' faults under the
+//! library, as its exit report counts them per thread; without that count, the process's minus
+//! the pages the service populated, which the kernel counts as the service thread's faults);
 //! `est_speedup_pct` = app_faults_plain × (kernel fault − prefault touch, the microbenchmark's
 //! p50s) / plain time, the paper's formula; `service_cpu_pct` = the service's CPU over the
 //! prefault run's wall time (a server's whole life).
@@ -36,12 +37,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Repetitions of every (program, THP setting, arm).
-fn reps(quick: bool) -> usize {
-    if quick {
-        3
-    } else {
-        5
-    }
+/// Five in both cases: a program's run time varies by tens of percent on a 2-core machine with
+/// other work on it, and the median of three did not settle.
+fn reps(_quick: bool) -> usize {
+    5
 }
 
 /// What a program is and how its output is checked.
@@ -409,6 +408,8 @@ fn collect_stats(dir: &Path, prefix: &str) -> Option<Value> {
     let mut first: Option<Value> = None;
     let mut cpu_ms = 0.0;
     let mut populated = 0.0;
+    let mut app_faults: Option<f64> = None;
+    let mut app_known = true;
     let mut files = 0;
     for e in std::fs::read_dir(dir).ok()?.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -423,12 +424,21 @@ fn collect_stats(dir: &Path, prefix: &str) -> Option<Value> {
         files += 1;
         cpu_ms += service_cpu_ms(&v).unwrap_or(0.0);
         populated += v["populated_bytes"].as_f64().unwrap_or(0.0);
+        match (v["app_minflt"].as_f64(), v["app_majflt"].as_f64()) {
+            (Some(a), b) => *app_faults.get_or_insert(0.0) += a + b.unwrap_or(0.0),
+            _ => app_known = false,
+        }
         first.get_or_insert(v);
     }
     let mut v = first?;
     v["files"] = json!(files);
     v["service_cpu_ms_total"] = json!(cpu_ms);
     v["populated_bytes_total"] = json!(populated);
+    // The application threads' faults, as the library counted them (every file has them).
+    v["app_faults_total"] = match app_faults {
+        Some(a) if app_known => json!(a),
+        _ => Value::Null,
+    };
     Some(v)
 }
 
@@ -886,6 +896,28 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
                     .collect(),
             );
             let life = median(pre.iter().map(|r| r.life_ms).collect());
+            // The application threads' faults under the library: what it counted per thread
+            // (/proc/self/task) when it says, else the process's minus the pages populated.
+            let lib_app_faults = median(
+                pre.iter()
+                    .map(|r| {
+                        r.stats.as_ref().map_or(f64::NAN, |s| {
+                            s["app_faults_total"].as_f64().unwrap_or(f64::NAN)
+                        })
+                    })
+                    .collect(),
+            );
+            let (app_faults_prefault, source) = if lib_app_faults.is_finite() {
+                (
+                    lib_app_faults,
+                    "the library's per-thread count (/proc/self/task/*/stat)",
+                )
+            } else {
+                (
+                    (faults_pre_raw - populated_pages).max(0.0),
+                    "estimate: the process's faults minus the pages the service populated",
+                )
+            };
             let outputs: Vec<&str> = plain
                 .iter()
                 .chain(pre.iter())
@@ -908,7 +940,8 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
                 "speedup_pct": r2(speedup),
                 "est_speedup_pct": if est.is_finite() { json!(r2(est)) } else { Value::Null },
                 "app_faults_plain": faults_plain as u64,
-                "app_faults_prefault": (faults_pre_raw - populated_pages).max(0.0) as u64,
+                "app_faults_prefault": app_faults_prefault as u64,
+                "app_faults_prefault_source": source,
                 "faults_prefault_process": faults_pre_raw as u64,
                 "service_populated_pages": populated_pages as u64,
                 "service_cpu_ms": if svc_cpu.is_finite() { json!(r2(svc_cpu)) } else { Value::Null },
