@@ -399,38 +399,77 @@ fn corruption_sweep_of_clean_and_crashed_instances() {
     // checksum table's two recorded contents of the page (docs/vnvm.md, "Checksums"). Two in
     // three flip cases of the crashed copy's heap.data aim at them, and 8 more cases follow the
     // schedule.
-    let dirty: Vec<u64> = {
-        let info = tiermem_vnvm::inspect(crashed.join("vnvm")).expect("inspect the crashed copy");
-        let heap = info
-            .files
-            .iter()
-            .find(|f| f.path.file_name().is_some_and(|n| n == "heap.data"))
-            .map(|f| f.id);
-        info.cache
-            .dirty_pages
-            .iter()
-            .filter(|(f, _)| Some(*f) == heap)
-            .map(|&(_, idx)| idx)
-            .collect()
-    };
+    let info = tiermem_vnvm::inspect(crashed.join("vnvm")).expect("inspect the crashed copy");
+    let heap = info
+        .files
+        .iter()
+        .find(|f| f.path.file_name().is_some_and(|n| n == "heap.data"))
+        .map(|f| f.id);
+    let dirty: Vec<u64> = info
+        .cache
+        .dirty_pages
+        .iter()
+        .filter(|(f, _)| Some(*f) == heap)
+        .map(|&(_, idx)| idx)
+        .collect();
     eprintln!(
         "crashed copy: {} pages of heap.data dirty in the NVM cache",
         dirty.len()
     );
+    // The NVM cache pages of those: recovery writes their valid chunks into heap.data after
+    // checking them against their records' contents checksums. Those that transactions still
+    // in the committed list write are where a checksum mismatch could pass for a redo batch
+    // cut by the kill (docs/vnvm.md, "Checksums"); EXTRA more cases flip bits in them (or, if
+    // there are none, in any dirty cache page).
+    let cache_targets: Vec<u64> = {
+        let dirty_cache: Vec<((u32, u64), u32)> = info
+            .cache
+            .dirty_pages
+            .iter()
+            .copied()
+            .zip(info.cache.dirty_cache_pages.iter().copied())
+            .collect();
+        let listed: Vec<u64> = dirty_cache
+            .iter()
+            .filter(|(k, _)| info.listed_pages.binary_search(k).is_ok())
+            .map(|&(_, p)| p as u64)
+            .collect();
+        eprintln!(
+            "crashed copy: {} dirty NVM cache pages, {} of them written by the {} listed \
+             transactions",
+            dirty_cache.len(),
+            listed.len(),
+            info.committed_transactions
+        );
+        if listed.is_empty() {
+            dirty_cache.iter().map(|&(_, p)| p as u64).collect()
+        } else {
+            listed
+        }
+    };
     let (mut heap_flips, mut aimed) = (0u64, 0u64);
     let mut rng = Rng(seed);
     let mut failures = Vec::new();
-    // After the schedule, EXTRA cases of bit flips in the crashed copy's dirty heap.data pages.
+    // After the schedule, EXTRA cases of bit flips in the crashed copy's dirty heap.data pages,
+    // then EXTRA in its dirty NVM cache pages.
     const EXTRA: u64 = 8;
-    let extra = if dirty.is_empty() { 0 } else { EXTRA };
+    let extra_heap = if dirty.is_empty() { 0 } else { EXTRA };
+    let extra = extra_heap + if cache_targets.is_empty() { 0 } else { EXTRA };
+    let (mut cache_aimed, cache_pool) = (0u64, Path::new("vnvm").join("cache.pool"));
     for case in 0..cases + extra {
         let forced = case >= cases;
+        let in_cache = case >= cases + extra_heap;
         let b = if forced { 1 } else { (case % 2) as usize };
         let fl = files(bases[b]);
         let file = if forced {
+            let want = if in_cache {
+                cache_pool.as_path()
+            } else {
+                Path::new("heap.data")
+            };
             fl.iter()
-                .find(|f| f.as_path() == Path::new("heap.data"))
-                .expect("heap.data")
+                .find(|f| f.as_path() == want)
+                .expect("heap.data and vnvm/cache.pool")
         } else {
             &fl[(case as usize / 2) % fl.len()]
         };
@@ -450,11 +489,17 @@ fn corruption_sweep_of_clean_and_crashed_instances() {
         } else {
             let mut offs = Vec::new();
             let crashed_heap = b == 1 && file.as_path() == Path::new("heap.data");
-            let aim = forced || crashed_heap && !dirty.is_empty() && heap_flips % 3 != 0;
+            let aim =
+                !in_cache && (forced || crashed_heap && !dirty.is_empty() && heap_flips % 3 != 0);
             heap_flips += crashed_heap as u64;
             aimed += aim as u64;
+            cache_aimed += in_cache as u64;
             for _ in 0..1 + rng.below(3) {
-                let o = if aim {
+                let o = if in_cache {
+                    // (The pool's data area starts after its 4 KiB header.)
+                    let page = cache_targets[rng.below(cache_targets.len() as u64) as usize];
+                    (4096 + page * 4096 + rng.below(4096)).min(bytes.len() as u64 - 1) as usize
+                } else if aim {
                     let page = dirty[rng.below(dirty.len() as u64) as usize];
                     (page * 4096 + rng.below(4096)).min(bytes.len() as u64 - 1) as usize
                 } else {
@@ -463,7 +508,11 @@ fn corruption_sweep_of_clean_and_crashed_instances() {
                 bytes[o] ^= 1 << rng.below(8);
                 offs.push(o);
             }
-            let at = if aim { " in dirty pages" } else { "" };
+            let at = if aim || in_cache {
+                " in dirty pages"
+            } else {
+                ""
+            };
             format!("bit flips at {offs:?}{at} (used extent {used})")
         };
         if path.exists() {
@@ -480,7 +529,10 @@ fn corruption_sweep_of_clean_and_crashed_instances() {
             }
         }
     }
-    eprintln!("{aimed} case(s) flipped bits in heap.data pages dirty at the crash");
+    eprintln!(
+        "{aimed} case(s) flipped bits in heap.data pages dirty at the crash, {cache_aimed} in \
+         dirty NVM cache pages"
+    );
     let _ = std::fs::remove_dir_all(&root);
     assert!(
         failures.is_empty(),

@@ -136,6 +136,14 @@ pub(crate) struct CacheState {
     /// Chunks of each page written since the last publish (a page joins the batch's records
     /// with its first write).
     pub(crate) open: Vec<u64>,
+    /// The chunks each page's persisted record covers with its contents CRC, noted at the
+    /// page's first write since the last publish: its valid mask when the record says dirty
+    /// (a Dirty or Writing page), else 0 (a clean record, or one of another file page: recovery
+    /// ignores those). The redo worker never stores into these chunks before it has persisted
+    /// their new CRC (see [`Stage`]).
+    pub(crate) held: Vec<u64>,
+    /// The new contents of the held chunks the batch writes, until their CRC is persisted.
+    pub(crate) stage: Stage,
     pub(crate) prev: Vec<u32>,
     pub(crate) next: Vec<u32>,
     pub(crate) dirty: Lru,
@@ -159,6 +167,8 @@ impl CacheState {
             mask: vec![0; n as usize],
             sums: huge_table(n as usize * 64),
             open: vec![0; n as usize],
+            held: vec![0; n as usize],
+            stage: Stage::new(n),
             prev: vec![NIL; n as usize],
             next: vec![NIL; n as usize],
             dirty: Lru {
@@ -245,6 +255,61 @@ impl CacheState {
     pub(crate) fn forget_contents(&mut self, p: u32) {
         self.mask[p as usize] = 0;
         self.open[p as usize] = 0;
+        self.held[p as usize] = 0;
+    }
+}
+
+/// Where the redo worker puts together the new contents of *held* chunks (chunks a dirty
+/// record's CRC covers, [`CacheState::held`]) before it may store them: a page's recorded CRC
+/// must describe, at every crash point, either the page as it is or the page as the listed
+/// transactions will make it, so the new CRC is persisted first (write-ahead) and the chunks
+/// are stored after that fence (`Inner::store_staged`). A block of one page size per staged
+/// page, reused from batch to batch (no allocation once it has grown); at most [`STAGE_PAGES`]
+/// of them, so that the stage stays in the CPU cache (a batch may write thousands of pages).
+pub(crate) const STAGE_PAGES: usize = 64;
+
+pub(crate) struct Stage {
+    /// Per cache page: its block (index into `pages`), or NIL.
+    block: Vec<u32>,
+    /// The staged pages, in staging order, with the chunks their block holds.
+    pub(crate) pages: Vec<(u32, u64)>,
+    /// The blocks (`pages.len()` × page size bytes in use).
+    pub(crate) bytes: Vec<u8>,
+}
+
+impl Stage {
+    pub(crate) fn new(n: u32) -> Self {
+        Stage {
+            block: vec![NIL; n as usize],
+            pages: Vec::new(),
+            bytes: Vec::new(),
+        }
+    }
+    /// The block of page `p` (page size `ps`), a new one when it has none.
+    pub(crate) fn block_of(&mut self, p: u32, ps: usize) -> usize {
+        let b = self.block[p as usize];
+        if b != NIL {
+            return b as usize;
+        }
+        let b = self.pages.len();
+        self.pages.push((p, 0));
+        self.block[p as usize] = b as u32;
+        if self.bytes.len() < (b + 1) * ps {
+            self.bytes.resize((b + 1) * ps, 0);
+        }
+        b
+    }
+    /// True when page `p` would need a new block and the stage already has
+    /// [`STAGE_PAGES`] (the redo worker then stores what it holds first).
+    pub(crate) fn full_for(&self, p: u32) -> bool {
+        self.pages.len() >= STAGE_PAGES && self.block[p as usize] == NIL
+    }
+    /// Forget every staged page (their chunks have been stored).
+    pub(crate) fn clear(&mut self) {
+        for &(p, _) in &self.pages {
+            self.block[p as usize] = NIL;
+        }
+        self.pages.clear();
     }
 }
 

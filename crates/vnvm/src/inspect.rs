@@ -16,8 +16,8 @@
 use crate::error::{Result, VnvmError};
 use crate::layout::FileRecord;
 use crate::recovery::{
-    cache_obj, check_cache_page, check_entry, committed_list, damaged, load_records, load_word,
-    open_pools_with, read_clean, replayed_keys, resolve, tx_entries, Pools, META,
+    cache_obj, check_cache_page, check_entry, committed_list, damaged, listed_writes, load_records,
+    load_word, open_pools_with, read_clean, resolve, tx_entries, Pools, META,
 };
 use crate::Mode;
 use std::collections::{HashMap, HashSet};
@@ -117,6 +117,8 @@ pub struct CacheInfo {
     /// crash these file pages are rebuilt from the cache by recovery; their backing-file bytes
     /// outside the page's valid chunks are not verified (see docs/vnvm.md, "Checksums").
     pub dirty_pages: Vec<(u32, u64)>,
+    /// The NVM cache page holding each of [`dirty_pages`](Self::dirty_pages) (same order).
+    pub dirty_cache_pages: Vec<u32>,
 }
 
 /// Worker activity of one process (app) using a live instance.
@@ -173,6 +175,9 @@ pub struct InstanceInfo {
     pub committed_transactions: usize,
     /// Log pages held by those transactions. `≤ log_pages`.
     pub committed_log_pages: u32,
+    /// The file pages (file id, page index) those transactions write, sorted: recovery
+    /// replays them over what the files and dirty cache pages hold.
+    pub listed_pages: Vec<(u32, u64)>,
     /// NVM write-cache occupancy.
     pub cache: CacheInfo,
     /// The live processes' view, when a process uses the instance and its shared-memory object
@@ -275,16 +280,18 @@ fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
     let mut mapped = 0u32;
     let mut dirty = 0u32;
     let mut dirty_pages = Vec::new();
+    let mut dirty_cache_pages = Vec::new();
     let mut valid_chunks = 0u64;
-    let replayed = replayed_keys(&listed, g.page_size);
+    let writes = listed_writes(&p.log, &listed, g.page_size);
     for page in 0..g.cache_pages {
         if let Some((f, idx, d, rec)) = cache_obj(p, &records, page)? {
             mapped += 1;
             dirty += d as u32;
             valid_chunks += rec.mask.count_ones() as u64;
             if d {
-                check_cache_page(&p.cache, &p.geo, page, (f, idx), &rec, &replayed)?;
+                check_cache_page(&p.cache, &p.geo, page, (f, idx), &rec, &writes)?;
                 dirty_pages.push((f, idx));
+                dirty_cache_pages.push(page);
             }
         }
     }
@@ -307,6 +314,11 @@ fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
         files,
         committed_transactions: domains.iter().map(|d| d.transactions).sum(),
         committed_log_pages: domains.iter().map(|d| d.log_pages).sum(),
+        listed_pages: {
+            let mut v: Vec<(u32, u64)> = writes.keys().copied().collect();
+            v.sort_unstable();
+            v
+        },
         domains,
         cache: CacheInfo {
             pages: g.cache_pages,
@@ -315,6 +327,7 @@ fn read_once(dir: &Path, p: &Pools) -> Result<InstanceInfo> {
             valid_bytes: valid_chunks * g.chunk(),
             dirty_ratio: dirty as f64 / g.cache_pages as f64,
             dirty_pages,
+            dirty_cache_pages,
         },
         live: live_info(dir, &p.geo),
     })

@@ -349,8 +349,10 @@ pub struct CacheRec {
     pub word: u64,
     /// Valid 64ths of the page.
     pub mask: u64,
-    /// Contents checksum of the page as of the last publish: the XOR of its valid chunks'
-    /// seeded CRC32Cs (`recovery::cache_page_sum`; meaningful for dirty pages).
+    /// Contents checksum of the page: the XOR of its valid chunks' seeded CRC32Cs
+    /// (`recovery::cache_page_sum`; meaningful for dirty pages) — of the page as it is, or,
+    /// while a redo batch stores into it, as the listed transactions will make it (written
+    /// ahead: `Inner::store_staged`).
     pub page_crc: u32,
 }
 

@@ -190,14 +190,14 @@ impl Inner {
                 &self.meta, &self.log, &self.geo, idx, &obj, &mut seen, &check,
             )?);
         }
-        let replayed = replayed_keys(txs.iter().flatten(), self.geo.page_size);
+        let listed = listed_writes(&self.log, txs.iter().flatten(), self.geo.page_size);
         let mut dirty = Vec::new();
         for &p in &cache_pages {
             let crec = load_cache_rec(&self.meta, &self.geo, p)?;
             let Some((f, idx, true)) = cache_unword(crec.word) else {
                 continue;
             };
-            check_cache_page(&self.cache, &self.geo, p, (f, idx), &crec, &replayed)?;
+            check_cache_page(&self.cache, &self.geo, p, (f, idx), &crec, &listed)?;
             dirty.push((p, f, idx, crec.mask));
         }
         // What each file receives, in order: (1) the valid chunks of its dirty cache pages,

@@ -487,47 +487,94 @@ pub(crate) fn cache_obj(
     Ok(Some((f, idx, d, rec)))
 }
 
+/// The bytes the listed (committed, not yet applied) transactions write into each file page
+/// (file id, page index), in replay order: (offset in the page, bytes). An entry never crosses
+/// a page boundary (`parse_page` checks it).
+pub(crate) type ListedWrites<'a> = HashMap<(u32, u64), Vec<(usize, &'a [u8])>>;
+
+/// The [`ListedWrites`] of `entries` (in replay order), their bytes in `log`.
+pub(crate) fn listed_writes<'a, 'e>(
+    log: &'a Pool,
+    entries: impl IntoIterator<Item = &'e Entry>,
+    page_size: u32,
+) -> ListedWrites<'a> {
+    let ps = page_size as u64;
+    let mut m: ListedWrites<'a> = HashMap::new();
+    for e in entries {
+        m.entry((e.file_id, e.offset / ps)).or_default().push((
+            (e.offset % ps) as usize,
+            pool_slice(log, e.log_off, e.len as usize),
+        ));
+    }
+    m
+}
+
 /// Check the contents of dirty cache page `page` (file page `key`) against its record's CRC.
-/// `replayed` holds the file pages that committed transactions still in a committed list
-/// write: such a page may have been updated by a redo batch that a crash interrupted before
-/// its CRC was stored, and recovery overwrites the bytes those transactions wrote, so a
-/// mismatch there is not damage. Returns false for such an unverifiable page.
+///
+/// The record describes the page as it is, or — while a redo batch is being applied — as the
+/// listed transactions will make it: the redo worker persists the new CRC of the chunks a
+/// dirty record covers *before* it stores into them (`Inner::store_staged`), so a crash
+/// between leaves some of the new bytes stored and others not. Such a page is verified by
+/// applying the listed writes into it (`listed`), in replay order, to a copy of the page: it
+/// must match the CRC after some prefix of them. That verifies every byte recovery keeps: a
+/// byte no listed transaction writes is the same in every prefix, so a flip there fails every
+/// comparison (but for CRC collisions, 2⁻³² per prefix), and a byte one of them writes is
+/// overwritten by the replay anyway. Nothing else is accepted: a mismatch is
+/// [`VnvmError::Damaged`] naming the cache page.
 pub(crate) fn check_cache_page(
     cache: &Pool,
     geo: &Geometry,
     page: u32,
     key: (u32, u64),
     rec: &CacheRec,
-    replayed: &HashSet<(u32, u64)>,
-) -> Result<bool> {
+    listed: &ListedWrites<'_>,
+) -> Result<()> {
     let computed = cache_page_sum(cache, geo, page, rec.mask);
     if computed == rec.page_crc {
-        return Ok(true);
+        return Ok(());
     }
-    if replayed.contains(&key) {
-        return Ok(false);
+    let ps = geo.page_size as usize;
+    let cs = geo.chunk() as usize;
+    let writes = listed.get(&key).map(|w| &w[..]).unwrap_or(&[]);
+    if !writes.is_empty() {
+        let mut buf = pool_slice(cache, page as u64 * ps as u64, ps).to_vec();
+        let mut sums = [0u32; 64];
+        crate::chunksum::chunk_sums(0, &buf, cs, &mut sums);
+        let mut x = computed;
+        for &(off, data) in writes {
+            if data.is_empty() || off + data.len() > ps {
+                continue; // (cannot happen: entries are checked to lie in one page)
+            }
+            buf[off..off + data.len()].copy_from_slice(data);
+            for ch in off / cs..=(off + data.len() - 1) / cs {
+                if rec.mask & (1 << ch) != 0 {
+                    let s = crate::chunksum::chunk_sum(ch as u64, &buf[ch * cs..(ch + 1) * cs]);
+                    x ^= sums[ch] ^ s;
+                    sums[ch] = s;
+                }
+            }
+            if x == rec.page_crc {
+                return Ok(());
+            }
+        }
     }
-    let ps = geo.page_size as u64;
     Err(damaged(
         cache,
         format!("cache page {page} (file {} page {})", key.0, key.1),
-        page as u64 * ps,
+        page as u64 * ps as u64,
         format!(
-            "dirty page contents checksum mismatch (stored {:#010x}, computed {computed:#010x})",
-            rec.page_crc
+            "dirty page contents checksum mismatch (stored {:#010x}, computed {computed:#010x}{})",
+            rec.page_crc,
+            if writes.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", and after each of the {} listed writes into the page",
+                    writes.len()
+                )
+            }
         ),
     ))
-}
-
-/// The (file id, page index) keys the entries of `txs` write.
-pub(crate) fn replayed_keys<'a>(
-    txs: impl IntoIterator<Item = &'a Entry>,
-    page_size: u32,
-) -> HashSet<(u32, u64)> {
-    let ps = page_size as u64;
-    txs.into_iter()
-        .map(|e| (e.file_id, e.offset / ps))
-        .collect()
 }
 
 /// The destination check of a log entry: `len` bytes at `offset` of the recorded file `file_id`.
@@ -569,9 +616,9 @@ fn plan(p: &Pools) -> Result<Plan> {
             )?);
         }
     }
-    let replayed = replayed_keys(txs.iter().flatten(), p.geo.page_size);
+    let listed = listed_writes(&p.log, txs.iter().flatten(), p.geo.page_size);
     for (&(page, f, idx, _), rec) in dirty.iter().zip(&dirty_recs) {
-        check_cache_page(&p.cache, &p.geo, page, (f, idx), rec, &replayed)?;
+        check_cache_page(&p.cache, &p.geo, page, (f, idx), rec, &listed)?;
     }
     Ok(Plan {
         records,

@@ -5,6 +5,15 @@
 
 use super::*;
 
+/// The destination of a log entry in the NVM cache: cache page `page`, holding page `pidx` of
+/// file `file_id`.
+#[derive(Clone, Copy)]
+struct Dst {
+    page: u32,
+    pidx: u64,
+    file_id: u32,
+}
+
 impl Inner {
     pub(crate) fn drain(&self) -> Result<()> {
         for d in &self.domains {
@@ -266,8 +275,6 @@ impl Inner {
             }
         }
         let mut written = 0u64;
-        // An edge chunk being put together (a chunk is at most 128 bytes: 8 KiB pages).
-        let mut chunk_buf = [0u8; 128];
         let mut c = self.cstate.lock();
         for (i, e) in entries.iter().enumerate() {
             // Ask for what entry i + AHEAD will touch now, so that its cache misses overlap
@@ -325,6 +332,7 @@ impl Inner {
                 }
                 // No page: publish this batch's pages so that they can be written back, then
                 // wait for the writeback worker.
+                self.store_staged(&mut c, &mut dirty_lines)?;
                 self.flush_ranges(&mut dirty_lines)?;
                 self.publish(&mut c, &mut touched, &mut grown)?;
                 if self.kill.load(Ordering::SeqCst) {
@@ -349,86 +357,67 @@ impl Inner {
             };
             let in_page = e.offset & (ps - 1);
             let end = in_page + e.len as u64;
-            let base = page as u64 * ps;
             let pu = page as usize;
             let (first, last) = (in_page >> cs_shift, (end - 1) >> cs_shift);
             // A page joins `grown` (the records to publish) with its first write of the batch:
             // its `open` mask is empty until then (a flag, not a search: a batch writes up to
             // thousands of pages, and `Vec::contains` per entry made the redo worker quadratic).
+            // Its record's CRC covers its valid chunks if the record says dirty: those are held.
             if c.open[pu] == 0 {
                 grown.push(page);
+                c.held[pu] = match c.state[pu] {
+                    PState::Dirty | PState::Writing => c.mask[pu],
+                    _ => 0,
+                };
             }
             let range = mask_range(first, last);
             c.open[pu] |= range;
             let valid = c.mask[pu];
             c.mask[pu] |= range;
             let data = pool_slice(&self.log, e.log_off, e.len as usize);
-            let row = pu * 64;
-            // The chunks the entry covers whole: one store of the log bytes, and their sums
-            // hashed from those bytes (warm: just read).
-            let (whole_from, whole_to) = ((in_page + cs - 1) >> cs_shift, end >> cs_shift);
-            if whole_from < whole_to {
-                let bytes =
-                    &data[(whole_from * cs - in_page) as usize..(whole_to * cs - in_page) as usize];
-                self.cache_store(base + whole_from * cs, bytes, true, &mut dirty_lines);
-                chunksum::chunk_sums(
-                    whole_from,
-                    bytes,
-                    cs as usize,
-                    &mut c.sums[row + whole_from as usize..row + whole_to as usize],
-                );
-                written += bytes.len() as u64;
+            let held = c.held[pu] & range;
+            if held != 0 && c.stage.full_for(page) {
+                // (Stored early: the stage's records are written again at the publish.)
+                self.store_staged(&mut c, &mut dirty_lines)?;
             }
-            // An edge chunk (covered in part): a valid one gets the entry's bytes with
-            // ordinary stores and is hashed from the cache page (its lines are in the CPU
-            // cache now, as the stores read them); an invalid one is put together from the
-            // DRAM cache's bytes, which hold exactly the committed data (possibly newer
-            // committed data too, harmless: see docs/vnvm.md), with the entry's bytes over
-            // them, and stored whole.
-            let edges = [first, last];
-            let edges = if first == last {
-                &edges[..1]
-            } else {
-                &edges[..]
+            let dst = Dst {
+                page,
+                pidx,
+                file_id: e.file_id,
             };
-            for &ch in edges {
-                let (cstart, cend) = (ch * cs, (ch + 1) * cs);
-                if in_page <= cstart && end >= cend {
-                    continue; // covered whole: stored and hashed above
+            if held == 0 {
+                written += self.put(
+                    &mut c,
+                    dst,
+                    in_page,
+                    data,
+                    valid,
+                    &regions,
+                    &mut dirty_lines,
+                );
+            } else {
+                // Runs of chunks that are all held (staged) or all not (stored now).
+                let mut lo = in_page;
+                while lo < end {
+                    let ch = lo >> cs_shift;
+                    let is_held = held >> ch & 1 != 0;
+                    let mut to = ch;
+                    while to < last && (held >> (to + 1) & 1 != 0) == is_held {
+                        to += 1;
+                    }
+                    let hi = end.min((to + 1) << cs_shift);
+                    let part = &data[(lo - in_page) as usize..(hi - in_page) as usize];
+                    written += if is_held {
+                        self.stage_run(&mut c, page, lo, part)
+                    } else {
+                        self.put(&mut c, dst, lo, part, valid, &regions, &mut dirty_lines)
+                    };
+                    lo = hi;
                 }
-                let (lo, hi) = (in_page.max(cstart), end.min(cend));
-                let part = &data[(lo - in_page) as usize..(hi - in_page) as usize];
-                if valid & (1 << ch) != 0 {
-                    self.cache_store(base + lo, part, false, &mut dirty_lines);
-                    c.sums[row + ch as usize] = chunksum::chunk_sum(
-                        ch,
-                        pool_slice(&self.cache, base + cstart, cs as usize),
-                    );
-                    written += part.len() as u64;
-                    continue;
-                }
-                let region = regions
-                    .iter()
-                    .find(|r| r.file_id == e.file_id)
-                    // cannot fail: every entry's region was looked up above.
-                    .expect("looked up above");
-                let buf = &mut chunk_buf[..cs as usize];
-                // SAFETY: the chunk lies within the region's DRAM cache (page-rounded mapping);
-                // concurrent commits may change it (harmless, see docs).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        region.dram.wview.add((pidx * ps + cstart) as usize),
-                        buf.as_mut_ptr(),
-                        cs as usize,
-                    )
-                };
-                buf[(lo - cstart) as usize..(hi - cstart) as usize].copy_from_slice(part);
-                self.cache_store(base + cstart, buf, false, &mut dirty_lines);
-                c.sums[row + ch as usize] = chunksum::chunk_sum(ch, buf);
-                written += cs;
             }
             c.gen[page as usize] += 1;
         }
+        self.store_staged(&mut c, &mut dirty_lines)?;
         self.flush_ranges(&mut dirty_lines)?;
         self.publish(&mut c, &mut touched, &mut grown)?;
         drop(c);
@@ -443,6 +432,173 @@ impl Inner {
         Ok(())
     }
 
+    /// Store `data` at `lo` of cache page `dst.page` (within the page; chunks that are not
+    /// held: their record's CRC does not cover them, or the record is clean) and set their
+    /// chunk sums. `valid` is the page's valid mask before this entry. Returns the bytes
+    /// stored.
+    ///
+    /// The chunks covered whole: one store of the log bytes, and their sums hashed from those
+    /// bytes (warm: just read). An edge chunk (covered in part): a valid one gets the bytes
+    /// with ordinary stores and is hashed from the cache page (its lines are in the CPU cache
+    /// now, as the stores read them); an invalid one is put together from the DRAM cache's
+    /// bytes, which hold exactly the committed data (possibly newer committed data too,
+    /// harmless: see docs/vnvm.md), with the entry's bytes over them, and stored whole.
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &self,
+        c: &mut CacheState,
+        dst: Dst,
+        lo: u64,
+        data: &[u8],
+        valid: u64,
+        regions: &[Arc<RegionInner>],
+        dirty_lines: &mut Vec<(u64, u64)>,
+    ) -> u64 {
+        let ps = self.geo.page_size as u64;
+        let cs = self.geo.chunk();
+        let cs_shift = cs.trailing_zeros();
+        let hi = lo + data.len() as u64;
+        let (first, last) = (lo >> cs_shift, (hi - 1) >> cs_shift);
+        let base = dst.page as u64 * ps;
+        let row = dst.page as usize * 64;
+        let mut written = 0;
+        let (whole_from, whole_to) = ((lo + cs - 1) >> cs_shift, hi >> cs_shift);
+        if whole_from < whole_to {
+            let bytes = &data[(whole_from * cs - lo) as usize..(whole_to * cs - lo) as usize];
+            self.cache_store(base + whole_from * cs, bytes, true, dirty_lines);
+            chunksum::chunk_sums(
+                whole_from,
+                bytes,
+                cs as usize,
+                &mut c.sums[row + whole_from as usize..row + whole_to as usize],
+            );
+            written += bytes.len() as u64;
+        }
+        let edges = [first, last];
+        let edges = if first == last {
+            &edges[..1]
+        } else {
+            &edges[..]
+        };
+        for &ch in edges {
+            let (cstart, cend) = (ch * cs, (ch + 1) * cs);
+            if lo <= cstart && hi >= cend {
+                continue; // covered whole: stored and hashed above
+            }
+            let (a, b) = (lo.max(cstart), hi.min(cend));
+            let part = &data[(a - lo) as usize..(b - lo) as usize];
+            if valid & (1 << ch) != 0 {
+                self.cache_store(base + a, part, false, dirty_lines);
+                c.sums[row + ch as usize] =
+                    chunksum::chunk_sum(ch, pool_slice(&self.cache, base + cstart, cs as usize));
+                written += part.len() as u64;
+                continue;
+            }
+            let region = regions
+                .iter()
+                .find(|r| r.file_id == dst.file_id)
+                // cannot fail: every entry's region was looked up by `apply`.
+                .expect("looked up above");
+            // An edge chunk being put together (a chunk is at most 128 bytes: 8 KiB pages).
+            let mut chunk_buf = [0u8; 128];
+            let buf = &mut chunk_buf[..cs as usize];
+            // SAFETY: the chunk lies within the region's DRAM cache (page-rounded mapping);
+            // concurrent commits may change it (harmless, see docs).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    region.dram.wview.add((dst.pidx * ps + cstart) as usize),
+                    buf.as_mut_ptr(),
+                    cs as usize,
+                )
+            };
+            buf[(a - cstart) as usize..(b - cstart) as usize].copy_from_slice(part);
+            self.cache_store(base + cstart, buf, false, dirty_lines);
+            c.sums[row + ch as usize] = chunksum::chunk_sum(ch, buf);
+            written += cs;
+        }
+        written
+    }
+
+    /// Put `data` for `lo` of cache page `page` (held chunks only: its dirty record's CRC
+    /// covers them) together in the stage instead of the cache page, and set their chunk sums
+    /// from the staged bytes. A chunk's first staging copies it from the cache page unless
+    /// `data` covers it whole. Returns the bytes staged.
+    fn stage_run(&self, c: &mut CacheState, page: u32, lo: u64, data: &[u8]) -> u64 {
+        let ps = self.geo.page_size as usize;
+        let cs = self.geo.chunk() as usize;
+        let (lo, hi) = (lo as usize, lo as usize + data.len());
+        let (first, last) = (lo / cs, (hi - 1) / cs);
+        let b = c.stage.block_of(page, ps);
+        let base = b * ps;
+        let mut have = c.stage.pages[b].1;
+        for ch in first..=last {
+            let (cstart, cend) = (ch * cs, (ch + 1) * cs);
+            if have & (1 << ch) == 0 && !(lo <= cstart && hi >= cend) {
+                c.stage.bytes[base + cstart..base + cend].copy_from_slice(pool_slice(
+                    &self.cache,
+                    (page as usize * ps + cstart) as u64,
+                    cs,
+                ));
+            }
+            have |= 1 << ch;
+        }
+        c.stage.pages[b].1 = have;
+        c.stage.bytes[base + lo..base + hi].copy_from_slice(data);
+        let row = page as usize * 64;
+        chunksum::chunk_sums(
+            first as u64,
+            &c.stage.bytes[base + first * cs..base + (last + 1) * cs],
+            cs,
+            &mut c.sums[row + first..=row + last],
+        );
+        data.len() as u64
+    }
+
+    /// Store the staged chunks (see [`Stage`]), write-ahead: first each staged page's record
+    /// gets the CRC of its held chunks *as staged* (word and mask unchanged) and is persisted;
+    /// only then are the chunks stored (streamed; their lines join `dirty_lines` for the
+    /// publish). A crash before that fence leaves the old record and the old page; after it,
+    /// the new record over a page some of whose staged chunks are stored: recovery verifies
+    /// such a page by applying the listed transactions' writes to it (`check_cache_page`),
+    /// which puts exactly the staged bytes back.
+    pub(crate) fn store_staged(
+        &self,
+        c: &mut CacheState,
+        dirty_lines: &mut Vec<(u64, u64)>,
+    ) -> Result<()> {
+        if c.stage.pages.is_empty() {
+            return Ok(());
+        }
+        let ps = self.geo.page_size as u64;
+        let cs = self.geo.chunk();
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &(p, _) in &c.stage.pages {
+            let Some((f, idx)) = c.key[p as usize] else {
+                continue; // cannot happen: a staged page is mapped
+            };
+            let row = p as usize * 64;
+            let held = c.held[p as usize];
+            let rec = CacheRec {
+                word: cache_word(f, idx, true),
+                mask: held,
+                page_crc: chunksum::xor_masked(&c.sums[row..row + 64], held),
+            };
+            store_cache_rec(&self.meta, &self.geo, p, &rec);
+            add_run(&mut runs, self.geo.cache_word_off(p), CACHE_OBJ_SIZE);
+        }
+        self.flush_meta_runs(&mut runs)?;
+        self.meta.fence();
+        for (b, &(p, have)) in c.stage.pages.iter().enumerate() {
+            for (ch, n) in mask_runs(have) {
+                let (from, len) = (ch as u64 * cs, n as u64 * cs);
+                let src = &c.stage.bytes[b * ps as usize + from as usize..][..len as usize];
+                self.cache_store(p as u64 * ps + from, src, true, dirty_lines);
+            }
+        }
+        c.stage.clear();
+        Ok(())
+    }
+
     /// Write back the lines of the collected cache-pool ranges `(start, end)` (no fence).
     pub(crate) fn flush_ranges(&self, ranges: &mut Vec<(u64, u64)>) -> Result<()> {
         for (start, end) in ranges.drain(..) {
@@ -454,9 +610,11 @@ impl Inner {
     /// Make the applied data durable, then the records of every page the batch wrote: dirty
     /// word, valid mask and the CRC32C of the page's contents, each record rewritten whole in
     /// its cache line (a line is written back as a unit, so a record never tears; a page object
-    /// never says dirty with a mask or a CRC that is not its own). Until the batch is unlinked
-    /// from the committed list, a crash may leave a page newer than its CRC: recovery accepts
-    /// that only for pages the listed transactions write (it overwrites their bytes).
+    /// never says dirty with a mask or a CRC that is not its own). Chunks the page's previous
+    /// dirty record covered were stored after their new CRC was persisted (`store_staged`);
+    /// the other chunks the batch stored are not covered by any persisted record until this
+    /// one. So at every crash point a dirty record matches its page as it is or as the listed
+    /// transactions make it (recovery checks both: `check_cache_page`).
     pub(crate) fn publish(
         &self,
         c: &mut CacheState,
