@@ -84,12 +84,24 @@ fn on_path(exe: &str) -> bool {
         .is_some_and(|ps| std::env::split_paths(&ps).any(|d| d.join(exe).exists()))
 }
 
-/// The `tiermem` binary whose `prefault run` is measured: `$TIERMEM_BIN`, else this executable.
+/// The `tiermem` binary whose `prefault run` is measured: `$TIERMEM_BIN`, else this
+/// executable's path. Not `/proc/self/exe`: the launcher finds its library next to itself, and
+/// when `target/release/tiermem` is rebuilt during a run the link reads "… (deleted)" — the
+/// path then names the new binary, which is what a user would run.
 fn tiermem_bin() -> PathBuf {
-    std::env::var_os("TIERMEM_BIN")
-        .map(PathBuf::from)
-        .or_else(|| std::env::current_exe().ok())
-        .unwrap_or_else(|| PathBuf::from("tiermem"))
+    if let Some(p) = std::env::var_os("TIERMEM_BIN") {
+        return PathBuf::from(p);
+    }
+    match std::env::current_exe() {
+        Ok(p) => {
+            let s = p.to_string_lossy();
+            match s.strip_suffix(" (deleted)") {
+                Some(live) => PathBuf::from(live),
+                None => p,
+            }
+        }
+        Err(_) => PathBuf::from("tiermem"),
+    }
 }
 
 /// A deterministic generator for the inputs (xorshift64*).
@@ -489,9 +501,17 @@ fn run_batch(
             None => Stdio::null(),
         });
     let t0 = Instant::now();
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", argv[0]))?;
+    let child = cmd.spawn().with_context(|| {
+        if prefault {
+            format!(
+                "starting {} prefault run -- {}",
+                tiermem_bin().display(),
+                argv[0]
+            )
+        } else {
+            format!("starting {}", argv[0])
+        }
+    })?;
     let (status, ru) = wait4(child.id() as i32, None)?;
     let wall = t0.elapsed();
     if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
