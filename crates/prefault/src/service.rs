@@ -8,7 +8,7 @@ use crate::policy::{Options, Order, Policy, Populate};
 use crate::table::{Table, LIVE, MAX_SLOTS};
 use crate::window::{Mode, Window};
 use crate::Error;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -85,6 +85,8 @@ pub(crate) struct Shared {
     idle: AtomicBool,
     pagemap_scan: AtomicBool,
     running: AtomicBool,
+    /// The service thread's kernel thread id (gettid), 0 until it has started.
+    tid: AtomicI32,
 }
 
 impl Shared {
@@ -161,6 +163,7 @@ impl Service {
             idle: AtomicBool::new(false),
             pagemap_scan: AtomicBool::new(false),
             running: AtomicBool::new(true),
+            tid: AtomicI32::new(0),
         });
         fork::track(&shared);
         let s2 = shared.clone();
@@ -287,6 +290,14 @@ impl Service {
     /// Whether the service thread serves this process (false in a forked child, or stopped).
     pub fn is_running(&self) -> bool {
         self.shared().running.load(SeqCst) && !self.shared().stop.load(SeqCst)
+    }
+
+    /// The service thread's kernel thread id (`gettid`), for reading its figures in
+    /// `/proc/self/task/<tid>/`: `None` until the thread has started, and once it is not
+    /// running (stopped, or in a forked child, where the thread does not exist).
+    pub fn thread_id(&self) -> Option<i32> {
+        let tid = self.shared().tid.load(SeqCst);
+        (tid != 0 && self.is_running()).then_some(tid)
     }
 
     /// The service's figures.
@@ -521,6 +532,8 @@ struct Local {
 }
 
 fn run(s: Arc<Shared>) {
+    // SAFETY: gettid has no preconditions.
+    s.tid.store(unsafe { libc::gettid() }, SeqCst);
     let idle = s.opts.sched_idle && os::set_sched_idle();
     s.idle.store(idle, Relaxed);
     let mut presence = Presence::new();
