@@ -9,6 +9,7 @@ mod kv_cmd;
 mod migrate_cmd;
 mod pheap_cmd;
 mod pool_cmd;
+mod prefault_cmd;
 mod vnvm_cmd;
 
 use tiermem_tour::{self as tour, doctor};
@@ -76,6 +77,12 @@ enum Command {
         #[command(subcommand)]
         action: pheap_cmd::PheapCommand,
     },
+    /// Prefault: run an unmodified program with its anonymous memory populated ahead of its
+    /// first touches (libtiermem_prefault_preload.so).
+    Prefault {
+        #[command(subcommand)]
+        action: prefault_cmd::PrefaultCommand,
+    },
     /// The quick-start job: every subsystem at work, each result checked (doctor, media, fault,
     /// vnvm, kv, migrate, pheap), then a table of what ran. Steps whose prerequisites are
     /// missing are skipped; the exit status is non-zero when a step failed.
@@ -129,6 +136,7 @@ fn main() -> ExitCode {
         Command::Kv { action } => kv_cmd::run(action),
         Command::Migrate { action } => migrate_cmd::run(action),
         Command::Pheap { action } => pheap_cmd::run(action),
+        Command::Prefault { action } => prefault_cmd::run(action),
         Command::Tour { dir, only } => tour::run(dir, &only),
     };
     match result {
