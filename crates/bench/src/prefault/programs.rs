@@ -18,8 +18,10 @@
 //! answered, `DBSIZE` within the collisions a 10 M key space allows).
 //!
 //! Figures per program and THP setting: `plain_ms`, `prefault_ms` (medians), `speedup_pct` =
-//! 100 × (1 − prefault / plain); `app_faults_plain` (minor + major faults of the program, all
-//! its threads, from wait4); `app_faults_prefault` (the application threads' faults under the
+//! 100 × (1 − prefault / plain) on the medians (`speedup_pct_paired`: the median of the
+//! repetitions' own ratios, the two runs of a repetition being adjacent in time);
+//! `app_faults_plain` (minor + major faults of the program, all its threads, from wait4);
+//! `app_faults_prefault` (the application threads' faults under the
 //! library, as its exit report counts them per thread; without that count, the process's minus
 //! the pages the service populated, which the kernel counts as the service thread's faults);
 //! `est_speedup_pct` = app_faults_plain × (kernel fault − prefault touch, the microbenchmark's
@@ -946,6 +948,15 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
             let same = outputs.windows(2).all(|w| w[0] == w[1])
                 && !outputs.iter().any(|o| o.contains(' '));
             let speedup = 100.0 * (1.0 - pre_ms / plain_ms);
+            // The two runs of a repetition are adjacent in time: the median of their ratios
+            // is less sensitive to load that drifts over the whole measurement.
+            let paired = median(
+                plain
+                    .iter()
+                    .zip(pre.iter())
+                    .map(|(a, b)| 100.0 * (1.0 - b.wall_ms / a.wall_ms))
+                    .collect(),
+            );
             let est = 100.0 * faults_plain * (costs.kernel_fault_ns - costs.prefault_touch_ns)
                 / (plain_ms * 1e6);
             if small && APP_MEAN.contains(&p.name) && speedup.is_finite() {
@@ -958,6 +969,7 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
                 "plain_ms": r2(plain_ms),
                 "prefault_ms": r2(pre_ms),
                 "speedup_pct": r2(speedup),
+                "speedup_pct_paired": r2(paired),
                 "est_speedup_pct": if est.is_finite() { json!(r2(est)) } else { Value::Null },
                 "app_faults_plain": faults_plain as u64,
                 "app_faults_prefault": app_faults_prefault as u64,
