@@ -2,7 +2,7 @@
 # Quick start, command 2: set up, build, then run the whole test suite: unit, integration and crash
 # tests of every crate, the C ABI example, and an install check (make install to a prefix, then a
 # C program built with pkg-config against it). Runs as root (set-up installs packages; migrate
-# needs network namespaces); the media, fault, vnvm, pheap and kv test binaries then run a second
+# needs network namespaces); the media, fault, vnvm, pheap, kv and prefault test binaries then run a second
 # time as uid 65534, to check that they work without root.
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
@@ -31,7 +31,7 @@ fi
 # that need a non-tmpfs file (CARGO_TARGET_TMPDIR). Their results go into the same totals. A test
 # that truly needs a privilege says so on a "SKIPPED as uid 65534: ..." line, listed below.
 NOBODY=65534
-UNPRIV_CRATES=(tiermem-media tiermem-fault tiermem-vnvm tiermem-pheap tiermem-kv)
+UNPRIV_CRATES=(tiermem-media tiermem-fault tiermem-vnvm tiermem-pheap tiermem-kv tiermem-prefault tiermem-prefault-preload)
 log "again as uid $NOBODY (no root): the test binaries of ${UNPRIV_CRATES[*]}"
 unpriv_skipped=()
 if ! command -v setpriv >/dev/null 2>&1; then
