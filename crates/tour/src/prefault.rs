@@ -43,13 +43,22 @@ pub fn run(_ctx: &Ctx) -> Result<Outcome> {
         st.peak_unused_bytes,
         st.budget_bytes
     );
+    // (A starved service — both cores busy, and it is SCHED_IDLE — leaves every fault to the
+    // walk: equal counts, give or take the few faults of the loop's own stack and buffers.)
     ensure!(
-        with.faults <= kernel.faults,
+        with.faults <= kernel.faults + 64,
         "the walk took more faults with the service ({}) than without ({})",
         with.faults,
         kernel.faults
     );
-    // The check that does not depend on timing: wait for a window, then walk it.
+    // The check that does not depend on timing: wait for a window, then walk it. Its service
+    // runs at normal priority, so a machine busy elsewhere (a test suite) delays it, never
+    // starves it.
+    drop(svc);
+    let svc = Service::start(Options {
+        sched_idle: false,
+        ..Options::default()
+    })?;
     let (pages, faults) = window_walk(&svc)?;
     say!(
         "a window populated before the walk reached it: {pages} first touches took {faults} faults (its tripwires, one per 16-page chunk) and read zero"
