@@ -964,7 +964,8 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
             );
             let est = 100.0 * faults_plain * (costs.kernel_fault_ns - costs.prefault_touch_ns)
                 / (plain_ms * 1e6);
-            if small && APP_MEAN.contains(&p.name) && speedup.is_finite() {
+            // A program whose output differs does not count: something went wrong there.
+            if small && APP_MEAN.contains(&p.name) && speedup.is_finite() && same {
                 app.push(speedup);
             }
             let mut row = json!({
@@ -1004,7 +1005,7 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
             "reps": nreps,
             "kernel_fault_ns": costs.kernel_fault_ns,
             "prefault_touch_ns": costs.prefault_touch_ns,
-            "app_speedup_programs": APP_MEAN.iter().filter(|n| rows.iter().any(|r| r["program"] == **n && r["pages"] == "4k" && r["speedup_pct"].is_number())).collect::<Vec<_>>(),
+            "app_speedup_programs": APP_MEAN.iter().filter(|n| rows.iter().any(|r| r["program"] == **n && r["pages"] == "4k" && r["speedup_pct"].is_number() && r["same_output"] == true)).collect::<Vec<_>>(),
             "min_speedup_pct": if min_speedup.is_finite() { json!(min_speedup) } else { Value::Null },
             "rows": rows,
         }),
