@@ -105,6 +105,11 @@
 #define TIERMEM_PREFAULT_READ 1
 
 /**
+ * Populate: learned per region (the zero page while the application reads first).
+ */
+#define TIERMEM_PREFAULT_POPULATE_AUTO 2
+
+/**
  * THP: as the kernel decides for the region.
  */
 #define TIERMEM_PREFAULT_THP_AUTO 0
@@ -339,7 +344,7 @@ typedef struct TiermemPrefaultPolicy {
    */
   int order;
   /**
-   * TIERMEM_PREFAULT_WRITE / _READ.
+   * TIERMEM_PREFAULT_POPULATE_AUTO (default) / TIERMEM_PREFAULT_WRITE / _READ.
    */
   int populate;
   /**
@@ -774,8 +779,8 @@ int nvh_ckone(const char *name);
 int tiermem_prefault_options_default(struct TiermemPrefaultOptions *out);
 
 /**
- * Fills `*out` with the default policy (auto order, write, 16-page chunks, 64 entries, THP
- * auto). Returns 0, or -EINVAL for NULL.
+ * Fills `*out` with the default policy (auto order, auto populate, 16-page chunks, 64
+ * entries, THP auto). Returns 0, or -EINVAL for NULL.
  */
 int tiermem_prefault_policy_default(struct TiermemPrefaultPolicy *out);
 

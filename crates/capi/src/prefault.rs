@@ -6,6 +6,8 @@
 //! read-write memory -EFAULT; an overlap with a live registration -EEXIST; the table full
 //! -ENOSPC; a failed system call -EIO. Registrations are 64-bit tokens (no handle to free).
 
+#![allow(clippy::manual_is_multiple_of)] // the workspace targets Rust 1.80
+
 use crate::error::{fail, guard, handles};
 use std::ffi::{c_int, c_void};
 use std::time::Duration;
@@ -30,6 +32,8 @@ pub const TIERMEM_PREFAULT_WHOLE: c_int = 4;
 pub const TIERMEM_PREFAULT_WRITE: c_int = 0;
 /// Populate: the zero page (MADV_POPULATE_READ), for data only read.
 pub const TIERMEM_PREFAULT_READ: c_int = 1;
+/// Populate: learned per region (the zero page while the application reads first).
+pub const TIERMEM_PREFAULT_POPULATE_AUTO: c_int = 2;
 /// THP: as the kernel decides for the region.
 pub const TIERMEM_PREFAULT_THP_AUTO: c_int = 0;
 /// THP: whole 2 MiB units.
@@ -63,7 +67,7 @@ pub struct TiermemPrefaultOptions {
 pub struct TiermemPrefaultPolicy {
     /// TIERMEM_PREFAULT_AUTO / _ASCENDING / _DESCENDING / _STRIDE / _WHOLE.
     pub order: c_int,
-    /// TIERMEM_PREFAULT_WRITE / _READ.
+    /// TIERMEM_PREFAULT_POPULATE_AUTO (default) / TIERMEM_PREFAULT_WRITE / _READ.
     pub populate: c_int,
     /// Pages per window entry, 1..=64 (default 16).
     pub chunk: u32,
@@ -142,6 +146,7 @@ fn to_policy(p: &TiermemPrefaultPolicy) -> Result<Policy, c_int> {
     let populate = match p.populate {
         TIERMEM_PREFAULT_WRITE => Populate::Write,
         TIERMEM_PREFAULT_READ => Populate::Read,
+        TIERMEM_PREFAULT_POPULATE_AUTO => Populate::Auto,
         o => return Err(fail(libc::EINVAL, format!("unknown populate kind {o}"))),
     };
     let thp = match p.thp {
@@ -183,8 +188,8 @@ pub extern "C" fn tiermem_prefault_options_default(out: *mut TiermemPrefaultOpti
     })
 }
 
-/// Fills `*out` with the default policy (auto order, write, 16-page chunks, 64 entries, THP
-/// auto). Returns 0, or -EINVAL for NULL.
+/// Fills `*out` with the default policy (auto order, auto populate, 16-page chunks, 64
+/// entries, THP auto). Returns 0, or -EINVAL for NULL.
 #[no_mangle]
 pub extern "C" fn tiermem_prefault_policy_default(out: *mut TiermemPrefaultPolicy) -> c_int {
     guard("tiermem_prefault_policy_default", || {
@@ -196,7 +201,7 @@ pub extern "C" fn tiermem_prefault_policy_default(out: *mut TiermemPrefaultPolic
         unsafe {
             *out = TiermemPrefaultPolicy {
                 order: TIERMEM_PREFAULT_AUTO,
-                populate: TIERMEM_PREFAULT_WRITE,
+                populate: TIERMEM_PREFAULT_POPULATE_AUTO,
                 chunk: d.chunk,
                 entries: d.entries,
                 thp: TIERMEM_PREFAULT_THP_AUTO,

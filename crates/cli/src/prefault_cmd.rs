@@ -22,7 +22,7 @@ Environment (the options set these; any other is passed on as it is):
   TIERMEM_PREFAULT_CHUNK        pages per window entry, 1..=64 [16]
   TIERMEM_PREFAULT_ENTRIES      window entries per region, 1..=64 [64]
   TIERMEM_PREFAULT_ORDER        auto|ascending|descending|stride|whole [auto]
-  TIERMEM_PREFAULT_POPULATE     write|read [write]
+  TIERMEM_PREFAULT_POPULATE     auto|write|read [auto]
   TIERMEM_PREFAULT_THP          auto|on|off [auto]
   TIERMEM_PREFAULT_INTERVAL_US  microseconds between the service's passes while idle [2000]
   TIERMEM_PREFAULT_HEAP         1: follow [heap] (and tune glibc's top pad and trim threshold); 0: not [1]
@@ -52,6 +52,8 @@ pub enum OrderArg {
 /// Populate kinds.
 #[derive(Clone, Copy, ValueEnum)]
 pub enum PopulateArg {
+    /// Learned per region: the zero page while the program reads first, else private pages.
+    Auto,
     /// Private zeroed pages (first writes do not fault).
     Write,
     /// The shared zero page (first reads do not fault).

@@ -17,7 +17,7 @@ pub const CHUNK: &str = "TIERMEM_PREFAULT_CHUNK";
 pub const ENTRIES: &str = "TIERMEM_PREFAULT_ENTRIES";
 /// `TIERMEM_PREFAULT_ORDER`: auto|ascending|descending|stride|whole.
 pub const ORDER: &str = "TIERMEM_PREFAULT_ORDER";
-/// `TIERMEM_PREFAULT_POPULATE`: write|read.
+/// `TIERMEM_PREFAULT_POPULATE`: auto|write|read.
 pub const POPULATE: &str = "TIERMEM_PREFAULT_POPULATE";
 /// `TIERMEM_PREFAULT_THP`: auto|on|off.
 pub const THP: &str = "TIERMEM_PREFAULT_THP";
@@ -195,7 +195,11 @@ pub fn from_env() -> Result<Option<Config>, String> {
     }
     if let Some(p) = choice(
         POPULATE,
-        &[("write", Populate::Write), ("read", Populate::Read)],
+        &[
+            ("auto", Populate::Auto),
+            ("write", Populate::Write),
+            ("read", Populate::Read),
+        ],
     )? {
         policy.populate = p;
     }

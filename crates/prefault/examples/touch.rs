@@ -1,7 +1,7 @@
 //! A quick look at the first-touch critical path with and without the service: maps a region
 //! (4 KiB pages), touches one byte per page in a given order with a compute gap, and prints
 //! p50/p99/mean of the per-touch time in TSC ticks and the service's figures.
-//! `cargo run --release -p tiermem-prefault --example touch -- [MiB] [gap_us] [asc|desc|stride4|random] [thp]`
+//! `cargo run --release -p tiermem-prefault --example touch -- [MiB] [gap_us] [asc|desc|stride4|random] [thp|4k] [write|read]`
 
 use std::arch::x86_64::{_mm_lfence, _mm_mfence, _rdtsc};
 use std::time::Instant;
@@ -13,6 +13,7 @@ fn main() {
     let gap_us: f64 = a.get(2).and_then(|s| s.parse().ok()).unwrap_or(5.0);
     let order = a.get(3).cloned().unwrap_or_else(|| "asc".into());
     let thp = a.get(4).is_some_and(|s| s == "thp");
+    let read = a.get(5).is_some_and(|s| s == "read");
     let len = mib << 20;
     for arm in ["kernel", "prefault", "kernel", "prefault"] {
         // SAFETY: a fresh anonymous mapping.
@@ -70,7 +71,11 @@ fn main() {
                 while _rdtsc() - s0 < gap_ticks {}
                 _mm_lfence();
                 let t0 = _rdtsc();
-                std::ptr::write_volatile(p.add(i * 4096), 1);
+                if read {
+                    std::hint::black_box(std::ptr::read_volatile(p.add(i * 4096)));
+                } else {
+                    std::ptr::write_volatile(p.add(i * 4096), 1);
+                }
                 _mm_mfence();
                 let mut aux = 0;
                 let t1 = std::arch::x86_64::__rdtscp(&mut aux);

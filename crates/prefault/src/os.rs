@@ -5,7 +5,9 @@
 
 use crate::Error;
 use std::time::Duration;
-use tiermem_fault::sys::{PageRegion, PmScanArg, PAGE_IS_HUGE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED};
+use tiermem_fault::sys::{
+    PageRegion, PmScanArg, PAGE_IS_HUGE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED,
+};
 use tiermem_fault::{Pagemap, PAGE_SIZE};
 
 /// `MADV_POPULATE_READ` (Linux 5.14).
@@ -44,6 +46,8 @@ pub struct Run {
     pub pages: usize,
     /// Mapped by a huge page.
     pub huge: bool,
+    /// Mapped to the zero page (read, never written). Always false from `mincore`.
+    pub zero: bool,
 }
 
 /// Reads which pages of a range are present (or swapped): one `PAGEMAP_SCAN` walk, or
@@ -97,7 +101,7 @@ impl Presence {
                 vec: self.vec.as_mut_ptr() as u64,
                 vec_len: self.vec.len() as u64,
                 category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-                return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_HUGE,
+                return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_HUGE | PAGE_IS_PFNZERO,
                 ..Default::default()
             };
             let n = pm.scan(&mut arg)?;
@@ -105,9 +109,17 @@ impl Presence {
                 let first = (r.start as usize - base) / PAGE_SIZE;
                 let pages = (r.end - r.start) as usize / PAGE_SIZE;
                 let huge = r.categories & PAGE_IS_HUGE != 0;
+                let zero = r.categories & PAGE_IS_PFNZERO != 0;
                 match out.last_mut() {
-                    Some(l) if l.first + l.pages == first && l.huge == huge => l.pages += pages,
-                    _ => out.push(Run { first, pages, huge }),
+                    Some(l) if l.first + l.pages == first && l.huge == huge && l.zero == zero => {
+                        l.pages += pages
+                    }
+                    _ => out.push(Run {
+                        first,
+                        pages,
+                        huge,
+                        zero,
+                    }),
                 }
             }
             let walked = arg.walk_end as usize;
@@ -143,6 +155,7 @@ impl Presence {
                     first: i,
                     pages: 1,
                     huge: false,
+                    zero: false,
                 }),
             }
         }
@@ -232,10 +245,136 @@ pub fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// `struct procmap_query` (linux/fs.h, Linux 6.11): one VMA of `/proc/PID/maps` by address.
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+const _: () = assert!(std::mem::size_of::<ProcmapQuery>() == 104);
+/// `PROCMAP_QUERY` = `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: u64 = 3 << 30 | 104 << 16 | (b'f' as u64) << 8 | 17;
+const PROCMAP_QUERY_VMA_READABLE: u64 = 0x01;
+const PROCMAP_QUERY_VMA_WRITABLE: u64 = 0x02;
+const PROCMAP_QUERY_VMA_SHARED: u64 = 0x08;
+
+/// The process's `/proc/self/maps` descriptor for `PROCMAP_QUERY` and the pid that opened it:
+/// a forked child reopens (the descriptor it inherited reads its parent's mappings).
+static MAPS_FD: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
+
+/// Opens the descriptor `check_mapping` uses ahead of the first registration (the service
+/// calls this when it starts), so that a registration costs a few µs from the first.
+pub fn open_maps() -> Option<i32> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let pid = std::process::id() as i64;
+    let cur = MAPS_FD.load(SeqCst);
+    if cur >= 0 && cur >> 32 == pid {
+        return Some(cur as i32);
+    }
+    // SAFETY: opening a procfs file read-only, close-on-exec.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/maps".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    let word = pid << 32 | fd as i64;
+    match MAPS_FD.compare_exchange(cur, word, SeqCst, SeqCst) {
+        Ok(_) => {
+            if cur >= 0 && cur >> 32 == pid {
+                // SAFETY: our own descriptor, replaced.
+                unsafe { libc::close(cur as i32) };
+            }
+            Some(fd)
+        }
+        Err(now) => {
+            // SAFETY: our descriptor, not published.
+            unsafe { libc::close(fd) };
+            (now >= 0 && now >> 32 == pid).then_some(now as i32)
+        }
+    }
+}
+
+/// Checks `[base, base+len)` VMA by VMA with `PROCMAP_QUERY` (a few µs, where reading the text
+/// of `/proc/self/maps` costs tens); `None` when the ioctl is not there (Linux < 6.11).
+fn check_mapping_query(base: usize, len: usize) -> Option<Result<(), Error>> {
+    let fd = open_maps()?;
+    {
+        let end = base + len;
+        let mut at = base;
+        while at < end {
+            let mut q = ProcmapQuery {
+                size: std::mem::size_of::<ProcmapQuery>() as u64,
+                query_addr: at as u64,
+                ..Default::default()
+            };
+            // SAFETY: a valid descriptor and a properly sized procmap_query with no name or
+            // build-id buffers.
+            let r = unsafe { libc::ioctl(fd, PROCMAP_QUERY as libc::c_ulong, &mut q) };
+            if r != 0 {
+                return match std::io::Error::last_os_error().raw_os_error() {
+                    Some(libc::ENOENT) => Some(Err(Error::BadRange(format!(
+                        "{base:#x}..{end:#x}: {at:#x} is not mapped"
+                    )))),
+                    _ => None, // ENOTTY (older kernel) or anything else: the text way
+                };
+            }
+            let what = |why: &str| {
+                Some(Err(Error::BadRange(format!(
+                    "{base:#x}..{end:#x}: {why} (mapping {:#x}..{:#x})",
+                    q.vma_start, q.vma_end
+                ))))
+            };
+            let f = q.vma_flags;
+            if f & PROCMAP_QUERY_VMA_READABLE == 0 && f & PROCMAP_QUERY_VMA_WRITABLE == 0 {
+                return what("part of it is PROT_NONE");
+            }
+            if f & PROCMAP_QUERY_VMA_WRITABLE == 0 || f & PROCMAP_QUERY_VMA_READABLE == 0 {
+                return what("part of it is not writable");
+            }
+            if f & PROCMAP_QUERY_VMA_SHARED != 0 {
+                return what("part of it is a shared mapping");
+            }
+            if q.inode != 0 {
+                return what("part of it maps a file");
+            }
+            if q.vma_end as usize <= at {
+                return None;
+            }
+            at = q.vma_end as usize;
+        }
+        Some(Ok(()))
+    }
+}
+
 /// Checks that `[base, base+len)` is private anonymous memory, mapped readable and writable
-/// throughout (what populating ahead is for), from `/proc/self/maps`. The error names what is
-/// wrong and where.
+/// throughout (what populating ahead is for): with `PROCMAP_QUERY` where the kernel has it, else
+/// from the text of `/proc/self/maps`. The error names what is wrong and where.
 pub fn check_mapping(base: usize, len: usize) -> Result<(), Error> {
+    if let Some(r) = check_mapping_query(base, len) {
+        return r;
+    }
+    check_mapping_text(base, len)
+}
+
+fn check_mapping_text(base: usize, len: usize) -> Result<(), Error> {
     let text = std::fs::read_to_string("/proc/self/maps")
         .map_err(|e| Error::Os(format!("reading /proc/self/maps: {e}")))?;
     let end = base + len;
@@ -328,12 +467,14 @@ mod tests {
                 Run {
                     first: 3,
                     pages: 5,
-                    huge: false
+                    huge: false,
+                    zero: false
                 },
                 Run {
                     first: 40,
                     pages: 1,
-                    huge: false
+                    huge: false,
+                    zero: false
                 }
             ]
         );
@@ -352,6 +493,16 @@ mod tests {
 
     #[test]
     fn check_mapping_names_the_problem() {
+        check_mapping_both_ways(check_mapping);
+        check_mapping_both_ways(check_mapping_text);
+        if check_mapping_query(&0u8 as *const u8 as usize & !4095, 4096).is_none() {
+            eprintln!(
+                "PROCMAP_QUERY is not available (Linux < 6.11): the text way was tested twice"
+            );
+        }
+    }
+
+    fn check_mapping_both_ways(check_mapping: fn(usize, usize) -> Result<(), Error>) {
         let len = 8 * PAGE_SIZE;
         let rw = libc::PROT_READ | libc::PROT_WRITE;
         let a = map(len, rw, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);

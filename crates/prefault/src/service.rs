@@ -4,7 +4,7 @@
 //! [`RawRegistration`] (the preload library and the C ABI).
 
 use crate::os::{self, Memcg, Presence, Run};
-use crate::policy::{Options, Order, Policy, Populate};
+use crate::policy::{Options, Order, Policy};
 use crate::table::{Table, LIVE, MAX_SLOTS};
 use crate::window::{Mode, Window};
 use crate::Error;
@@ -166,6 +166,7 @@ impl Service {
             tid: AtomicI32::new(0),
         });
         fork::track(&shared);
+        os::open_maps();
         let s2 = shared.clone();
         let join = std::thread::Builder::new()
             .name("tiermem-prefault".into())
@@ -668,7 +669,7 @@ fn run(s: Arc<Shared>) {
                     l.failed = true;
                     break;
                 }
-                let write = l.win.policy.populate == Populate::Write;
+                let write = !l.win.populate_read;
                 let r = populate_list(&s, l, &list, write, &mut zeros);
                 s.table.leave(i);
                 match r {

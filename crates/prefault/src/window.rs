@@ -18,7 +18,7 @@
 //! footprint). The footprint is exact — those pages were faulted by the application — and is
 //! what the order is learned from; a tripwire hit is a footprint page too.
 
-use crate::policy::{Order, Policy, Thp};
+use crate::policy::{Order, Policy, Populate, Thp};
 use tiermem_fault::PAGE_SIZE;
 
 /// Pages in a 2 MiB unit.
@@ -103,6 +103,9 @@ pub(crate) struct Window {
     pub policy: Policy,
     pub mode: Mode,
     pub thp: bool,
+    /// Populate for reading (the zero page) rather than writing: the policy's `Read`, or
+    /// learned under `Auto` from a footprint mapped to the zero page.
+    pub populate_read: bool,
     ours: Vec<u64>,
     seen: Vec<u64>,
     pub table: Vec<Entry>,
@@ -145,6 +148,7 @@ impl Window {
             policy,
             mode,
             thp: policy.thp == Thp::On,
+            populate_read: policy.populate == Populate::Read,
             ours: vec![0; words],
             seen: vec![0; words],
             table: Vec::with_capacity(policy.entries as usize),
@@ -200,6 +204,7 @@ impl Window {
         let mut s = Sensed::default();
         self.fresh.clear();
         let mut huge_ours = false;
+        let (mut zero_fp, mut written_fp) = (0usize, 0usize);
         for r in runs {
             if r.huge && self.policy.thp != Thp::Off && !self.thp {
                 // The kernel gives this region huge pages (the application's own faults or
@@ -223,9 +228,22 @@ impl Window {
                 }
                 set(&mut self.seen, p);
                 s.footprint += 1;
+                if r.zero {
+                    zero_fp += 1;
+                } else {
+                    written_fp += 1;
+                }
                 if self.fresh.len() < 8192 {
                     self.fresh.push(p);
                 }
+            }
+        }
+        // Reads first or writes first: what the application's own faults mapped (3 to 1).
+        if self.policy.populate == Populate::Auto && zero_fp + written_fp >= 3 {
+            if zero_fp >= 3 * written_fp {
+                self.populate_read = true;
+            } else if written_fp >= 3 * zero_fp {
+                self.populate_read = false;
             }
         }
         if huge_ours && !self.thp && self.policy.thp != Thp::Off {
@@ -664,6 +682,7 @@ mod tests {
             first,
             pages,
             huge: false,
+            zero: false,
         }
     }
 
@@ -814,6 +833,7 @@ mod sim {
                                 first: i,
                                 pages: 1,
                                 huge: false,
+                                zero: false,
                             }),
                         }
                     }
