@@ -643,8 +643,10 @@ fn run(s: Arc<Shared>) {
             let before = l.win.unused_pages + l.win.stranded_pages;
             let sensed = l.win.sense(&runs, (lo, hi));
             total_unused = total_unused + (l.win.unused_pages + l.win.stranded_pages) - before;
-            if sensed.hits > 0 || sensed.footprint > 0 {
+            if sensed.hits > 0 || (sensed.footprint > 0 && l.win.mode == Mode::Learning) {
                 active = true;
+            }
+            if sensed.hits > 0 || sensed.footprint > 0 {
                 slot.hits.fetch_add(sensed.hits, Relaxed);
                 s.hits.fetch_add(sensed.hits, Relaxed);
                 s.footprint.fetch_add(sensed.footprint, Relaxed);
@@ -674,6 +676,9 @@ fn run(s: Arc<Shared>) {
                 s.table.leave(i);
                 match r {
                     Ok(calls) => {
+                        // Work done: keep this region sensed, and passes short.
+                        active = true;
+                        l.win.idle_passes = 0;
                         slot.calls.fetch_add(calls, Relaxed);
                         total_unused += list.len();
                         room = room.map(|r| r.saturating_sub(bytes));

@@ -293,7 +293,11 @@ impl Window {
             self.app = Some(p);
             self.passed(p, &mut s);
         }
-        if s.hits == 0 && s.footprint == 0 {
+        // Idle unless a tripwire was hit or the order is still being learned: footprint alone
+        // (the application faulting where the service cannot help, e.g. a random pattern once
+        // the budget is spent) does not keep the region sensed at the shortest interval. The
+        // service resets this when a pass populates something.
+        if s.hits == 0 && (s.footprint == 0 || self.mode != Mode::Learning) {
             self.idle_passes = self.idle_passes.saturating_add(1);
         } else {
             self.idle_passes = 0;
