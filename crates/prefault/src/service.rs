@@ -253,7 +253,13 @@ impl Service {
             .shared()
             .table
             .claim(ptr as usize, len, policy.pack(), 0)?;
-        self.shared().wake();
+        // Wake the service only when it has something to do at once: an `Auto` region needs a
+        // footprint first, which the next pass (≤ `interval`) sees. Waking a sleeping thread on
+        // another vCPU is an inter-processor interrupt, tens of µs on a VM, on the caller's
+        // path — the mmap hook's, for the preload library.
+        if policy.order != Order::Auto {
+            self.shared().wake();
+        }
         Ok(RawRegistration { slot, gen })
     }
 
