@@ -44,6 +44,7 @@
 #![warn(missing_docs)]
 #![allow(clippy::manual_is_multiple_of, clippy::unnecessary_map_or)]
 
+mod busy;
 pub mod os;
 pub mod policy;
 mod service;

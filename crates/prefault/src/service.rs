@@ -3,6 +3,7 @@
 //! memory cgroup's room; and the handles callers hold: [`Service`], [`Registration`] (Rust) and
 //! [`RawRegistration`] (the preload library and the C ABI).
 
+use crate::busy::{self, RunDelay};
 use crate::os::{self, Memcg, Presence, Run};
 use crate::policy::{Options, Order, Policy};
 use crate::table::{Table, LIVE, MAX_SLOTS};
@@ -37,6 +38,9 @@ pub struct Stats {
     pub budget_bytes: u64,
     /// Passes that populated nothing because the memory cgroup was near its limit.
     pub backoffs: u64,
+    /// Passes of a SCHED_IDLE service that waited on a run queue (the cores were busy): cut
+    /// short, and the next one put off (see the module `busy`).
+    pub starved_passes: u64,
     /// Populate calls that failed.
     pub failures: u64,
     /// CPU time of the service thread.
@@ -80,6 +84,7 @@ pub(crate) struct Shared {
     unused: AtomicU64,
     peak_unused: AtomicU64,
     backoffs: AtomicU64,
+    starved: AtomicU64,
     failures: AtomicU64,
     cpu_ns: AtomicU64,
     idle: AtomicBool,
@@ -158,6 +163,7 @@ impl Service {
             unused: AtomicU64::new(0),
             peak_unused: AtomicU64::new(0),
             backoffs: AtomicU64::new(0),
+            starved: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
             idle: AtomicBool::new(false),
@@ -324,6 +330,7 @@ impl Service {
             peak_unused_bytes: s.peak_unused.load(Relaxed),
             budget_bytes: s.opts.budget_bytes as u64,
             backoffs: s.backoffs.load(Relaxed),
+            starved_passes: s.starved.load(Relaxed),
             failures: s.failures.load(Relaxed),
             service_cpu: Duration::from_nanos(s.cpu_ns.load(Relaxed)),
             sched_idle: s.idle.load(Relaxed),
@@ -560,8 +567,21 @@ fn run(s: Arc<Shared>) {
     let mut pass: u64 = 0;
     let mut memcg_check = Instant::now() - Duration::from_secs(1);
     let mut memcg_limited = memcg.as_ref().map_or(false, |m| m.room().is_some());
+    // Starvation (SCHED_IDLE only: at normal priority the thread takes its share of busy
+    // cores, as asked): the run-queue wait since the thread went to sleep.
+    let mut delay = RunDelay::open();
+    let mut slept = if idle { delay.mark() } else { 0 };
     while !s.stop.load(SeqCst) {
         pass += 1;
+        let waited = if idle && delay.exact() {
+            delay.since(slept)
+        } else {
+            Duration::ZERO
+        };
+        let start = if idle { delay.mark() } else { 0 };
+        let starving = |d: &RunDelay| idle && d.since(start) > busy::STARVED;
+        let mut cut = false;
+        let mut sensed_regions = 0u32;
         s.passes.fetch_add(1, Relaxed);
         // Follow the table.
         let high = s.table.high.load(SeqCst);
@@ -618,6 +638,12 @@ fn run(s: Arc<Shared>) {
             }
             if l.failed {
                 continue;
+            }
+            sensed_regions += 1;
+            if sensed_regions % 16 == 0 && starving(&delay) {
+                // Waited for busy cores: stop here, runnable no longer.
+                cut = true;
+                break;
             }
             // Idle regions are sensed less often (up to every 32nd pass).
             let idle_passes = l.win.idle_passes;
@@ -680,6 +706,9 @@ fn run(s: Arc<Shared>) {
                 let write = !l.win.populate_read;
                 let r = populate_list(&s, l, &list, write, &mut zeros);
                 s.table.leave(i);
+                if r.is_ok() && starving(&delay) {
+                    cut = true;
+                }
                 match r {
                     Ok(calls) => {
                         // Work done: keep this region sensed, and passes short.
@@ -690,6 +719,9 @@ fn run(s: Arc<Shared>) {
                         room = room.map(|r| r.saturating_sub(bytes));
                         slot.populated_bytes.fetch_add(bytes, Relaxed);
                         s.populated.fetch_add(bytes, Relaxed);
+                        if cut {
+                            break;
+                        }
                     }
                     Err(e) => {
                         l.win.undo(&list);
@@ -709,6 +741,9 @@ fn run(s: Arc<Shared>) {
             if l.win.mode == Mode::Learning {
                 slot.learned.store(0, Relaxed);
             }
+            if cut {
+                break;
+            }
         }
         if backoff {
             s.backoffs.fetch_add(1, Relaxed);
@@ -724,7 +759,37 @@ fn run(s: Arc<Shared>) {
                 (interval * 2).min(s.opts.interval)
             };
         }
-        std::thread::park_timeout(interval);
+        // The cores are busy: sleep PAUSE_PER_WAIT times as long as this pass waited on a
+        // run queue (with the wait for it), deaf to wake-ups (registrations, hints) until
+        // then, so that the thread is runnable at most ~1/20 of the time; the adaptive
+        // interval again after a pass that did not wait.
+        let wait = waited
+            + if idle {
+                delay.since(start)
+            } else {
+                Duration::ZERO
+            };
+        if cut || wait > busy::STARVED {
+            s.starved.fetch_add(1, Relaxed);
+            interval = s.opts.interval;
+            let pause = (wait * busy::PAUSE_PER_WAIT)
+                .min(busy::MAX_PAUSE)
+                .max(s.opts.interval);
+            let until = Instant::now() + pause;
+            slept = delay.mark();
+            loop {
+                let now = Instant::now();
+                if s.stop.load(SeqCst) || now >= until {
+                    break;
+                }
+                std::thread::park_timeout(until - now);
+            }
+        } else {
+            if idle {
+                slept = delay.mark();
+            }
+            std::thread::park_timeout(interval);
+        }
     }
     s.running.store(false, SeqCst);
 }

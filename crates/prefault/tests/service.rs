@@ -2,7 +2,7 @@
 //! writers lose nothing, parent and child keep their own pages), the budget bounds what is
 //! populated and not touched in every pattern, nothing is populated after a registration ends
 //! (even when a file mapping takes the address), fork mid-populate, a tight memory cgroup, bad
-//! input, engine regions.
+//! input, engine regions, a starved SCHED_IDLE service that sleeps.
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -554,5 +554,121 @@ fn engine_regions_are_filled_with_installs() {
     );
     drop(reg);
     drop(region);
+    unmap(p, len);
+}
+
+/// Run-queue wait of thread `tid` of this process, cumulative (schedstat's second field).
+fn run_queue_wait(tid: i32) -> Option<Duration> {
+    let t = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let ns: u64 = t.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// A SCHED_IDLE service on cores kept busy is mostly asleep, not runnable: waiting on a run
+/// queue for idle moments it costs the application as a SCHED_IDLE busy loop does (the cores
+/// never idle), so a pass that waited is cut short and the next one put off by 19 times the
+/// wait (module `busy`). Measured here (2 cores): 62–98 % of the time on a run queue before,
+/// 3–8 % after (45 % once, a single wake-up that waited 0.6 s).
+#[test]
+fn a_starved_sched_idle_service_sleeps_instead_of_waiting_for_busy_cores() {
+    let len = 16 << 20;
+    let p = map(len);
+    let svc = Service::start(Options::default()).unwrap();
+    // The first pass runs once the thread has made itself SCHED_IDLE.
+    wait_for("the first pass", || svc.stats().passes > 0);
+    let tid = svc.thread_id().unwrap();
+    if !svc.stats().sched_idle || run_queue_wait(tid).is_none() {
+        eprintln!("SCHED_IDLE or schedstat unavailable here: nothing to check");
+        return;
+    }
+    let policy = Policy {
+        order: Order::Ascending,
+        thp: Thp::Off,
+        ..Policy::default()
+    };
+    let reg = svc.register(p, len, policy).unwrap();
+    // Client-server pairs ping-ponging a byte through pipes, as memcached and its load
+    // generator do over loopback, one pair per core: every core busy, with short idle moments
+    // at the exchanges.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut spinners = Vec::new();
+    for _ in 0..cores {
+        let (mut a, mut b) = ([0i32; 2], [0i32; 2]);
+        // SAFETY: two fresh pipes into our arrays.
+        unsafe {
+            assert_eq!(libc::pipe(a.as_mut_ptr()), 0);
+            assert_eq!(libc::pipe(b.as_mut_ptr()), 0);
+        }
+        let st = stop.clone();
+        spinners.push(std::thread::spawn(move || {
+            let mut x = [0u8; 1];
+            let mut n = 0u64;
+            while !st.load(SeqCst) {
+                // Some work per request, then the exchange.
+                for i in 0..2000u64 {
+                    n = std::hint::black_box(n.wrapping_mul(31).wrapping_add(i));
+                }
+                // SAFETY: our pipes, a one-byte buffer.
+                unsafe {
+                    libc::write(a[1], x.as_ptr().cast(), 1);
+                    libc::read(b[0], x.as_mut_ptr().cast(), 1);
+                }
+            }
+            // SAFETY: wake the server one last time, then close our ends.
+            unsafe {
+                libc::write(a[1], x.as_ptr().cast(), 1);
+                libc::close(a[1]);
+                libc::close(b[0]);
+            }
+        }));
+        spinners.push(std::thread::spawn(move || {
+            let mut x = [0u8; 1];
+            let mut n = 0u64;
+            loop {
+                // SAFETY: our pipes, a one-byte buffer.
+                if unsafe { libc::read(a[0], x.as_mut_ptr().cast(), 1) } <= 0 {
+                    break;
+                }
+                for i in 0..2000u64 {
+                    n = std::hint::black_box(n.wrapping_mul(31).wrapping_add(i));
+                }
+                // SAFETY: as above.
+                if unsafe { libc::write(b[1], x.as_ptr().cast(), 1) } <= 0 {
+                    break;
+                }
+            }
+            // SAFETY: closing our ends once.
+            unsafe {
+                libc::close(a[0]);
+                libc::close(b[1]);
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (w0, t0) = (run_queue_wait(tid).unwrap(), Instant::now());
+    std::thread::sleep(Duration::from_millis(2000));
+    let (w1, t1) = (run_queue_wait(tid).unwrap(), Instant::now());
+    stop.store(true, SeqCst);
+    for s in spinners {
+        s.join().unwrap();
+    }
+    let st = svc.stats();
+    let frac = (w1 - w0).as_secs_f64() / (t1 - t0).as_secs_f64();
+    eprintln!(
+        "run-queue wait {:?} in {:?} ({:.0} %), passes {}, starved {}",
+        w1 - w0,
+        t1 - t0,
+        frac * 100.0,
+        st.passes,
+        st.starved_passes
+    );
+    assert!(st.starved_passes > 0, "no pass counted as starved: {st:?}");
+    assert!(
+        frac < 0.5,
+        "the service waited on a run queue {:.0} % of the time",
+        frac * 100.0
+    );
+    drop(reg);
     unmap(p, len);
 }
