@@ -55,13 +55,13 @@
 //! after a fatal signal or a raw `exit_group`) is one JSON object: the
 //! service's figures (`regions`, `passes`, `populate_calls`, `populated_bytes`,
 //! `tripwire_hits`, `footprint_pages`, `unused_bytes`, `peak_unused_bytes`, `budget_bytes`,
-//! `backoffs`, `failures`, `service_cpu_ns`, `sched_idle`, `sensing`), the minor and major
-//! faults of the whole process, of the service thread (`service_minflt`, `service_tid`) and of
-//! the application's threads (`app_minflt`: the process's less the service's), and the
-//! library's counters (`mmap_regions`, `malloc_blocks`, `heap_growths`, `registered_bytes`,
-//! `register_failures`, `dropped`, `purged`). It is written by the process whose pid is
-//! `TIERMEM_PREFAULT_STATS_PID` (`tiermem prefault run` sets it to the command's, which an
-//! `exec` chain keeps, so the programs a command starts do not overwrite its report), by
+//! `backoffs`, `starved_passes`, `failures`, `service_cpu_ns`, `sched_idle`, `sensing`), the
+//! minor and major faults of the whole process, of the service thread (`service_minflt`,
+//! `service_tid`) and of the application's threads (`app_minflt`: the process's less the
+//! service's), and the library's counters (`mmap_regions`, `malloc_blocks`, `heap_growths`,
+//! `registered_bytes`, `register_failures`, `dropped`, `purged`). It is written by the process
+//! whose pid is `TIERMEM_PREFAULT_STATS_PID` (`tiermem prefault run` sets it to the command's,
+//! which an `exec` chain keeps, so the programs a command starts do not overwrite its report), by
 //! default by every process the library is loaded in (not by a forked child), and with `%p`
 //! in the path by every process into its own file.
 //!

@@ -96,6 +96,7 @@ fn report<W: Write>(svc: &Service, out: &mut W) -> std::fmt::Result {
     write!(out, ",\"peak_unused_bytes\":{}", st.peak_unused_bytes)?;
     write!(out, ",\"budget_bytes\":{}", st.budget_bytes)?;
     write!(out, ",\"backoffs\":{}", st.backoffs)?;
+    write!(out, ",\"starved_passes\":{}", st.starved_passes)?;
     write!(out, ",\"failures\":{}", st.failures)?;
     write!(out, ",\"service_cpu_ns\":{}", st.service_cpu.as_nanos())?;
     write!(out, ",\"sched_idle\":{}", st.sched_idle)?;
