@@ -24,7 +24,12 @@ fn checker() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/prefault_check.c");
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        // The run-time value first: the suite runs this binary again as another user, with
+        // a scratch directory of its own (the compile-time one belongs to root).
+        let dir = PathBuf::from(
+            std::env::var_os("CARGO_TARGET_TMPDIR")
+                .unwrap_or_else(|| env!("CARGO_TARGET_TMPDIR").into()),
+        );
         let bin = dir.join(format!("prefault_check-{}", std::process::id()));
         let out = std::process::Command::new("cc")
             .args(["-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
