@@ -36,6 +36,10 @@ pub(crate) const PAUSE_PER_WAIT: u32 = 19;
 /// The longest such pause: how late the service is back once the cores are free again.
 pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(1);
 
+/// The pause is also at most 2^level intervals, the level rising by one with each starved
+/// pass and falling by one with each pass that did not wait (up to 2^9 × 2 ms ≈ 1 s).
+pub(crate) const MAX_LEVEL: u32 = 9;
+
 /// The calling thread's run-queue wait.
 pub(crate) struct RunDelay {
     /// `/proc/thread-self/schedstat` opened by the service thread (-1: not available).

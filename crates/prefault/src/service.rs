@@ -571,6 +571,7 @@ fn run(s: Arc<Shared>) {
     // cores, as asked): the run-queue wait since the thread went to sleep.
     let mut delay = RunDelay::open();
     let mut slept = if idle { delay.mark() } else { 0 };
+    let mut level = 0u32;
     while !s.stop.load(SeqCst) {
         pass += 1;
         let waited = if idle && delay.exact() {
@@ -761,8 +762,11 @@ fn run(s: Arc<Shared>) {
         }
         // The cores are busy: sleep PAUSE_PER_WAIT times as long as this pass waited on a
         // run queue (with the wait for it), deaf to wake-ups (registrations, hints) until
-        // then, so that the thread is runnable at most ~1/20 of the time; the adaptive
-        // interval again after a pass that did not wait.
+        // then, so that the thread is runnable at most ~1/20 of the time; but no longer than
+        // 2^level intervals, the level rising with each starved pass and falling with each
+        // that did not wait, so that one long wait (a new thread not yet moved to an idle
+        // core) does not put the service to sleep for a second. The adaptive interval again
+        // after a pass that did not wait.
         let wait = waited
             + if idle {
                 delay.since(start)
@@ -772,7 +776,9 @@ fn run(s: Arc<Shared>) {
         if cut || wait > busy::STARVED {
             s.starved.fetch_add(1, Relaxed);
             interval = s.opts.interval;
+            level = (level + 1).min(busy::MAX_LEVEL);
             let pause = (wait * busy::PAUSE_PER_WAIT)
+                .min(s.opts.interval * (1 << level))
                 .min(busy::MAX_PAUSE)
                 .max(s.opts.interval);
             let until = Instant::now() + pause;
@@ -785,6 +791,7 @@ fn run(s: Arc<Shared>) {
                 std::thread::park_timeout(until - now);
             }
         } else {
+            level = level.saturating_sub(1);
             if idle {
                 slept = delay.mark();
             }
