@@ -144,14 +144,14 @@ pub(super) fn fill_page(buf: &mut [u8], i: usize) {
     }
 }
 
-/// An anonymous private mapping, unmapped on drop.
-struct AnonMap {
-    ptr: *mut u8,
+/// An anonymous private mapping, unmapped on drop (also the prefault step's).
+pub(super) struct AnonMap {
+    pub(super) ptr: *mut u8,
     len: usize,
 }
 
 impl AnonMap {
-    fn new(len: usize) -> Result<AnonMap> {
+    pub(super) fn new(len: usize) -> Result<AnonMap> {
         // SAFETY: a fresh anonymous mapping; the result is checked.
         let p = unsafe {
             libc::mmap(

@@ -5,6 +5,7 @@
 //! depend on timing: a window the service populated before the walk reaches it takes exactly
 //! its tripwire faults (one per 16-page chunk) and reads zero.
 
+use super::fault::AnonMap;
 use super::{Ctx, Outcome};
 use anyhow::{bail, ensure, Result};
 use std::time::{Duration, Instant};
@@ -177,40 +178,14 @@ fn window_walk(svc: &Service) -> Result<(usize, u64)> {
     Ok((window, faults))
 }
 
-/// An anonymous private mapping with 4 KiB pages, unmapped on drop.
-struct Map {
-    ptr: *mut u8,
-    len: usize,
-}
+/// An anonymous private mapping with 4 KiB pages whatever the THP setting, unmapped on drop.
+struct Map;
 
 impl Map {
-    fn new(len: usize) -> Result<Map> {
-        // SAFETY: a fresh anonymous mapping; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            bail!(
-                "mmap of {len} bytes failed: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        // SAFETY: our mapping; 4 KiB pages whatever the THP setting.
-        unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
-        Ok(Map { ptr: p.cast(), len })
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: we own this mapping.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    fn new(len: usize) -> Result<AnonMap> {
+        let m = AnonMap::new(len)?;
+        // SAFETY: our mapping; advice only.
+        unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_NOHUGEPAGE) };
+        Ok(m)
     }
 }
