@@ -90,7 +90,7 @@ fn thread_minflt() -> u64 {
 }
 
 fn walk(len: usize, svc: Option<&Service>) -> Result<Walk> {
-    let m = Map::new(len)?;
+    let m = map_4k(len)?;
     let reg = match svc {
         Some(s) => Some(s.register(
             m.ptr,
@@ -137,7 +137,7 @@ fn walk(len: usize, svc: Option<&Service>) -> Result<Walk> {
 
 fn window_walk(svc: &Service) -> Result<(usize, u64)> {
     let len = 8 << 20;
-    let m = Map::new(len)?;
+    let m = map_4k(len)?;
     let policy = Policy {
         order: Order::Ascending,
         thp: Thp::Off,
@@ -179,13 +179,9 @@ fn window_walk(svc: &Service) -> Result<(usize, u64)> {
 }
 
 /// An anonymous private mapping with 4 KiB pages whatever the THP setting, unmapped on drop.
-struct Map;
-
-impl Map {
-    fn new(len: usize) -> Result<AnonMap> {
-        let m = AnonMap::new(len)?;
-        // SAFETY: our mapping; advice only.
-        unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_NOHUGEPAGE) };
-        Ok(m)
-    }
+fn map_4k(len: usize) -> Result<AnonMap> {
+    let m = AnonMap::new(len)?;
+    // SAFETY: our mapping; advice only.
+    unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_NOHUGEPAGE) };
+    Ok(m)
 }
