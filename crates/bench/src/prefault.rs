@@ -421,7 +421,7 @@ impl Scope {
             reps: 3,
             cells,
             startup_mib: 1024,
-            startup_reps: 3,
+            startup_reps: 5,
             programs: true,
             in_process: false,
             floor_pages: if o.quick { 2000 } else { 5000 },
@@ -955,9 +955,10 @@ pub fn measure(req: &TouchRequest) -> Result<Sample> {
     oh.sort_unstable();
     let timer_overhead_ns = oh[oh.len() / 2] as f64 / req.tsc_ghz;
     let hole = aligned_hole(len);
-    if svc.is_some() || pool.is_some() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // Every arm waits the same before its clock starts (the service's and the pool's threads
+    // settle meanwhile): a vCPU that idled comes back with cold caches, and only some arms
+    // sleeping would charge that to them alone.
+    std::thread::sleep(Duration::from_millis(5));
 
     let f0 = thread_faults();
     let c0 = cpu::process_ns();

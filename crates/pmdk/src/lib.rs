@@ -73,6 +73,9 @@ pub enum PmdkError {
         /// Size of the root object.
         root_len: usize,
     },
+    /// libpmemobj (or the shim built against it) could not be loaded.
+    #[error("{0}")]
+    Load(String),
     /// An argument libpmemobj cannot take (a path or layout with a NUL byte, a zero root size).
     #[error("invalid argument: {0}")]
     Invalid(String),
@@ -107,10 +110,13 @@ pub fn pool_size_for(root_size: usize) -> u64 {
 
 /// libpmemobj's message for the last error of this thread.
 fn errormsg() -> String {
+    let Ok(lib) = sys::lib() else {
+        return String::new();
+    };
     // SAFETY: pmemobj_errormsg returns a pointer to a thread-local NUL-terminated buffer (or
     // NULL); we copy it out before any other libpmemobj call on this thread.
     unsafe {
-        let p = sys::pmemobj_errormsg();
+        let p = (lib.pmemobj_errormsg)();
         if p.is_null() {
             String::new()
         } else {
@@ -133,6 +139,7 @@ fn cstring(what: &str, s: &[u8]) -> Result<CString> {
 /// process.
 #[derive(Debug)]
 pub struct Pool {
+    lib: &'static sys::Lib,
     pop: NonNull<sys::PMEMobjpool>,
     root: sys::PMEMoid,
     base: NonNull<u8>,
@@ -160,9 +167,10 @@ impl Pool {
         }
         let cpath = cstring("path", path.as_os_str().as_encoded_bytes())?;
         let clayout = cstring("layout", layout.as_bytes())?;
+        let lib = sys::lib().map_err(PmdkError::Load)?;
         // SAFETY: both strings are valid NUL-terminated C strings for the duration of the call.
         let pop = unsafe {
-            sys::pmemobj_create(
+            (lib.pmemobj_create)(
                 cpath.as_ptr(),
                 clayout.as_ptr(),
                 pool_size as libc::size_t,
@@ -175,7 +183,7 @@ impl Pool {
             errno: errno(),
             msg: errormsg(),
         })?;
-        Self::with_root(pop, path, root_size)
+        Self::with_root(lib, pop, path, root_size)
     }
 
     /// Open the existing pool `path` created with `layout` and map its root object (which must
@@ -183,8 +191,9 @@ impl Pool {
     pub fn open(path: &Path, layout: &str) -> Result<Pool> {
         let cpath = cstring("path", path.as_os_str().as_encoded_bytes())?;
         let clayout = cstring("layout", layout.as_bytes())?;
+        let lib = sys::lib().map_err(PmdkError::Load)?;
         // SAFETY: both strings are valid NUL-terminated C strings for the duration of the call.
-        let pop = unsafe { sys::pmemobj_open(cpath.as_ptr(), clayout.as_ptr()) };
+        let pop = unsafe { (lib.pmemobj_open)(cpath.as_ptr(), clayout.as_ptr()) };
         let pop = NonNull::new(pop).ok_or_else(|| PmdkError::Call {
             op: "pmemobj_open",
             path: path.to_path_buf(),
@@ -192,28 +201,33 @@ impl Pool {
             msg: errormsg(),
         })?;
         // SAFETY: pop is an open pool handle.
-        let size = unsafe { sys::pmemobj_root_size(pop.as_ptr()) };
+        let size = unsafe { (lib.pmemobj_root_size)(pop.as_ptr()) };
         if size == 0 {
             // SAFETY: pop is open and owned by us; nothing else refers to it.
-            unsafe { sys::pmemobj_close(pop.as_ptr()) };
+            unsafe { (lib.pmemobj_close)(pop.as_ptr()) };
             return Err(PmdkError::Invalid(format!(
                 "pool {} has no root object",
                 path.display()
             )));
         }
-        Self::with_root(pop, path, size)
+        Self::with_root(lib, pop, path, size)
     }
 
     /// Take ownership of `pop` and map (allocating if needed) a root object of `size` bytes.
-    fn with_root(pop: NonNull<sys::PMEMobjpool>, path: &Path, size: usize) -> Result<Pool> {
+    fn with_root(
+        lib: &'static sys::Lib,
+        pop: NonNull<sys::PMEMobjpool>,
+        path: &Path,
+        size: usize,
+    ) -> Result<Pool> {
         // SAFETY: pop is an open pool handle owned by this function.
-        let root = unsafe { sys::pmemobj_root(pop.as_ptr(), size) };
+        let root = unsafe { (lib.pmemobj_root)(pop.as_ptr(), size) };
         let base = if root.off == 0 {
             None
         } else {
             // SAFETY: root is an object id of the open pool pop; pmemobj_direct returns its
             // address (or NULL).
-            NonNull::new(unsafe { sys::pmemobj_direct(root) }.cast::<u8>())
+            NonNull::new(unsafe { (lib.pmemobj_direct)(root) }.cast::<u8>())
         };
         let Some(base) = base else {
             let err = PmdkError::Call {
@@ -223,10 +237,11 @@ impl Pool {
                 msg: errormsg(),
             };
             // SAFETY: pop is open and owned by us; nothing else refers to it.
-            unsafe { sys::pmemobj_close(pop.as_ptr()) };
+            unsafe { (lib.pmemobj_close)(pop.as_ptr()) };
             return Err(err);
         };
         Ok(Pool {
+            lib,
             pop,
             root,
             base,
@@ -308,7 +323,7 @@ impl Pool {
         // this call and cannot overlap the root object (it is only lent out through `&self`,
         // which `&mut self` excludes). The shim keeps setjmp/longjmp inside C.
         let rc = unsafe {
-            sys::tm_pmdk_tx_write(
+            (self.lib.tm_pmdk_tx_write)(
                 self.pop.as_ptr(),
                 self.root,
                 self.scratch.as_ptr(),
@@ -336,7 +351,7 @@ impl Drop for Pool {
     fn drop(&mut self) {
         // SAFETY: pop is open and owned by this Pool; no transaction is in progress (each runs
         // entirely inside one shim call) and no borrow of the root object outlives `self`.
-        unsafe { sys::pmemobj_close(self.pop.as_ptr()) };
+        unsafe { (self.lib.pmemobj_close)(self.pop.as_ptr()) };
     }
 }
 
@@ -344,8 +359,12 @@ impl Drop for Pool {
 /// [`sys::TX_STAGE_NONE`] between calls of this crate, since each transaction runs entirely
 /// inside one call.
 pub fn tx_stage() -> i32 {
-    // SAFETY: pmemobj_tx_stage reads thread-local state only.
-    unsafe { sys::tm_pmdk_tx_stage() }
+    match sys::lib() {
+        // SAFETY: pmemobj_tx_stage reads thread-local state only.
+        Ok(lib) => unsafe { (lib.tm_pmdk_tx_stage)() },
+        // No pool could ever have been opened: no transaction either.
+        Err(_) => sys::TX_STAGE_NONE,
+    }
 }
 
 #[cfg(test)]
