@@ -78,6 +78,13 @@ pub fn step(msg: &str) {
     }
 }
 
+/// The planned work grew by `n` steps (a plan's total known only once some steps ran).
+pub fn grow(n: u64) {
+    if let Some(b) = BAR.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        b.inc_length(n);
+    }
+}
+
 /// A line that must stay visible (a warning, a failed step): printed above the bar on a
 /// terminal, and as a plain line on stderr otherwise.
 pub fn note(msg: &str) {

@@ -38,11 +38,42 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Repetitions of every (program, THP setting, arm).
-/// Five in both cases: a program's run time varies by tens of percent on a 2-core machine with
-/// other work on it, and the median of three did not settle.
-fn reps(_quick: bool) -> usize {
-    5
+/// Repetitions of every (program, THP setting, arm): at least [`MIN_REPS`]; then more, one
+/// pair (plain, prefault; order alternated) at a time, until the 95 % confidence half-width
+/// of the paired speed-up is at most [`TARGET_HALF_WIDTH_PCT`] points, or [`MAX_REPS`] pairs,
+/// or the (program, setting) has run for [`time_cap`]. Stopping on precision, never on the
+/// value, leaves the estimate unbiased. A run varies by ±3-5 % from run to run on this 2-core
+/// VM (a client and a server sharing it, a short multi-threaded vips): the median of five
+/// runs does not settle the 1-20 % effects measured, nor a −2 % bound.
+const MIN_REPS: usize = 5;
+/// See [`MIN_REPS`].
+const MAX_REPS: usize = 30;
+/// See [`MIN_REPS`].
+const TARGET_HALF_WIDTH_PCT: f64 = 1.0;
+
+/// See [`MIN_REPS`]: the time one (program, THP setting) may take, both arms.
+fn time_cap(quick: bool) -> Duration {
+    Duration::from_secs(if quick { 30 } else { 120 })
+}
+
+/// 95 % confidence half-width (percentage points) of the median of paired speed-ups `d`
+/// (normal approximation: 1.96 × 1.2533 σ/√n).
+fn half_width(d: &[f64]) -> f64 {
+    let n = d.len() as f64;
+    if d.len() < 2 {
+        return f64::INFINITY;
+    }
+    let mean = d.iter().sum::<f64>() / n;
+    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    1.96 * 1.2533 * var.sqrt() / n.sqrt()
+}
+
+/// Paired speed-ups (%) of the repetitions of one (program, setting): plain `a`, prefault `b`.
+fn paired(a: &[RunOut], b: &[RunOut]) -> Vec<f64> {
+    a.iter()
+        .zip(b.iter())
+        .map(|(a, b)| 100.0 * (1.0 - b.wall_ms / a.wall_ms))
+        .collect()
 }
 
 /// What a program is and how its output is checked.
@@ -73,9 +104,10 @@ struct Prog {
 const APP_MEAN: [&str; 4] = ["sqlite3", "sort", "python3", "redis"];
 const NPROGS: usize = 7;
 
-/// Runs the harness plans (for the progress bar): programs × THP settings × arms × reps.
-pub fn planned_runs(quick: bool) -> usize {
-    NPROGS * 2 * 2 * reps(quick)
+/// Runs the harness plans at first (for the progress bar): programs × THP settings × arms ×
+/// [`MIN_REPS`]; the plan grows once the first repetition has shown which programs are short.
+pub fn planned_runs(_quick: bool) -> usize {
+    NPROGS * 2 * 2 * MIN_REPS
 }
 
 fn on_path(exe: &str) -> bool {
@@ -826,7 +858,7 @@ pub fn run(quick: bool, costs: &Costs) -> (Value, Option<f64>) {
         }
         crate::progress::step("programs: generating inputs");
         let progs = programs(&dir, quick)?;
-        Ok(measure_all(&dir, &progs, costs, reps(quick)))
+        Ok(measure_all(&dir, &progs, costs, quick))
     })();
     let _ = std::fs::remove_dir_all(&dir);
     match r {
@@ -838,7 +870,7 @@ pub fn run(quick: bool, costs: &Costs) -> (Value, Option<f64>) {
     }
 }
 
-fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Value, Option<f64>) {
+fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value, Option<f64>) {
     // runs[prog][small_pages as usize][prefault as usize]
     let mut runs: Vec<[[Vec<RunOut>; 2]; 2]> = progs.iter().map(|_| Default::default()).collect();
     let mut errors: Vec<[Option<String>; 2]> = progs.iter().map(|_| [None, None]).collect();
@@ -846,10 +878,24 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
         .iter()
         .map(|p| p.needs.iter().all(|e| on_path(e)))
         .collect();
-    for rep in 0..nreps {
+    // done[prog][setting]: enough repetitions (see MIN_REPS); spent: time taken so far.
+    let mut done: Vec<[bool; 2]> = progs.iter().map(|_| [false, false]).collect();
+    let mut spent: Vec<[Duration; 2]> = progs.iter().map(|_| Default::default()).collect();
+    for rep in 0..MAX_REPS {
+        if rep >= MIN_REPS {
+            let more = done.iter().flatten().filter(|d| !**d).count();
+            if more == 0 {
+                break;
+            }
+            crate::progress::grow(2 * more as u64);
+        }
         for (pi, p) in progs.iter().enumerate() {
             for small in [true, false] {
                 let si = small as usize;
+                if done[pi][si] {
+                    continue;
+                }
+                let t0 = Instant::now();
                 for k in 0..2 {
                     let prefault = (k + rep) % 2 == 1;
                     crate::progress::step(&format!(
@@ -881,6 +927,13 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
                         }
                     }
                 }
+                spent[pi][si] += t0.elapsed();
+                let [a, b] = &runs[pi][si];
+                done[pi][si] = !installed[pi]
+                    || errors[pi][si].is_some()
+                    || (rep + 1 >= MIN_REPS
+                        && (half_width(&paired(a, b)) <= TARGET_HALF_WIDTH_PCT
+                            || spent[pi][si] >= time_cap(quick)));
             }
         }
     }
@@ -955,13 +1008,9 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
             let speedup = 100.0 * (1.0 - pre_ms / plain_ms);
             // The two runs of a repetition are adjacent in time: the median of their ratios
             // is less sensitive to load that drifts over the whole measurement.
-            let paired = median(
-                plain
-                    .iter()
-                    .zip(pre.iter())
-                    .map(|(a, b)| 100.0 * (1.0 - b.wall_ms / a.wall_ms))
-                    .collect(),
-            );
+            let pairs = paired(plain, pre);
+            let hw = half_width(&pairs);
+            let paired = median(pairs);
             let est = 100.0 * faults_plain * (costs.kernel_fault_ns - costs.prefault_touch_ns)
                 / (plain_ms * 1e6);
             // A program whose output differs does not count: something went wrong there.
@@ -976,6 +1025,8 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
                 "prefault_ms": r2(pre_ms),
                 "speedup_pct": r2(speedup),
                 "speedup_pct_paired": r2(paired),
+                "speedup_ci95_pct": if hw.is_finite() { json!(r2(hw)) } else { Value::Null },
+                "time_s": r2(spent[pi][si].as_secs_f64()),
                 "est_speedup_pct": if est.is_finite() { json!(r2(est)) } else { Value::Null },
                 "app_faults_plain": faults_plain as u64,
                 "app_faults_prefault": app_faults_prefault as u64,
@@ -1002,7 +1053,7 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, nreps: usize) -> (Valu
     (
         json!({
             "launcher": format!("{} prefault run --stats FILE -- CMD", tiermem_bin().display()),
-            "reps": nreps,
+            "reps": format!("{MIN_REPS} to {MAX_REPS} pairs per program and setting, until the 95 % half-width of the paired speed-up (`speedup_ci95_pct`) is at most {TARGET_HALF_WIDTH_PCT} points or {} s were spent; `reps` per row", time_cap(quick).as_secs()),
             "kernel_fault_ns": costs.kernel_fault_ns,
             "prefault_touch_ns": costs.prefault_touch_ns,
             "app_speedup_programs": APP_MEAN.iter().filter(|n| rows.iter().any(|r| r["program"] == **n && r["pages"] == "4k" && r["speedup_pct"].is_number() && r["same_output"] == true)).collect::<Vec<_>>(),
