@@ -53,7 +53,7 @@ const TARGET_HALF_WIDTH_PCT: f64 = 1.0;
 
 /// See [`MIN_REPS`]: the time one (program, THP setting) may take, both arms.
 fn time_cap(quick: bool) -> Duration {
-    Duration::from_secs(if quick { 30 } else { 120 })
+    Duration::from_secs(if quick { 30 } else { 60 })
 }
 
 /// 95 % confidence half-width (percentage points) of the median of paired speed-ups `d`
