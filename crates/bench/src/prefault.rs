@@ -907,6 +907,24 @@ fn service_policy(arm: Arm) -> tiermem_prefault::Policy {
     }
 }
 
+/// The arm's mapping (see [`map_region`]), registered with the service when there is one.
+fn map_registered(
+    svc: Option<&tiermem_prefault::Service>,
+    req: &TouchRequest,
+    hint: Option<usize>,
+    len: usize,
+) -> Result<(Mapping, Option<tiermem_prefault::Registration>)> {
+    let m = map_region(req.arm, req.thp, hint, len)?;
+    let reg = match svc {
+        Some(s) => Some(
+            s.register(m.ptr, len, service_policy(req.arm))
+                .context("registering the region with the prefault service")?,
+        ),
+        None => None,
+    };
+    Ok((m, reg))
+}
+
 /// Measures one run in this process (a worker's whole job).
 pub fn measure(req: &TouchRequest) -> Result<Sample> {
     let len = req.region_bytes;
@@ -975,14 +993,7 @@ pub fn measure(req: &TouchRequest) -> Result<Sample> {
     if req.touch_pct < 100 && matches!(req.arm, Arm::Kernel | Arm::Prefault) {
         for _ in 0..START_CYCLES {
             let t = Instant::now();
-            let c = map_region(req.arm, req.thp, None, len)?;
-            let r = match &svc {
-                Some(s) => Some(
-                    s.register(c.ptr, len, service_policy(req.arm))
-                        .context("registering the region with the prefault service")?,
-                ),
-                None => None,
-            };
+            let (c, r) = map_registered(svc.as_ref(), req, None, len)?;
             setup_cycles.push(t.elapsed().as_secs_f64() * 1e3);
             // SAFETY: the first page of the order is inside the fresh mapping.
             let p = unsafe { c.ptr.add(idx[0] as usize * PAGE_SIZE) };
@@ -1003,14 +1014,7 @@ pub fn measure(req: &TouchRequest) -> Result<Sample> {
     let c0 = cpu::process_ns();
     let a0 = cpu::this_thread_ns();
     let t0 = Instant::now();
-    let m = map_region(req.arm, req.thp, hole, len)?;
-    let reg = match &svc {
-        Some(s) => Some(
-            s.register(m.ptr, len, service_policy(req.arm))
-                .context("registering the region with the prefault service")?,
-        ),
-        None => None,
-    };
+    let (m, reg) = map_registered(svc.as_ref(), req, hole, len)?;
     let handle = if req.arm.is_uffd() {
         let r: Arc<dyn Resolver> = match req.arm {
             Arm::UffdCopy => Arc::new(CopyZero),
