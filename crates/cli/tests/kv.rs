@@ -99,6 +99,21 @@ impl Server {
         self.log.lock().unwrap().clone()
     }
 
+    /// Whether the server's output has (or within 5 s gets) a line containing `needle`,
+    /// compared in lower case: the threads copying its pipes may run after it answered PING.
+    fn log_has(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if self.log().to_lowercase().contains(&needle.to_lowercase()) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -263,7 +278,7 @@ fn a_crashed_instance_missing_a_pool_is_refused_not_recreated() {
     // Put it back: recovered, every key there.
     std::fs::rename(&kept, &meta).unwrap();
     let s = Server::start("vnvm", &dir, &[]);
-    assert!(s.log().contains("recovered"), "{}", s.log());
+    assert!(s.log_has("recovered"), "{}", s.log());
     let mut c = Conn::connect(s.port).unwrap();
     assert_eq!(c.cmd(&["DBSIZE"]), Reply::Int(100));
     assert_eq!(c.cmd(&["GET", "k42"]), bulk("v42"));
@@ -483,7 +498,7 @@ fn kill9_under_write_load_loses_no_acknowledged_write() {
         // Restart: this round's writes and every earlier round's are all there.
         let s = Server::start("vnvm", &dir, &[]);
         assert!(
-            s.log().to_lowercase().contains("recover"),
+            s.log_has("recover"),
             "the start-up log says what was recovered:\n{}",
             s.log()
         );
@@ -770,15 +785,11 @@ fn live_migration_of_a_volatile_server_loses_no_acknowledged_write() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(src.log().contains("dumped"), "{}", src.log());
+    assert!(src.log_has("dumped"), "{}", src.log());
     let info = wait_migration_complete(&mut c);
     assert!(info.contains("migration_method:fam"), "{info}");
     assert!(info.contains("migration_id:5eed"), "{info}");
-    assert!(
-        dst.log().contains("restored migration 5eed"),
-        "{}",
-        dst.log()
-    );
+    assert!(dst.log_has("restored migration 5eed"), "{}", dst.log());
     eprintln!("migrated with {n} acknowledged writes checked at the target");
     drop(dst);
     src.kill9();
@@ -853,7 +864,7 @@ fn socket_target_with_another_heap_size_refuses_clearly() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(src.log().contains("migration 51ce failed"), "{}", src.log());
+    assert!(src.log_has("migration 51ce failed"), "{}", src.log());
     src.kill9();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -24,6 +24,9 @@ pub(crate) struct Inner {
     pub(crate) domains: Vec<Mutex<CommitDomain>>,
     /// Signalled when a committed transaction has been applied (drain waiters).
     pub(crate) applied_cv: Condvar,
+    /// Applied transactions unlinked from the queue whose log pages and objects are still
+    /// being freed: `drain` waits for them too.
+    pub(crate) freeing: std::sync::atomic::AtomicUsize,
     /// Regions by file id.
     pub(crate) regions: RwLock<Vec<Option<Arc<RegionInner>>>>,
     pub(crate) cstate: Mutex<CacheState>,
@@ -239,6 +242,7 @@ pub(crate) fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
             queue: VecDeque::new(),
         })],
         applied_cv: Condvar::new(),
+        freeing: std::sync::atomic::AtomicUsize::new(0),
         regions: RwLock::new(vec![None; geo.max_files as usize]),
         cstate: Mutex::new(CacheState::new(geo.cache_pages)),
         space_cv: Condvar::new(),

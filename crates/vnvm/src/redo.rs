@@ -18,7 +18,10 @@ impl Inner {
     pub(crate) fn drain(&self) -> Result<()> {
         for d in &self.domains {
             let mut g = d.lock();
-            while !g.queue.is_empty() {
+            // Until every applied transaction's log pages are back (`pop` frees them after it
+            // unlinks them): a caller that drains and then takes its share of the log must find
+            // it free.
+            while !g.queue.is_empty() || self.freeing.load(Ordering::SeqCst) > 0 {
                 if let Some(e) = self.worker_error.lock().clone() {
                     return Err(VnvmError::CacheFull(format!("redo worker failed: {e}")));
                 }
@@ -681,10 +684,15 @@ impl Inner {
                 pages.extend_from_slice(&c.pages);
             }
             self.me().applied.fetch_add(n as u64, Ordering::Relaxed);
+            self.freeing.fetch_add(1, Ordering::SeqCst);
             self.applied_cv.notify_all();
         }
         self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &idxs);
         self.free_log_pages(&pages);
+        self.freeing.fetch_sub(1, Ordering::SeqCst);
+        // Under the lock `drain` checks its condition with: no lost wake-up.
+        drop(self.domains[0].lock());
+        self.applied_cv.notify_all();
         Ok(())
     }
 }
