@@ -1,7 +1,7 @@
 //! The libpmemobj functions tiermem uses and the C shim, loaded at run time.
 //!
 //! The build script compiles `src/shim.c` into a shared object that needs `libpmemobj.so.1`;
-//! its bytes are embedded here, and [`lib`] loads it once (a sealed memfd, `dlopen` of
+//! its bytes are embedded here, and [`lib`] loads it once (written to a memfd, `dlopen` of
 //! `/proc/self/fd/N`) and resolves every function below through it. A process that never opens
 //! a pool never loads libpmemobj; one on a machine without it gets an error naming the missing
 //! library instead of failing to start.

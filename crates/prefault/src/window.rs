@@ -575,7 +575,7 @@ impl Window {
                     let a = a.max(self.next);
                     // Leave the unit past the window as the tripwire: the last entry's unit
                     // is followed by one we do not fill.
-                    if self.table.len() + 1 >= self.limit.max(2) && self.mode == Mode::Asc {
+                    if self.table.len() + 1 >= self.limit && self.mode == Mode::Asc {
                         return None;
                     }
                     (a, b - a, 1, NONE)
@@ -587,7 +587,7 @@ impl Window {
                     let u = self.unit_of(self.next - 1);
                     let (a, b) = self.unit_range(u);
                     let b = b.min(self.next);
-                    if self.table.len() + 1 >= self.limit.max(2) {
+                    if self.table.len() + 1 >= self.limit {
                         return None;
                     }
                     (a, b - a, 1, NONE)

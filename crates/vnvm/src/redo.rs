@@ -684,8 +684,8 @@ impl Inner {
                 pages.extend_from_slice(&c.pages);
             }
             self.me().applied.fetch_add(n as u64, Ordering::Relaxed);
+            // Drain waiters are woken once the pages are back, below.
             self.freeing.fetch_add(1, Ordering::SeqCst);
-            self.applied_cv.notify_all();
         }
         self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &idxs);
         self.free_log_pages(&pages);
