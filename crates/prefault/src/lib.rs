@@ -54,6 +54,7 @@ pub mod window;
 pub use policy::{Options, Order, Policy, Populate, Thp, MAX_CHUNK, MAX_ENTRIES};
 pub use service::{RawRegistration, RegionStats, Registration, Service, Stats};
 pub use table::MAX_SLOTS;
+pub use window::RAMP_START;
 
 /// Errors of registration and start-up.
 #[derive(Debug, thiserror::Error)]

@@ -33,14 +33,15 @@ const NONE: u32 = u32::MAX;
 /// slower (p50 4,056 against 3,354 TSC ticks) and the whole run 0.79–0.91× of the kernel's
 /// instead of 0.74×; at a 5 µs gap it saved ~480 of ~16,000 faults.
 const JUMP: usize = UNIT;
-/// Entries a region learned under `Auto` starts with: the table grows to the policy's
+/// Entries a region's table starts with, whatever its order: the table grows to the policy's
 /// `entries` by doubling on each pass that saw the application use an entry (a tripwire hit,
 /// a unit passed) or overtake the frontier, as the kernel's readahead window grows on
-/// sequential hits. A region whose order was learned from a few faults but that is then left
-/// alone (vips's `[heap]`: 537 pages faulted, none of 960 populated ahead ever touched) costs
-/// 4 chunks of zeroing, not the whole window's 64 — CPU taken from the application's other
-/// threads when every core is busy.
-const RAMP_START: usize = 4;
+/// sequential hits (an order, learned or given, says where the application goes, not how far).
+/// A region whose order was learned from a few faults, or guessed by the preload library for
+/// an allocator's memory, but that is then left alone (vips's `[heap]`: 537 pages faulted,
+/// none of 960 populated ahead ever touched) costs 4 chunks of zeroing, not the whole
+/// window's 64 — CPU taken from the application's other threads when every core is busy.
+pub const RAMP_START: usize = 4;
 
 /// A window-table entry (16 bytes, as the paper's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +131,9 @@ pub(crate) struct Window {
     pub idle_passes: u32,
     /// Entries the table may hold now (see [`RAMP_START`]).
     limit: usize,
+    /// Whether a populate was planned yet: until then the application cannot have overtaken
+    /// a window, and the first placement is right past it (see [`Window::passed`]).
+    placed: bool,
     fresh: Vec<usize>,
 }
 
@@ -167,11 +171,8 @@ impl Window {
             unused_pages: 0,
             stranded_pages: 0,
             idle_passes: 0,
-            limit: if policy.order == Order::Auto {
-                RAMP_START.min(policy.entries as usize)
-            } else {
-                policy.entries as usize
-            },
+            limit: RAMP_START.min(policy.entries as usize),
+            placed: false,
             fresh: Vec::new(),
         };
         w.next = if mode == Mode::Desc { pages } else { 0 };
@@ -516,6 +517,18 @@ impl Window {
             Mode::Desc => p < self.next,
             _ => false,
         };
+        if overtaken && !self.placed && !self.thp {
+            // The first placement (an explicit order sees the application before anything was
+            // populated): right past it, as `switch` places a learned order. Jumping 2 MiB
+            // here put vips's `[heap]` window (ascending, from the library) past the end of
+            // what the heap ever used: 960 pages zeroed, none touched.
+            self.next = match self.mode {
+                Mode::Desc => p,
+                Mode::Stride(st) => p + st,
+                _ => p + 1,
+            };
+            return false;
+        }
         // A region too small to jump in (an allocator's 1 MiB arena, say) is filled right
         // behind the application instead: sharing its page table beats not filling at all.
         if overtaken {
@@ -668,6 +681,7 @@ impl Window {
                 e
             };
             self.table.push(e);
+            self.placed = true;
             let call = Call {
                 first: list[0],
                 pages: list.len(),
@@ -724,9 +738,16 @@ mod tests {
         Window::new(1 << 30, pages * PAGE_SIZE, p)
     }
 
+    /// A window whose table already ramped to all its entries.
+    fn ramped(order: Order, pages: usize) -> Window {
+        let mut w = window(order, pages);
+        w.limit = w.policy.entries as usize;
+        w
+    }
+
     #[test]
     fn ascending_leaves_the_first_page_of_each_chunk_and_refills_on_hits() {
-        let mut w = window(Order::Ascending, 4096);
+        let mut w = ramped(Order::Ascending, 4096);
         let mut calls = Vec::new();
         while let Some((c, _)) = w.plan(usize::MAX) {
             calls.push(c);
@@ -777,18 +798,39 @@ mod tests {
             n += 1;
         }
         assert_eq!(w.table.len(), 2 * RAMP_START, "{n} new calls");
-        // An explicit order gets the whole table at once.
+        // An explicit order ramps too.
         let mut w = window(Order::Ascending, 8192);
         let mut n = 0;
         while w.plan(usize::MAX).is_some() {
             n += 1;
         }
-        assert_eq!(n, Policy::default().entries as usize);
+        assert_eq!(n, RAMP_START);
+    }
+
+    #[test]
+    fn an_explicit_order_is_first_placed_right_past_the_application() {
+        // The preload library registers a heap growth ascending after the application faulted
+        // its first pages: the window starts right past them, not 2 MiB on.
+        let mut w = window(Order::Ascending, 8192);
+        w.sense(&[run(0, 22), run(29, 10)], (0, 8192));
+        let (c, _) = w.plan(usize::MAX).unwrap();
+        assert_eq!(c.first, 40, "first call {c:?}");
+        // Once a window is placed, overtaking it jumps at least 2 MiB ahead.
+        while w.plan(usize::MAX).is_some() {}
+        let far = w.next + 100;
+        w.sense(&[run(0, 22), run(29, 10), run(far, 1)], (0, 8192));
+        let (c, _) = w.plan(usize::MAX).unwrap();
+        assert!(c.first >= far + JUMP, "{c:?} after a touch at {far}");
+        let mut w = window(Order::Descending, 8192);
+        w.sense(&[run(8000, 10)], (0, 8192));
+        let (c, _) = w.plan(usize::MAX).unwrap();
+        // Its first chunk ends right below the application, at the chunk's tripwire.
+        assert_eq!(c.first + c.pages, 7999, "first call {c:?}");
     }
 
     #[test]
     fn budget_stops_the_plan() {
-        let mut w = window(Order::Ascending, 4096);
+        let mut w = ramped(Order::Ascending, 4096);
         let mut n = 0;
         let mut budget = 100;
         while let Some((c, _)) = w.plan(budget) {

@@ -144,34 +144,43 @@ fn window_walk(svc: &Service) -> Result<(usize, u64)> {
         ..Policy::default()
     };
     let reg = svc.register(m.ptr, len, policy)?;
-    let window = (policy.entries * policy.chunk) as usize;
-    let want = (policy.entries * (policy.chunk - 1)) as u64 * PAGE as u64;
+    let chunk = policy.chunk as usize;
+    // The table starts with RAMP_START entries and doubles on each pass that sees them used:
+    // walk what is populated, wait for the service to see it and fill more, until a whole
+    // table's span (entries × chunk pages) was walked.
+    let window = policy.entries as usize * chunk;
+    let (mut walked, mut faults, mut nonzero) = (0usize, 0u64, 0usize);
     let t = Instant::now();
-    while reg.stats().populated_bytes < want {
-        if t.elapsed() > Duration::from_secs(20) {
-            bail!(
-                "the service populated {} of {want} bytes of a window in 20 s",
-                reg.stats().populated_bytes
-            );
+    while walked < window {
+        let chunks = (reg.stats().populated_bytes / PAGE as u64) as usize / (chunk - 1);
+        let ready = (chunks * chunk).min(window);
+        if ready <= walked {
+            if t.elapsed() > Duration::from_secs(20) {
+                bail!(
+                    "the service populated {} bytes in 20 s; {walked} pages of a window walked",
+                    reg.stats().populated_bytes
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
         }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let f0 = thread_minflt();
-    let mut nonzero = 0;
-    for i in 0..window {
-        // SAFETY: inside our mapping.
-        // (The write first: a read of a tripwire would fault twice, for the zero page and
-        // then for the copy.)
-        unsafe {
-            m.ptr.add(i * PAGE).write_volatile(1);
-            nonzero += usize::from(m.ptr.add(i * PAGE + 100).read_volatile() != 0);
+        let f0 = thread_minflt();
+        for i in walked..ready {
+            // SAFETY: inside our mapping.
+            // (The write first: a read of a tripwire would fault twice, for the zero page and
+            // then for the copy.)
+            unsafe {
+                m.ptr.add(i * PAGE).write_volatile(1);
+                nonzero += usize::from(m.ptr.add(i * PAGE + 100).read_volatile() != 0);
+            }
         }
+        faults += thread_minflt() - f0;
+        walked = ready;
     }
-    let faults = thread_minflt() - f0;
     ensure!(nonzero == 0, "{nonzero} populated pages did not read zero");
     ensure!(
         faults <= policy.entries as u64,
-        "{faults} faults walking a populated window of {window} pages (expected at most its {} tripwires)",
+        "{faults} faults walking {window} populated pages (expected at most their {} tripwires)",
         policy.entries
     );
     drop(reg);
