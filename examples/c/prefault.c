@@ -2,7 +2,8 @@
  * The prefault service from C: start a service, register an anonymous region, touch it page by
  * page in ascending order while the service populates ahead, and check what it did (pages
  * populated ahead, tripwires hit, the order it learned, every byte as written, untouched
- * populated pages zero); bad input gets a clear error; a registration ended before munmap.
+ * populated pages zero); bad input gets a clear error; a registration ended before munmap;
+ * memory mapped by the service (tiermem_prefault_map) walked and unmapped.
  * Build: cc prefault.c $(pkg-config --cflags --libs tiermem) -o prefault
  * Usage: prefault
  * Exits 0 when every check passes; prints what failed otherwise.
@@ -103,6 +104,24 @@ int main(void) {
     CHECK(tiermem_prefault_region_stats(svc, reg, &rs) == -ENOENT, "ended registration");
     CHECK(tiermem_prefault_unregister(svc, reg) == 0, "second unregister is a no-op");
     munmap(p, LEN);
+
+    /* Fresh memory the service already knows (no range check): map, walk, unmap. */
+    void *q = NULL;
+    uint64_t qreg = 0;
+    CHECK(tiermem_prefault_map(svc, 3, &pol, &q, &qreg) == -EINVAL, "map of 3 bytes");
+    pol.order = TIERMEM_PREFAULT_ASCENDING;
+    CHECK(tiermem_prefault_map(svc, 8u << 20, &pol, &q, &qreg) == 0 && q, "map");
+    for (size_t i = 0; i < (8u << 20) / PAGE; i++) {
+        CHECK(((uint8_t *)q)[i * PAGE + 7] == 0, "mapped page %zu not zero", i);
+        ((uint8_t *)q)[i * PAGE] = 1;
+        spin_us(3);
+    }
+    CHECK(tiermem_prefault_region_stats(svc, qreg, &rs) == 0, "mapped region_stats");
+    CHECK(rs.populated_bytes > 0, "nothing populated ahead in the mapped region");
+    CHECK(tiermem_prefault_unmap(svc, q, 8u << 20) == 0, "unmap");
+    CHECK(tiermem_prefault_region_stats(svc, qreg, &rs) == -ENOENT, "unmapped registration");
+    CHECK(tiermem_prefault_unmap(svc, (uint8_t *)q + 1, PAGE) == -EINVAL, "unaligned unmap");
+
     CHECK(tiermem_prefault_stop(svc) == 0, "stop");
     CHECK(tiermem_prefault_stop(svc) == -EBADF, "stop twice");
     printf("C prefault: %llu KiB populated ahead in %llu calls, %llu tripwires hit, service CPU "

@@ -806,6 +806,25 @@ int tiermem_prefault_register(const struct TiermemPrefault *p,
                               uint64_t *out);
 
 /**
+ * Maps `len` bytes (a non-zero multiple of 4096) of private anonymous read-write memory and
+ * registers them with `policy` (NULL: defaults; its thp ON/OFF also advises
+ * MADV_HUGEPAGE/MADV_NOHUGEPAGE): no range check is needed, so this is the cheapest way to
+ * fresh memory the service fills ahead. Stores the address in `*addr` and the registration
+ * token in `*out`. Free with `tiermem_prefault_unmap`.
+ */
+int tiermem_prefault_map(const struct TiermemPrefault *p,
+                         size_t len,
+                         const struct TiermemPrefaultPolicy *policy,
+                         void **addr,
+                         uint64_t *out);
+
+/**
+ * Ends the registrations in `[addr, addr+len)` (waiting for a populate in flight) and unmaps
+ * it: the counterpart of `tiermem_prefault_map`. Returns 0 or a negative errno.
+ */
+int tiermem_prefault_unmap(const struct TiermemPrefault *p, void *addr, size_t len);
+
+/**
  * Ends a registration; returns after a populate in flight in it. An ended registration is a
  * no-op (0).
  */

@@ -304,6 +304,83 @@ pub extern "C" fn tiermem_prefault_register(
     })
 }
 
+/// Maps `len` bytes (a non-zero multiple of 4096) of private anonymous read-write memory and
+/// registers them with `policy` (NULL: defaults; its thp ON/OFF also advises
+/// MADV_HUGEPAGE/MADV_NOHUGEPAGE): no range check is needed, so this is the cheapest way to
+/// fresh memory the service fills ahead. Stores the address in `*addr` and the registration
+/// token in `*out`. Free with `tiermem_prefault_unmap`.
+#[no_mangle]
+pub extern "C" fn tiermem_prefault_map(
+    p: *const TiermemPrefault,
+    len: usize,
+    policy: *const TiermemPrefaultPolicy,
+    addr: *mut *mut c_void,
+    out: *mut u64,
+) -> c_int {
+    guard("tiermem_prefault_map", || {
+        let h = match handles::get(p, "prefault") {
+            Ok(h) => h,
+            Err(e) => return e,
+        };
+        if addr.is_null() || out.is_null() {
+            return fail(libc::EINVAL, "addr or out is NULL");
+        }
+        let pol = if policy.is_null() {
+            Policy::default()
+        } else {
+            // SAFETY: a non-NULL policy points to a readable struct (ABI contract).
+            match to_policy(unsafe { &*policy }) {
+                Ok(p) => p,
+                Err(e) => return e,
+            }
+        };
+        match h.svc.map(len, pol) {
+            Ok(m) => {
+                let (ptr, _, raw) = m.into_raw();
+                // SAFETY: both pointers were checked non-NULL.
+                unsafe {
+                    *addr = ptr.cast();
+                    *out = raw.to_u64();
+                }
+                0
+            }
+            Err(e) => prefault_fail(e),
+        }
+    })
+}
+
+/// Ends the registrations in `[addr, addr+len)` (waiting for a populate in flight) and unmaps
+/// it: the counterpart of `tiermem_prefault_map`. Returns 0 or a negative errno.
+#[no_mangle]
+pub extern "C" fn tiermem_prefault_unmap(
+    p: *const TiermemPrefault,
+    addr: *mut c_void,
+    len: usize,
+) -> c_int {
+    guard("tiermem_prefault_unmap", || {
+        let h = match handles::get(p, "prefault") {
+            Ok(h) => h,
+            Err(e) => return e,
+        };
+        let base = addr as usize;
+        if base == 0 || base % 4096 != 0 || len == 0 || len % 4096 != 0 {
+            return fail(
+                libc::EINVAL,
+                format!("{base:#x} + {len}: start and length must be non-zero multiples of 4096"),
+            );
+        }
+        h.svc.unregister_range(addr as *mut u8, len);
+        // SAFETY: the caller's mapping (ABI contract: from tiermem_prefault_map).
+        if unsafe { libc::munmap(addr, len) } != 0 {
+            return fail(
+                libc::EINVAL,
+                format!("munmap: {}", std::io::Error::last_os_error()),
+            );
+        }
+        0
+    })
+}
+
 fn token(reg: u64) -> Result<RawRegistration, c_int> {
     RawRegistration::from_u64(reg).ok_or_else(|| {
         fail(

@@ -52,7 +52,7 @@ mod table;
 pub mod window;
 
 pub use policy::{Options, Order, Policy, Populate, Thp, MAX_CHUNK, MAX_ENTRIES};
-pub use service::{RawRegistration, RegionStats, Registration, Service, Stats};
+pub use service::{Mapped, RawRegistration, RegionStats, Registration, Service, Stats};
 pub use table::MAX_SLOTS;
 pub use window::RAMP_START;
 

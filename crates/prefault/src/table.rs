@@ -49,6 +49,9 @@ pub(crate) struct Table {
     pub slots: Box<[Slot]>,
     /// One past the highest slot ever claimed.
     pub high: AtomicUsize,
+    /// Registrations published so far: the service compares it before a long sleep (see
+    /// `Shared::long_sleep`).
+    pub claims: AtomicU64,
 }
 
 impl Table {
@@ -56,6 +59,7 @@ impl Table {
         Table {
             slots: (0..MAX_SLOTS).map(|_| Slot::default()).collect(),
             high: AtomicUsize::new(0),
+            claims: AtomicU64::new(0),
         }
     }
 
@@ -98,6 +102,7 @@ impl Table {
                 self.high.fetch_max(i + 1, SeqCst);
                 let gen = s.gen.load(SeqCst);
                 s.state.store(LIVE, SeqCst);
+                self.claims.fetch_add(1, SeqCst);
                 return Ok((i as u32, gen));
             }
         }

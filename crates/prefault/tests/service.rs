@@ -674,3 +674,79 @@ fn a_starved_sched_idle_service_sleeps_instead_of_waiting_for_busy_cores() {
     drop(reg);
     unmap(p, len);
 }
+
+#[test]
+fn map_gives_registered_memory_and_unmaps_it_on_drop() {
+    let svc = Service::start(fast()).unwrap();
+    let policy = Policy {
+        order: Order::Ascending,
+        thp: Thp::Off,
+        ..Policy::default()
+    };
+    for bad in [0, 100, PAGE + 1] {
+        let e = svc.map(bad, policy).err().expect("a bad length is refused");
+        assert!(e.to_string().contains("multiple of 4096"), "{e}");
+    }
+    let len = 8 << 20;
+    let m = svc.map(len, policy).unwrap();
+    assert_eq!(m.len(), len);
+    assert_eq!(m.as_ptr() as usize % PAGE, 0);
+    let first = RAMP_START * 15;
+    wait_for("a window populated", || {
+        m.registration().stats().populated_bytes >= (first * PAGE) as u64
+    });
+    assert!(present_pages(m.as_ptr(), len) >= first);
+    // SAFETY: the whole mapping is live and readable.
+    let all = unsafe { std::slice::from_raw_parts(m.as_ptr(), len) };
+    assert!(all.iter().all(|&b| b == 0));
+    // The same range cannot be registered twice.
+    assert!(svc.register(m.as_ptr(), len, policy).is_err());
+    let (p, n) = (m.as_ptr(), m.len());
+    drop(m);
+    // SAFETY: advice only; the range is expected to be unmapped now.
+    let r = unsafe { libc::madvise(p.cast(), n, libc::MADV_NORMAL) };
+    assert_eq!(r, -1, "the range is still mapped after the drop");
+    assert_eq!(svc.stats().regions, 0);
+}
+
+#[test]
+fn an_idle_service_sleeps_and_a_registration_wakes_it() {
+    let svc = Service::start(Options {
+        sched_idle: false,
+        ..Options::default()
+    })
+    .unwrap();
+    // Nothing registered: after its quiet period the thread stops passing every 2 ms.
+    std::thread::sleep(Duration::from_millis(1500));
+    let passes = svc.stats().passes;
+    assert!(
+        passes < 400,
+        "{passes} passes in 1.5 s with nothing registered (every 2 ms would be 750)"
+    );
+    // An `Auto` region registered now is seen at once, not after the long sleep (1 s).
+    let len = 8 << 20;
+    let p = map(len);
+    let t = Instant::now();
+    let reg = svc
+        .register(
+            p,
+            len,
+            Policy {
+                thp: Thp::Off,
+                ..Policy::default()
+            },
+        )
+        .unwrap();
+    for page in 0..64 {
+        // SAFETY: inside the mapping.
+        unsafe { p.add(page * PAGE).write_volatile(1) };
+    }
+    wait_for("populating", || reg.stats().populated_bytes > 0);
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "the registration was seen after {:?}",
+        t.elapsed()
+    );
+    drop(reg);
+    unmap(p, len);
+}
