@@ -245,6 +245,23 @@ pub fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// CPU time of thread `tid` of this process (its POSIX CPU clock, `CPUCLOCK_SCHED`);
+/// `None` once it has exited.
+pub fn cpu_of_thread(tid: i32) -> Option<Duration> {
+    if tid <= 0 {
+        return None;
+    }
+    // The kernel's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED): ~tid << 3 | PERTHREAD | SCHED.
+    let clock = (!tid) << 3 | 4 | 2;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec out-parameter; an invalid clock is an error, not UB.
+    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (r == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
 /// `struct procmap_query` (linux/fs.h, Linux 6.11): one VMA of `/proc/PID/maps` by address.
 #[repr(C)]
 #[derive(Default)]

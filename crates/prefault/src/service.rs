@@ -391,7 +391,14 @@ impl Service {
             backoffs: s.backoffs.load(Relaxed),
             starved_passes: s.starved.load(Relaxed),
             failures: s.failures.load(Relaxed),
-            service_cpu: Duration::from_nanos(s.cpu_ns.load(Relaxed)),
+            // The thread's clock while it runs (skipped passes store nothing); the last
+            // stored figure once it has stopped.
+            service_cpu: s
+                .running
+                .load(SeqCst)
+                .then(|| os::cpu_of_thread(s.tid.load(SeqCst)))
+                .flatten()
+                .unwrap_or(Duration::from_nanos(s.cpu_ns.load(Relaxed))),
             sched_idle: s.idle.load(Relaxed),
             sensing: if s.pagemap_scan.load(Relaxed) {
                 "PAGEMAP_SCAN"
@@ -672,6 +679,37 @@ struct Local {
     born: Instant,
 }
 
+/// Sleeps until the next pass: one `interval`, or `due` intervals (a region's next pass, or
+/// [`MAX_SKIP`] with none) once nothing happened for [`QUIET_BEFORE_LONG_SLEEP`], woken by a
+/// registration then (see `Shared::long_sleep`). Returns the passes skipped besides the next.
+///
+/// Why not always the long sleep: a registration during one wakes the thread on the
+/// registering thread's path (a futex wake, ~2.7 µs here, a quarter of a fresh mapping's time
+/// to first touch), which a process that registers now and then should not pay each time.
+fn nap(s: &Shared, interval: Duration, due: u64, claims: u64, quiet_since: &mut Instant) -> u64 {
+    if s.table.claims.load(SeqCst) != claims || due <= 1 {
+        *quiet_since = Instant::now();
+    }
+    if due <= 1 || quiet_since.elapsed() < QUIET_BEFORE_LONG_SLEEP {
+        std::thread::park_timeout(interval);
+        return 0;
+    }
+    // Published before the check of new registrations, which then wake it (the counter and
+    // the flag are SeqCst: either the claim is seen here or the flag is seen by the
+    // registering thread).
+    s.long_sleep.store(true, SeqCst);
+    let mut skipped = 0;
+    if s.table.claims.load(SeqCst) == claims {
+        let t = Instant::now();
+        std::thread::park_timeout(interval * due as u32);
+        // Whole intervals slept count as passes skipped.
+        let slept = (t.elapsed().as_nanos() / interval.as_nanos().max(1)).min(due as u128) as u64;
+        skipped = slept.saturating_sub(1);
+    }
+    s.long_sleep.store(false, SeqCst);
+    skipped
+}
+
 /// Passes from `pass` until region `l` is sensed (0: at `pass`): every pass, unless it has
 /// been idle for more than 8 passes, then every 2nd, 4th, … up to every 32nd.
 fn passes_until_sensed(l: &Local, pass: u64) -> u64 {
@@ -685,7 +723,7 @@ fn passes_until_sensed(l: &Local, pass: u64) -> u64 {
 
 /// How long the service keeps its passes at `interval` after the last registration or the
 /// last region sensed at every pass, before it sleeps until a region is due (see `run`).
-const QUIET_BEFORE_LONG_SLEEP: Duration = Duration::from_millis(250);
+const QUIET_BEFORE_LONG_SLEEP: Duration = Duration::from_millis(20);
 
 /// The longest sleep, in intervals, with no region due (nothing live): new registrations
 /// wake the thread (see `Shared::long_sleep`); this bounds the cost of a missed wake-up.
@@ -715,9 +753,23 @@ fn run(s: Arc<Shared>) {
     let mut slept = if idle { delay.mark() } else { 0 };
     let mut level = 0u32;
     let mut quiet_since = Instant::now();
+    // Whether the last pass had a region: with none and no registration since, a pass has
+    // nothing to do and is skipped (no run-queue or CPU clock reads: an empty table cost
+    // ~28 µs of CPU per 2 ms interval, 1.4 % of a core).
+    let mut any_live = false;
+    let mut last_claims = u64::MAX;
     while !s.stop.load(SeqCst) {
         pass += 1;
         let claims = s.table.claims.load(SeqCst);
+        if !any_live && claims == last_claims {
+            pass += nap(&s, interval, MAX_SKIP, claims, &mut quiet_since);
+            continue;
+        }
+        if claims != last_claims {
+            // A registration: not quiet.
+            quiet_since = Instant::now();
+        }
+        last_claims = claims;
         let waited = if idle && delay.exact() {
             delay.since(slept)
         } else {
@@ -937,13 +989,10 @@ fn run(s: Arc<Shared>) {
                 slept = delay.mark();
             }
             // Passes until a region is due: 1 while any is sensed every pass; the next pass
-            // of an idle region's schedule when all are idle; none live, a long sleep. An
-            // idle process then costs a wake-up per idle region's schedule, not every
-            // interval (on this VM, 94 passes of an empty table took 5 ms of CPU in 0.2 s).
-            // Only once nothing happened for QUIET_BEFORE_LONG_SLEEP: a registration during a
-            // long sleep wakes the thread on the registering thread's path (a futex wake,
-            // ~2.7 µs here, a quarter of a fresh mapping's time to first touch), which a
-            // process that registers now and then should not pay each time.
+            // of an idle region's schedule when all are idle; none live, a long sleep (see
+            // `nap`). An idle process then costs a wake-up per idle region's schedule, not
+            // every interval (on this VM, 94 passes of an empty table took 5 ms of CPU in
+            // 0.2 s).
             let due = locals
                 .iter()
                 .take(high)
@@ -952,28 +1001,11 @@ fn run(s: Arc<Shared>) {
                 .map(|l| 1 + passes_until_sensed(l, pass + 1))
                 .min()
                 .unwrap_or(MAX_SKIP);
-            if s.table.claims.load(SeqCst) != claims || due <= 1 {
-                quiet_since = Instant::now();
-            }
-            if due <= 1 || quiet_since.elapsed() < QUIET_BEFORE_LONG_SLEEP {
-                std::thread::park_timeout(interval);
-            } else {
-                // Published before the check of new registrations, which then wake it (the
-                // counter and the flag are SeqCst: either the claim is seen here or the flag
-                // is seen by the registering thread).
-                s.long_sleep.store(true, SeqCst);
-                if s.table.claims.load(SeqCst) == claims {
-                    let t = Instant::now();
-                    std::thread::park_timeout(interval * due as u32);
-                    // Whole intervals slept count as passes skipped.
-                    let slept_passes = (t.elapsed().as_nanos() / interval.as_nanos().max(1))
-                        .min(due as u128) as u64;
-                    pass += slept_passes.saturating_sub(1);
-                }
-                s.long_sleep.store(false, SeqCst);
-            }
+            pass += nap(&s, interval, due, claims, &mut quiet_since);
         }
+        any_live = locals.iter().take(high).any(Option::is_some);
     }
+    s.cpu_ns.store(os::thread_cpu().as_nanos() as u64, Relaxed);
     s.running.store(false, SeqCst);
 }
 
