@@ -106,10 +106,11 @@ struct Prog {
 const APP_MEAN: [&str; 4] = ["sqlite3", "sort", "python3", "redis"];
 const NPROGS: usize = 7;
 
-/// Runs the harness plans at first (for the progress bar): programs × THP settings × arms ×
-/// [`MIN_REPS`]; the plan grows once the first repetition has shown which programs are short.
+/// Runs the harness plans at first (for the progress bar): programs × THP settings × (arms ×
+/// [`MIN_REPS`] + [`STATS_RUNS`]); the plan grows once the first repetitions have shown which
+/// programs are short.
 pub fn planned_runs(_quick: bool) -> usize {
-    NPROGS * 2 * 2 * MIN_REPS
+    NPROGS * 2 * (2 * MIN_REPS + STATS_RUNS)
 }
 
 fn on_path(exe: &str) -> bool {
@@ -379,6 +380,25 @@ struct RunOut {
     life_ms: f64,
 }
 
+/// How a program runs: plain, under `tiermem prefault run` as a user runs it (the timed
+/// runs), or with the library's exit report (`--stats`; untimed, for the service's figures:
+/// writing the report cost vips 0.4 % of its 0.18 s).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum How {
+    Plain,
+    Prefault,
+    PrefaultStats,
+}
+
+impl How {
+    fn prefault(self) -> bool {
+        self != How::Plain
+    }
+}
+
+/// Untimed `--stats` runs per program and setting (see [`How`]).
+const STATS_RUNS: usize = 3;
+
 /// What a child did: its status and resource usage.
 fn wait4(pid: i32, deadline: Option<Instant>) -> Result<(i32, libc::rusage)> {
     loop {
@@ -419,14 +439,19 @@ fn faults_of(ru: &libc::rusage) -> u64 {
 
 /// The command of a run: the program itself, or `tiermem prefault run --stats … -- program`;
 /// with PR_SET_THP_DISABLE set in the child when `small_pages`.
-fn command(argv: &[String], prefault: Option<&Path>, small_pages: bool) -> Command {
-    let mut cmd = match prefault {
-        None => {
+fn command(argv: &[String], how: How, stats: &Path, small_pages: bool) -> Command {
+    let mut cmd = match how {
+        How::Plain => {
             let mut c = Command::new(&argv[0]);
             c.args(&argv[1..]);
             c
         }
-        Some(stats) => {
+        How::Prefault => {
+            let mut c = Command::new(tiermem_bin());
+            c.args(["prefault", "run", "--"]).args(argv);
+            c
+        }
+        How::PrefaultStats => {
             let mut c = Command::new(tiermem_bin());
             c.args(["prefault", "run", "--stats"])
                 .arg(stats)
@@ -504,13 +529,8 @@ fn service_cpu_ms(v: &Value) -> Option<f64> {
         })
 }
 
-fn run_batch(
-    dir: &Path,
-    tag: &str,
-    kind: &Kind,
-    prefault: bool,
-    small_pages: bool,
-) -> Result<RunOut> {
+fn run_batch(dir: &Path, tag: &str, kind: &Kind, how: How, small_pages: bool) -> Result<RunOut> {
+    let prefault = how.prefault();
     let Kind::Batch {
         argv,
         env,
@@ -528,7 +548,7 @@ fn run_batch(
     if let Some(o) = out {
         let _ = std::fs::remove_file(o);
     }
-    let mut cmd = command(argv, prefault.then_some(stats.as_path()), small_pages);
+    let mut cmd = command(argv, how, &stats, small_pages);
     cmd.envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(std::fs::File::create(&stdout_path)?)
         .stderr(std::fs::File::create(&stderr_path)?)
@@ -569,7 +589,7 @@ fn run_batch(
         wall_ms: wall.as_secs_f64() * 1e3,
         faults: faults_of(&ru),
         output: h,
-        stats: if prefault {
+        stats: if how == How::PrefaultStats {
             collect_stats(dir, &stats_prefix)
         } else {
             None
@@ -625,13 +645,7 @@ fn wait_ready(pid: i32, port: u16, req: &[u8], expect: &str) -> Result<()> {
 }
 
 /// A server under its client: the client's wall time; the server's faults and life.
-fn run_server(
-    dir: &Path,
-    tag: &str,
-    kind: &Kind,
-    prefault: bool,
-    small_pages: bool,
-) -> Result<RunOut> {
+fn run_server(dir: &Path, tag: &str, kind: &Kind, how: How, small_pages: bool) -> Result<RunOut> {
     let port = free_port()?;
     let stats_prefix = format!("{tag}.stats-");
     let stats = dir.join(format!("{stats_prefix}%p.json"));
@@ -685,7 +699,7 @@ fn run_server(
         Kind::Batch { .. } => bail!("not a server"),
     };
     let log = dir.join(format!("{tag}.server.log"));
-    let mut cmd = command(&argv, prefault.then_some(stats.as_path()), small_pages);
+    let mut cmd = command(&argv, how, &stats, small_pages);
     cmd.stdin(Stdio::null())
         .stdout(std::fs::File::create(&log)?)
         .stderr(std::fs::File::create(&log)?);
@@ -788,7 +802,7 @@ fn run_server(
         wall_ms: ms,
         faults: faults_of(&ru),
         output,
-        stats: if prefault {
+        stats: if how == How::PrefaultStats {
             collect_stats(dir, &stats_prefix)
         } else {
             None
@@ -797,16 +811,20 @@ fn run_server(
     })
 }
 
-fn run_one(dir: &Path, p: &Prog, prefault: bool, small_pages: bool, rep: usize) -> Result<RunOut> {
+fn run_one(dir: &Path, p: &Prog, how: How, small_pages: bool, rep: usize) -> Result<RunOut> {
     let tag = format!(
         "{}-{}-{}-{rep}",
         p.name,
-        if prefault { "prefault" } else { "plain" },
+        match how {
+            How::Plain => "plain",
+            How::Prefault => "prefault",
+            How::PrefaultStats => "stats",
+        },
         if small_pages { "4k" } else { "thp" }
     );
     match &p.kind {
-        k @ Kind::Batch { .. } => run_batch(dir, &tag, k, prefault, small_pages),
-        k => run_server(dir, &tag, k, prefault, small_pages),
+        k @ Kind::Batch { .. } => run_batch(dir, &tag, k, how, small_pages),
+        k => run_server(dir, &tag, k, how, small_pages),
     }
 }
 
@@ -883,6 +901,8 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value
     // done[prog][setting]: enough repetitions (see MIN_REPS); spent: time taken so far.
     let mut done: Vec<[bool; 2]> = progs.iter().map(|_| [false, false]).collect();
     let mut spent: Vec<[Duration; 2]> = progs.iter().map(|_| Default::default()).collect();
+    // stat_runs[prog][small_pages as usize]: the untimed `--stats` runs (see `How`).
+    let mut stat_runs: Vec<[Vec<RunOut>; 2]> = progs.iter().map(|_| Default::default()).collect();
     for rep in 0..MAX_REPS {
         if rep >= MIN_REPS {
             let more = done.iter().flatten().filter(|d| !**d).count();
@@ -914,7 +934,8 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value
                     if !installed[pi] || errors[pi][si].is_some() {
                         continue;
                     }
-                    match run_one(dir, p, prefault, small, rep) {
+                    let how = if prefault { How::Prefault } else { How::Plain };
+                    match run_one(dir, p, how, small, rep) {
                         Ok(o) => runs[pi][si][prefault as usize].push(o),
                         Err(e) => {
                             errors[pi][si] = Some(format!(
@@ -926,6 +947,20 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value
                                 },
                                 crate::error_chain(&e)
                             ))
+                        }
+                    }
+                }
+                if rep < STATS_RUNS && installed[pi] && errors[pi][si].is_none() {
+                    crate::progress::step(&format!(
+                        "{} {} pages, tiermem prefault run --stats (untimed {})",
+                        p.name,
+                        if small { "4 KiB" } else { "default THP" },
+                        rep + 1
+                    ));
+                    match run_one(dir, p, How::PrefaultStats, small, rep) {
+                        Ok(o) => stat_runs[pi][si].push(o),
+                        Err(e) => {
+                            errors[pi][si] = Some(format!("stats run: {}", crate::error_chain(&e)))
                         }
                     }
                 }
@@ -955,12 +990,14 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value
                 continue;
             }
             let [plain, pre] = &runs[pi][si];
+            let with_stats = &stat_runs[pi][si];
             let plain_ms = median(plain.iter().map(|r| r.wall_ms).collect());
             let pre_ms = median(pre.iter().map(|r| r.wall_ms).collect());
             let faults_plain = median(plain.iter().map(|r| r.faults as f64).collect());
             let faults_pre_raw = median(pre.iter().map(|r| r.faults as f64).collect());
             let populated_pages = median(
-                pre.iter()
+                with_stats
+                    .iter()
                     .map(|r| {
                         r.stats.as_ref().map_or(0.0, |s| {
                             s["populated_bytes_total"].as_f64().unwrap_or(0.0) / 4096.0
@@ -969,7 +1006,8 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value
                     .collect(),
             );
             let svc_cpu = median(
-                pre.iter()
+                with_stats
+                    .iter()
                     .map(|r| {
                         r.stats.as_ref().map_or(f64::NAN, |s| {
                             s["service_cpu_ms_total"].as_f64().unwrap_or(f64::NAN)
@@ -977,11 +1015,12 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value
                     })
                     .collect(),
             );
-            let life = median(pre.iter().map(|r| r.life_ms).collect());
+            let life = median(with_stats.iter().map(|r| r.life_ms).collect());
             // The application threads' faults under the library: what it counted per thread
             // (/proc/self/task) when it says, else the process's minus the pages populated.
             let lib_app_faults = median(
-                pre.iter()
+                with_stats
+                    .iter()
                     .map(|r| {
                         r.stats.as_ref().map_or(f64::NAN, |s| {
                             s["app_faults_total"].as_f64().unwrap_or(f64::NAN)
@@ -1003,6 +1042,7 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value
             let outputs: Vec<&str> = plain
                 .iter()
                 .chain(pre.iter())
+                .chain(with_stats.iter())
                 .map(|r| r.output.as_str())
                 .collect();
             let same = outputs.windows(2).all(|w| w[0] == w[1])
@@ -1039,7 +1079,7 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value
                 "service_cpu_pct": if svc_cpu.is_finite() { json!(r2(100.0 * svc_cpu / life)) } else { Value::Null },
                 "same_output": same,
                 "output": outputs.first().copied().unwrap_or(""),
-                "library_stats": pre.last().and_then(|r| r.stats.clone()).unwrap_or(Value::Null),
+                "library_stats": with_stats.last().and_then(|r| r.stats.clone()).unwrap_or(Value::Null),
             });
             if !same {
                 row["error"] = json!(format!("outputs differ: {outputs:?}"));
@@ -1054,7 +1094,7 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value
         .fold(f64::INFINITY, f64::min);
     (
         json!({
-            "launcher": format!("{} prefault run --stats FILE -- CMD", tiermem_bin().display()),
+            "launcher": format!("{} prefault run -- CMD (timed); {STATS_RUNS} more runs per program and setting with --stats FILE, untimed, for the service's figures", tiermem_bin().display()),
             "reps": format!("{MIN_REPS} to {MAX_REPS} pairs per program and setting, until the 95 % half-width of the paired speed-up (`speedup_ci95_pct`) is at most {TARGET_HALF_WIDTH_PCT} points or {} s were spent; `reps` per row", time_cap(quick).as_secs()),
             "kernel_fault_ns": costs.kernel_fault_ns,
             "prefault_touch_ns": costs.prefault_touch_ns,
