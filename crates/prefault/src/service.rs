@@ -770,13 +770,20 @@ fn run(s: Arc<Shared>) {
             quiet_since = Instant::now();
         }
         last_claims = claims;
+        // One schedstat read at each end of a pass (each is a procfs read, ~2-3 µs here): the
+        // mark that starts the pass also ends the sleep before it.
+        let start = if idle { delay.mark() } else { 0 };
         let waited = if idle && delay.exact() {
-            delay.since(slept)
+            Duration::from_nanos(start.saturating_sub(slept))
         } else {
             Duration::ZERO
         };
-        let start = if idle { delay.mark() } else { 0 };
-        let starving = |d: &RunDelay| idle && d.since(start) > busy::STARVED;
+        // A pass cannot have waited longer than it lasted: the clock first, schedstat only
+        // once the pass is that long.
+        let began = Instant::now();
+        let starving = |d: &RunDelay| {
+            idle && began.elapsed() > busy::STARVED && d.since(start) > busy::STARVED
+        };
         let mut cut = false;
         let mut sensed_regions = 0u32;
         s.passes.fetch_add(1, Relaxed);
@@ -960,8 +967,15 @@ fn run(s: Arc<Shared>) {
         // that did not wait, so that one long wait (a new thread not yet moved to an idle
         // core) does not put the service to sleep for a second. The adaptive interval again
         // after a pass that did not wait.
+        let end = if idle && delay.exact() {
+            delay.mark()
+        } else {
+            0
+        };
         let wait = waited
-            + if idle {
+            + if idle && delay.exact() {
+                Duration::from_nanos(end.saturating_sub(start))
+            } else if idle {
                 delay.since(start)
             } else {
                 Duration::ZERO
@@ -975,7 +989,7 @@ fn run(s: Arc<Shared>) {
                 .min(busy::MAX_PAUSE)
                 .max(s.opts.interval);
             let until = Instant::now() + pause;
-            slept = delay.mark();
+            slept = if delay.exact() { end } else { delay.mark() };
             loop {
                 let now = Instant::now();
                 if s.stop.load(SeqCst) || now >= until {
@@ -986,7 +1000,7 @@ fn run(s: Arc<Shared>) {
         } else {
             level = level.saturating_sub(1);
             if idle {
-                slept = delay.mark();
+                slept = if delay.exact() { end } else { delay.mark() };
             }
             // Passes until a region is due: 1 while any is sensed every pass; the next pass
             // of an idle region's schedule when all are idle; none live, a long sleep (see
