@@ -84,7 +84,7 @@ enum Command {
         action: prefault_cmd::PrefaultCommand,
     },
     /// The quick-start job: every subsystem at work, each result checked (doctor, media, fault,
-    /// vnvm, kv, migrate, pheap), then a table of what ran. Steps whose prerequisites are
+    /// vnvm, kv, migrate, pheap, prefault), then a table of what ran. Steps whose prerequisites are
     /// missing are skipped; the exit status is non-zero when a step failed.
     Tour {
         /// Directory for the demo files (default: $TIERMEM_DIR or /dev/shm/tiermem).

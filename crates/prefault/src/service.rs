@@ -686,20 +686,20 @@ struct Local {
 /// Why not always the long sleep: a registration during one wakes the thread on the
 /// registering thread's path (a futex wake, ~2.7 µs here, a quarter of a fresh mapping's time
 /// to first touch), which a process that registers now and then should not pay each time.
-fn nap(s: &Shared, interval: Duration, due: u64, claims: u64, quiet_since: &mut Instant) -> u64 {
-    if s.table.claims.load(SeqCst) != claims || due <= 1 {
+fn nap(s: &Shared, interval: Duration, due: u64, changes: u64, quiet_since: &mut Instant) -> u64 {
+    if s.table.changes.load(SeqCst) != changes || due <= 1 {
         *quiet_since = Instant::now();
     }
     if due <= 1 || quiet_since.elapsed() < QUIET_BEFORE_LONG_SLEEP {
         std::thread::park_timeout(interval);
         return 0;
     }
-    // Published before the check of new registrations, which then wake it (the counter and
-    // the flag are SeqCst: either the claim is seen here or the flag is seen by the
+    // Published before the check of table changes: a registration then wakes it (the counter
+    // and the flag are SeqCst: either the claim is seen here or the flag is seen by the
     // registering thread).
     s.long_sleep.store(true, SeqCst);
     let mut skipped = 0;
-    if s.table.claims.load(SeqCst) == claims {
+    if s.table.changes.load(SeqCst) == changes {
         let t = Instant::now();
         std::thread::park_timeout(interval * due as u32);
         // Whole intervals slept count as passes skipped.
@@ -757,19 +757,22 @@ fn run(s: Arc<Shared>) {
     // nothing to do and is skipped (no run-queue or CPU clock reads: an empty table cost
     // ~28 µs of CPU per 2 ms interval, 1.4 % of a core).
     let mut any_live = false;
-    let mut last_claims = u64::MAX;
+    let mut last_changes = u64::MAX;
     while !s.stop.load(SeqCst) {
         pass += 1;
-        let claims = s.table.claims.load(SeqCst);
-        if !any_live && claims == last_claims {
-            pass += nap(&s, interval, MAX_SKIP, claims, &mut quiet_since);
+        let changes = s.table.changes.load(SeqCst);
+        if !any_live && changes == last_changes {
+            // A look at an empty table counts as a pass (what callers waiting for passes want:
+            // the service has seen the table as it is now).
+            s.passes.fetch_add(1, Relaxed);
+            pass += nap(&s, interval, MAX_SKIP, changes, &mut quiet_since);
             continue;
         }
-        if claims != last_claims {
-            // A registration: not quiet.
+        if changes != last_changes {
+            // A registration or an ended one: not quiet.
             quiet_since = Instant::now();
         }
-        last_claims = claims;
+        last_changes = changes;
         // One schedstat read at each end of a pass (each is a procfs read, ~2-3 µs here): the
         // mark that starts the pass also ends the sleep before it.
         let start = if idle { delay.mark() } else { 0 };
@@ -1015,7 +1018,7 @@ fn run(s: Arc<Shared>) {
                 .map(|l| 1 + passes_until_sensed(l, pass + 1))
                 .min()
                 .unwrap_or(MAX_SKIP);
-            pass += nap(&s, interval, due, claims, &mut quiet_since);
+            pass += nap(&s, interval, due, changes, &mut quiet_since);
         }
         any_live = locals.iter().take(high).any(Option::is_some);
     }

@@ -49,9 +49,9 @@ pub(crate) struct Table {
     pub slots: Box<[Slot]>,
     /// One past the highest slot ever claimed.
     pub high: AtomicUsize,
-    /// Registrations published so far: the service compares it before a long sleep (see
-    /// `Shared::long_sleep`).
-    pub claims: AtomicU64,
+    /// Registrations published and ended so far: the table changed since the service last
+    /// looked when it differs (a change ends its quiet time; see `Shared::long_sleep`).
+    pub changes: AtomicU64,
 }
 
 impl Table {
@@ -59,7 +59,7 @@ impl Table {
         Table {
             slots: (0..MAX_SLOTS).map(|_| Slot::default()).collect(),
             high: AtomicUsize::new(0),
-            claims: AtomicU64::new(0),
+            changes: AtomicU64::new(0),
         }
     }
 
@@ -102,7 +102,7 @@ impl Table {
                 self.high.fetch_max(i + 1, SeqCst);
                 let gen = s.gen.load(SeqCst);
                 s.state.store(LIVE, SeqCst);
-                self.claims.fetch_add(1, SeqCst);
+                self.changes.fetch_add(1, SeqCst);
                 return Ok((i as u32, gen));
             }
         }
@@ -141,6 +141,7 @@ impl Table {
         }
         s.gen.fetch_add(1, SeqCst);
         s.state.store(FREE, SeqCst);
+        self.changes.fetch_add(1, SeqCst);
         true
     }
 
