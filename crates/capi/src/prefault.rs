@@ -164,6 +164,15 @@ fn to_policy(p: &TiermemPrefaultPolicy) -> Result<Policy, c_int> {
     })
 }
 
+/// The policy a caller passed: NULL for the defaults.
+fn policy_arg(policy: *const TiermemPrefaultPolicy) -> Result<Policy, c_int> {
+    if policy.is_null() {
+        return Ok(Policy::default());
+    }
+    // SAFETY: a non-NULL policy points to a readable struct (ABI contract).
+    to_policy(unsafe { &*policy })
+}
+
 /// Fills `*out` with the default options. Returns 0, or -EINVAL for NULL.
 #[no_mangle]
 pub extern "C" fn tiermem_prefault_options_default(out: *mut TiermemPrefaultOptions) -> c_int {
@@ -271,14 +280,9 @@ pub extern "C" fn tiermem_prefault_register(
         if out.is_null() {
             return fail(libc::EINVAL, "out is NULL");
         }
-        let pol = if policy.is_null() {
-            Policy::default()
-        } else {
-            // SAFETY: a non-NULL policy points to a readable struct (ABI contract).
-            match to_policy(unsafe { &*policy }) {
-                Ok(p) => p,
-                Err(e) => return e,
-            }
+        let pol = match policy_arg(policy) {
+            Ok(p) => p,
+            Err(e) => return e,
         };
         if let Err(e) = pol.validate() {
             return fail(libc::EINVAL, e);
@@ -325,14 +329,9 @@ pub extern "C" fn tiermem_prefault_map(
         if addr.is_null() || out.is_null() {
             return fail(libc::EINVAL, "addr or out is NULL");
         }
-        let pol = if policy.is_null() {
-            Policy::default()
-        } else {
-            // SAFETY: a non-NULL policy points to a readable struct (ABI contract).
-            match to_policy(unsafe { &*policy }) {
-                Ok(p) => p,
-                Err(e) => return e,
-            }
+        let pol = match policy_arg(policy) {
+            Ok(p) => p,
+            Err(e) => return e,
         };
         match h.svc.map(len, pol) {
             Ok(m) => {
