@@ -202,6 +202,9 @@ pub struct ServiceFigures {
     pub budget_bytes: u64,
     pub passes: u64,
     pub backoffs: u64,
+    /// Passes cut short or put off because the service waited in the run queue (starved).
+    pub starved_passes: u64,
+    pub cpu_hops: u64,
     pub failures: u64,
     pub sched_idle: bool,
     pub sensing: String,
@@ -1097,6 +1100,8 @@ pub fn measure(req: &TouchRequest) -> Result<Sample> {
                 budget_bytes: st.budget_bytes,
                 passes: st.passes,
                 backoffs: st.backoffs,
+                starved_passes: st.starved_passes,
+                cpu_hops: st.cpu_hops,
                 failures: st.failures,
                 sched_idle: st.sched_idle,
                 sensing: st.sensing.to_string(),

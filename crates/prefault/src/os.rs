@@ -234,6 +234,38 @@ pub fn set_sched_idle() -> bool {
     unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 }
 }
 
+/// Moves the calling thread off the CPU it runs on, to another one its affinity allows, and
+/// gives it its affinity back; returns whether it moved. Setting a mask without the current
+/// CPU migrates a running thread at once (the stopper moves it before the call returns);
+/// setting the old mask back does not move it again. Two system calls; nothing is done when
+/// the thread may run on one CPU only.
+pub fn hop_off_this_cpu() -> bool {
+    // SAFETY: sched_getcpu has no arguments; cpu_set_t is plain data, zeroed is empty;
+    // sched_{get,set}affinity with pid 0 act on the calling thread and read/write only the
+    // set of the size passed.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        if cpu < 0 || cpu as usize >= libc::CPU_SETSIZE as usize {
+            return false;
+        }
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        let mut mask: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size, &mut mask) != 0 || libc::CPU_COUNT(&mask) < 2 {
+            return false;
+        }
+        let mut others = mask;
+        libc::CPU_CLR(cpu as usize, &mut others);
+        if libc::sched_setaffinity(0, size, &others) != 0 {
+            return false;
+        }
+        // Back to the caller's mask: the thread stays where it now runs. A failure here would
+        // leave the thread off one CPU; it has the mask it had a moment ago, so it cannot fail
+        // unless the mask changed meanwhile, and then the new one is retried by the next hop.
+        let _ = libc::sched_setaffinity(0, size, &mask);
+        libc::sched_getcpu() != cpu
+    }
+}
+
 /// CPU time of the calling thread.
 pub fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
