@@ -10,6 +10,7 @@ mod migrate_cmd;
 mod pheap_cmd;
 mod pool_cmd;
 mod prefault_cmd;
+mod snapshot_cmd;
 mod vnvm_cmd;
 
 use tiermem_tour::{self as tour, doctor};
@@ -77,6 +78,11 @@ enum Command {
         #[command(subcommand)]
         action: pheap_cmd::PheapCommand,
     },
+    /// snapshot (MDC without fork): inspect, verify and remove snapshot files.
+    Snapshot {
+        #[command(subcommand)]
+        action: snapshot_cmd::SnapshotCommand,
+    },
     /// Prefault: run an unmodified program with its anonymous memory populated ahead of its
     /// first touches (libtiermem_prefault_preload.so).
     Prefault {
@@ -136,6 +142,7 @@ fn main() -> ExitCode {
         Command::Kv { action } => kv_cmd::run(action),
         Command::Migrate { action } => migrate_cmd::run(action),
         Command::Pheap { action } => pheap_cmd::run(action),
+        Command::Snapshot { action } => snapshot_cmd::run(action),
         Command::Prefault { action } => prefault_cmd::run(action),
         Command::Tour { dir, only } => tour::run(dir, &only),
     };

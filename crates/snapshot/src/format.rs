@@ -1,0 +1,992 @@
+//! The snapshot file: its layout, the writer that fills it unit by unit at final offsets, and
+//! the reader that checks every field before trusting one.
+//!
+//! Layout (little-endian; every part starts on a 4 KiB boundary, so pages and the index can be
+//! written with O_DIRECT from aligned buffers):
+//!
+//! | part | size | contents |
+//! |---|---|---|
+//! | header | 4 KiB | magic `TMSNAP\0\0`, version, page size, unit pages, method, uuid, creation time, regions {length, name}, CRC32C of the rest |
+//! | index | 16 B per unit, padded | bitmap of the unit's pages with frames (bit i: page i), CRC32C of the unit's dumped bytes |
+//! | pages | 4 KiB per set bit | the present pages, units in address order, regions in order |
+//! | app state | padded | an opaque blob the application saves beside its memory |
+//! | trailer | 4 KiB | magic `TMSNAPEN`, uuid, file length, unit and page counts, app-state length and CRC, index CRC, its own CRC |
+//!
+//! A unit's place follows from the bitmaps alone (prefix sums of their popcounts), which the
+//! pause computes before any page is written: the dumper and a faulting thread can each write
+//! any unit at its final offset, in any order, with no shared cursor. No addresses are stored:
+//! the snapshot restores into regions of the same lengths, wherever they are mapped.
+//!
+//! The writer creates `NAME.tmp-<uuid>` of the final length up front (a full disk refuses
+//! before the pause), and [`Writer::finish`] writes index, app state and trailer, fdatasyncs,
+//! renames over `NAME` and fsyncs the directory: a crash at any point leaves the previous
+//! snapshot in place, and a file without its trailer is refused.
+
+use crate::error::{Result, SnapshotError};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use tiermem_media::{AlignedBuf, SsdDevice};
+
+/// Bytes of a page; the only page size this build writes and reads.
+pub const PAGE: usize = 4096;
+/// Pages of a dump unit (64: one 64-bit bitmap per unit, 256 KiB, MDC's unit).
+pub const UNIT_PAGES: usize = 64;
+/// Bytes of a dump unit.
+pub const UNIT_BYTES: usize = PAGE * UNIT_PAGES;
+/// The format version this build writes and reads.
+pub const VERSION: u32 = 1;
+/// The header's magic.
+pub const MAGIC: [u8; 8] = *b"TMSNAP\0\0";
+/// The trailer's magic.
+pub const TRAILER_MAGIC: [u8; 8] = *b"TMSNAPEN";
+/// Longest region name, bytes.
+pub const MAX_NAME: usize = 255;
+/// Index entry bytes.
+const ENTRY: usize = 16;
+/// Where the header's CRC sits (it covers the bytes before it).
+const HEADER_CRC_AT: usize = PAGE - 4;
+/// First byte of the region table in the header.
+const REGIONS_AT: usize = 56;
+/// Bytes of the trailer covered by its CRC (the CRC follows them).
+const TRAILER_BODY: usize = 64;
+
+/// How a snapshot was taken (recorded in the header; the file is the same for all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// Fork-less copy-before-write on the live process (userfaultfd write protection).
+    Wp,
+    /// A forked child dumps units in address order and drops each once written (MDC).
+    ForkMdc,
+    /// A forked child dumps; the kernel's copy-on-write keeps the parent's writes out (Redis).
+    Fork,
+}
+
+impl Method {
+    /// The method's name as the CLI and the bench spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Wp => "wp",
+            Method::ForkMdc => "fork-mdc",
+            Method::Fork => "fork",
+        }
+    }
+
+    /// Parses [`Method::name`].
+    pub fn parse(s: &str) -> Option<Method> {
+        match s {
+            "wp" => Some(Method::Wp),
+            "fork-mdc" => Some(Method::ForkMdc),
+            "fork" => Some(Method::Fork),
+            _ => None,
+        }
+    }
+
+    fn code(self) -> u32 {
+        match self {
+            Method::Wp => 0,
+            Method::ForkMdc => 1,
+            Method::Fork => 2,
+        }
+    }
+
+    fn from_code(c: u32) -> Option<Method> {
+        match c {
+            0 => Some(Method::Wp),
+            1 => Some(Method::ForkMdc),
+            2 => Some(Method::Fork),
+            _ => None,
+        }
+    }
+}
+
+/// One region of a snapshot: a name and a length (a multiple of the page size).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// The application's name for it (≤ [`MAX_NAME`] bytes of UTF-8).
+    pub name: String,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// Units of a region of `len` bytes (the last may be partial).
+pub fn units_of(len: u64) -> usize {
+    (len as usize).div_ceil(UNIT_BYTES)
+}
+
+/// Pages of unit `u` of a region of `len` bytes.
+pub fn pages_in_unit(len: u64, u: usize) -> usize {
+    let pages = (len as usize) / PAGE;
+    (pages - u * UNIT_PAGES).min(UNIT_PAGES)
+}
+
+fn pad(n: u64) -> u64 {
+    n.div_ceil(PAGE as u64) * PAGE as u64
+}
+
+/// Where everything of one snapshot lies: fixed once the bitmaps are known.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    regions: Vec<RegionInfo>,
+    /// First unit of each region in the global unit numbering, and one past the last.
+    first_unit: Vec<usize>,
+    bitmaps: Vec<u64>,
+    /// Offset of each unit's first page; `unit_off[units]` is the end of the pages.
+    unit_off: Vec<u64>,
+    pages_at: u64,
+    app_len: u64,
+}
+
+impl Layout {
+    /// The layout of `regions` with one bitmap per unit (region order, then address order),
+    /// and `app_len` bytes of application state. Errors on names, lengths or a bitmap with
+    /// bits past its unit's pages.
+    pub fn new(regions: Vec<RegionInfo>, bitmaps: Vec<u64>, app_len: u64) -> Result<Layout> {
+        let bad = |m: String| Err(SnapshotError::InvalidArgument(m));
+        let mut first_unit = Vec::with_capacity(regions.len() + 1);
+        let mut units = 0usize;
+        let mut table = 0usize;
+        for r in &regions {
+            if r.len == 0 || r.len % PAGE as u64 != 0 {
+                return bad(format!(
+                    "region {:?}: length {} is not a positive multiple of {PAGE}",
+                    r.name, r.len
+                ));
+            }
+            if r.name.len() > MAX_NAME {
+                return bad(format!(
+                    "region name of {} bytes (at most {MAX_NAME})",
+                    r.name.len()
+                ));
+            }
+            table += 10 + r.name.len();
+            first_unit.push(units);
+            units += units_of(r.len);
+        }
+        first_unit.push(units);
+        if regions.is_empty() {
+            return bad("a snapshot needs at least one region".into());
+        }
+        if REGIONS_AT + table > HEADER_CRC_AT {
+            return bad(format!(
+                "{} regions with these names do not fit the 4 KiB header",
+                regions.len()
+            ));
+        }
+        if bitmaps.len() != units {
+            return bad(format!("{} bitmaps for {units} units", bitmaps.len()));
+        }
+        for (ri, r) in regions.iter().enumerate() {
+            for u in 0..units_of(r.len) {
+                let n = pages_in_unit(r.len, u);
+                let b = bitmaps[first_unit[ri] + u];
+                if n < 64 && b >> n != 0 {
+                    return bad(format!(
+                        "region {:?} unit {u}: bitmap {b:#x} has bits past its {n} pages",
+                        r.name
+                    ));
+                }
+            }
+        }
+        let index_len = pad((units * ENTRY) as u64);
+        let pages_at = PAGE as u64 + index_len;
+        let mut unit_off = Vec::with_capacity(units + 1);
+        let mut off = pages_at;
+        for b in &bitmaps {
+            unit_off.push(off);
+            off += b.count_ones() as u64 * PAGE as u64;
+        }
+        unit_off.push(off);
+        Ok(Layout {
+            regions,
+            first_unit,
+            bitmaps,
+            unit_off,
+            pages_at,
+            app_len,
+        })
+    }
+
+    /// The regions.
+    pub fn regions(&self) -> &[RegionInfo] {
+        &self.regions
+    }
+
+    /// Units in all.
+    pub fn units(&self) -> usize {
+        self.bitmaps.len()
+    }
+
+    /// Global number of unit `u` of region `r`.
+    pub fn unit(&self, r: usize, u: usize) -> usize {
+        self.first_unit[r] + u
+    }
+
+    /// Region and unit within it of global unit `g`.
+    pub fn locate(&self, g: usize) -> (usize, usize) {
+        let r = self.first_unit.partition_point(|&f| f <= g) - 1;
+        (r, g - self.first_unit[r])
+    }
+
+    /// Bitmap of global unit `g`.
+    pub fn bitmap(&self, g: usize) -> u64 {
+        self.bitmaps[g]
+    }
+
+    /// File offset of global unit `g`'s first page, and its dumped bytes.
+    pub fn unit_extent(&self, g: usize) -> (u64, usize) {
+        (
+            self.unit_off[g],
+            (self.unit_off[g + 1] - self.unit_off[g]) as usize,
+        )
+    }
+
+    /// Present pages in all.
+    pub fn present_pages(&self) -> u64 {
+        (self.unit_off[self.units()] - self.pages_at) / PAGE as u64
+    }
+
+    fn app_at(&self) -> u64 {
+        self.unit_off[self.units()]
+    }
+
+    fn trailer_at(&self) -> u64 {
+        self.app_at() + pad(self.app_len)
+    }
+
+    /// The file's length.
+    pub fn file_len(&self) -> u64 {
+        self.trailer_at() + PAGE as u64
+    }
+}
+
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+fn get32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn get64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// A fresh random identifier (getrandom; the clock and pid if that fails).
+pub fn new_uuid() -> [u8; 16] {
+    let mut u = [0u8; 16];
+    // SAFETY: getrandom writes at most 16 bytes into u.
+    let n = unsafe { libc::getrandom(u.as_mut_ptr().cast(), 16, 0) };
+    if n != 16 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        u[..8].copy_from_slice(&t.to_le_bytes());
+        u[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    u
+}
+
+/// Hex of a uuid (file names, messages).
+pub fn uuid_hex(u: &[u8; 16]) -> String {
+    u.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes one snapshot file (see the module doc). Units may be written from several threads
+/// at once ([`Writer::write_unit`] takes `&self`); the file becomes the snapshot only in
+/// [`Writer::finish`]. Dropped unfinished, it removes its temporary file.
+pub struct Writer {
+    dev: SsdDevice,
+    tmp: PathBuf,
+    target: PathBuf,
+    layout: Layout,
+    method: Method,
+    uuid: [u8; 16],
+    crcs: Vec<AtomicU32>,
+    /// Per unit: 0 not written, 1 written.
+    written: Vec<AtomicU8>,
+    finished: bool,
+}
+
+impl Writer {
+    /// Creates `target`'s temporary file (`NAME.tmp-<uuid>`, same directory) of the final
+    /// length, allocated: a full file system refuses here ([`tiermem_media::MediaError::NoSpace`]),
+    /// before anything is paused or protected.
+    pub fn create(target: &Path, layout: Layout, method: Method) -> Result<Writer> {
+        let name = target.file_name().ok_or_else(|| {
+            SnapshotError::InvalidArgument(format!("{}: not a file path", target.display()))
+        })?;
+        let uuid = new_uuid();
+        let mut tmp_name = name.to_os_string();
+        tmp_name.push(format!(".tmp-{}", uuid_hex(&uuid)));
+        let tmp = target.with_file_name(tmp_name);
+        let dev = SsdDevice::create(&tmp, layout.file_len())?;
+        let units = layout.units();
+        Ok(Writer {
+            dev,
+            tmp,
+            target: target.to_path_buf(),
+            layout,
+            method,
+            uuid,
+            crcs: (0..units).map(|_| AtomicU32::new(0)).collect(),
+            written: (0..units).map(|_| AtomicU8::new(0)).collect(),
+            finished: false,
+        })
+    }
+
+    /// The layout being written.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The temporary file's path.
+    pub fn tmp_path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Whether writes bypass the page cache (O_DIRECT).
+    pub fn direct(&self) -> bool {
+        self.dev.direct()
+    }
+
+    /// The file descriptor (for a writer that must not allocate: see [`Writer::record_unit`]).
+    pub fn raw_fd(&self) -> i32 {
+        self.dev.as_raw_fd()
+    }
+
+    /// Writes global unit `g`: `data` is its present pages in order (`popcount × 4 KiB`
+    /// bytes, page-aligned when the file is direct). Each unit is written once.
+    pub fn write_unit(&self, g: usize, data: &[u8]) -> Result<()> {
+        let (off, len) = self.layout.unit_extent(g);
+        if data.len() != len {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "unit {g}: {} bytes for {} present pages",
+                data.len(),
+                len / PAGE
+            )));
+        }
+        if len > 0 {
+            self.dev.write_at(off, data)?;
+        }
+        self.record_unit(g, crc32c::crc32c(data));
+        Ok(())
+    }
+
+    /// Records that global unit `g` was written with CRC `crc` by the caller itself (a
+    /// `pwrite` of its bytes at [`Layout::unit_extent`] on [`Writer::raw_fd`]): what a thread
+    /// in a signal handler does, where the media layer's error path would allocate.
+    /// Async-signal-safe.
+    pub fn record_unit(&self, g: usize, crc: u32) {
+        self.crcs[g].store(crc, Ordering::Release);
+        self.written[g].store(1, Ordering::Release);
+    }
+
+    /// Whether every unit has been written.
+    pub fn complete(&self) -> bool {
+        self.written.iter().all(|w| w.load(Ordering::Acquire) == 1)
+    }
+
+    /// Writes index, app state and trailer, makes the file durable and renames it over the
+    /// target; returns the file's length. Errors if a unit is missing or `app` is not the
+    /// length the layout was made for.
+    pub fn finish(mut self, app: &[u8]) -> Result<u64> {
+        if !self.complete() {
+            let missing = self
+                .written
+                .iter()
+                .filter(|w| w.load(Ordering::Acquire) == 0)
+                .count();
+            return Err(SnapshotError::InvalidArgument(format!(
+                "{missing} of {} units were not written",
+                self.layout.units()
+            )));
+        }
+        let l = &self.layout;
+        if app.len() as u64 != l.app_len {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "application state of {} bytes, {} expected",
+                app.len(),
+                l.app_len
+            )));
+        }
+        // Header.
+        let mut h = AlignedBuf::new(PAGE, PAGE)?;
+        h[..8].copy_from_slice(&MAGIC);
+        put32(&mut h, 8, VERSION);
+        put32(&mut h, 12, PAGE as u32);
+        put32(&mut h, 16, UNIT_PAGES as u32);
+        put32(&mut h, 20, self.method.code());
+        h[24..40].copy_from_slice(&self.uuid);
+        put32(&mut h, 40, l.regions.len() as u32);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        put64(&mut h, 48, now);
+        let mut at = REGIONS_AT;
+        for r in &l.regions {
+            put64(&mut h, at, r.len);
+            h[at + 8..at + 10].copy_from_slice(&(r.name.len() as u16).to_le_bytes());
+            h[at + 10..at + 10 + r.name.len()].copy_from_slice(r.name.as_bytes());
+            at += 10 + r.name.len();
+        }
+        let c = crc32c::crc32c(&h[..HEADER_CRC_AT]);
+        put32(&mut h, HEADER_CRC_AT, c);
+        self.dev.write_at(0, &h)?;
+        // Index.
+        let index_len = (l.pages_at - PAGE as u64) as usize;
+        let mut ix = AlignedBuf::new(index_len, PAGE)?;
+        for g in 0..l.units() {
+            put64(&mut ix, g * ENTRY, l.bitmaps[g]);
+            put32(&mut ix, g * ENTRY + 8, self.crcs[g].load(Ordering::Acquire));
+        }
+        let index_crc = crc32c::crc32c(&ix[..l.units() * ENTRY]);
+        self.dev.write_at(PAGE as u64, &ix)?;
+        // Application state.
+        let app_padded = pad(app.len() as u64) as usize;
+        if app_padded > 0 {
+            let mut a = AlignedBuf::new(app_padded, PAGE)?;
+            a[..app.len()].copy_from_slice(app);
+            self.dev.write_at(l.app_at(), &a)?;
+        }
+        // Trailer, after everything else is durable.
+        self.dev.sync()?;
+        let mut t = AlignedBuf::new(PAGE, PAGE)?;
+        t[..8].copy_from_slice(&TRAILER_MAGIC);
+        t[8..24].copy_from_slice(&self.uuid);
+        put64(&mut t, 24, l.file_len());
+        put64(&mut t, 32, l.units() as u64);
+        put64(&mut t, 40, l.present_pages());
+        put64(&mut t, 48, app.len() as u64);
+        put32(&mut t, 56, crc32c::crc32c(app));
+        put32(&mut t, 60, index_crc);
+        let c = crc32c::crc32c(&t[..TRAILER_BODY]);
+        put32(&mut t, TRAILER_BODY, c);
+        self.dev.write_at(l.trailer_at(), &t)?;
+        self.dev.sync()?;
+        std::fs::rename(&self.tmp, &self.target)
+            .map_err(|e| SnapshotError::io("rename", &self.target, e))?;
+        self.finished = true;
+        sync_dir(&self.target)?;
+        Ok(l.file_len())
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// fsyncs the directory holding `path` (makes a rename durable).
+fn sync_dir(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let f = std::fs::File::open(dir).map_err(|e| SnapshotError::io("open", dir, e))?;
+    f.sync_all().map_err(|e| SnapshotError::io("fsync", dir, e))
+}
+
+/// An opened snapshot file whose header, trailer and index passed every check.
+#[derive(Debug)]
+pub struct SnapshotFile {
+    path: PathBuf,
+    file: std::fs::File,
+    layout: Layout,
+    method: Method,
+    uuid: [u8; 16],
+    created_ns: u64,
+    crcs: Vec<u32>,
+    app_crc: u32,
+}
+
+/// What [`SnapshotFile::info`] reports.
+#[derive(Debug, Clone)]
+pub struct Info {
+    /// The file's path.
+    pub path: PathBuf,
+    /// How it was taken.
+    pub method: Method,
+    /// Its identifier (hex).
+    pub uuid: String,
+    /// Creation time, ns since the epoch.
+    pub created_ns: u64,
+    /// The regions.
+    pub regions: Vec<RegionInfo>,
+    /// Units in all.
+    pub units: usize,
+    /// Pages stored (pages with frames at the snapshot).
+    pub present_pages: u64,
+    /// Bytes of application state.
+    pub app_len: u64,
+    /// The file's length.
+    pub file_len: u64,
+}
+
+impl SnapshotFile {
+    /// Opens `path` and checks, in order: length, header magic, version, page size, unit size,
+    /// method, region table, header CRC, trailer magic, uuid, recorded length, trailer CRC,
+    /// unit and page counts, index CRC. The error names the first check that failed.
+    pub fn open(path: &Path) -> Result<SnapshotFile> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::open(path).map_err(|e| SnapshotError::io("open", path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| SnapshotError::io("stat", path, e))?
+            .len();
+        let bad = |c: String| Err(SnapshotError::corrupt(path, c));
+        if len < 3 * PAGE as u64 || len % PAGE as u64 != 0 {
+            return bad(format!(
+                "length {len} is not a whole number of 4 KiB blocks of at least header, index and trailer (truncated?)"
+            ));
+        }
+        let read = |off: u64, n: usize| -> Result<Vec<u8>> {
+            let mut b = vec![0u8; n];
+            file.read_exact_at(&mut b, off)
+                .map_err(|e| SnapshotError::io("read", path, e))?;
+            Ok(b)
+        };
+        let h = read(0, PAGE)?;
+        if h[..8] != MAGIC {
+            return bad("header magic (not a tiermem snapshot)".into());
+        }
+        let version = get32(&h, 8);
+        if version != VERSION {
+            return bad(format!("version {version} (this build reads {VERSION})"));
+        }
+        let ps = get32(&h, 12);
+        if ps as usize != PAGE {
+            return bad(format!("page size {ps} (this build uses {PAGE})"));
+        }
+        let up = get32(&h, 16);
+        if up as usize != UNIT_PAGES {
+            return bad(format!("unit of {up} pages (this build uses {UNIT_PAGES})"));
+        }
+        let Some(method) = Method::from_code(get32(&h, 20)) else {
+            return bad(format!("method code {}", get32(&h, 20)));
+        };
+        let crc = crc32c::crc32c(&h[..HEADER_CRC_AT]);
+        if crc != get32(&h, HEADER_CRC_AT) {
+            return bad("header CRC".into());
+        }
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&h[24..40]);
+        let created_ns = get64(&h, 48);
+        let nreg = get32(&h, 40) as usize;
+        let mut regions = Vec::new();
+        let mut at = REGIONS_AT;
+        for i in 0..nreg {
+            if at + 10 > HEADER_CRC_AT {
+                return bad(format!("region table: entry {i} of {nreg} past the header"));
+            }
+            let rl = get64(&h, at);
+            let nl = u16::from_le_bytes([h[at + 8], h[at + 9]]) as usize;
+            if nl > MAX_NAME || at + 10 + nl > HEADER_CRC_AT {
+                return bad(format!("region table: name of entry {i} ({nl} bytes)"));
+            }
+            let Ok(name) = std::str::from_utf8(&h[at + 10..at + 10 + nl]) else {
+                return bad(format!("region table: name of entry {i} is not UTF-8"));
+            };
+            if rl == 0 || rl % PAGE as u64 != 0 || rl > len.saturating_mul(1 << 20) {
+                return bad(format!("region table: length {rl} of entry {i}"));
+            }
+            regions.push(RegionInfo {
+                name: name.to_string(),
+                len: rl,
+            });
+            at += 10 + nl;
+        }
+        if regions.is_empty() {
+            return bad("region table: no regions".into());
+        }
+        let t = read(len - PAGE as u64, PAGE)?;
+        if t[..8] != TRAILER_MAGIC {
+            return bad("trailer magic (the file is truncated or was never finished)".into());
+        }
+        if t[8..24] != uuid {
+            return bad("trailer uuid differs from the header's (parts of two snapshots)".into());
+        }
+        if get64(&t, 24) != len {
+            return bad(format!(
+                "recorded length {} differs from the file's {len}",
+                get64(&t, 24)
+            ));
+        }
+        if crc32c::crc32c(&t[..TRAILER_BODY]) != get32(&t, TRAILER_BODY) {
+            return bad("trailer CRC".into());
+        }
+        let units: usize = regions.iter().map(|r| units_of(r.len)).sum();
+        if get64(&t, 32) != units as u64 {
+            return bad(format!(
+                "trailer counts {} units, the regions have {units}",
+                get64(&t, 32)
+            ));
+        }
+        let index_len = pad((units * ENTRY) as u64);
+        if PAGE as u64 + index_len + PAGE as u64 > len {
+            return bad("index runs past the end of the file".into());
+        }
+        let ix = read(PAGE as u64, (units * ENTRY).max(1))?;
+        let ix = &ix[..units * ENTRY];
+        if crc32c::crc32c(ix) != get32(&t, 60) {
+            return bad("index CRC".into());
+        }
+        let bitmaps: Vec<u64> = (0..units).map(|g| get64(ix, g * ENTRY)).collect();
+        let crcs: Vec<u32> = (0..units).map(|g| get32(ix, g * ENTRY + 8)).collect();
+        let app_len = get64(&t, 48);
+        if app_len > len {
+            return bad(format!("application state of {app_len} bytes"));
+        }
+        let layout = Layout::new(regions, bitmaps, app_len)
+            .map_err(|e| SnapshotError::corrupt(path, format!("index: {e}")))?;
+        if layout.present_pages() != get64(&t, 40) {
+            return bad(format!(
+                "trailer counts {} pages, the index {}",
+                get64(&t, 40),
+                layout.present_pages()
+            ));
+        }
+        if layout.file_len() != len {
+            return bad(format!(
+                "the index and state make a file of {} bytes, it has {len}",
+                layout.file_len()
+            ));
+        }
+        Ok(SnapshotFile {
+            path: path.to_path_buf(),
+            file,
+            layout,
+            method,
+            uuid,
+            created_ns,
+            crcs,
+            app_crc: get32(&t, 56),
+        })
+    }
+
+    /// What the file holds.
+    pub fn info(&self) -> Info {
+        Info {
+            path: self.path.clone(),
+            method: self.method,
+            uuid: uuid_hex(&self.uuid),
+            created_ns: self.created_ns,
+            regions: self.layout.regions.clone(),
+            units: self.layout.units(),
+            present_pages: self.layout.present_pages(),
+            app_len: self.layout.app_len,
+            file_len: self.layout.file_len(),
+        }
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn read_unit(&self, g: usize, buf: &mut Vec<u8>) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let (off, n) = self.layout.unit_extent(g);
+        buf.resize(n, 0);
+        self.file
+            .read_exact_at(buf, off)
+            .map_err(|e| SnapshotError::io("read", &self.path, e))?;
+        if crc32c::crc32c(buf) != self.crcs[g] {
+            let (r, u) = self.layout.locate(g);
+            return Err(SnapshotError::corrupt(
+                &self.path,
+                format!(
+                    "CRC of unit {u} of region {:?} (bytes {off}..{})",
+                    self.layout.regions[r].name,
+                    off + n as u64
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads every unit and the application state and checks their CRCs.
+    pub fn verify(&self) -> Result<()> {
+        let mut buf = Vec::new();
+        for g in 0..self.layout.units() {
+            self.read_unit(g, &mut buf)?;
+        }
+        self.app_state().map(|_| ())
+    }
+
+    /// The application state, CRC checked.
+    pub fn app_state(&self) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![0u8; self.layout.app_len as usize];
+        self.file
+            .read_exact_at(&mut b, self.layout.app_at())
+            .map_err(|e| SnapshotError::io("read", &self.path, e))?;
+        if crc32c::crc32c(&b) != self.app_crc {
+            return Err(SnapshotError::corrupt(&self.path, "application state CRC"));
+        }
+        Ok(b)
+    }
+
+    /// Writes region `r`'s snapshot into `dst` (its length): stored pages copied, the others
+    /// zeroed. Every unit's CRC is checked before its bytes are used; on a failed check `dst`
+    /// may hold part of the snapshot.
+    pub fn restore_into(&self, r: usize, dst: &mut [u8]) -> Result<()> {
+        let Some(info) = self.layout.regions.get(r) else {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "region {r} of {}",
+                self.layout.regions.len()
+            )));
+        };
+        if dst.len() as u64 != info.len {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "region {:?} is {} bytes, the destination {}",
+                info.name,
+                info.len,
+                dst.len()
+            )));
+        }
+        let mut buf = Vec::new();
+        for u in 0..units_of(info.len) {
+            let g = self.layout.unit(r, u);
+            self.read_unit(g, &mut buf)?;
+            let bm = self.layout.bitmaps[g];
+            let mut k = 0;
+            for p in 0..pages_in_unit(info.len, u) {
+                let at = u * UNIT_BYTES + p * PAGE;
+                let d = &mut dst[at..at + PAGE];
+                if bm >> p & 1 == 1 {
+                    d.copy_from_slice(&buf[k * PAGE..(k + 1) * PAGE]);
+                    k += 1;
+                } else {
+                    d.fill(0);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(name: &str, pages: usize) -> RegionInfo {
+        RegionInfo {
+            name: name.into(),
+            len: (pages * PAGE) as u64,
+        }
+    }
+
+    /// Writes a snapshot of `mem` (one buffer per region) where pages that are all zero count
+    /// as absent; returns the file.
+    fn write(dir: &Path, regions: &[(&str, Vec<u8>)], app: &[u8]) -> PathBuf {
+        let infos: Vec<RegionInfo> = regions
+            .iter()
+            .map(|(n, m)| region(n, m.len() / PAGE))
+            .collect();
+        let mut bitmaps = Vec::new();
+        for (_, m) in regions {
+            for u in 0..units_of(m.len() as u64) {
+                let mut b = 0u64;
+                for p in 0..pages_in_unit(m.len() as u64, u) {
+                    let at = u * UNIT_BYTES + p * PAGE;
+                    if m[at..at + PAGE].iter().any(|&x| x != 0) {
+                        b |= 1 << p;
+                    }
+                }
+                bitmaps.push(b);
+            }
+        }
+        let layout = Layout::new(infos, bitmaps, app.len() as u64).unwrap();
+        let target = dir.join("snap");
+        let w = Writer::create(&target, layout, Method::Wp).unwrap();
+        // Units in reverse order: offsets do not depend on the order of writes.
+        let mut g = w.layout().units();
+        for (_, m) in regions.iter().rev() {
+            for u in (0..units_of(m.len() as u64)).rev() {
+                g -= 1;
+                let bm = w.layout().bitmap(g);
+                let mut data = AlignedBuf::new(bm.count_ones() as usize * PAGE, PAGE).unwrap();
+                let mut k = 0;
+                for p in 0..64 {
+                    if bm >> p & 1 == 1 {
+                        let at = u * UNIT_BYTES + p * PAGE;
+                        data[k * PAGE..(k + 1) * PAGE].copy_from_slice(&m[at..at + PAGE]);
+                        k += 1;
+                    }
+                }
+                w.write_unit(g, &data).unwrap();
+            }
+        }
+        w.finish(app).unwrap();
+        target
+    }
+
+    fn sample() -> Vec<(&'static str, Vec<u8>)> {
+        let mut a = vec![0u8; 130 * PAGE];
+        for p in [0usize, 1, 63, 64, 100, 129] {
+            a[p * PAGE..(p + 1) * PAGE].fill(p as u8 + 1);
+        }
+        let mut b = vec![0u8; 3 * PAGE];
+        b[PAGE + 17] = 9;
+        vec![("heap", a), ("index", b)]
+    }
+
+    #[test]
+    fn a_written_snapshot_restores_byte_for_byte() {
+        let d = tempfile::tempdir().unwrap();
+        let regions = sample();
+        let p = write(d.path(), &regions, b"app state");
+        let f = SnapshotFile::open(&p).unwrap();
+        f.verify().unwrap();
+        assert_eq!(f.app_state().unwrap(), b"app state");
+        let info = f.info();
+        assert_eq!(info.present_pages, 7);
+        assert_eq!(info.regions.len(), 2);
+        for (r, (_, m)) in regions.iter().enumerate() {
+            let mut out = vec![0xeeu8; m.len()];
+            f.restore_into(r, &mut out).unwrap();
+            assert!(out == *m, "region {r} differs");
+        }
+        // Nothing but the file is left in the directory.
+        let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn every_truncation_and_every_sampled_bit_flip_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), &sample(), b"state");
+        let good = std::fs::read(&p).unwrap();
+        let bad = d.path().join("bad");
+        let refused = |bytes: &[u8]| -> bool {
+            std::fs::write(&bad, bytes).unwrap();
+            match SnapshotFile::open(&bad) {
+                Err(SnapshotError::Corrupt { .. }) => true,
+                Err(e) => panic!("not a corrupt-file error: {e}"),
+                Ok(f) => f.verify().is_err(),
+            }
+        };
+        // Truncated at every 4 KiB boundary and mid-page.
+        let mut cut = 0;
+        while cut < good.len() {
+            assert!(refused(&good[..cut]), "truncated at {cut} accepted");
+            assert!(
+                refused(&good[..cut + 100]),
+                "truncated at {} accepted",
+                cut + 100
+            );
+            cut += PAGE;
+        }
+        // One flipped bit in the header, the index, each page, the app state and the trailer
+        // (all but the padding, which no check covers: a flip there changes nothing read).
+        let l = SnapshotFile::open(&p).unwrap().layout().clone();
+        let mut spots = vec![0, 9, 13, 17, 21, 30, 60, 4000, PAGE + 3, PAGE + 9];
+        for g in 0..l.units() {
+            let (off, n) = l.unit_extent(g);
+            if n > 0 {
+                spots.push(off as usize + n / 2);
+            }
+        }
+        spots.push(l.app_at() as usize + 2);
+        let t = l.trailer_at() as usize;
+        spots.extend([
+            t,
+            t + 9,
+            t + 25,
+            t + 33,
+            t + 41,
+            t + 49,
+            t + 57,
+            t + 61,
+            t + 65,
+        ]);
+        for s in spots {
+            let mut b = good.clone();
+            b[s] ^= 0x10;
+            assert!(refused(&b), "bit flip at {s} accepted");
+        }
+        // The good file still opens.
+        assert!(!refused(&good));
+    }
+
+    #[test]
+    fn foreign_fields_are_named() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), &sample(), b"");
+        let good = std::fs::read(&p).unwrap();
+        let check = |patch: &dyn Fn(&mut Vec<u8>), want: &str| {
+            let mut b = good.clone();
+            patch(&mut b);
+            // Keep the header's CRC right so that the field's own check is the one that fails.
+            let c = crc32c::crc32c(&b[..HEADER_CRC_AT]);
+            b[HEADER_CRC_AT..PAGE].copy_from_slice(&c.to_le_bytes());
+            let bad = d.path().join("x");
+            std::fs::write(&bad, &b).unwrap();
+            let e = SnapshotFile::open(&bad).unwrap_err().to_string();
+            assert!(e.contains(want), "{e} does not name {want}");
+        };
+        check(&|b| b[0] = b'X', "magic");
+        check(&|b| b[8] = 7, "version 7");
+        check(&|b| b[13] = 0x20, "page size 8192");
+        check(&|b| b[16] = 32, "unit of 32 pages");
+        check(&|b| b[REGIONS_AT] = 1, "region table");
+        check(&|b| b[24] ^= 1, "uuid");
+    }
+
+    #[test]
+    fn layouts_refuse_what_cannot_be_written() {
+        assert!(Layout::new(vec![], vec![], 0).is_err());
+        assert!(Layout::new(vec![region("a", 1)], vec![0b10], 0).is_err());
+        assert!(Layout::new(vec![region("a", 1)], vec![], 0).is_err());
+        let odd = RegionInfo {
+            name: "odd".into(),
+            len: 100,
+        };
+        assert!(Layout::new(vec![odd], vec![0], 0).is_err());
+        let long = RegionInfo {
+            name: "n".repeat(MAX_NAME + 1),
+            len: PAGE as u64,
+        };
+        assert!(Layout::new(vec![long], vec![0], 0).is_err());
+        let l = Layout::new(
+            vec![region("a", 65), region("b", 1)],
+            vec![u64::MAX, 1, 1],
+            5,
+        )
+        .unwrap();
+        assert_eq!(l.units(), 3);
+        assert_eq!(l.locate(2), (1, 0));
+        assert_eq!(l.present_pages(), 66);
+        assert_eq!(l.unit_extent(1).0, l.unit_extent(0).0 + 64 * PAGE as u64);
+    }
+
+    #[test]
+    fn an_unfinished_writer_leaves_nothing_and_a_full_disk_refuses_first() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Layout::new(vec![region("a", 4)], vec![0b1111], 0).unwrap();
+        let w = Writer::create(&d.path().join("s"), l.clone(), Method::Wp).unwrap();
+        let tmp = w.tmp_path().to_path_buf();
+        assert!(tmp.exists());
+        drop(w);
+        assert!(!tmp.exists());
+        assert!(!d.path().join("s").exists());
+        // A missing unit is refused at finish.
+        let w = Writer::create(&d.path().join("s"), l, Method::Wp).unwrap();
+        assert!(w.finish(&[]).is_err());
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        // A file larger than the file system (1 PiB of application state).
+        let huge = Layout::new(vec![region("h", 1)], vec![1], 1 << 50).unwrap();
+        match Writer::create(&d.path().join("h"), huge, Method::Wp) {
+            Err(SnapshotError::Media(tiermem_media::MediaError::NoSpace { .. })) => {}
+            Err(e) => panic!("expected no space, got {e}"),
+            Ok(_) => panic!("a 1 PiB file was allocated"),
+        }
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+    }
+}

@@ -1,0 +1,902 @@
+//! The fork-less `wp` method: a point-in-time snapshot of live memory by copy-before-write,
+//! with extra memory bounded by the staging slots whatever the size or the write rate.
+//!
+//! * [`Memory`] is snapshot-able memory: private anonymous, `MADV_NOHUGEPAGE` (units and
+//!   protection are per 4 KiB page), registered with the fault engine for WP faults only.
+//!   Nothing is protected between snapshots, so it costs nothing then; first touches are the
+//!   kernel's (MISSING is not registered: a page absent at the pause is zero in the snapshot
+//!   whatever is written to it later, so its first touch needs no copy and no signal).
+//! * [`begin`] runs in the caller's pause: `PAGEMAP_SCAN` (PRESENT | SWAPPED) of every region
+//!   gives the unit bitmaps (MDC's `mincore2`), the file is created at its final length (a full
+//!   disk refuses here, with nothing protected), the present pages are write-protected
+//!   (`UFFDIO_WRITEPROTECT`, synchronous), and a dumper thread starts.
+//! * The dumper takes units in address order: copy the unit's present pages into its buffer,
+//!   unprotect the unit, write the copy at the unit's final offset. Staged units go first.
+//! * A write to a unit not yet dumped faults (in the writing thread, inside the engine's SIGBUS
+//!   handler: async-signal-safe, no allocation, no lock): the thread claims the unit, copies its
+//!   present pages into a free staging slot, unprotects the unit and goes on; the dumper writes
+//!   the slot later. With no slot free, the thread writes the unit to the file itself, straight
+//!   from the still-protected pages (`pwritev`), then unprotects it (MDC's dump-before-write).
+//!
+//! Extra memory: `staging_slots` × 256 KiB + one 256 KiB dumper buffer + 16 B per unit.
+//!
+//! A unit has one owner at a time (`PENDING` → `CLAIMED` by compare-and-swap → `DONE`): a second
+//! writer to a claimed unit waits (yielding) until its owner has unprotected it. A removal,
+//! unmap or move of a region during the snapshot aborts it: everything is unprotected and the
+//! temporary file removed; the previous snapshot at the target stays.
+
+use crate::error::{Result, SnapshotError};
+use crate::format::{self, Layout, Method, RegionInfo, Writer, PAGE, UNIT_BYTES, UNIT_PAGES};
+use std::path::Path;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tiermem_fault::sys::{
+    PageRegion, PmScanArg, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED,
+};
+use tiermem_fault::{
+    Engine, Fault, FaultOps, Modes, Pagemap, RegionEvent, RegionHandle, RegionSpec, Resolution,
+    ResolveError, Resolver,
+};
+use tiermem_media::AlignedBuf;
+
+/// Unit states.
+const PENDING: u8 = 1;
+const CLAIMED: u8 = 2;
+const DONE: u8 = 3;
+
+/// Most staging slots (their free set is one 64-bit word).
+pub const MAX_SLOTS: usize = 64;
+
+/// How snapshots of [`Memory`] are taken.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Staging slots of 256 KiB (S): units copied by a faulting writer for the dumper to write.
+    /// 0: every first write to an undumped unit writes it to the file itself.
+    pub staging_slots: usize,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { staging_slots: 16 }
+    }
+}
+
+impl Options {
+    /// The extra memory a snapshot may take: slots, the dumper's buffer, and the index.
+    pub fn extra_bytes_bound(&self, units: usize) -> u64 {
+        ((self.staging_slots + 1) * UNIT_BYTES + units * 16) as u64
+    }
+}
+
+/// Per region, what its resolver reads: the job it belongs to while a snapshot runs.
+struct Shared {
+    job: AtomicPtr<JobRegion>,
+    /// Resolver calls in progress (a job is freed only once none is).
+    inflight: AtomicUsize,
+}
+
+/// Memory that can be snapshotted (see the module doc). Unregisters and unmaps on drop.
+pub struct Memory {
+    name: String,
+    ptr: *mut u8,
+    len: usize,
+    handle: Option<RegionHandle>,
+    shared: Arc<Shared>,
+    resolution: Resolution,
+}
+
+// SAFETY: Memory owns its mapping; the raw pointer is only an address.
+unsafe impl Send for Memory {}
+// SAFETY: shared access hands out the address only; the bytes are the caller's to synchronise.
+unsafe impl Sync for Memory {}
+
+impl Memory {
+    /// Maps `len` bytes (rounded up to whole pages) of zeroed private anonymous memory named
+    /// `name` and registers it for write-protect faults, resolved in the writing thread.
+    /// Kernel writes into it (`read(2)` into a buffer there) fail with EFAULT while a snapshot
+    /// runs: use [`Memory::map_with`] and [`Resolution::HandlerThread`] for such memory.
+    pub fn map(name: &str, len: usize) -> Result<Memory> {
+        Memory::map_with(name, len, Resolution::InThread)
+    }
+
+    /// As [`Memory::map`], resolving faults where `resolution` says.
+    pub fn map_with(name: &str, len: usize, resolution: Resolution) -> Result<Memory> {
+        if len == 0 {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "memory {name:?} of 0 bytes"
+            )));
+        }
+        if name.len() > format::MAX_NAME {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "memory name of {} bytes (at most {})",
+                name.len(),
+                format::MAX_NAME
+            )));
+        }
+        let len = len.div_ceil(PAGE) * PAGE;
+        // SAFETY: a fresh anonymous mapping; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(SnapshotError::io(
+                "mmap",
+                Path::new(name),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let ptr = p as *mut u8;
+        // SAFETY: the mapping just made; a failed hint only leaves huge pages allowed, which the
+        // registration below does not depend on (protection would cover 2 MiB at a time).
+        unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+        let shared = Arc::new(Shared {
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            inflight: AtomicUsize::new(0),
+        });
+        let mut spec = RegionSpec::new(ptr, len)
+            .modes(Modes::WP)
+            .resolution(resolution);
+        spec.protect_on_register = false;
+        let handle = match Engine::global().register(
+            spec,
+            Arc::new(Guard {
+                shared: shared.clone(),
+            }),
+        ) {
+            Ok(h) => h,
+            Err(e) => {
+                // SAFETY: unmapping the mapping made above, never handed out.
+                unsafe { libc::munmap(p, len) };
+                return Err(e.into());
+            }
+        };
+        Ok(Memory {
+            name: name.to_string(),
+            ptr,
+            len,
+            handle: Some(handle),
+            shared,
+            resolution,
+        })
+    }
+
+    /// First byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never: memory has at least one page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Its name (the region's name in the snapshot file).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where its faults are resolved.
+    pub fn resolution(&self) -> Resolution {
+        self.resolution
+    }
+
+    fn handle(&self) -> &RegionHandle {
+        // Present from map until drop.
+        self.handle.as_ref().expect("memory handle")
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        drop(self.handle.take());
+        // SAFETY: our own mapping; nothing refers to it any more (a job borrows the memory).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The resolver of a [`Memory`]: routes write faults to the running job.
+struct Guard {
+    shared: Arc<Shared>,
+}
+
+impl Resolver for Guard {
+    fn resolve(&self, f: &Fault, ops: &FaultOps<'_>) -> Result<(), ResolveError> {
+        self.shared.inflight.fetch_add(1, SeqCst);
+        let jr = self.shared.job.load(SeqCst);
+        let r = if jr.is_null() {
+            Ok(())
+        } else {
+            // SAFETY: a job stays alive while its pointer is published and until `inflight`,
+            // which this call raised before reading the pointer, is back to zero.
+            unsafe { &*jr }.on_write(f.offset, ops)
+        };
+        // The faulting page is unprotected in any case (its unit is dumped or staged now, or
+        // the job ended and unprotected everything; a stray protection must not hang the
+        // writer).
+        let u = ops.unprotect(f.offset, PAGE);
+        self.shared.inflight.fetch_sub(1, SeqCst);
+        r.and(u)
+    }
+
+    fn on_event(&self, ev: &RegionEvent) {
+        if matches!(ev, RegionEvent::Fork { .. }) {
+            return;
+        }
+        self.shared.inflight.fetch_add(1, SeqCst);
+        let jr = self.shared.job.load(SeqCst);
+        if !jr.is_null() {
+            // SAFETY: as in `resolve`.
+            let job = unsafe { &*(*jr).job };
+            job.fail(ERR_REGION_CHANGED);
+        }
+        self.shared.inflight.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Failure codes a signal handler can record (no allocation there).
+const ERR_NONE: u32 = 0;
+const ERR_REGION_CHANGED: u32 = 1;
+const ERR_WRITE: u32 = 2;
+const ERR_ABORTED: u32 = 3;
+
+fn err_text(code: u32) -> &'static str {
+    match code {
+        ERR_REGION_CHANGED => {
+            "a region was unmapped, moved or had pages removed (MADV_DONTNEED) during the snapshot"
+        }
+        ERR_WRITE => "a faulting thread's write of a unit to the snapshot file failed",
+        ERR_ABORTED => "aborted by the caller",
+        _ => "unknown",
+    }
+}
+
+/// One region of a running job.
+struct JobRegion {
+    job: *const JobShared,
+    base: usize,
+    len: usize,
+    first_unit: usize,
+}
+
+/// What a running job shares between the caller, the dumper and faulting threads.
+struct JobShared {
+    writer: Writer,
+    state: Vec<AtomicU8>,
+    regions: Vec<JobRegion>,
+    /// Owns the staging buffers `slot_ptr` points into (only ever accessed through those).
+    #[allow(dead_code)]
+    slots: Vec<AlignedBuf>,
+    /// `slots[s]`'s first byte, taken from the owned buffer (writes go through these).
+    slot_ptr: Vec<SendPtr<u8>>,
+    /// Bit s set: slot s is free.
+    free: AtomicU64,
+    /// Slot s holds unit `slot_unit[s] - 1` for the dumper (0: nothing).
+    slot_unit: Vec<AtomicUsize>,
+    error: AtomicU32,
+    done_units: AtomicUsize,
+    staged: AtomicU64,
+    self_written: AtomicU64,
+    dumped: AtomicU64,
+    waits: AtomicU64,
+}
+
+// SAFETY: the raw pointers in JobRegion point into the JobShared itself (pinned in a Box) and
+// at memory the job borrows; all mutation is through atomics.
+unsafe impl Send for JobShared {}
+// SAFETY: as above.
+unsafe impl Sync for JobShared {}
+
+impl JobShared {
+    fn fail(&self, code: u32) {
+        let _ = self.error.compare_exchange(ERR_NONE, code, AcqRel, Acquire);
+    }
+
+    fn failed(&self) -> bool {
+        self.error.load(Acquire) != ERR_NONE
+    }
+
+    /// Pages of global unit `g` (region `r`, unit `u` in it): (address, bytes).
+    fn unit_range(&self, r: usize, u: usize) -> (usize, usize) {
+        let jr = &self.regions[r];
+        let n = format::pages_in_unit(jr.len as u64, u);
+        (jr.base + u * UNIT_BYTES, n * PAGE)
+    }
+
+    /// Copies the present pages of unit (r, u) with bitmap `bm` into `dst`; returns bytes.
+    /// Async-signal-safe.
+    fn copy_unit(&self, r: usize, u: usize, bm: u64, dst: &mut [u8]) -> usize {
+        let (addr, _) = self.unit_range(r, u);
+        let mut k = 0;
+        for p in 0..UNIT_PAGES {
+            if bm >> p & 1 == 1 {
+                // SAFETY: page p of the unit lies inside the region the job borrows; dst has
+                // room for every set bit (UNIT_BYTES).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        (addr + p * PAGE) as *const u8,
+                        dst.as_mut_ptr().add(k * PAGE),
+                        PAGE,
+                    )
+                };
+                k += 1;
+            }
+        }
+        k * PAGE
+    }
+
+    /// Writes unit (r, u) to the file straight from its (protected) pages and records it.
+    /// Async-signal-safe: one `pwritev` (retried on a short write), CRCs computed in place.
+    fn write_unit_in_place(&self, g: usize, r: usize, u: usize) -> bool {
+        let bm = self.writer.layout().bitmap(g);
+        let (addr, _) = self.unit_range(r, u);
+        let (off, len) = self.writer.layout().unit_extent(g);
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; UNIT_PAGES];
+        let mut n = 0;
+        let mut crc = 0u32;
+        for p in 0..UNIT_PAGES {
+            if bm >> p & 1 == 1 {
+                let a = addr + p * PAGE;
+                // SAFETY: page p lies inside the borrowed region and is protected: stable.
+                crc = crc32c::crc32c_append(crc, unsafe {
+                    std::slice::from_raw_parts(a as *const u8, PAGE)
+                });
+                iov[n] = libc::iovec {
+                    iov_base: a as *mut libc::c_void,
+                    iov_len: PAGE,
+                };
+                n += 1;
+            }
+        }
+        let mut done = 0usize;
+        let mut first = 0usize;
+        while done < len {
+            // SAFETY: iov[first..n] describe readable pages; the fd is the writer's, open.
+            let w = unsafe {
+                libc::pwritev(
+                    self.writer.raw_fd(),
+                    iov[first..n].as_ptr(),
+                    (n - first) as i32,
+                    (off + done as u64) as libc::off_t,
+                )
+            };
+            if w < 0 {
+                // SAFETY: reading errno.
+                if unsafe { *libc::__errno_location() } == libc::EINTR {
+                    continue;
+                }
+                return false;
+            }
+            if w == 0 {
+                return false;
+            }
+            // Advance past whole pages written; a partial page (not on direct I/O) continues
+            // from its middle.
+            let mut left = w as usize;
+            done += left;
+            while left > 0 {
+                if left >= iov[first].iov_len {
+                    left -= iov[first].iov_len;
+                    first += 1;
+                } else {
+                    iov[first].iov_base =
+                        (iov[first].iov_base as usize + left) as *mut libc::c_void;
+                    iov[first].iov_len -= left;
+                    left = 0;
+                }
+            }
+        }
+        self.writer.record_unit(g, crc);
+        true
+    }
+}
+
+impl JobRegion {
+    /// A write fault at region offset `offset` (async-signal-safe).
+    fn on_write(&self, offset: usize, ops: &FaultOps<'_>) -> Result<(), ResolveError> {
+        // SAFETY: the job outlives its published regions (see `Guard::resolve`).
+        let job = unsafe { &*self.job };
+        let u = offset / UNIT_BYTES;
+        let g = self.first_unit + u;
+        let r = job
+            .regions
+            .iter()
+            .position(|jr| std::ptr::eq(jr, self))
+            .unwrap_or(0);
+        let mut waited = false;
+        loop {
+            match job.state[g].load(Acquire) {
+                PENDING => {
+                    if job.state[g]
+                        .compare_exchange(PENDING, CLAIMED, AcqRel, Acquire)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    let (_, len) = job.unit_range(r, u);
+                    let bm = job.writer.layout().bitmap(g);
+                    // A free slot?
+                    let mut free = job.free.load(Acquire);
+                    let slot = loop {
+                        if free == 0 {
+                            break None;
+                        }
+                        let s = free.trailing_zeros() as usize;
+                        match job
+                            .free
+                            .compare_exchange(free, free & !(1 << s), AcqRel, Acquire)
+                        {
+                            Ok(_) => break Some(s),
+                            Err(now) => free = now,
+                        }
+                    };
+                    match slot {
+                        Some(s) => {
+                            // SAFETY: slot s is ours until the dumper frees it; the slot
+                            // buffers are never resized, so this &mut does not alias a live
+                            // reference of anyone else.
+                            let buf = unsafe {
+                                std::slice::from_raw_parts_mut(
+                                    job.slot_ptr[s].0 as *mut u8,
+                                    UNIT_BYTES,
+                                )
+                            };
+                            job.copy_unit(r, u, bm, buf);
+                            job.slot_unit[s].store(g + 1, Release);
+                            job.staged.fetch_add(1, Relaxed);
+                        }
+                        None => {
+                            if !job.write_unit_in_place(g, r, u) {
+                                job.fail(ERR_WRITE);
+                            }
+                            job.self_written.fetch_add(1, Relaxed);
+                        }
+                    }
+                    let res = ops.unprotect(u * UNIT_BYTES, len);
+                    job.state[g].store(DONE, Release);
+                    job.done_units.fetch_add(1, Relaxed);
+                    return res;
+                }
+                CLAIMED => {
+                    if !waited {
+                        waited = true;
+                        job.waits.fetch_add(1, Relaxed);
+                    }
+                    // SAFETY: sched_yield is async-signal-safe.
+                    unsafe { libc::sched_yield() };
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+}
+
+/// What a finished snapshot reports.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// The file's length.
+    pub file_bytes: u64,
+    /// Pages stored.
+    pub present_pages: u64,
+    /// Units in all.
+    pub units: usize,
+    /// Time inside [`begin`] (scan, file creation, protection): the application's pause.
+    pub pause: Duration,
+    /// From the start of [`begin`] to the renamed, durable file.
+    pub total: Duration,
+    /// Units the dumper copied and wrote.
+    pub dumped_units: u64,
+    /// Units a faulting writer staged in a slot.
+    pub staged_units: u64,
+    /// Units a faulting writer wrote itself (no slot free).
+    pub self_written_units: u64,
+    /// Faults that waited for another thread's claim on their unit.
+    pub claim_waits: u64,
+    /// The bound on extra memory (slots, dumper buffer, index).
+    pub extra_bytes_bound: u64,
+    /// Whether the file was written with O_DIRECT.
+    pub direct: bool,
+}
+
+/// A running snapshot. [`Job::wait`] for its report; dropping it unfinished aborts it.
+pub struct Job<'a> {
+    shared: Option<Box<JobShared>>,
+    mem: Vec<&'a Memory>,
+    dumper: Option<std::thread::JoinHandle<Result<u64>>>,
+    started: Instant,
+    pause: Duration,
+    bound: u64,
+    app: Vec<u8>,
+}
+
+/// Takes a snapshot of `mem` into `target` with `app` saved beside it. Call it with the
+/// application's writers paused (its quiesce): the snapshot is the memory as it is during
+/// this call. It returns once the pages are protected; the writers may then resume while the
+/// job dumps in the background.
+///
+/// Errors before anything is protected: an empty or repeated region, a target whose
+/// directory is missing or full ([`tiermem_media::MediaError::NoSpace`]), a failed scan.
+pub fn begin<'a>(
+    mem: &[&'a Memory],
+    target: &Path,
+    app: Vec<u8>,
+    opts: Options,
+) -> Result<Job<'a>> {
+    let t0 = Instant::now();
+    if mem.is_empty() {
+        return Err(SnapshotError::InvalidArgument(
+            "a snapshot needs at least one memory".into(),
+        ));
+    }
+    for (i, m) in mem.iter().enumerate() {
+        if mem[..i].iter().any(|o| std::ptr::eq(*o, *m)) {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "memory {:?} given twice",
+                m.name
+            )));
+        }
+        if !m.shared.job.load(SeqCst).is_null() {
+            return Err(SnapshotError::InvalidArgument(format!(
+                "memory {:?} is in a snapshot already",
+                m.name
+            )));
+        }
+    }
+    if opts.staging_slots > MAX_SLOTS {
+        return Err(SnapshotError::InvalidArgument(format!(
+            "{} staging slots (at most {MAX_SLOTS})",
+            opts.staging_slots
+        )));
+    }
+    // Which pages have frames (present or swapped): the unit bitmaps.
+    let pm = Pagemap::open()?;
+    let mut bitmaps = Vec::new();
+    let mut runs: Vec<Vec<Run>> = Vec::new();
+    for m in mem {
+        let (b, r) = scan(&pm, m.ptr as usize, m.len)?;
+        bitmaps.extend(b);
+        runs.push(r);
+    }
+    let infos: Vec<RegionInfo> = mem
+        .iter()
+        .map(|m| RegionInfo {
+            name: m.name.clone(),
+            len: m.len as u64,
+        })
+        .collect();
+    let layout = Layout::new(infos, bitmaps, app.len() as u64)?;
+    let units = layout.units();
+    let writer = Writer::create(target, layout, Method::Wp)?;
+    let mut slots = Vec::with_capacity(opts.staging_slots);
+    for _ in 0..opts.staging_slots {
+        slots.push(AlignedBuf::new(UNIT_BYTES, PAGE)?);
+    }
+    let slot_ptr = slots
+        .iter_mut()
+        .map(|b| SendPtr(b.as_mut_ptr() as *const u8))
+        .collect();
+    let mut first = 0;
+    let mut regions = Vec::with_capacity(mem.len());
+    for m in mem {
+        regions.push(JobRegion {
+            job: std::ptr::null(),
+            base: m.ptr as usize,
+            len: m.len,
+            first_unit: first,
+        });
+        first += format::units_of(m.len as u64);
+    }
+    let state: Vec<AtomicU8> = (0..units)
+        .map(|g| {
+            AtomicU8::new(if writer.layout().bitmap(g) == 0 {
+                DONE
+            } else {
+                PENDING
+            })
+        })
+        .collect();
+    for g in 0..units {
+        if writer.layout().bitmap(g) == 0 {
+            writer.record_unit(g, crc32c::crc32c(&[]));
+        }
+    }
+    let empty = state.iter().filter(|s| s.load(Relaxed) == DONE).count();
+    let free = if opts.staging_slots == 64 {
+        u64::MAX
+    } else {
+        (1u64 << opts.staging_slots) - 1
+    };
+    let mut shared = Box::new(JobShared {
+        writer,
+        state,
+        regions,
+        slots,
+        slot_ptr,
+        free: AtomicU64::new(free),
+        slot_unit: (0..opts.staging_slots)
+            .map(|_| AtomicUsize::new(0))
+            .collect(),
+        error: AtomicU32::new(ERR_NONE),
+        done_units: AtomicUsize::new(empty),
+        staged: AtomicU64::new(0),
+        self_written: AtomicU64::new(0),
+        dumped: AtomicU64::new(0),
+        waits: AtomicU64::new(0),
+    });
+    let sp: *const JobShared = &*shared;
+    for jr in shared.regions.iter_mut() {
+        jr.job = sp;
+    }
+    // Publish before protecting: every WP fault from here on finds the job.
+    for (i, m) in mem.iter().enumerate() {
+        m.shared.job.store(
+            &shared.regions[i] as *const JobRegion as *mut JobRegion,
+            SeqCst,
+        );
+    }
+    let mut job = Job {
+        shared: Some(shared),
+        mem: mem.to_vec(),
+        dumper: None,
+        started: t0,
+        pause: Duration::ZERO,
+        bound: opts.extra_bytes_bound(units),
+        app,
+    };
+    for (i, m) in mem.iter().enumerate() {
+        for &(off, len) in &runs[i] {
+            if let Err(e) = m.handle().protect(off, len) {
+                // Drop unprotects what was protected and removes the file.
+                drop(job);
+                return Err(e.into());
+            }
+        }
+    }
+    job.pause = t0.elapsed();
+    // The dumper.
+    let sp = SendPtr(sp);
+    let handles: Vec<SendPtr<RegionHandle>> = mem
+        .iter()
+        .map(|m| SendPtr(m.handle() as *const RegionHandle))
+        .collect();
+    job.dumper = Some(
+        std::thread::Builder::new()
+            .name("tiermem-snapdump".into())
+            .spawn(move || {
+                let sp = sp;
+                let handles = handles;
+                // SAFETY: the job (and the memory it borrows) outlives this thread: Job joins
+                // it before freeing anything.
+                let job = unsafe { &*sp.0 };
+                let hs: Vec<&RegionHandle> = handles.iter().map(|h| unsafe { &*h.0 }).collect();
+                dump(job, &hs)
+            })
+            .map_err(|e| SnapshotError::io("spawn", target, e))?,
+    );
+    Ok(job)
+}
+
+/// A run of pages with frames: (region offset, bytes).
+type Run = (usize, usize);
+
+struct SendPtr<T>(*const T);
+// SAFETY: only an address handed to the dumper thread (see `begin`).
+unsafe impl<T> Send for SendPtr<T> {}
+
+/// The unit bitmaps of `[base, base+len)` and its runs of pages with frames (region offsets).
+/// PAGEMAP_SCAN walks page tables only: it neither faults pages in nor allocates.
+fn scan(pm: &Pagemap, base: usize, len: usize) -> Result<(Vec<u64>, Vec<Run>)> {
+    let mut bitmaps = vec![0u64; format::units_of(len as u64)];
+    let mut runs = Vec::new();
+    let mut buf = vec![PageRegion::default(); 512];
+    let mut start = base;
+    let end = base + len;
+    while start < end {
+        let mut arg = PmScanArg {
+            start: start as u64,
+            end: end as u64,
+            vec: buf.as_mut_ptr() as u64,
+            vec_len: buf.len() as u64,
+            // Present or swapped, and not the shared zero page (read but never written: zero
+            // in the snapshot without storing it, and a later write copies nothing).
+            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            category_inverted: PAGE_IS_PFNZERO,
+            category_mask: PAGE_IS_PFNZERO,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            ..Default::default()
+        };
+        let n = pm.scan(&mut arg).map_err(|e| {
+            SnapshotError::io(
+                "ioctl(PAGEMAP_SCAN)",
+                Path::new("/proc/self/pagemap"),
+                std::io::Error::from_raw_os_error(e),
+            )
+        })?;
+        for r in &buf[..n] {
+            let (s, e) = (r.start as usize - base, r.end as usize - base);
+            runs.push((s, e - s));
+            for p in s / PAGE..e / PAGE {
+                bitmaps[p / UNIT_PAGES] |= 1 << (p % UNIT_PAGES);
+            }
+        }
+        if arg.walk_end as usize <= start {
+            break;
+        }
+        start = arg.walk_end as usize;
+    }
+    Ok((bitmaps, runs))
+}
+
+/// The dumper: staged units first, then pending units in address order, until every unit is
+/// in the file.
+fn dump(job: &JobShared, handles: &[&RegionHandle]) -> Result<u64> {
+    let units = job.state.len();
+    let mut buf = AlignedBuf::new(UNIT_BYTES, PAGE)?;
+    let mut next = 0usize;
+    loop {
+        if job.failed() {
+            return Err(SnapshotError::Aborted(
+                err_text(job.error.load(Acquire)).into(),
+            ));
+        }
+        let mut worked = false;
+        for (s, su) in job.slot_unit.iter().enumerate() {
+            let v = su.load(Acquire);
+            if v != 0 {
+                let g = v - 1;
+                let n = job.writer.layout().unit_extent(g).1;
+                // SAFETY: the slot was filled before `slot_unit` was published (Acquire above)
+                // and nobody writes it until it is freed below.
+                let data = unsafe { std::slice::from_raw_parts(job.slot_ptr[s].0, n) };
+                job.writer.write_unit(g, data)?;
+                su.store(0, Release);
+                job.free.fetch_or(1 << s, AcqRel);
+                worked = true;
+            }
+        }
+        while next < units && job.state[next].load(Acquire) != PENDING {
+            next += 1;
+        }
+        if next < units {
+            let g = next;
+            if job.state[g]
+                .compare_exchange(PENDING, CLAIMED, AcqRel, Acquire)
+                .is_ok()
+            {
+                let (r, u) = job.writer.layout().locate(g);
+                let bm = job.writer.layout().bitmap(g);
+                let n = job.copy_unit(r, u, bm, &mut buf);
+                let (addr, len) = job.unit_range(r, u);
+                let res = handles[r].unprotect(addr - job.regions[r].base, len);
+                job.state[g].store(DONE, Release);
+                job.done_units.fetch_add(1, Relaxed);
+                res?;
+                job.writer.write_unit(g, &buf[..n])?;
+                job.dumped.fetch_add(1, Relaxed);
+            }
+            continue;
+        }
+        if !worked {
+            // Everything is claimed: wait for writers still staging or writing units.
+            let staged = job.slot_unit.iter().any(|s| s.load(Acquire) != 0);
+            if !staged && job.done_units.load(Acquire) == units && job.writer.complete() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    Ok(0)
+}
+
+impl<'a> Job<'a> {
+    /// Units done (dumped, staged or empty) and units in all.
+    pub fn progress(&self) -> (usize, usize) {
+        let s = self.shared.as_ref().expect("job");
+        (s.done_units.load(Relaxed), s.state.len())
+    }
+
+    /// The application's pause inside [`begin`].
+    pub fn pause(&self) -> Duration {
+        self.pause
+    }
+
+    /// Waits for the dump, finishes the file (durable, renamed over the target) and reports.
+    /// On an error the previous snapshot at the target is intact and no page stays protected.
+    pub fn wait(mut self) -> Result<Report> {
+        let res = self
+            .dumper
+            .take()
+            .map(|d| {
+                d.join()
+                    .unwrap_or_else(|_| Err(SnapshotError::Aborted("the dumper panicked".into())))
+            })
+            .unwrap_or(Ok(0));
+        let shared = self.end();
+        res?;
+        // An event dispatched after the dumper's last look (pages removed while it copied).
+        if shared.failed() {
+            return Err(SnapshotError::Aborted(
+                err_text(shared.error.load(Acquire)).into(),
+            ));
+        }
+        let report = Report {
+            file_bytes: 0,
+            present_pages: shared.writer.layout().present_pages(),
+            units: shared.state.len(),
+            pause: self.pause,
+            total: Duration::ZERO,
+            dumped_units: shared.dumped.load(Relaxed),
+            staged_units: shared.staged.load(Relaxed),
+            self_written_units: shared.self_written.load(Relaxed),
+            claim_waits: shared.waits.load(Relaxed),
+            extra_bytes_bound: self.bound,
+            direct: shared.writer.direct(),
+        };
+        let shared = *shared;
+        let file_bytes = shared.writer.finish(&self.app)?;
+        Ok(Report {
+            file_bytes,
+            total: self.started.elapsed(),
+            ..report
+        })
+    }
+
+    /// Aborts: stops the dumper, unprotects everything, removes the temporary file.
+    pub fn abort(mut self) {
+        if let Some(s) = &self.shared {
+            s.fail(ERR_ABORTED);
+        }
+        if let Some(d) = self.dumper.take() {
+            let _ = d.join();
+        }
+        drop(self.end());
+    }
+
+    /// Unpublishes the job, unprotects all memory, waits for resolvers in flight; returns the
+    /// shared state for the caller to finish or drop.
+    fn end(&mut self) -> Box<JobShared> {
+        let shared = self.shared.take().expect("job ended once");
+        for m in &self.mem {
+            m.shared.job.store(std::ptr::null_mut(), SeqCst);
+        }
+        for m in &self.mem {
+            if m.handle().is_alive() {
+                let _ = m.handle().unprotect(0, m.len);
+            }
+            while m.shared.inflight.load(SeqCst) != 0 {
+                std::thread::yield_now();
+            }
+        }
+        shared
+    }
+}
+
+impl Drop for Job<'_> {
+    fn drop(&mut self) {
+        if self.shared.is_some() {
+            if let Some(s) = &self.shared {
+                s.fail(ERR_ABORTED);
+            }
+            if let Some(d) = self.dumper.take() {
+                let _ = d.join();
+            }
+            drop(self.end());
+        }
+    }
+}
