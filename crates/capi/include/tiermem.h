@@ -152,6 +152,16 @@ typedef struct TiermemPrefault TiermemPrefault;
 typedef struct TiermemRegion TiermemRegion;
 
 /**
+ * A running snapshot (opaque).
+ */
+typedef struct TiermemSnapshotJob TiermemSnapshotJob;
+
+/**
+ * Snapshot-able memory (opaque).
+ */
+typedef struct TiermemSnapshotMemory TiermemSnapshotMemory;
+
+/**
  * A written-page tracker (opaque).
  */
 typedef struct TiermemTracker TiermemTracker;
@@ -398,6 +408,48 @@ typedef struct TiermemPrefaultRegionStats {
    */
   uint64_t stride;
 } TiermemPrefaultRegionStats;
+
+/**
+ * What a finished snapshot reports (`tiermem_snapshot_wait`).
+ */
+typedef struct TiermemSnapshotReport {
+  /**
+   * The file's length.
+   */
+  uint64_t file_bytes;
+  /**
+   * Pages stored.
+   */
+  uint64_t present_pages;
+  /**
+   * 256 KiB units in all.
+   */
+  uint64_t units;
+  /**
+   * The pause inside `tiermem_snapshot_begin`, ns.
+   */
+  uint64_t pause_ns;
+  /**
+   * From the start of the pause to the durable, renamed file, ns.
+   */
+  uint64_t total_ns;
+  /**
+   * Units the dumper copied and wrote.
+   */
+  uint64_t dumped_units;
+  /**
+   * Units a writer staged in a slot.
+   */
+  uint64_t staged_units;
+  /**
+   * Units a writer wrote to the file itself (no slot free).
+   */
+  uint64_t self_written_units;
+  /**
+   * The bound on extra memory, bytes.
+   */
+  uint64_t extra_bytes_bound;
+} TiermemSnapshotReport;
 
 #ifdef __cplusplus
 extern "C" {
@@ -852,6 +904,70 @@ int tiermem_prefault_stats(const struct TiermemPrefault *p, struct TiermemPrefau
 int tiermem_prefault_region_stats(const struct TiermemPrefault *p,
                                   uint64_t reg,
                                   struct TiermemPrefaultRegionStats *out);
+
+/**
+ * Maps `len` bytes (rounded up to pages) of zeroed memory named `name` that snapshots can
+ * cover; its address goes to `*addr`, its handle to `*out`. Returns 0 or a negative errno.
+ */
+int tiermem_snapshot_memory_map(const char *name,
+                                size_t len,
+                                void **addr,
+                                struct TiermemSnapshotMemory **out);
+
+/**
+ * Unmaps memory and frees its handle; -EBUSY while a snapshot of it runs.
+ */
+int tiermem_snapshot_memory_free(struct TiermemSnapshotMemory *m);
+
+/**
+ * Begins a snapshot of the `n` memories `mems` into `target` with `app_len` bytes of `app`
+ * saved beside them, `staging_slots` slots of 256 KiB (16 is the default; 0..=64). Call it
+ * with the application's writers paused; it returns once the pages are protected, and the
+ * job dumps in the background (`tiermem_snapshot_wait`). The memories must stay mapped until
+ * the job is waited for or aborted (`tiermem_snapshot_memory_free` refuses until then).
+ */
+int tiermem_snapshot_begin(struct TiermemSnapshotMemory *const *mems,
+                           size_t n,
+                           const char *target,
+                           const void *app,
+                           size_t app_len,
+                           uint32_t staging_slots,
+                           struct TiermemSnapshotJob **out);
+
+/**
+ * Units done and in all of a running snapshot.
+ */
+int tiermem_snapshot_progress(const struct TiermemSnapshotJob *j, uint64_t *done, uint64_t *total);
+
+/**
+ * Waits for the snapshot, makes the file durable and renames it over the target, fills
+ * `*report` (may be NULL) and frees the job. On an error the previous file at the target is
+ * intact and no page stays protected; the job is freed either way.
+ */
+int tiermem_snapshot_wait(struct TiermemSnapshotJob *j, struct TiermemSnapshotReport *report);
+
+/**
+ * Aborts a snapshot: everything unprotected, the temporary file removed, the job freed.
+ */
+int tiermem_snapshot_abort(struct TiermemSnapshotJob *j);
+
+/**
+ * Checks a snapshot file completely (header, trailer, index, every unit's and the
+ * application state's CRC). 0 when intact; -EBADMSG naming the failed check otherwise.
+ */
+int tiermem_snapshot_verify(const char *path);
+
+/**
+ * Restores region `region` (0-based, in the order given to begin) of the snapshot at `path`
+ * into the `len` bytes at `dst` (exactly the region's length). Units are CRC-checked first.
+ */
+int tiermem_snapshot_restore(const char *path, size_t region, void *dst, size_t len);
+
+/**
+ * Copies the snapshot's application state into `buf` (capacity `cap`) and its length into
+ * `*len`; -ERANGE (with `*len` set) when `cap` is too small.
+ */
+int tiermem_snapshot_app_state(const char *path, void *buf, size_t cap, size_t *len);
 
 /**
  * Start a vnvm instance (the thesis' `nv_init`) in directory `dir` (NULL: `$TIERMEM_VNVM_DIR`,

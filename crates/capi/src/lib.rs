@@ -22,6 +22,7 @@ mod media;
 mod migrate;
 mod pheap;
 mod prefault;
+mod snapshot;
 mod vnvm;
 
 pub use error::*;
@@ -31,6 +32,7 @@ pub use media::*;
 pub use migrate::*;
 pub use pheap::*;
 pub use prefault::*;
+pub use snapshot::*;
 pub use vnvm::*;
 
 /// The library's version as a NUL-terminated string ("MAJOR.MINOR.PATCH"); static storage.

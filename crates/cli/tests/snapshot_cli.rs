@@ -26,14 +26,22 @@ fn info_verify_and_rm_read_a_snapshot_and_name_what_is_wrong_with_a_damaged_one(
         .arg(&target)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["method"], "wp");
     assert_eq!(v["present_pages"], 128);
     assert_eq!(v["regions"][0]["name"], "heap");
     assert_eq!(v["app_state_bytes"], 3);
 
-    let ok = tiermem().args(["snapshot", "verify"]).arg(&target).output().unwrap();
+    let ok = tiermem()
+        .args(["snapshot", "verify"])
+        .arg(&target)
+        .output()
+        .unwrap();
     assert!(ok.status.success());
 
     // One flipped byte in the stored pages: verify names the unit's CRC.
@@ -41,7 +49,11 @@ fn info_verify_and_rm_read_a_snapshot_and_name_what_is_wrong_with_a_damaged_one(
     let bad = dir.path().join("bad.snap");
     bytes[3 * 4096 + 10] ^= 1;
     std::fs::write(&bad, &bytes).unwrap();
-    let out = tiermem().args(["snapshot", "verify"]).arg(&bad).output().unwrap();
+    let out = tiermem()
+        .args(["snapshot", "verify"])
+        .arg(&bad)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("CRC of unit 0"), "{err}");
@@ -49,9 +61,24 @@ fn info_verify_and_rm_read_a_snapshot_and_name_what_is_wrong_with_a_damaged_one(
     // rm refuses what is not a snapshot, unless forced.
     let junk = dir.path().join("junk");
     std::fs::write(&junk, b"not a snapshot").unwrap();
-    assert!(!tiermem().args(["snapshot", "rm"]).arg(&junk).status().unwrap().success());
+    assert!(!tiermem()
+        .args(["snapshot", "rm"])
+        .arg(&junk)
+        .status()
+        .unwrap()
+        .success());
     assert!(junk.exists());
-    assert!(tiermem().args(["snapshot", "rm", "--force"]).arg(&junk).status().unwrap().success());
-    assert!(tiermem().args(["snapshot", "rm"]).arg(&target).status().unwrap().success());
+    assert!(tiermem()
+        .args(["snapshot", "rm", "--force"])
+        .arg(&junk)
+        .status()
+        .unwrap()
+        .success());
+    assert!(tiermem()
+        .args(["snapshot", "rm"])
+        .arg(&target)
+        .status()
+        .unwrap()
+        .success());
     assert!(!target.exists());
 }

@@ -189,6 +189,11 @@ impl Memory {
         &self.name
     }
 
+    /// Whether a snapshot of it is running (its job not yet waited for or aborted).
+    pub fn in_snapshot(&self) -> bool {
+        !self.shared.job.load(SeqCst).is_null()
+    }
+
     /// Where its faults are resolved.
     pub fn resolution(&self) -> Resolution {
         self.resolution
@@ -659,13 +664,20 @@ pub fn begin<'a>(
         bound: opts.extra_bytes_bound(units),
         app,
     };
+    // One UFFDIO_WRITEPROTECT per region, over the span of its runs: without WP_UNPOPULATED
+    // (the engine asks for it only with WP_ASYNC) write protection of anonymous memory covers
+    // present and swapped pages and leaves holes alone, so the span protects exactly the runs,
+    // in one page-table walk instead of one per run (64 MiB with every third page a hole:
+    // 5,461 ioctls and an 84 ms pause before).
     for (i, m) in mem.iter().enumerate() {
-        for &(off, len) in &runs[i] {
-            if let Err(e) = m.handle().protect(off, len) {
-                // Drop unprotects what was protected and removes the file.
-                drop(job);
-                return Err(e.into());
-            }
+        let (Some(first), Some(last)) = (runs[i].first(), runs[i].last()) else {
+            continue;
+        };
+        let (start, end) = (first.0, last.0 + last.1);
+        if let Err(e) = m.handle().protect(start, end - start) {
+            // Drop unprotects what was protected and removes the file.
+            drop(job);
+            return Err(e.into());
         }
     }
     job.pause = t0.elapsed();

@@ -2,7 +2,7 @@
 //! this machine can do and what the basic operations cost) and `tiermem tour` (this file: the
 //! quick-start job). The tour walks through every built subsystem on the embedded
 //! default devices (emulated pools under $TIERMEM_DIR), one step each — `doctor`, `media`,
-//! `fault`, `vnvm`, `kv`, `migrate`, `pheap`, `prefault` (one module per step in this crate) — checking
+//! `fault`, `vnvm`, `kv`, `migrate`, `pheap`, `prefault`, `snapshot` (one module per step in this crate) — checking
 //! every result it prints. A step whose prerequisite is missing (root, network namespaces,
 //! redis-tools, sqlite3, the preload library) is skipped with the reason; a failing step does not
 //! stop the others. The tour ends with a table (step, result, time, where to go next) and fails
@@ -26,6 +26,7 @@ mod media;
 mod migrate;
 mod pheap;
 mod prefault;
+mod snapshot;
 mod vnvm;
 
 use anyhow::{bail, Context, Result};
@@ -68,7 +69,7 @@ struct Step {
     run: fn(&Ctx) -> Result<Outcome>,
 }
 
-const STEPS: [Step; 8] = [
+const STEPS: [Step; 9] = [
     Step {
         name: "doctor",
         title: "this machine (tiermem doctor --quick)",
@@ -116,6 +117,12 @@ const STEPS: [Step; 8] = [
         title: "first touches that do not fault: a service populating ahead (POE)",
         next: "tiermem prefault run --help; tiermem bench prefault",
         run: prefault::run,
+    },
+    Step {
+        name: "snapshot",
+        title: "a point-in-time snapshot of live memory without fork, a writer at work",
+        next: "tiermem snapshot --help",
+        run: snapshot::run,
     },
 ];
 
