@@ -410,6 +410,11 @@ typedef struct TiermemPrefaultRegionStats {
 } TiermemPrefaultRegionStats;
 
 /**
+ * A pause or resume callback of `tiermem_snapshot_begin_paused`.
+ */
+typedef void (*TiermemSnapshotPauseFn)(void *arg);
+
+/**
  * What a finished snapshot reports (`tiermem_snapshot_wait`).
  */
 typedef struct TiermemSnapshotReport {
@@ -933,6 +938,24 @@ int tiermem_snapshot_begin(struct TiermemSnapshotMemory *const *mems,
                            size_t app_len,
                            uint32_t staging_slots,
                            struct TiermemSnapshotJob **out);
+
+/**
+ * As `tiermem_snapshot_begin`, called with the writers running: the file is created and the
+ * staging slots allocated first, then `pause(arg)` is called (it must return with the
+ * application's writers paused) and `resume(arg)` once the pages are protected, on this
+ * thread, also when the snapshot fails after the pause. `report.pause_ns` of the job is the
+ * time between the two.
+ */
+int tiermem_snapshot_begin_paused(struct TiermemSnapshotMemory *const *mems,
+                                  size_t n,
+                                  const char *target,
+                                  const void *app,
+                                  size_t app_len,
+                                  uint32_t staging_slots,
+                                  TiermemSnapshotPauseFn pause,
+                                  TiermemSnapshotPauseFn resume,
+                                  void *arg,
+                                  struct TiermemSnapshotJob **out);
 
 /**
  * Units done and in all of a running snapshot.

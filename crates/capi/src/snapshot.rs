@@ -9,7 +9,7 @@
 use crate::error::{cstr, fail, guard, handles};
 use std::ffi::{c_char, c_int, c_void};
 use std::path::Path;
-use tiermem_snapshot::{begin, Job, Memory, Options, SnapshotError, SnapshotFile};
+use tiermem_snapshot::{begin, begin_paused, Job, Memory, Options, SnapshotError, SnapshotFile};
 
 /// Snapshot-able memory (opaque).
 pub struct TiermemSnapshotMemory {
@@ -121,42 +121,121 @@ pub extern "C" fn tiermem_snapshot_begin(
     out: *mut *mut TiermemSnapshotJob,
 ) -> c_int {
     guard("tiermem_snapshot_begin", || {
-        if mems.is_null() || n == 0 || out.is_null() || (app.is_null() && app_len > 0) {
-            return fail(libc::EINVAL, "mems, n, out or app is NULL or empty");
-        }
-        let target = match cstr(target, "target") {
-            Ok(t) => t,
-            Err(e) => return e,
-        };
-        let mut list: Vec<&'static Memory> = Vec::with_capacity(n);
-        for i in 0..n {
-            // SAFETY: mems points to n handle pointers (ABI contract).
-            let p = unsafe { *mems.add(i) };
-            match handles::get(p, "snapshot memory") {
-                // SAFETY: the handle stays alive while the job runs: memory_free refuses a
-                // memory in a running snapshot, and the job ends before its handle is freed.
-                Ok(h) => list.push(unsafe { &*(&h.mem as *const Memory) }),
-                Err(e) => return e,
-            }
-        }
-        let app = if app_len == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: app points to app_len readable bytes (ABI contract).
-            unsafe { std::slice::from_raw_parts(app as *const u8, app_len) }.to_vec()
-        };
-        let opts = Options {
-            staging_slots: staging_slots as usize,
-        };
-        match begin(&list, Path::new(target), app, opts) {
-            Ok(job) => {
-                // SAFETY: out was checked non-NULL.
-                unsafe { *out = handles::issue(TiermemSnapshotJob { job: Some(job) }) };
-                0
-            }
-            Err(e) => snap_fail(e),
-        }
+        start(
+            mems,
+            n,
+            target,
+            app,
+            app_len,
+            staging_slots,
+            out,
+            begin,
+        )
     })
+}
+
+/// A pause or resume callback of `tiermem_snapshot_begin_paused`.
+pub type TiermemSnapshotPauseFn = Option<extern "C" fn(arg: *mut c_void)>;
+
+/// Calls the resume callback when dropped (the end of the pause).
+struct ResumeGuard {
+    resume: extern "C" fn(*mut c_void),
+    arg: *mut c_void,
+}
+
+impl Drop for ResumeGuard {
+    fn drop(&mut self) {
+        (self.resume)(self.arg);
+    }
+}
+
+/// As `tiermem_snapshot_begin`, called with the writers running: the file is created and the
+/// staging slots allocated first, then `pause(arg)` is called (it must return with the
+/// application's writers paused) and `resume(arg)` once the pages are protected, on this
+/// thread, also when the snapshot fails after the pause. `report.pause_ns` of the job is the
+/// time between the two.
+#[no_mangle]
+pub extern "C" fn tiermem_snapshot_begin_paused(
+    mems: *const *mut TiermemSnapshotMemory,
+    n: usize,
+    target: *const c_char,
+    app: *const c_void,
+    app_len: usize,
+    staging_slots: u32,
+    pause: TiermemSnapshotPauseFn,
+    resume: TiermemSnapshotPauseFn,
+    arg: *mut c_void,
+    out: *mut *mut TiermemSnapshotJob,
+) -> c_int {
+    guard("tiermem_snapshot_begin_paused", || {
+        let (Some(pause), Some(resume)) = (pause, resume) else {
+            return fail(libc::EINVAL, "pause or resume is NULL");
+        };
+        start(
+            mems,
+            n,
+            target,
+            app,
+            app_len,
+            staging_slots,
+            out,
+            |list, target, app, opts| {
+                begin_paused(list, target, app, opts, || {
+                    pause(arg);
+                    ResumeGuard { resume, arg }
+                })
+            },
+        )
+    })
+}
+
+/// The argument checks and handle plumbing both begin functions share.
+#[allow(clippy::too_many_arguments)]
+fn start(
+    mems: *const *mut TiermemSnapshotMemory,
+    n: usize,
+    target: *const c_char,
+    app: *const c_void,
+    app_len: usize,
+    staging_slots: u32,
+    out: *mut *mut TiermemSnapshotJob,
+    how: impl FnOnce(&[&'static Memory], &Path, Vec<u8>, Options) -> Result<Job<'static>, SnapshotError>,
+) -> c_int {
+    if mems.is_null() || n == 0 || out.is_null() || (app.is_null() && app_len > 0) {
+        return fail(libc::EINVAL, "mems, n, out or app is NULL or empty");
+    }
+    let target = match cstr(target, "target") {
+        Ok(t) => t,
+        Err(e) => return e,
+    };
+    let mut list: Vec<&'static Memory> = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: mems points to n handle pointers (ABI contract).
+        let p = unsafe { *mems.add(i) };
+        match handles::get(p, "snapshot memory") {
+            // SAFETY: the handle stays alive while the job runs: memory_free refuses a
+            // memory in a running snapshot, and the job ends before its handle is freed.
+            Ok(h) => list.push(unsafe { &*(&h.mem as *const Memory) }),
+            Err(e) => return e,
+        }
+    }
+    let app = if app_len == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: app points to app_len readable bytes (ABI contract).
+        unsafe { std::slice::from_raw_parts(app as *const u8, app_len) }.to_vec()
+    };
+    let opts = Options {
+        staging_slots: staging_slots as usize,
+    };
+    match how(&list, Path::new(target), app, opts) {
+        Ok(job) => {
+            // SAFETY: out was checked non-NULL.
+            unsafe { *out = handles::issue(TiermemSnapshotJob { job: Some(job) }) };
+            0
+        }
+        Err(e) => snap_fail(e),
+    }
 }
 
 /// Units done and in all of a running snapshot.

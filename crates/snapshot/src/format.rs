@@ -294,6 +294,97 @@ pub fn uuid_hex(u: &[u8; 16]) -> String {
     u.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A snapshot's temporary file, created (`NAME.tmp-<uuid>`, same directory) and allocated
+/// before the layout is known: what `wp::begin_paused` does outside the application's pause,
+/// from an estimate. [`Reservation::into_writer`] grows it when the exact layout needs more
+/// and [`Writer::finish`] truncates what was not used. Dropped, it removes the file.
+pub struct Reservation {
+    dev: Option<SsdDevice>,
+    tmp: PathBuf,
+    target: PathBuf,
+    uuid: [u8; 16],
+    capacity: u64,
+}
+
+impl Reservation {
+    /// Creates the temporary file of `capacity` bytes, allocated: a full file system refuses
+    /// here ([`tiermem_media::MediaError::NoSpace`]).
+    pub fn new(target: &Path, capacity: u64) -> Result<Reservation> {
+        let name = target.file_name().ok_or_else(|| {
+            SnapshotError::InvalidArgument(format!("{}: not a file path", target.display()))
+        })?;
+        let uuid = new_uuid();
+        let mut tmp_name = name.to_os_string();
+        tmp_name.push(format!(".tmp-{}", uuid_hex(&uuid)));
+        let tmp = target.with_file_name(tmp_name);
+        let capacity = pad(capacity.max(3 * PAGE as u64));
+        let dev = SsdDevice::create(&tmp, capacity)?;
+        Ok(Reservation {
+            dev: Some(dev),
+            tmp,
+            target: target.to_path_buf(),
+            uuid,
+            capacity,
+        })
+    }
+
+    /// Bytes allocated.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The writer of `layout` into this file, grown first when the layout is longer than the
+    /// capacity (no space: [`tiermem_media::MediaError::NoSpace`], the file removed).
+    pub fn into_writer(mut self, layout: Layout, method: Method) -> Result<Writer> {
+        let need = layout.file_len();
+        if need > self.capacity {
+            let dev = self.dev.take().expect("reservation device");
+            // SAFETY: the device's descriptor is open; posix_fallocate returns an errno value.
+            let rc = unsafe { libc::posix_fallocate(dev.as_raw_fd(), 0, need as libc::off_t) };
+            drop(dev);
+            if rc != 0 {
+                let e = std::io::Error::from_raw_os_error(rc);
+                return Err(if rc == libc::ENOSPC || rc == libc::EFBIG {
+                    tiermem_media::MediaError::NoSpace {
+                        path: self.tmp.clone(),
+                        requested: need,
+                        available: 0,
+                    }
+                    .into()
+                } else {
+                    SnapshotError::io("posix_fallocate", &self.tmp, e)
+                });
+            }
+            // The device checks bounds against the length it opened with: open it again.
+            self.dev = Some(SsdDevice::open(&self.tmp)?);
+            self.capacity = need;
+        }
+        let units = layout.units();
+        let w = Writer {
+            dev: self.dev.take().expect("reservation device"),
+            tmp: std::mem::take(&mut self.tmp),
+            target: std::mem::take(&mut self.target),
+            layout,
+            method,
+            uuid: self.uuid,
+            capacity: self.capacity,
+            crcs: (0..units).map(|_| AtomicU32::new(0)).collect(),
+            written: (0..units).map(|_| AtomicU8::new(0)).collect(),
+            finished: false,
+        };
+        Ok(w)
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // Moved into a writer: nothing left to remove here.
+        if self.dev.is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 /// Writes one snapshot file (see the module doc). Units may be written from several threads
 /// at once ([`Writer::write_unit`] takes `&self`); the file becomes the snapshot only in
 /// [`Writer::finish`]. Dropped unfinished, it removes its temporary file.
@@ -304,6 +395,8 @@ pub struct Writer {
     layout: Layout,
     method: Method,
     uuid: [u8; 16],
+    /// Bytes allocated (≥ the layout's length; the rest is truncated at finish).
+    capacity: u64,
     crcs: Vec<AtomicU32>,
     /// Per unit: 0 not written, 1 written.
     written: Vec<AtomicU8>,
@@ -315,26 +408,7 @@ impl Writer {
     /// length, allocated: a full file system refuses here ([`tiermem_media::MediaError::NoSpace`]),
     /// before anything is paused or protected.
     pub fn create(target: &Path, layout: Layout, method: Method) -> Result<Writer> {
-        let name = target.file_name().ok_or_else(|| {
-            SnapshotError::InvalidArgument(format!("{}: not a file path", target.display()))
-        })?;
-        let uuid = new_uuid();
-        let mut tmp_name = name.to_os_string();
-        tmp_name.push(format!(".tmp-{}", uuid_hex(&uuid)));
-        let tmp = target.with_file_name(tmp_name);
-        let dev = SsdDevice::create(&tmp, layout.file_len())?;
-        let units = layout.units();
-        Ok(Writer {
-            dev,
-            tmp,
-            target: target.to_path_buf(),
-            layout,
-            method,
-            uuid,
-            crcs: (0..units).map(|_| AtomicU32::new(0)).collect(),
-            written: (0..units).map(|_| AtomicU8::new(0)).collect(),
-            finished: false,
-        })
+        Reservation::new(target, layout.file_len())?.into_writer(layout, method)
     }
 
     /// The layout being written.
@@ -450,6 +524,18 @@ impl Writer {
             let mut a = AlignedBuf::new(app_padded, PAGE)?;
             a[..app.len()].copy_from_slice(app);
             self.dev.write_at(l.app_at(), &a)?;
+        }
+        // What the estimate reserved beyond the layout goes (the reader wants the exact
+        // length: the trailer is the last block).
+        if self.capacity > l.file_len() {
+            // SAFETY: the descriptor is open; a plain syscall.
+            if unsafe { libc::ftruncate(self.dev.as_raw_fd(), l.file_len() as libc::off_t) } != 0 {
+                return Err(SnapshotError::io(
+                    "ftruncate",
+                    &self.tmp,
+                    std::io::Error::last_os_error(),
+                ));
+            }
         }
         // Trailer, after everything else is durable.
         self.dev.sync()?;
@@ -937,6 +1023,25 @@ mod tests {
         check(&|b| b[16] = 32, "unit of 32 pages");
         check(&|b| b[REGIONS_AT] = 1, "region table");
         check(&|b| b[24] ^= 1, "uuid");
+    }
+
+    #[test]
+    fn a_reservation_grows_or_is_truncated_to_the_layout() {
+        let d = tempfile::tempdir().unwrap();
+        for cap in [3 * PAGE as u64, 1 << 20] {
+            let target = d.path().join(format!("s{cap}"));
+            let l = Layout::new(vec![region("a", 64)], vec![u64::MAX], 0).unwrap();
+            let r = Reservation::new(&target, cap).unwrap();
+            let w = r.into_writer(l, Method::Wp).unwrap();
+            let data = AlignedBuf::new(UNIT_BYTES, PAGE).unwrap();
+            w.write_unit(0, &data).unwrap();
+            let len = w.finish(&[]).unwrap();
+            assert_eq!(std::fs::metadata(&target).unwrap().len(), len);
+            SnapshotFile::open(&target).unwrap().verify().unwrap();
+        }
+        // A dropped reservation leaves nothing.
+        drop(Reservation::new(&d.path().join("x"), 1 << 20).unwrap());
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod wp;
 
 pub use error::{Result, SnapshotError};
 pub use format::{
-    Info, Layout, Method, RegionInfo, SnapshotFile, Writer, PAGE, UNIT_BYTES, UNIT_PAGES,
+    Info, Layout, Method, RegionInfo, Reservation, SnapshotFile, Writer, PAGE, UNIT_BYTES,
+    UNIT_PAGES,
 };
-pub use wp::{begin, Job, Memory, Options, Report};
+pub use wp::{begin, begin_paused, Job, Memory, Options, Report};

@@ -26,7 +26,8 @@
 //! temporary file removed; the previous snapshot at the target stays.
 
 use crate::error::{Result, SnapshotError};
-use crate::format::{self, Layout, Method, RegionInfo, Writer, PAGE, UNIT_BYTES, UNIT_PAGES};
+use crate::format::Writer;
+use crate::format::{self, Layout, Method, RegionInfo, Reservation, PAGE, UNIT_BYTES, UNIT_PAGES};
 use std::path::Path;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
@@ -533,7 +534,7 @@ pub struct Job<'a> {
 /// Takes a snapshot of `mem` into `target` with `app` saved beside it. Call it with the
 /// application's writers paused (its quiesce): the snapshot is the memory as it is during
 /// this call. It returns once the pages are protected; the writers may then resume while the
-/// job dumps in the background.
+/// job dumps in the background. [`begin_paused`] keeps the pause shorter.
 ///
 /// Errors before anything is protected: an empty or repeated region, a target whose
 /// directory is missing or full ([`tiermem_media::MediaError::NoSpace`]), a failed scan.
@@ -542,6 +543,31 @@ pub fn begin<'a>(
     target: &Path,
     app: Vec<u8>,
     opts: Options,
+) -> Result<Job<'a>> {
+    start(mem, target, app, opts, None::<fn()>)
+}
+
+/// As [`begin`], called with the writers running: the file is created and allocated (from a
+/// scan made now, with headroom) and the staging slots are allocated first, then `pause` is
+/// called — it pauses the application's writers and returns a guard whose drop resumes them —
+/// and the guard is held only for the exact scan and the write protection (plus growing the
+/// file, if the memory grew past the headroom meanwhile). [`Job::pause`] is that time.
+pub fn begin_paused<'a, G>(
+    mem: &[&'a Memory],
+    target: &Path,
+    app: Vec<u8>,
+    opts: Options,
+    pause: impl FnOnce() -> G,
+) -> Result<Job<'a>> {
+    start(mem, target, app, opts, Some(pause))
+}
+
+fn start<'a, G>(
+    mem: &[&'a Memory],
+    target: &Path,
+    app: Vec<u8>,
+    opts: Options,
+    pause: Option<impl FnOnce() -> G>,
 ) -> Result<Job<'a>> {
     let t0 = Instant::now();
     if mem.is_empty() {
@@ -569,15 +595,7 @@ pub fn begin<'a>(
             opts.staging_slots
         )));
     }
-    // Which pages have frames (present or swapped): the unit bitmaps.
     let pm = Pagemap::open()?;
-    let mut bitmaps = Vec::new();
-    let mut runs: Vec<Vec<Run>> = Vec::new();
-    for m in mem {
-        let (b, r) = scan(&pm, m.ptr as usize, m.len)?;
-        bitmaps.extend(b);
-        runs.push(r);
-    }
     let infos: Vec<RegionInfo> = mem
         .iter()
         .map(|m| RegionInfo {
@@ -585,9 +603,16 @@ pub fn begin<'a>(
             len: m.len as u64,
         })
         .collect();
-    let layout = Layout::new(infos, bitmaps, app.len() as u64)?;
-    let units = layout.units();
-    let writer = Writer::create(target, layout, Method::Wp)?;
+    let scan_all = || -> Result<(Vec<u64>, Vec<Vec<Run>>)> {
+        let mut bitmaps = Vec::new();
+        let mut runs = Vec::new();
+        for m in mem {
+            let (b, r) = scan(&pm, m.ptr as usize, m.len)?;
+            bitmaps.extend(b);
+            runs.push(r);
+        }
+        Ok((bitmaps, runs))
+    };
     let mut slots = Vec::with_capacity(opts.staging_slots);
     for _ in 0..opts.staging_slots {
         slots.push(AlignedBuf::new(UNIT_BYTES, PAGE)?);
@@ -596,6 +621,38 @@ pub fn begin<'a>(
         .iter_mut()
         .map(|b| SendPtr(b.as_mut_ptr() as *const u8))
         .collect();
+    // The pause starts here for `begin` (its caller paused), after the file's creation for
+    // `begin_paused`.
+    let (reservation, guard, tp, scanned) = match pause {
+        None => {
+            let (bitmaps, runs) = scan_all()?;
+            let layout = Layout::new(infos.clone(), bitmaps, app.len() as u64)?;
+            let r = Reservation::new(target, layout.file_len())?;
+            (r, None, t0, Some((layout, runs)))
+        }
+        Some(pause) => {
+            // An estimate from the memory as it is now, with headroom for what the writers
+            // add before the pause: a quarter more, at least 16 MiB, at most every page.
+            let (bitmaps, _) = scan_all()?;
+            let est = Layout::new(infos.clone(), bitmaps, app.len() as u64)?;
+            let total: u64 = mem.iter().map(|m| (m.len / PAGE) as u64).sum();
+            let room = (est.present_pages() / 4)
+                .max(4096)
+                .min(total - est.present_pages());
+            let r = Reservation::new(target, est.file_len() + room * PAGE as u64)?;
+            let g = pause();
+            (r, Some(g), Instant::now(), None)
+        }
+    };
+    let (layout, runs) = match scanned {
+        Some(lr) => lr,
+        None => {
+            let (bitmaps, runs) = scan_all()?;
+            (Layout::new(infos, bitmaps, app.len() as u64)?, runs)
+        }
+    };
+    let units = layout.units();
+    let writer = reservation.into_writer(layout, Method::Wp)?;
     let mut first = 0;
     let mut regions = Vec::with_capacity(mem.len());
     for m in mem {
@@ -680,7 +737,8 @@ pub fn begin<'a>(
             return Err(e.into());
         }
     }
-    job.pause = t0.elapsed();
+    job.pause = tp.elapsed();
+    drop(guard);
     // The dumper.
     let sp = SendPtr(sp);
     let handles: Vec<SendPtr<RegionHandle>> = mem
@@ -842,6 +900,10 @@ impl<'a> Job<'a> {
         let shared = self.end();
         res?;
         // An event dispatched after the dumper's last look (pages removed while it copied).
+        // What this cannot see: an event the engine's runtime has read (the kernel then
+        // discards the pages) but not yet handed to `on_event` when this check runs; the
+        // window is the runtime's dispatch of one message, and the snapshot then holds zeros
+        // for pages the application itself dropped during the snapshot.
         if shared.failed() {
             return Err(SnapshotError::Aborted(
                 err_text(shared.error.load(Acquire)).into(),

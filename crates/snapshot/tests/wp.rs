@@ -4,7 +4,7 @@
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use tiermem_snapshot::{begin, Memory, Options, SnapshotError, SnapshotFile, PAGE};
+use tiermem_snapshot::{begin, begin_paused, Memory, Options, SnapshotError, SnapshotFile, PAGE};
 
 /// Pause protocol: writers check `pause` before each write and park while it is set.
 struct Gate {
@@ -100,7 +100,17 @@ fn writer(m: &Memory, gate: Arc<Gate>, pat: Pattern, seed: u64) -> std::thread::
     })
 }
 
-fn run_case(lens: &[usize], slots: usize, patterns: &[Pattern], seed: u64) {
+/// Resumes the writers when dropped (the guard `begin_paused` holds through the pause).
+struct Resume(Arc<Gate>);
+impl Drop for Resume {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
+/// `paused`: the writers run into `begin_paused`, which pauses them through its callback;
+/// else they are paused around `begin`.
+fn run_case(lens: &[usize], slots: usize, patterns: &[Pattern], seed: u64, paused: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mems: Vec<Memory> = lens
         .iter()
@@ -120,19 +130,32 @@ fn run_case(lens: &[usize], slots: usize, patterns: &[Pattern], seed: u64) {
         }
     }
     gate.quiesce(ws.len());
-    let refs: Vec<Vec<u8>> = mems.iter().map(image).collect();
     let target = dir.path().join("snap");
     let mr: Vec<&Memory> = mems.iter().collect();
-    let job = begin(
-        &mr,
-        &target,
-        b"state".to_vec(),
-        Options {
-            staging_slots: slots,
-        },
-    )
-    .unwrap();
-    gate.resume();
+    let opts = Options {
+        staging_slots: slots,
+    };
+    let mut refs: Vec<Vec<u8>> = Vec::new();
+    let job = if paused {
+        // Running writers; the image is taken inside the pause the callback makes.
+        gate.resume();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let n = ws.len();
+        let g = gate.clone();
+        let refs = &mut refs;
+        let mems = &mems;
+        begin_paused(&mr, &target, b"state".to_vec(), opts, move || {
+            g.quiesce(n);
+            *refs = mems.iter().map(image).collect();
+            Resume(g)
+        })
+        .unwrap()
+    } else {
+        refs = mems.iter().map(image).collect();
+        let job = begin(&mr, &target, b"state".to_vec(), opts).unwrap();
+        gate.resume();
+        job
+    };
     let rep = job.wait().unwrap();
     gate.stop.store(true, SeqCst);
     let writes: u64 = ws.into_iter().map(|w| w.join().unwrap()).sum();
@@ -183,6 +206,7 @@ fn concurrent_writers_of_every_pattern_see_the_pause_s_image_in_the_file() {
                 Pattern::Front,
             ],
             seed,
+            false,
         );
     }
 }
@@ -195,7 +219,22 @@ fn several_regions_of_odd_lengths() {
         2,
         &[Pattern::Random, Pattern::Front],
         4,
+        false,
     );
+}
+
+#[test]
+fn begin_paused_pauses_through_the_callback_and_the_file_is_the_pause_s_image() {
+    // Writers already at work when the snapshot starts; the file is created before the pause.
+    for (slots, seed) in [(16, 21), (0, 22)] {
+        run_case(
+            &[8 << 20, 65 * PAGE],
+            slots,
+            &[Pattern::Random, Pattern::Holes, Pattern::Front],
+            seed,
+            true,
+        );
+    }
 }
 
 #[test]
