@@ -121,16 +121,7 @@ pub extern "C" fn tiermem_snapshot_begin(
     out: *mut *mut TiermemSnapshotJob,
 ) -> c_int {
     guard("tiermem_snapshot_begin", || {
-        start(
-            mems,
-            n,
-            target,
-            app,
-            app_len,
-            staging_slots,
-            out,
-            begin,
-        )
+        start(mems, n, target, app, app_len, staging_slots, out, begin)
     })
 }
 

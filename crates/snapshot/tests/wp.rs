@@ -306,3 +306,224 @@ fn bad_arguments_are_refused_before_anything_is_protected() {
     assert!(Memory::map("z", 0).is_err());
     assert!(Memory::map(&"n".repeat(300), PAGE).is_err());
 }
+
+/// Whether this process may mount (root in the initial user namespace, as the suite runs).
+fn can_mount() -> bool {
+    // SAFETY: geteuid has no arguments.
+    (unsafe { libc::geteuid() }) == 0
+}
+
+#[test]
+fn a_full_file_system_refuses_before_anything_is_protected_and_keeps_the_old_snapshot() {
+    if !can_mount() {
+        eprintln!("skipped: mounting a small tmpfs needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tiermem-snap-test"])
+        .arg(&mnt)
+        .status();
+    if !matches!(st, Ok(s) if s.success()) {
+        eprintln!("skipped: mount -t tmpfs failed");
+        return;
+    }
+    let result = std::panic::catch_unwind(|| {
+        let target = mnt.join("snap");
+        // A small snapshot fits.
+        let small = Memory::map("small", 1 << 20).unwrap();
+        fill(&small, 1);
+        begin(&[&small], &target, vec![], Options::default())
+            .unwrap()
+            .wait()
+            .unwrap();
+        let before = std::fs::read(&target).unwrap();
+        // 16 MiB of data does not: refused at begin, both ways, with nothing protected.
+        let big = Memory::map("big", 16 << 20).unwrap();
+        fill(&big, 2);
+        for paused in [false, true] {
+            let r = if paused {
+                begin_paused(&[&big], &target, vec![], Options::default(), || ())
+            } else {
+                begin(&[&big], &target, vec![], Options::default())
+            };
+            match r {
+                Err(SnapshotError::Media(tiermem_media::MediaError::NoSpace { .. })) => {}
+                Err(e) => panic!("expected no space, got {e}"),
+                Ok(_) => panic!("a 16 MiB snapshot fit in a 4 MiB file system"),
+            }
+            assert!(!big.in_snapshot());
+            for p in 0..big.len() / PAGE {
+                // SAFETY: inside the mapping.
+                unsafe { big.as_ptr().add(p * PAGE).write_volatile(3) };
+            }
+        }
+        assert_eq!(std::fs::read(&target).unwrap(), before);
+        assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 1);
+        SnapshotFile::open(&target).unwrap().verify().unwrap();
+    });
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+/// The child of the kill -9 test: snapshots of a changing memory into `target`, forever.
+fn crash_child(target: &std::path::Path) -> ! {
+    let m = Memory::map("m", 16 << 20).unwrap();
+    let mut gen = 0u64;
+    loop {
+        gen += 1;
+        // Every page carries the generation: a snapshot is consistent when all pages agree.
+        for p in 0..m.len() / PAGE {
+            // SAFETY: inside the mapping.
+            unsafe { (m.as_ptr().add(p * PAGE) as *mut u64).write_volatile(gen) };
+        }
+        let job = begin(
+            &[&m],
+            target,
+            gen.to_le_bytes().to_vec(),
+            Options::default(),
+        )
+        .unwrap();
+        // Writers after the pause: the next generation's first pages.
+        for p in 0..64 {
+            // SAFETY: inside the mapping.
+            unsafe { (m.as_ptr().add(p * PAGE) as *mut u64).write_volatile(gen + 1) };
+        }
+        job.wait().unwrap();
+    }
+}
+
+#[test]
+fn kill_9_at_random_points_leaves_a_complete_snapshot() {
+    if let Some(t) = std::env::var_os("TIERMEM_SNAPSHOT_CRASH_CHILD") {
+        crash_child(std::path::Path::new(&t));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("snap");
+    let exe = std::env::current_exe().unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(77);
+    let mut checked = 0;
+    for round in 0..12 {
+        let mut child = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "kill_9_at_random_points_leaves_a_complete_snapshot",
+                "--nocapture",
+            ])
+            .env("TIERMEM_SNAPSHOT_CRASH_CHILD", &target)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(r.gen_range(20..300)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        if !target.exists() {
+            continue; // killed before its first snapshot was renamed
+        }
+        let f = SnapshotFile::open(&target)
+            .unwrap_or_else(|e| panic!("round {round}: the last snapshot does not open: {e}"));
+        f.verify().unwrap();
+        let gen = u64::from_le_bytes(f.app_state().unwrap().try_into().unwrap());
+        let mut buf = vec![0u8; 16 << 20];
+        f.restore_into(0, &mut buf).unwrap();
+        for p in 0..buf.len() / PAGE {
+            let v = u64::from_le_bytes(buf[p * PAGE..p * PAGE + 8].try_into().unwrap());
+            assert_eq!(
+                v, gen,
+                "round {round}: page {p} holds generation {v} in snapshot {gen}"
+            );
+        }
+        checked += 1;
+        eprintln!("round {round}: generation {gen} intact");
+        // Leftover temporary files of killed snapshots are the only other files.
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            let n = e.unwrap().file_name().into_string().unwrap();
+            assert!(
+                n == "snap" || n.starts_with("snap.tmp-"),
+                "unexpected file {n}"
+            );
+        }
+    }
+    assert!(
+        checked >= 6,
+        "only {checked} rounds had a snapshot to check"
+    );
+}
+
+/// Resident anonymous bytes of this process (`RssAnon` of /proc/self/status).
+fn rss_anon() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[test]
+fn extra_memory_stays_within_the_bound_while_writers_rewrite_everything() {
+    let len = 64 << 20;
+    let m = Memory::map("m", len).unwrap();
+    for p in 0..len / PAGE {
+        // SAFETY: inside the mapping.
+        unsafe { m.as_ptr().add(p * PAGE).write_volatile(1) };
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Gate::new();
+    let ws: Vec<_> = (0..2)
+        .map(|k| writer(&m, gate.clone(), Pattern::Random, 40 + k))
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let opts = Options::default();
+    // Sampled every ms from before the snapshot to its end.
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(SeqCst) {
+                peak = peak.max(rss_anon());
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            peak
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let before = rss_anon();
+    let n = ws.len();
+    let g = gate.clone();
+    let job = begin_paused(&[&m], &dir.path().join("snap"), vec![], opts, move || {
+        g.quiesce(n);
+        Resume(g)
+    })
+    .unwrap();
+    let rep = job.wait().unwrap();
+    done.store(true, SeqCst);
+    let peak = sampler.join().unwrap();
+    gate.stop.store(true, SeqCst);
+    for w in ws {
+        w.join().unwrap();
+    }
+    let extra = peak.saturating_sub(before);
+    eprintln!(
+        "extra {} KiB, bound {} KiB, data {} KiB; {rep:?}",
+        extra >> 10,
+        rep.extra_bytes_bound >> 10,
+        len >> 10
+    );
+    // Slack: the sampler's and the dumper's stacks, the index and small allocations.
+    let slack = 2 << 20;
+    assert!(
+        extra <= rep.extra_bytes_bound + slack,
+        "extra memory {extra} bytes over a bound of {} (+{slack} slack); {rep:?}",
+        rep.extra_bytes_bound
+    );
+    // Writers rewrote units before the dumper took them (else the test proves nothing).
+    assert!(rep.staged_units + rep.self_written_units > 0, "{rep:?}");
+}
