@@ -885,7 +885,7 @@ impl<S: Service> Worker<S> {
                 let d = t.saturating_duration_since(now);
                 timeout = Some(timeout.map_or(d, |x| x.min(d)));
             }
-            if self.freed >= TRIM_AFTER {
+            if self.freed > 0 {
                 let d = self.next_trim.saturating_duration_since(now);
                 timeout = Some(timeout.map_or(d, |x| x.min(d)));
             }
@@ -914,7 +914,7 @@ impl<S: Service> Worker<S> {
             if now >= self.next_tick {
                 self.tick(now);
             }
-            self.maybe_trim(now);
+            self.maybe_trim(now, n == 0);
             if self.shared.shutdown.load(Ordering::SeqCst) {
                 self.drain_and_exit();
                 return;
@@ -1434,8 +1434,12 @@ impl<S: Service> Worker<S> {
     /// requests left the process as large as the flood after the clients were gone;
     /// `malloc_trim` returns every whole free page of every arena. A fixed `M_MMAP_THRESHOLD`
     /// would do it too, but would change the allocator of a program that embeds the server.
-    fn maybe_trim(&mut self, now: Instant) {
-        if self.freed < TRIM_AFTER || now < self.next_trim {
+    /// `idle`: the loop woke with no event (its timeout): then any freed byte is enough, so
+    /// that what was freed after the last trim, however little each thread counted since,
+    /// goes back once the server is quiet.
+    fn maybe_trim(&mut self, now: Instant, idle: bool) {
+        let enough = self.freed >= TRIM_AFTER || (idle && self.freed > 0);
+        if !enough || now < self.next_trim {
             return;
         }
         self.freed = 0;
