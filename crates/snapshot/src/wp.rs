@@ -273,6 +273,8 @@ fn err_text(code: u32) -> &'static str {
 /// One region of a running job.
 struct JobRegion {
     job: *const JobShared,
+    /// Its place in `JobShared::regions`.
+    index: usize,
     base: usize,
     len: usize,
     first_unit: usize,
@@ -420,11 +422,7 @@ impl JobRegion {
         let job = unsafe { &*self.job };
         let u = offset / UNIT_BYTES;
         let g = self.first_unit + u;
-        let r = job
-            .regions
-            .iter()
-            .position(|jr| std::ptr::eq(jr, self))
-            .unwrap_or(0);
+        let r = self.index;
         let mut waited = false;
         loop {
             match job.state[g].load(Acquire) {
@@ -582,7 +580,7 @@ fn start<'a, G>(
                 m.name
             )));
         }
-        if !m.shared.job.load(SeqCst).is_null() {
+        if m.in_snapshot() {
             return Err(SnapshotError::InvalidArgument(format!(
                 "memory {:?} is in a snapshot already",
                 m.name
@@ -655,9 +653,10 @@ fn start<'a, G>(
     let writer = reservation.into_writer(layout, Method::Wp)?;
     let mut first = 0;
     let mut regions = Vec::with_capacity(mem.len());
-    for m in mem {
+    for (index, m) in mem.iter().enumerate() {
         regions.push(JobRegion {
             job: std::ptr::null(),
+            index,
             base: m.ptr as usize,
             len: m.len,
             first_unit: first,
