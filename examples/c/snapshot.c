@@ -90,7 +90,8 @@ int main(int argc, char **argv) {
     TiermemSnapshotJob *job = NULL;
     const char state[] = "application state";
     TiermemSnapshotMemory *list[1] = {m};
-    CHECK(tiermem_snapshot_begin_paused(list, 1, path, state, sizeof state, 16, pause_writers,
+    CHECK(tiermem_snapshot_begin_paused(list, 1, path, state, sizeof state, 16,
+                                        TIERMEM_SNAPSHOT_WP, pause_writers,
                                         resume_writers, NULL, &job) == 0,
           "begin_paused");
     CHECK(tiermem_snapshot_memory_free(m) == -EBUSY, "free during a snapshot must be refused");
@@ -119,6 +120,20 @@ int main(int argc, char **argv) {
     CHECK(tiermem_snapshot_app_state(path, got, 2, &n) == -ERANGE && n == sizeof state,
           "a short buffer is -ERANGE");
 
+    /* The fork-mdc baseline: a forked child dumps the (now quiet) memory. */
+    char path2[4200];
+    snprintf(path2, sizeof path2, "%s.fork", path);
+    CHECK(tiermem_snapshot_begin(list, 1, path2, NULL, 0, 0, TIERMEM_SNAPSHOT_FORK_MDC, &job) ==
+              0,
+          "begin fork-mdc");
+    TiermemSnapshotReport rep2;
+    CHECK(tiermem_snapshot_wait(job, &rep2) == 0 && rep2.units == rep.units, "wait fork-mdc");
+    CHECK(tiermem_snapshot_restore(path2, 0, back, LEN) == 0 && memcmp(back, mem, LEN) == 0,
+          "the fork-mdc file differs from the memory");
+    unlink(path2);
+    CHECK(tiermem_snapshot_begin(list, 1, path2, NULL, 0, 16, 7, &job) == -EINVAL,
+          "an unknown method is refused");
+
     /* A damaged copy is refused, naming the check. */
     FILE *f = fopen(path, "r+b");
     CHECK(f != NULL, "fopen");
@@ -132,9 +147,9 @@ int main(int argc, char **argv) {
           tiermem_last_error());
 
     /* Bad arguments. */
-    CHECK(tiermem_snapshot_begin(NULL, 0, path, NULL, 0, 16, &job) == -EINVAL, "no memories");
-    CHECK(tiermem_snapshot_begin(list, 1, path, NULL, 0, 65, &job) == -EINVAL, "65 slots");
-    CHECK(tiermem_snapshot_begin_paused(list, 1, path, NULL, 0, 16, NULL, resume_writers, NULL,
+    CHECK(tiermem_snapshot_begin(NULL, 0, path, NULL, 0, 16, TIERMEM_SNAPSHOT_WP, &job) == -EINVAL, "no memories");
+    CHECK(tiermem_snapshot_begin(list, 1, path, NULL, 0, 65, TIERMEM_SNAPSHOT_WP, &job) == -EINVAL, "65 slots");
+    CHECK(tiermem_snapshot_begin_paused(list, 1, path, NULL, 0, 16, TIERMEM_SNAPSHOT_WP, NULL, resume_writers, NULL,
                                         &job) == -EINVAL,
           "no pause callback");
     CHECK(tiermem_snapshot_memory_map(NULL, LEN, &addr, &m) == -EINVAL, "NULL name");

@@ -125,6 +125,21 @@
 #define TIERMEM_PREFAULT_THP_OFF 2
 
 /**
+ * Method `wp`: fork-less copy-before-write, extra memory bounded by the staging slots.
+ */
+#define TIERMEM_SNAPSHOT_WP 0
+
+/**
+ * Method `fork-mdc`: a forked child dumps and drops each unit once written (MDC's baseline).
+ */
+#define TIERMEM_SNAPSHOT_FORK_MDC 1
+
+/**
+ * Method `fork`: a forked child dumps; the kernel copies what the parent writes meanwhile.
+ */
+#define TIERMEM_SNAPSHOT_FORK 2
+
+/**
  * `nv_allocate` mode: the region's DRAM cache is private to this process.
  */
 #define NV_PRIVATE 1
@@ -926,9 +941,10 @@ int tiermem_snapshot_memory_free(struct TiermemSnapshotMemory *m);
 
 /**
  * Begins a snapshot of the `n` memories `mems` into `target` with `app_len` bytes of `app`
- * saved beside them, `staging_slots` slots of 256 KiB (16 is the default; 0..=64). Call it
- * with the application's writers paused; it returns once the pages are protected, and the
- * job dumps in the background (`tiermem_snapshot_wait`). The memories must stay mapped until
+ * saved beside them, by `method` (`TIERMEM_SNAPSHOT_WP`, `_FORK_MDC`, `_FORK`) with
+ * `staging_slots` slots of 256 KiB for `wp` (16 is the default; 0..=64). Call it with the
+ * application's writers paused; it returns once the point in time is fixed (`wp`: the pages
+ * protected; fork methods: the child forked), and the job dumps in the background (`tiermem_snapshot_wait`). The memories must stay mapped until
  * the job is waited for or aborted (`tiermem_snapshot_memory_free` refuses until then).
  */
 int tiermem_snapshot_begin(struct TiermemSnapshotMemory *const *mems,
@@ -937,6 +953,7 @@ int tiermem_snapshot_begin(struct TiermemSnapshotMemory *const *mems,
                            const void *app,
                            size_t app_len,
                            uint32_t staging_slots,
+                           uint32_t method,
                            struct TiermemSnapshotJob **out);
 
 /**
@@ -952,6 +969,7 @@ int tiermem_snapshot_begin_paused(struct TiermemSnapshotMemory *const *mems,
                                   const void *app,
                                   size_t app_len,
                                   uint32_t staging_slots,
+                                  uint32_t method,
                                   TiermemSnapshotPauseFn pause,
                                   TiermemSnapshotPauseFn resume,
                                   void *arg,

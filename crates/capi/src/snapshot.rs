@@ -9,7 +9,9 @@
 use crate::error::{cstr, fail, guard, handles};
 use std::ffi::{c_char, c_int, c_void};
 use std::path::Path;
-use tiermem_snapshot::{begin, begin_paused, Job, Memory, Options, SnapshotError, SnapshotFile};
+use tiermem_snapshot::{
+    begin, begin_paused, Job, Memory, Method, Options, SnapshotError, SnapshotFile,
+};
 
 /// Snapshot-able memory (opaque).
 pub struct TiermemSnapshotMemory {
@@ -105,10 +107,18 @@ pub extern "C" fn tiermem_snapshot_memory_free(m: *mut TiermemSnapshotMemory) ->
     })
 }
 
+/// Method `wp`: fork-less copy-before-write, extra memory bounded by the staging slots.
+pub const TIERMEM_SNAPSHOT_WP: u32 = 0;
+/// Method `fork-mdc`: a forked child dumps and drops each unit once written (MDC's baseline).
+pub const TIERMEM_SNAPSHOT_FORK_MDC: u32 = 1;
+/// Method `fork`: a forked child dumps; the kernel copies what the parent writes meanwhile.
+pub const TIERMEM_SNAPSHOT_FORK: u32 = 2;
+
 /// Begins a snapshot of the `n` memories `mems` into `target` with `app_len` bytes of `app`
-/// saved beside them, `staging_slots` slots of 256 KiB (16 is the default; 0..=64). Call it
-/// with the application's writers paused; it returns once the pages are protected, and the
-/// job dumps in the background (`tiermem_snapshot_wait`). The memories must stay mapped until
+/// saved beside them, by `method` (`TIERMEM_SNAPSHOT_WP`, `_FORK_MDC`, `_FORK`) with
+/// `staging_slots` slots of 256 KiB for `wp` (16 is the default; 0..=64). Call it with the
+/// application's writers paused; it returns once the point in time is fixed (`wp`: the pages
+/// protected; fork methods: the child forked), and the job dumps in the background (`tiermem_snapshot_wait`). The memories must stay mapped until
 /// the job is waited for or aborted (`tiermem_snapshot_memory_free` refuses until then).
 #[no_mangle]
 pub extern "C" fn tiermem_snapshot_begin(
@@ -118,10 +128,20 @@ pub extern "C" fn tiermem_snapshot_begin(
     app: *const c_void,
     app_len: usize,
     staging_slots: u32,
+    method: u32,
     out: *mut *mut TiermemSnapshotJob,
 ) -> c_int {
     guard("tiermem_snapshot_begin", || {
-        start(mems, n, target, app, app_len, staging_slots, out, begin)
+        start(
+            mems,
+            n,
+            target,
+            app,
+            app_len,
+            (staging_slots, method),
+            out,
+            begin,
+        )
     })
 }
 
@@ -153,6 +173,7 @@ pub extern "C" fn tiermem_snapshot_begin_paused(
     app: *const c_void,
     app_len: usize,
     staging_slots: u32,
+    method: u32,
     pause: TiermemSnapshotPauseFn,
     resume: TiermemSnapshotPauseFn,
     arg: *mut c_void,
@@ -168,7 +189,7 @@ pub extern "C" fn tiermem_snapshot_begin_paused(
             target,
             app,
             app_len,
-            staging_slots,
+            (staging_slots, method),
             out,
             |list, target, app, opts| {
                 begin_paused(list, target, app, opts, || {
@@ -188,7 +209,7 @@ fn start(
     target: *const c_char,
     app: *const c_void,
     app_len: usize,
-    staging_slots: u32,
+    (staging_slots, method): (u32, u32),
     out: *mut *mut TiermemSnapshotJob,
     how: impl FnOnce(&[&'static Memory], &Path, Vec<u8>, Options) -> Result<Job<'static>, SnapshotError>,
 ) -> c_int {
@@ -216,8 +237,15 @@ fn start(
         // SAFETY: app points to app_len readable bytes (ABI contract).
         unsafe { std::slice::from_raw_parts(app as *const u8, app_len) }.to_vec()
     };
+    let method = match method {
+        TIERMEM_SNAPSHOT_WP => Method::Wp,
+        TIERMEM_SNAPSHOT_FORK_MDC => Method::ForkMdc,
+        TIERMEM_SNAPSHOT_FORK => Method::Fork,
+        m => return fail(libc::EINVAL, format!("unknown snapshot method {m}")),
+    };
     let opts = Options {
         staging_slots: staging_slots as usize,
+        method,
     };
     match how(&list, Path::new(target), app, opts) {
         Ok(job) => {

@@ -435,7 +435,7 @@ impl Engine {
         }
         let advice = match spec.fork {
             ForkPolicy::DontFork => libc::MADV_DONTFORK,
-            ForkPolicy::ShareWithChild => libc::MADV_DOFORK,
+            ForkPolicy::ShareWithChild | ForkPolicy::PlainInChild => libc::MADV_DOFORK,
         };
         // SAFETY: madvise on a caller-provided range; the kernel validates it (ENOMEM if unmapped).
         if unsafe { libc::madvise(base as *mut libc::c_void, len, advice) } < 0 {

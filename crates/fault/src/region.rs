@@ -98,6 +98,12 @@ pub enum ForkPolicy {
     ShareWithChild,
     /// The mapping is `MADV_DONTFORK`: absent in the child.
     DontFork,
+    /// The child gets the mapping as plain memory: no registration (the kernel drops it from
+    /// a context without UFFD_FEATURE_EVENT_FORK, which in-thread contexts never ask for) and
+    /// no write protection (uffd-wp bits are cleared in a VMA that is not registered); its
+    /// pages are shared copy-on-write with the parent as any private memory. In-thread regions
+    /// only. What a forked snapshot child dumps (`tiermem-snapshot`'s fork methods).
+    PlainInChild,
 }
 
 /// Description of a region to register. Build with [`RegionSpec::new`] and the chained setters.
@@ -232,6 +238,14 @@ impl RegionSpec {
         if self.wp_async && !self.modes.wp {
             return Err(Error::InvalidArgument(
                 "wp_async needs WP mode (modes.wp = true)".into(),
+            ));
+        }
+        if self.fork == ForkPolicy::PlainInChild && self.resolution != Resolution::InThread {
+            return Err(Error::Unsupported(
+                "ForkPolicy::PlainInChild needs in-thread resolution: a handler-thread context \
+                 asks for UFFD_FEATURE_EVENT_FORK where it may, and its child would inherit the \
+                 registration"
+                    .into(),
             ));
         }
         if self.fork == ForkPolicy::ShareWithChild && self.resolution == Resolution::InThread {

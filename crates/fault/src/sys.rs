@@ -994,6 +994,26 @@ impl Pagemap {
         Ok(Pagemap { file })
     }
 
+    /// As [`Pagemap::open`] without allocating: async-signal-safe, for a forked child of a
+    /// threaded process (its own `/proc/self/pagemap`: a descriptor opened before the fork
+    /// reads the parent's page tables). Errors are the errno.
+    pub fn open_signal_safe() -> Result<Pagemap, i32> {
+        // SAFETY: a NUL-terminated path; the result is checked.
+        let fd = unsafe {
+            libc::open(
+                c"/proc/self/pagemap".as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(errno());
+        }
+        // SAFETY: a descriptor just opened and owned by nothing else.
+        Ok(Pagemap {
+            file: unsafe { File::from_raw_fd(fd) },
+        })
+    }
+
     /// Runs one `PAGEMAP_SCAN` ioctl. `arg.size` is filled in. Returns the number of
     /// [`PageRegion`]s written to `arg.vec`; `arg.walk_end` tells where the walk stopped.
     pub fn scan(&self, arg: &mut PmScanArg) -> Result<usize, i32> {

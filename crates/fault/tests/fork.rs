@@ -168,6 +168,50 @@ fn fork_share_with_child_and_dont_fork() {
         "DontFork regions must be unmapped in the child (bit0 handler, bit1 in-thread)"
     );
 
+    // PlainInChild (in-thread WP): the child gets the memory, unregistered and unprotected.
+    // The parent protects it before the fork: a registered child would take SIGBUS on its
+    // write and die; a plain one writes its own copy-on-write copy and the parent keeps its.
+    let plain = Area::anon(4);
+    unsafe { std::ptr::write_bytes(plain.ptr, 7, 4 * PS) };
+    let hp = Engine::global()
+        .register(
+            RegionSpec::new(plain.ptr, plain.len)
+                .in_thread()
+                .modes(Modes::WP)
+                .fork(ForkPolicy::PlainInChild),
+            PatternResolver::new(4),
+        )
+        .unwrap();
+    assert!(hp.is_alive());
+    let pa = plain.ptr as usize;
+    let wrote = in_child(|| {
+        let p = pa as *mut u8;
+        let before = unsafe { std::ptr::read_volatile(p.add(3 * PS + 5)) };
+        unsafe { std::ptr::write_volatile(p.add(3 * PS + 5), 9) };
+        (before == 7 && unsafe { std::ptr::read_volatile(p.add(3 * PS + 5)) } == 9) as u8
+    });
+    assert_eq!(
+        wrote, 1,
+        "a PlainInChild region must be plain memory in the child"
+    );
+    assert_eq!(
+        unsafe { std::ptr::read_volatile(plain.ptr.add(3 * PS + 5)) },
+        7
+    );
+    let other = Area::anon(1);
+    assert!(
+        Engine::global()
+            .register(
+                RegionSpec::new(other.ptr, other.len)
+                    .handler_thread(0)
+                    .fork(ForkPolicy::PlainInChild),
+                PatternResolver::new(1),
+            )
+            .is_err(),
+        "PlainInChild is for in-thread regions only"
+    );
+    drop(hp);
+
     // Children that exited are forgotten by the runtime (their userfaultfds closed).
     wait_for("exited children to be dropped", || {
         Engine::global().stats().children_live == 0

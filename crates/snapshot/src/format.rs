@@ -187,8 +187,7 @@ impl Layout {
                 }
             }
         }
-        let index_len = pad((units * ENTRY) as u64);
-        let pages_at = PAGE as u64 + index_len;
+        let pages_at = pages_at(units);
         let mut unit_off = Vec::with_capacity(units + 1);
         let mut off = pages_at;
         for b in &bitmaps {
@@ -255,8 +254,20 @@ impl Layout {
 
     /// The file's length.
     pub fn file_len(&self) -> u64 {
-        self.trailer_at() + PAGE as u64
+        file_len_of(self.units(), self.present_pages(), self.app_len)
     }
+}
+
+/// Offset of the first page of a file with `units` units: after the header and the index.
+/// Allocates nothing (a forked child computes its offsets with it).
+pub fn pages_at(units: usize) -> u64 {
+    PAGE as u64 + pad((units * ENTRY) as u64)
+}
+
+/// The length of a file with `units` units, `present_pages` pages and `app_len` bytes of
+/// application state (what [`Layout::file_len`] is for its layout). Allocates nothing.
+pub fn file_len_of(units: usize, present_pages: u64, app_len: u64) -> u64 {
+    pages_at(units) + present_pages * PAGE as u64 + pad(app_len) + PAGE as u64
 }
 
 fn put32(b: &mut [u8], at: usize, v: u32) {
@@ -331,6 +342,16 @@ impl Reservation {
     /// Bytes allocated.
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// The temporary file's descriptor (a forked child writes pages through it).
+    pub fn raw_fd(&self) -> i32 {
+        self.dev.as_ref().map_or(-1, |d| d.as_raw_fd())
+    }
+
+    /// The temporary file's path.
+    pub fn tmp_path(&self) -> &Path {
+        &self.tmp
     }
 
     /// The writer of `layout` into this file, grown first when the layout is longer than the

@@ -9,11 +9,17 @@
 //!
 //! * [`format`]: the file (header, unit index with bitmaps and CRCs, pages, application
 //!   state, trailer), its writer and its checked reader.
-//! * [`wp`]: [`Memory`] to snapshot, [`begin`] in the caller's pause, the dumper and the
+//! * [`job`]: [`Options`] (method, staging slots), [`begin`] in the caller's pause or
+//!   [`begin_paused`] around it, and the [`Job`] handle with its [`Report`].
+//! * [`wp`]: [`Memory`] to snapshot, and the fork-less method: the dumper and the
 //!   copy-before-write fault path.
+//! * [`fork`]: the forked-child baselines, `fork` (Redis's way) and `fork-mdc` (MDC's child
+//!   dropping each unit once written).
 
 pub mod error;
+pub mod fork;
 pub mod format;
+pub mod job;
 pub mod wp;
 
 pub use error::{Result, SnapshotError};
@@ -21,4 +27,5 @@ pub use format::{
     Info, Layout, Method, RegionInfo, Reservation, SnapshotFile, Writer, PAGE, UNIT_BYTES,
     UNIT_PAGES,
 };
-pub use wp::{begin, begin_paused, Job, Memory, Options, Report};
+pub use job::{begin, begin_paused, Job, Options, Report, MAX_SLOTS};
+pub use wp::Memory;

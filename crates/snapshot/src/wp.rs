@@ -28,17 +28,18 @@
 use crate::error::{Result, SnapshotError};
 use crate::format::Writer;
 use crate::format::{self, Layout, Method, RegionInfo, Reservation, PAGE, UNIT_BYTES, UNIT_PAGES};
+use crate::job::{Options, Report};
 use std::path::Path;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiermem_fault::sys::{
     PageRegion, PmScanArg, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED,
 };
 use tiermem_fault::{
-    Engine, Fault, FaultOps, Modes, Pagemap, RegionEvent, RegionHandle, RegionSpec, Resolution,
-    ResolveError, Resolver,
+    Engine, Fault, FaultOps, ForkPolicy, Modes, Pagemap, RegionEvent, RegionHandle, RegionSpec,
+    Resolution, ResolveError, Resolver,
 };
 use tiermem_media::AlignedBuf;
 
@@ -46,30 +47,6 @@ use tiermem_media::AlignedBuf;
 const PENDING: u8 = 1;
 const CLAIMED: u8 = 2;
 const DONE: u8 = 3;
-
-/// Most staging slots (their free set is one 64-bit word).
-pub const MAX_SLOTS: usize = 64;
-
-/// How snapshots of [`Memory`] are taken.
-#[derive(Debug, Clone, Copy)]
-pub struct Options {
-    /// Staging slots of 256 KiB (S): units copied by a faulting writer for the dumper to write.
-    /// 0: every first write to an undumped unit writes it to the file itself.
-    pub staging_slots: usize,
-}
-
-impl Default for Options {
-    fn default() -> Options {
-        Options { staging_slots: 16 }
-    }
-}
-
-impl Options {
-    /// The extra memory a snapshot may take: slots, the dumper's buffer, and the index.
-    pub fn extra_bytes_bound(&self, units: usize) -> u64 {
-        ((self.staging_slots + 1) * UNIT_BYTES + units * 16) as u64
-    }
-}
 
 /// Per region, what its resolver reads: the job it belongs to while a snapshot runs.
 struct Shared {
@@ -86,6 +63,8 @@ pub struct Memory {
     handle: Option<RegionHandle>,
     shared: Arc<Shared>,
     resolution: Resolution,
+    /// A job (any method) holds it.
+    busy: AtomicBool,
 }
 
 // SAFETY: Memory owns its mapping; the raw pointer is only an address.
@@ -143,9 +122,16 @@ impl Memory {
             job: AtomicPtr::new(std::ptr::null_mut()),
             inflight: AtomicUsize::new(0),
         });
+        // In-thread memory goes to a forked child as plain memory (the fork methods dump it
+        // there); a handler-thread context may ask for EVENT_FORK, so its memory stays out.
+        let fork = match resolution {
+            Resolution::InThread => ForkPolicy::PlainInChild,
+            _ => ForkPolicy::DontFork,
+        };
         let mut spec = RegionSpec::new(ptr, len)
             .modes(Modes::WP)
-            .resolution(resolution);
+            .resolution(resolution)
+            .fork(fork);
         spec.protect_on_register = false;
         let handle = match Engine::global().register(
             spec,
@@ -167,6 +153,7 @@ impl Memory {
             handle: Some(handle),
             shared,
             resolution,
+            busy: AtomicBool::new(false),
         })
     }
 
@@ -192,7 +179,19 @@ impl Memory {
 
     /// Whether a snapshot of it is running (its job not yet waited for or aborted).
     pub fn in_snapshot(&self) -> bool {
-        !self.shared.job.load(SeqCst).is_null()
+        self.busy.load(SeqCst)
+    }
+
+    /// Takes the memory for a job; false if one holds it already.
+    pub(crate) fn claim(&self) -> bool {
+        self.busy
+            .compare_exchange(false, true, SeqCst, SeqCst)
+            .is_ok()
+    }
+
+    /// Gives the memory back after a job ended.
+    pub(crate) fn release(&self) {
+        self.busy.store(false, SeqCst);
     }
 
     /// Where its faults are resolved.
@@ -491,35 +490,8 @@ impl JobRegion {
     }
 }
 
-/// What a finished snapshot reports.
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    /// The file's length.
-    pub file_bytes: u64,
-    /// Pages stored.
-    pub present_pages: u64,
-    /// Units in all.
-    pub units: usize,
-    /// Time inside [`begin`] (scan, file creation, protection): the application's pause.
-    pub pause: Duration,
-    /// From the start of [`begin`] to the renamed, durable file.
-    pub total: Duration,
-    /// Units the dumper copied and wrote.
-    pub dumped_units: u64,
-    /// Units a faulting writer staged in a slot.
-    pub staged_units: u64,
-    /// Units a faulting writer wrote itself (no slot free).
-    pub self_written_units: u64,
-    /// Faults that waited for another thread's claim on their unit.
-    pub claim_waits: u64,
-    /// The bound on extra memory (slots, dumper buffer, index).
-    pub extra_bytes_bound: u64,
-    /// Whether the file was written with O_DIRECT.
-    pub direct: bool,
-}
-
-/// A running snapshot. [`Job::wait`] for its report; dropping it unfinished aborts it.
-pub struct Job<'a> {
+/// A running `wp` snapshot. [`WpJob::wait`] for its report; dropping it unfinished aborts it.
+pub(crate) struct WpJob<'a> {
     shared: Option<Box<JobShared>>,
     mem: Vec<&'a Memory>,
     dumper: Option<std::thread::JoinHandle<Result<u64>>>,
@@ -529,78 +501,18 @@ pub struct Job<'a> {
     app: Vec<u8>,
 }
 
-/// Takes a snapshot of `mem` into `target` with `app` saved beside it. Call it with the
-/// application's writers paused (its quiesce): the snapshot is the memory as it is during
-/// this call. It returns once the pages are protected; the writers may then resume while the
-/// job dumps in the background. [`begin_paused`] keeps the pause shorter.
-///
-/// Errors before anything is protected: an empty or repeated region, a target whose
-/// directory is missing or full ([`tiermem_media::MediaError::NoSpace`]), a failed scan.
-pub fn begin<'a>(
-    mem: &[&'a Memory],
-    target: &Path,
-    app: Vec<u8>,
-    opts: Options,
-) -> Result<Job<'a>> {
-    start(mem, target, app, opts, None::<fn()>)
-}
-
-/// As [`begin`], called with the writers running: the file is created and allocated (from a
-/// scan made now, with headroom) and the staging slots are allocated first, then `pause` is
-/// called — it pauses the application's writers and returns a guard whose drop resumes them —
-/// and the guard is held only for the exact scan and the write protection (plus growing the
-/// file, if the memory grew past the headroom meanwhile). [`Job::pause`] is that time.
-pub fn begin_paused<'a, G>(
-    mem: &[&'a Memory],
-    target: &Path,
-    app: Vec<u8>,
-    opts: Options,
-    pause: impl FnOnce() -> G,
-) -> Result<Job<'a>> {
-    start(mem, target, app, opts, Some(pause))
-}
-
-fn start<'a, G>(
+/// Begins a `wp` snapshot (see [`crate::begin`] and [`crate::begin_paused`]; `pause: None`:
+/// the caller paused already).
+pub(crate) fn start<'a, G>(
     mem: &[&'a Memory],
     target: &Path,
     app: Vec<u8>,
     opts: Options,
     pause: Option<impl FnOnce() -> G>,
-) -> Result<Job<'a>> {
+) -> Result<WpJob<'a>> {
     let t0 = Instant::now();
-    if mem.is_empty() {
-        return Err(SnapshotError::InvalidArgument(
-            "a snapshot needs at least one memory".into(),
-        ));
-    }
-    for (i, m) in mem.iter().enumerate() {
-        if mem[..i].iter().any(|o| std::ptr::eq(*o, *m)) {
-            return Err(SnapshotError::InvalidArgument(format!(
-                "memory {:?} given twice",
-                m.name
-            )));
-        }
-        if m.in_snapshot() {
-            return Err(SnapshotError::InvalidArgument(format!(
-                "memory {:?} is in a snapshot already",
-                m.name
-            )));
-        }
-    }
-    if opts.staging_slots > MAX_SLOTS {
-        return Err(SnapshotError::InvalidArgument(format!(
-            "{} staging slots (at most {MAX_SLOTS})",
-            opts.staging_slots
-        )));
-    }
     let pm = Pagemap::open()?;
-    let infos: Vec<RegionInfo> = mem
-        .iter()
-        .map(|m| RegionInfo {
-            name: m.name.clone(),
-            len: m.len as u64,
-        })
-        .collect();
+    let infos: Vec<RegionInfo> = crate::job::region_infos(mem);
     let scan_all = || -> Result<(Vec<u64>, Vec<Vec<Run>>)> {
         let mut bitmaps = Vec::new();
         let mut runs = Vec::new();
@@ -629,15 +541,7 @@ fn start<'a, G>(
             (r, None, t0, Some((layout, runs)))
         }
         Some(pause) => {
-            // An estimate from the memory as it is now, with headroom for what the writers
-            // add before the pause: a quarter more, at least 16 MiB, at most every page.
-            let (bitmaps, _) = scan_all()?;
-            let est = Layout::new(infos.clone(), bitmaps, app.len() as u64)?;
-            let total: u64 = mem.iter().map(|m| (m.len / PAGE) as u64).sum();
-            let room = (est.present_pages() / 4)
-                .max(4096)
-                .min(total - est.present_pages());
-            let r = Reservation::new(target, est.file_len() + room * PAGE as u64)?;
+            let r = crate::job::reserve_estimate(mem, &pm, target, app.len() as u64)?;
             let g = pause();
             (r, Some(g), Instant::now(), None)
         }
@@ -711,7 +615,7 @@ fn start<'a, G>(
             SeqCst,
         );
     }
-    let mut job = Job {
+    let mut job = WpJob {
         shared: Some(shared),
         mem: mem.to_vec(),
         dumper: None,
@@ -762,18 +666,45 @@ fn start<'a, G>(
 }
 
 /// A run of pages with frames: (region offset, bytes).
-type Run = (usize, usize);
+pub(crate) type Run = (usize, usize);
 
-struct SendPtr<T>(*const T);
+pub(crate) struct SendPtr<T>(pub(crate) *const T);
 // SAFETY: only an address handed to the dumper thread (see `begin`).
 unsafe impl<T> Send for SendPtr<T> {}
 
 /// The unit bitmaps of `[base, base+len)` and its runs of pages with frames (region offsets).
 /// PAGEMAP_SCAN walks page tables only: it neither faults pages in nor allocates.
-fn scan(pm: &Pagemap, base: usize, len: usize) -> Result<(Vec<u64>, Vec<Run>)> {
+pub(crate) fn scan(pm: &Pagemap, base: usize, len: usize) -> Result<(Vec<u64>, Vec<Run>)> {
     let mut bitmaps = vec![0u64; format::units_of(len as u64)];
     let mut runs = Vec::new();
     let mut buf = vec![PageRegion::default(); 512];
+    scan_runs(pm, base, len, &mut buf, |s, e| {
+        runs.push((s, e - s));
+        for p in s / PAGE..e / PAGE {
+            bitmaps[p / UNIT_PAGES] |= 1 << (p % UNIT_PAGES);
+        }
+    })
+    .map_err(|e| {
+        SnapshotError::io(
+            "ioctl(PAGEMAP_SCAN)",
+            Path::new("/proc/self/pagemap"),
+            std::io::Error::from_raw_os_error(e),
+        )
+    })?;
+    Ok((bitmaps, runs))
+}
+
+/// Calls `f(start, end)` (region offsets) for each run of pages of `[base, base+len)` that
+/// have frames: present or swapped, and not the shared zero page (read but never written:
+/// zero in the snapshot without storing it, and a later write copies nothing). `buf` is the
+/// ioctl's output vector. Allocates nothing (a forked child may call it); errors are errnos.
+pub(crate) fn scan_runs(
+    pm: &Pagemap,
+    base: usize,
+    len: usize,
+    buf: &mut [PageRegion],
+    mut f: impl FnMut(usize, usize),
+) -> std::result::Result<(), i32> {
     let mut start = base;
     let end = base + len;
     while start < end {
@@ -782,34 +713,22 @@ fn scan(pm: &Pagemap, base: usize, len: usize) -> Result<(Vec<u64>, Vec<Run>)> {
             end: end as u64,
             vec: buf.as_mut_ptr() as u64,
             vec_len: buf.len() as u64,
-            // Present or swapped, and not the shared zero page (read but never written: zero
-            // in the snapshot without storing it, and a later write copies nothing).
             category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
             category_inverted: PAGE_IS_PFNZERO,
             category_mask: PAGE_IS_PFNZERO,
             return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
             ..Default::default()
         };
-        let n = pm.scan(&mut arg).map_err(|e| {
-            SnapshotError::io(
-                "ioctl(PAGEMAP_SCAN)",
-                Path::new("/proc/self/pagemap"),
-                std::io::Error::from_raw_os_error(e),
-            )
-        })?;
+        let n = pm.scan(&mut arg)?;
         for r in &buf[..n] {
-            let (s, e) = (r.start as usize - base, r.end as usize - base);
-            runs.push((s, e - s));
-            for p in s / PAGE..e / PAGE {
-                bitmaps[p / UNIT_PAGES] |= 1 << (p % UNIT_PAGES);
-            }
+            f(r.start as usize - base, r.end as usize - base);
         }
         if arg.walk_end as usize <= start {
             break;
         }
         start = arg.walk_end as usize;
     }
-    Ok((bitmaps, runs))
+    Ok(())
 }
 
 /// The dumper: staged units first, then pending units in address order, until every unit is
@@ -873,7 +792,7 @@ fn dump(job: &JobShared, handles: &[&RegionHandle]) -> Result<u64> {
     Ok(0)
 }
 
-impl<'a> Job<'a> {
+impl<'a> WpJob<'a> {
     /// Units done (dumped, staged or empty) and units in all.
     pub fn progress(&self) -> (usize, usize) {
         let s = self.shared.as_ref().expect("job");
@@ -960,7 +879,7 @@ impl<'a> Job<'a> {
     }
 }
 
-impl Drop for Job<'_> {
+impl Drop for WpJob<'_> {
     fn drop(&mut self) {
         if self.shared.is_some() {
             if let Some(s) = &self.shared {

@@ -4,7 +4,17 @@
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use tiermem_snapshot::{begin, begin_paused, Memory, Options, SnapshotError, SnapshotFile, PAGE};
+use tiermem_snapshot::{
+    begin, begin_paused, Memory, Method, Options, SnapshotError, SnapshotFile, PAGE,
+};
+
+/// `wp` options with `slots` staging slots.
+fn wp(slots: usize) -> Options {
+    Options {
+        staging_slots: slots,
+        method: Method::Wp,
+    }
+}
 
 /// Pause protocol: writers check `pause` before each write and park while it is set.
 struct Gate {
@@ -110,7 +120,8 @@ impl Drop for Resume {
 
 /// `paused`: the writers run into `begin_paused`, which pauses them through its callback;
 /// else they are paused around `begin`.
-fn run_case(lens: &[usize], slots: usize, patterns: &[Pattern], seed: u64, paused: bool) {
+fn run_case(lens: &[usize], opts: Options, patterns: &[Pattern], seed: u64, paused: bool) {
+    let slots = opts.staging_slots;
     let dir = tempfile::tempdir().unwrap();
     let mems: Vec<Memory> = lens
         .iter()
@@ -132,9 +143,6 @@ fn run_case(lens: &[usize], slots: usize, patterns: &[Pattern], seed: u64, pause
     gate.quiesce(ws.len());
     let target = dir.path().join("snap");
     let mr: Vec<&Memory> = mems.iter().collect();
-    let opts = Options {
-        staging_slots: slots,
-    };
     let mut refs: Vec<Vec<u8>> = Vec::new();
     let job = if paused {
         // Running writers; the image is taken inside the pause the callback makes.
@@ -181,7 +189,7 @@ fn run_case(lens: &[usize], slots: usize, patterns: &[Pattern], seed: u64, pause
                 .count() as u64,
         "{rep:?}"
     );
-    if slots == 0 {
+    if slots == 0 || opts.method != Method::Wp {
         assert_eq!(rep.staged_units, 0);
     }
     // Nothing stays protected: every page can be written with the job gone.
@@ -198,7 +206,7 @@ fn concurrent_writers_of_every_pattern_see_the_pause_s_image_in_the_file() {
     for (slots, seed) in [(16, 1), (1, 2), (0, 3)] {
         run_case(
             &[8 << 20],
-            slots,
+            wp(slots),
             &[
                 Pattern::Random,
                 Pattern::Sequential,
@@ -216,7 +224,7 @@ fn several_regions_of_odd_lengths() {
     // 1 page, 65 pages (a unit and one page), 300 KiB + 1 byte (rounded to pages).
     run_case(
         &[PAGE, 65 * PAGE, 300 * 1024 + 1],
-        2,
+        wp(2),
         &[Pattern::Random, Pattern::Front],
         4,
         false,
@@ -229,12 +237,74 @@ fn begin_paused_pauses_through_the_callback_and_the_file_is_the_pause_s_image() 
     for (slots, seed) in [(16, 21), (0, 22)] {
         run_case(
             &[8 << 20, 65 * PAGE],
-            slots,
+            wp(slots),
             &[Pattern::Random, Pattern::Holes, Pattern::Front],
             seed,
             true,
         );
     }
+}
+
+#[test]
+fn the_fork_methods_write_the_pause_s_image_too() {
+    // The forked child dumps its copy-on-write view; `fork-mdc` drops each unit once written.
+    for (method, seed, paused) in [
+        (Method::Fork, 31, false),
+        (Method::ForkMdc, 32, false),
+        (Method::Fork, 33, true),
+        (Method::ForkMdc, 34, true),
+    ] {
+        run_case(
+            &[8 << 20, PAGE, 65 * PAGE],
+            Options {
+                method,
+                ..Options::default()
+            },
+            &[Pattern::Random, Pattern::Holes, Pattern::Front],
+            seed,
+            paused,
+        );
+    }
+}
+
+#[test]
+fn a_killed_fork_child_fails_the_job_and_leaves_the_previous_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("snap");
+    let m = Memory::map("m", 64 << 20).unwrap();
+    fill(&m, 12);
+    let opts = Options {
+        method: Method::ForkMdc,
+        ..Options::default()
+    };
+    begin(&[&m], &target, vec![], opts).unwrap().wait().unwrap();
+    let before = std::fs::read(&target).unwrap();
+    let job = begin(&[&m], &target, vec![9], opts).unwrap();
+    let pid = job.child_pid().expect("a fork job has a child");
+    // SAFETY: signalling the job's child, not yet reaped (only `wait` reaps it).
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    match job.wait() {
+        Err(e) => assert!(e.to_string().contains("signal 9"), "{e}"),
+        // The child may have finished first.
+        Ok(_) => {
+            SnapshotFile::open(&target).unwrap().verify().unwrap();
+            return;
+        }
+    }
+    assert_eq!(std::fs::read(&target).unwrap(), before);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    // Handler-thread memory is not given to a child.
+    let h = Memory::map_with(
+        "h",
+        PAGE,
+        tiermem_fault::Resolution::HandlerThread { spin_us: 0 },
+    )
+    .unwrap();
+    let e = begin(&[&h], &dir.path().join("h"), vec![], opts)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("in-thread"), "{e}");
+    assert!(!h.in_snapshot());
 }
 
 #[test]
@@ -301,7 +371,10 @@ fn bad_arguments_are_refused_before_anything_is_protected() {
         Options::default()
     )
     .is_err());
-    let o = Options { staging_slots: 65 };
+    let o = Options {
+        staging_slots: 65,
+        ..Options::default()
+    };
     assert!(begin(&[&m], &dir.path().join("s"), vec![], o).is_err());
     assert!(Memory::map("z", 0).is_err());
     assert!(Memory::map(&"n".repeat(300), PAGE).is_err());
