@@ -142,6 +142,8 @@ pub struct KvService {
     writes_refused: AtomicU64,
     /// SHUTDOWN NOSAVE: [`KvService::shutdown`] skips the final flush.
     nosave: AtomicBool,
+    /// Snapshots of the heap (the volatile engine; see [`KvService::set_persistence`]).
+    persistence: std::sync::OnceLock<Arc<crate::persistence::Persistence>>,
 }
 
 /// Most damaged heap offsets logged one by one (then one line says that more were found).
@@ -203,7 +205,41 @@ impl KvService {
             persist_failed: AtomicBool::new(false),
             writes_refused: AtomicU64::new(0),
             nosave: AtomicBool::new(false),
+            persistence: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Take snapshots with `p` (SAVE, BGSAVE, save points, INFO persistence). Once; later
+    /// calls are ignored.
+    pub fn set_persistence(&self, p: Arc<crate::persistence::Persistence>) {
+        p.loaded(self.stats.changes.load(Relaxed));
+        let _ = self.persistence.set(p);
+    }
+
+    /// The snapshots' state, if the heap takes snapshots.
+    pub fn persistence(&self) -> Option<&Arc<crate::persistence::Persistence>> {
+        self.persistence.get()
+    }
+
+    /// Starts a background save if a `save` point is due (for a timer); logs why as Redis
+    /// does.
+    pub fn save_points_tick(&self) {
+        let Some(p) = self.persistence.get() else {
+            return;
+        };
+        if self.frozen.load(SeqCst) {
+            return;
+        }
+        let changes = self.stats.changes.load(Relaxed);
+        if let Some((secs, n)) = p.due(changes) {
+            eprintln!(
+                "tiermem-kv: {} changes in {secs} seconds (save point {secs} {n}). Saving...",
+                p.changes_since_save(changes)
+            );
+            if let Err(e) = p.bgsave(&self.lock, &self.stats.changes) {
+                eprintln!("tiermem-kv: background save not started: {e}");
+            }
+        }
     }
 
     /// Add the server's INFO fields.
@@ -421,10 +457,20 @@ impl KvService {
     /// After SHUTDOWN NOSAVE nothing is flushed: what was acknowledged stays in the engine's
     /// log and cache (durable on vnvm) and is recovered at the next start.
     pub fn shutdown(&self) -> Result<()> {
-        let _g = self.lock.write();
         if self.nosave.load(SeqCst) {
             return Ok(());
         }
+        // With save points, a last snapshot first (Redis saves at shutdown then too).
+        if let Some(p) = self.persistence.get() {
+            if p.saves_on_shutdown() && !self.frozen.load(SeqCst) {
+                while p.in_progress() {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                p.save(&self.lock, &self.stats.changes)
+                    .map_err(crate::heap::HeapError::Persist)?;
+            }
+        }
+        let _g = self.lock.write();
         self.heap.engine().sync()?;
         self.heap.engine().close()
     }

@@ -29,10 +29,15 @@
 //! | `durability` | `commit` | `commit` (durable before the reply) or `async` |
 //! | `heap-size` | `1gb` | the heap's size |
 //! | `log-size`, `cache-size` | engine default | vnvm's log and NVM-cache sizes; empty = engine default |
+//! | `dbfilename` | `dump.tmsnap` | the `volatile` engine's snapshot file in `dir` (SAVE, BGSAVE, loaded at start) |
+//! | `snapshot-method` | `wp` | how snapshots are taken: `wp` (fork-less, bounded extra memory), `fork-mdc` or `fork` |
+//! | `snapshot-staging-slots` | `16` | `wp`'s staging slots of 256 KiB (0–64) |
+//! | `save` | `""` | save points, `seconds changes` pairs (Redis's syntax); empty = none |
+//!
+//! The snapshot keys and `save` also change at run time (`CONFIG SET`).
 //!
 //! Read-only, for clients that probe them with `CONFIG GET` (setting them to their fixed value is
-//! accepted): `save` (`""`), `appendonly` (`no`), `maxmemory` (`0`), `databases` (`1`),
-//! `timeout` (`0`).
+//! accepted): `appendonly` (`no`), `maxmemory` (`0`), `databases` (`1`), `timeout` (`0`).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -189,6 +194,14 @@ pub struct KvConfig {
     /// post-copy from the source's page-server `migration-source`; `restore-from` unused, and
     /// `heap-size` must equal the source's heap size).
     pub migration_method: String,
+    /// The snapshot file's name in `dir` (`dbfilename`).
+    pub dbfilename: String,
+    /// How snapshots are taken (`snapshot-method`: `wp`, `fork-mdc`, `fork`).
+    pub snapshot_method: String,
+    /// `wp`'s staging slots (`snapshot-staging-slots`).
+    pub snapshot_staging_slots: usize,
+    /// Save points (`save`), Redis's syntax; empty: none.
+    pub save: String,
 }
 
 impl Default for KvConfig {
@@ -207,6 +220,10 @@ impl Default for KvConfig {
             migration_id: None,
             migration_source: None,
             migration_method: "fam".to_string(),
+            dbfilename: crate::persistence::DEFAULT_DBFILENAME.to_string(),
+            snapshot_method: "wp".to_string(),
+            snapshot_staging_slots: 16,
+            save: String::new(),
         }
     }
 }
@@ -267,6 +284,9 @@ const KEYS: &[&str] = &[
     "migration-id",
     "migration-source",
     "migration-method",
+    "dbfilename",
+    "snapshot-method",
+    "snapshot-staging-slots",
     "save",
     "appendonly",
     "maxmemory",
@@ -276,7 +296,6 @@ const KEYS: &[&str] = &[
 
 /// The read-only keys and their fixed values.
 const FIXED: &[(&str, &str)] = &[
-    ("save", ""),
     ("appendonly", "no"),
     ("maxmemory", "0"),
     ("databases", "1"),
@@ -467,6 +486,17 @@ impl KvConfig {
                 self.cache_size = parse_optional_size(value)
                     .ok_or_else(|| bad("a size, or empty for the engine's default"))?
             }
+            "dbfilename" | "snapshot-method" | "snapshot-staging-slots" | "save" => {
+                crate::persistence::check_setting(&key, value).map_err(ConfigError::new)?;
+                match key.as_str() {
+                    "dbfilename" => self.dbfilename = value.to_string(),
+                    "snapshot-method" => self.snapshot_method = value.to_string(),
+                    "snapshot-staging-slots" => {
+                        self.snapshot_staging_slots = parse_size(value).unwrap_or(16) as usize
+                    }
+                    _ => self.save = value.to_string(),
+                }
+            }
             _ => {
                 if let Some(&(_, fixed)) = FIXED.iter().find(|(k, _)| *k == key) {
                     if !value.eq_ignore_ascii_case(fixed) {
@@ -524,6 +554,10 @@ impl KvConfig {
                 .migration_source
                 .map_or(String::new(), |a| a.to_string()),
             "migration-method" => self.migration_method.clone(),
+            "dbfilename" => self.dbfilename.clone(),
+            "snapshot-method" => self.snapshot_method.clone(),
+            "snapshot-staging-slots" => self.snapshot_staging_slots.to_string(),
+            "save" => self.save.clone(),
             k => FIXED.iter().find(|(f, _)| *f == k)?.1.to_string(),
         })
     }
@@ -786,8 +820,12 @@ mod tests {
             .contains("unknown key"));
         assert!(c.set("engine", "rocks").is_err());
         assert!(c.set("threads", "0").is_err());
+        c.set("save", "900 1 60 1000").unwrap();
+        assert_eq!(c.value("save").unwrap(), "900 1 60 1000");
+        assert!(c.set("save", "900").is_err());
+        assert!(c.set("snapshot-method", "cow").is_err());
         assert!(c
-            .set("save", "900 1")
+            .set("appendonly", "yes")
             .unwrap_err()
             .message
             .contains("read-only"));

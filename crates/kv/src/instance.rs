@@ -7,6 +7,7 @@ use crate::config::KvConfig;
 use crate::heap::vnvm::{VnvmEngine, VnvmEngineConfig};
 use crate::heap::volatile::VolatileEngine;
 use crate::heap::{Engine, Heap};
+use crate::persistence::{self, Persistence, SnapshotSettings};
 use crate::server::{self, ServerHandle, ServerStats, ShutdownTrigger};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tiermem_snapshot::Method;
 
 /// vnvm log and NVM-cache size when the configuration names none.
 pub const DEFAULT_POOL_SIZE: u64 = 64 << 20;
@@ -64,6 +66,7 @@ impl KvInstance {
         let dir = cfg.dir.clone().unwrap_or_else(|| default_dir.to_path_buf());
         let storage = |what: String| move |source| KvError::Storage { what, source };
         let mut migration: Option<Arc<MigrationStatus>> = None;
+        let mut snapshots: Option<SnapshotSettings> = None;
         let (engine, dir): (Box<dyn Engine>, Option<PathBuf>) = match cfg.engine.as_str() {
             "vnvm" => {
                 let ec = VnvmEngineConfig {
@@ -105,13 +108,11 @@ impl KvInstance {
                 migration = Some(status);
                 (Box::new(e), None)
             }
-            "volatile" => (
-                Box::new(
-                    VolatileEngine::new(cfg.heap_size, false)
-                        .map_err(storage("creating the volatile engine".into()))?,
-                ),
-                None,
-            ),
+            "volatile" => {
+                let (e, settings) = open_volatile(cfg, &dir, log)?;
+                snapshots = settings;
+                (Box::new(e), None)
+            }
             other => {
                 return Err(KvError::Config(format!(
                     "unknown engine {other:?} (vnvm or volatile)"
@@ -152,6 +153,10 @@ impl KvInstance {
                 .with_info_source(net.clone())
                 .with_config(cfg.get("*")),
         );
+        if let (Some(settings), Some(mem)) = (snapshots, service.heap().engine().snapshot_memory())
+        {
+            service.set_persistence(Arc::new(Persistence::new(mem, settings)));
+        }
         let trigger: Arc<std::sync::OnceLock<ShutdownTrigger>> = Arc::default();
         if service.heap().engine().migratable() {
             service.set_migrate_hook(migrate_hook(
@@ -186,6 +191,7 @@ impl KvInstance {
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(Duration::from_millis(50));
+                        service.save_points_tick();
                         if service.has_garbage() {
                             if let Err(e) = service.collect_garbage(16 * GC_ROUND_BUDGET) {
                                 eprintln!("tiermem-kv: freeing deleted data failed: {e}");
@@ -531,6 +537,76 @@ fn restore_fam(
     ))
 }
 
+/// The volatile engine of `cfg`, with the snapshot at `dir/dbfilename` loaded into it when
+/// there is one (the heap then takes the snapshot's size), and the snapshot settings.
+/// A snapshot that fails a check refuses the start (the file stays as it is).
+fn open_volatile(
+    cfg: &KvConfig,
+    dir: &Path,
+    log: &mut dyn FnMut(&str),
+) -> Result<(VolatileEngine, Option<SnapshotSettings>), KvError> {
+    let storage = |what: String| move |source| KvError::Storage { what, source };
+    let settings = SnapshotSettings {
+        dir: dir.to_path_buf(),
+        dbfilename: cfg.dbfilename.clone(),
+        method: Method::parse(&cfg.snapshot_method).ok_or_else(|| {
+            KvError::Config(format!(
+                "unknown snapshot-method {:?} (wp, fork-mdc or fork)",
+                cfg.snapshot_method
+            ))
+        })?,
+        staging_slots: cfg.snapshot_staging_slots,
+        save_points: persistence::parse_save_points(&cfg.save)
+            .ok_or_else(|| KvError::Config(format!("bad save points {:?}", cfg.save)))?,
+    };
+    let path = settings.path();
+    for t in persistence::remove_stale_temporaries(&path) {
+        log(&format!(
+            "removed {t}, an unfinished snapshot's temporary file"
+        ));
+    }
+    let heap_len = persistence::snapshot_heap_len(&path).map_err(|e| {
+        KvError::Config(format!(
+            "cannot load the snapshot {}: {e} (move it away to start empty)",
+            path.display()
+        ))
+    })?;
+    if let Some(l) = heap_len.filter(|&l| l != cfg.heap_size.div_ceil(4096) * 4096) {
+        log(&format!(
+            "the snapshot's heap is {l} bytes: heap-size {} is not used",
+            cfg.heap_size
+        ));
+    }
+    let e = VolatileEngine::new(heap_len.unwrap_or(cfg.heap_size), false)
+        .map_err(storage("creating the volatile engine".into()))?;
+    let Some(mem) = e.snapshot_memory() else {
+        if heap_len.is_some() {
+            return Err(KvError::Config(format!(
+                "the snapshot {} cannot be loaded: the heap is not snapshot-able memory here \
+                 (no userfaultfd)",
+                path.display()
+            )));
+        }
+        return Ok((e, None));
+    };
+    if heap_len.is_some() {
+        let r = persistence::load(&path, &mem).map_err(|e| {
+            KvError::Config(format!(
+                "cannot load the snapshot {}: {e} (move it away to start empty)",
+                path.display()
+            ))
+        })?;
+        log(&format!(
+            "loaded the snapshot {} ({} MiB of pages, taken by {}) in {:.1} ms",
+            r.path.display(),
+            (r.present_pages * 4096) >> 20,
+            r.method.name(),
+            r.millis
+        ));
+    }
+    Ok((e, Some(settings)))
+}
+
 /// Offset of the heap-end word in a tiermem heap's header (vnvm's allocator layout): the
 /// formatted heap's length rounded down to 16 bytes.
 const HEAP_END_WORD: usize = 24;
@@ -718,6 +794,11 @@ fn migrate_hook(
         let svc = service.upgrade().ok_or("the server is shutting down")?;
         if svc.is_frozen() {
             return Err("a migration is already under way".into());
+        }
+        if svc.persistence().is_some_and(|p| p.in_progress()) {
+            return Err(
+                "a snapshot is being taken (retry when rdb_bgsave_in_progress is 0)".into(),
+            );
         }
         if let Some(m) = &incoming {
             if m.state.load(Ordering::Acquire) != MIG_COMPLETE {

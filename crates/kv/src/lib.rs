@@ -7,6 +7,7 @@
 //! * [`heap`]: the storage interface — a transactional heap addressed by offsets — and its
 //!   engines (`vnvm`: durable; `volatile`: one registered anonymous region);
 //! * `ds`, `commands`: Redis data structures over a heap and the command table;
+//! * [`persistence`]: snapshots of the volatile heap (SAVE, BGSAVE, save points, load at start);
 //! * [`instance`]: a whole server (engine, heap, commands, network) from a configuration;
 //! * [`client`]: a small blocking RESP2 client (the CLI, the benchmarks and the tests use it).
 
@@ -19,5 +20,6 @@ pub mod config;
 pub mod ds;
 pub mod heap;
 pub mod instance;
+pub mod persistence;
 pub mod resp;
 pub mod server;

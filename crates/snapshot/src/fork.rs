@@ -117,6 +117,11 @@ impl SharedMap {
     }
 }
 
+// SAFETY: the mapping is owned by the SharedMap; all access goes through atomics.
+unsafe impl Send for SharedMap {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMap {}
+
 impl Drop for SharedMap {
     fn drop(&mut self) {
         // SAFETY: our own mapping; the child is gone (reaped) before the job drops it.

@@ -843,6 +843,16 @@ impl SnapshotFile {
     /// zeroed. Every unit's CRC is checked before its bytes are used; on a failed check `dst`
     /// may hold part of the snapshot.
     pub fn restore_into(&self, r: usize, dst: &mut [u8]) -> Result<()> {
+        self.restore(r, dst, false)
+    }
+
+    /// As [`SnapshotFile::restore_into`] into memory known to be all zeros (fresh anonymous
+    /// memory): pages the snapshot does not store are left alone, so they stay unallocated.
+    pub fn restore_into_zeroed(&self, r: usize, dst: &mut [u8]) -> Result<()> {
+        self.restore(r, dst, true)
+    }
+
+    fn restore(&self, r: usize, dst: &mut [u8], zeroed: bool) -> Result<()> {
         let Some(info) = self.layout.regions.get(r) else {
             return Err(SnapshotError::InvalidArgument(format!(
                 "region {r} of {}",
@@ -869,7 +879,7 @@ impl SnapshotFile {
                 if bm >> p & 1 == 1 {
                     d.copy_from_slice(&buf[k * PAGE..(k + 1) * PAGE]);
                     k += 1;
-                } else {
+                } else if !zeroed {
                     d.fill(0);
                 }
             }

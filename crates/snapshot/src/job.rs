@@ -8,6 +8,7 @@ use crate::fork::ForkJob;
 use crate::format::{Layout, Method, RegionInfo, Reservation, PAGE, UNIT_BYTES};
 use crate::wp::{self, Memory, WpJob};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 use tiermem_fault::Pagemap;
 
@@ -173,6 +174,62 @@ fn start<'a, G>(
     }
 }
 
+/// A job over memories it holds a share of: free of [`Job`]'s borrow, so it can move to the
+/// thread that waits for it. Dropped unfinished, it aborts.
+pub struct OwnedJob {
+    // Field order: the job (which borrows the memories) drops before the shares.
+    job: Option<Job<'static>>,
+    _mem: Vec<Arc<Memory>>,
+}
+
+/// As [`begin_paused`] over shared memories (`pause` runs on this thread).
+pub fn begin_paused_owned<G>(
+    mem: &[Arc<Memory>],
+    target: &Path,
+    app: Vec<u8>,
+    opts: Options,
+    pause: impl FnOnce() -> G,
+) -> Result<OwnedJob> {
+    let held: Vec<Arc<Memory>> = mem.to_vec();
+    // SAFETY: the references point into the Arcs `held` keeps, which the OwnedJob drops only
+    // after the job (field order); the memories never move (Arc contents are pinned).
+    let refs: Vec<&'static Memory> = held.iter().map(|m| unsafe { &*Arc::as_ptr(m) }).collect();
+    let job = begin_paused(&refs, target, app, opts, pause)?;
+    Ok(OwnedJob {
+        job: Some(job),
+        _mem: held,
+    })
+}
+
+impl OwnedJob {
+    /// See [`Job::progress`].
+    pub fn progress(&self) -> (usize, usize) {
+        self.job.as_ref().map_or((0, 0), Job::progress)
+    }
+
+    /// See [`Job::pause`].
+    pub fn pause(&self) -> Duration {
+        self.job.as_ref().map_or(Duration::ZERO, Job::pause)
+    }
+
+    /// See [`Job::child_pid`].
+    pub fn child_pid(&self) -> Option<u32> {
+        self.job.as_ref().and_then(Job::child_pid)
+    }
+
+    /// See [`Job::wait`].
+    pub fn wait(mut self) -> Result<Report> {
+        self.job.take().expect("owned job").wait()
+    }
+
+    /// See [`Job::abort`].
+    pub fn abort(mut self) {
+        if let Some(j) = self.job.take() {
+            j.abort();
+        }
+    }
+}
+
 /// The regions of `mem` as the file names them.
 pub(crate) fn region_infos(mem: &[&Memory]) -> Vec<RegionInfo> {
     mem.iter()
@@ -261,3 +318,9 @@ impl Drop for Job<'_> {
         }
     }
 }
+
+// A job moves to the thread that waits for it.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<OwnedJob>();
+};

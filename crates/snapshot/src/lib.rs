@@ -27,5 +27,5 @@ pub use format::{
     Info, Layout, Method, RegionInfo, Reservation, SnapshotFile, Writer, PAGE, UNIT_BYTES,
     UNIT_PAGES,
 };
-pub use job::{begin, begin_paused, Job, Options, Report, MAX_SLOTS};
+pub use job::{begin, begin_paused, begin_paused_owned, Job, Options, OwnedJob, Report, MAX_SLOTS};
 pub use wp::Memory;

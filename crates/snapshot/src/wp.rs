@@ -199,6 +199,16 @@ impl Memory {
         self.resolution
     }
 
+    /// Its fault-engine region id.
+    pub fn region_id(&self) -> u64 {
+        self.handle().id()
+    }
+
+    /// Write-protect faults taken so far (writes to units not yet dumped, all snapshots).
+    pub fn faults(&self) -> u64 {
+        self.handle().faults()
+    }
+
     fn handle(&self) -> &RegionHandle {
         // Present from map until drop.
         self.handle.as_ref().expect("memory handle")

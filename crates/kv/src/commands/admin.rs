@@ -106,6 +106,26 @@ impl KvService {
                     self.nosave.store(true, std::sync::atomic::Ordering::SeqCst);
                     return Control::Shutdown;
                 }
+                if let Some(p) = self.persistence.get() {
+                    let save = a[1..].iter().any(|o| is(o, "SAVE")) || p.saves_on_shutdown();
+                    if save {
+                        // The batch's write lock goes: the save takes it itself.
+                        drop(std::mem::replace(held, Held::None));
+                        while p.in_progress() {
+                            std::thread::sleep(std::time::Duration::from_millis(5));
+                        }
+                        if let Err(e) = p.save(&self.lock, &self.stats.changes) {
+                            reply::error(
+                                out,
+                                &format!("ERR Errors trying to SHUTDOWN. Check logs. ({e})"),
+                            );
+                            return Control::Continue;
+                        }
+                        // Saved: the exit path must not save again.
+                        self.nosave.store(true, std::sync::atomic::Ordering::SeqCst);
+                        *held = Held::Write(self.lock.write());
+                    }
+                }
                 if let Err(e) = self.heap.engine().sync() {
                     reply::error(
                         out,
@@ -173,8 +193,10 @@ impl KvService {
             Id::Config => {
                 if is(a[1], "GET") && a.len() >= 3 {
                     let mut pairs = Vec::new();
+                    let live = self.persistence.get();
                     for (k, v) in &self.config {
                         if a[2..].iter().any(|p| glob(&p.to_ascii_lowercase(), k.as_bytes())) {
+                            let v = live.and_then(|p| p.get(k)).unwrap_or_else(|| v.clone());
                             pairs.push((k, v));
                         }
                     }
@@ -199,7 +221,7 @@ impl KvService {
                     }
                     reply::ok(out);
                 } else if is(a[1], "SET") {
-                    reply::error(out, "ERR CONFIG SET is not supported by tiermem-kv (configure it at start)");
+                    self.config_set(a, out);
                 } else {
                     reply::error(
                         out,
@@ -215,6 +237,31 @@ impl KvService {
                 array(out, 2);
                 bulk(out, d.as_secs().to_string().as_bytes());
                 bulk(out, d.subsec_micros().to_string().as_bytes());
+            }
+            Id::Save | Id::Bgsave if self.persistence.get().is_some() => {
+                let p = self.persistence.get().expect("checked");
+                // The batch's lock goes: the snapshot takes the write lock for its pause.
+                drop(std::mem::replace(held, Held::None));
+                if spec.id == Id::Save {
+                    match p.save(&self.lock, &self.stats.changes) {
+                        Ok(()) => reply::ok(out),
+                        Err(e) => reply::error(out, &e),
+                    }
+                } else if a.len() == 2 && is(a[1], "SCHEDULE") && p.in_progress() {
+                    // Redis's SCHEDULE: run once the current one ends; here the caller retries.
+                    reply::error(
+                        out,
+                        "ERR Background save already in progress (SCHEDULE is not supported: \
+                         retry when rdb_bgsave_in_progress is 0)",
+                    );
+                } else if a.len() > 2 || (a.len() == 2 && !is(a[1], "SCHEDULE")) {
+                    reply::syntax(out);
+                } else {
+                    match p.bgsave(&self.lock, &self.stats.changes) {
+                        Ok(()) => reply::simple(out, "Background saving started"),
+                        Err(e) => reply::error(out, &e),
+                    }
+                }
             }
             Id::Save | Id::Bgsave => {
                 if !self.heap.engine().info().durable {
@@ -239,7 +286,12 @@ impl KvService {
                     }
                 }
             }
-            Id::Lastsave => int(out, self.last_save.load(Relaxed) as i64),
+            Id::Lastsave => int(
+                out,
+                self.persistence
+                    .get()
+                    .map_or(self.last_save.load(Relaxed), |p| p.last_save()) as i64,
+            ),
             Id::Wait => int(out, 0),
             Id::Migrate => {
                 // TIERMEM.MIGRATE <fam-dir> <listen ip:port> <migration id, hex>
@@ -266,6 +318,66 @@ impl KvService {
             _ => reply::error(out, "ERR internal: not an admin command"),
         }
         Control::Continue
+    }
+
+    /// CONFIG SET key value [key value ...]: the snapshot keys (`save`, `dbfilename`,
+    /// `snapshot-method`, `snapshot-staging-slots`) change at run time; the other keys are set
+    /// at start. All or nothing, as Redis.
+    fn config_set(&self, a: &[&[u8]], out: &mut Vec<u8>) {
+        if a.len() < 4 || a.len() % 2 != 0 {
+            reply::error(
+                out,
+                "ERR wrong number of arguments for 'config|set' command",
+            );
+            return;
+        }
+        let pairs: Vec<(String, String)> = a[2..]
+            .chunks(2)
+            .map(|c| {
+                (
+                    String::from_utf8_lossy(c[0]).to_ascii_lowercase(),
+                    String::from_utf8_lossy(c[1]).into_owned(),
+                )
+            })
+            .collect();
+        for (k, v) in &pairs {
+            match crate::persistence::check_setting(k, v) {
+                Ok(Some(())) if self.persistence.get().is_some() => {}
+                Ok(Some(())) => {
+                    return reply::error(
+                        out,
+                        &format!(
+                            "ERR CONFIG SET failed (possibly related to argument '{k}') - this \
+                             engine takes no snapshots (only the volatile engine does)"
+                        ),
+                    )
+                }
+                Ok(None) => {
+                    return reply::error(
+                        out,
+                        &format!(
+                            "ERR CONFIG SET failed (possibly related to argument '{k}') - \
+                             tiermem-kv sets it only at start"
+                        ),
+                    )
+                }
+                Err(e) => {
+                    return reply::error(
+                        out,
+                        &format!(
+                            "ERR CONFIG SET failed (possibly related to argument '{k}') - {e}"
+                        ),
+                    )
+                }
+            }
+        }
+        let p = self.persistence.get().expect("checked above");
+        for (k, v) in &pairs {
+            if let Err(e) = p.set(k, v) {
+                return reply::error(out, &format!("ERR CONFIG SET failed - {e}"));
+            }
+        }
+        reply::ok(out);
     }
 
     fn hello(&self, s: &mut Session, a: &[&[u8]], out: &mut Vec<u8>) -> Control {
@@ -446,22 +558,30 @@ impl KvService {
                 let durable = einfo.durable;
                 add("loading", "0".into());
                 add("async_loading", "0".into());
-                // On a durable engine every acknowledged write is already persistent.
-                add(
-                    "rdb_changes_since_last_save",
-                    if durable {
-                        "0".into()
-                    } else {
-                        st.changes.load(Relaxed).to_string()
-                    },
-                );
-                add("rdb_bgsave_in_progress", "0".into());
-                add(
-                    "rdb_last_save_time",
-                    self.last_save.load(Relaxed).to_string(),
-                );
-                add("rdb_last_bgsave_status", "ok".into());
-                add("rdb_saves", "0".into());
+                // On a durable engine every acknowledged write is already persistent; with
+                // snapshots, the writes after the last one's point in time (below).
+                if self.persistence.get().is_none() {
+                    add(
+                        "rdb_changes_since_last_save",
+                        if durable {
+                            "0".into()
+                        } else {
+                            st.changes.load(Relaxed).to_string()
+                        },
+                    );
+                }
+                match self.persistence.get() {
+                    Some(p) => p.info(st.changes.load(Relaxed), &mut add),
+                    None => {
+                        add("rdb_bgsave_in_progress", "0".into());
+                        add(
+                            "rdb_last_save_time",
+                            self.last_save.load(Relaxed).to_string(),
+                        );
+                        add("rdb_last_bgsave_status", "ok".into());
+                        add("rdb_saves", "0".into());
+                    }
+                }
                 add("aof_enabled", "0".into());
                 add("aof_rewrite_in_progress", "0".into());
                 add("aof_rewrite_scheduled", "0".into());
@@ -495,6 +615,11 @@ impl KvService {
                             "every acknowledged write is committed to the {} engine before its reply",
                             einfo.name
                         )
+                    } else if let Some(p) = self.persistence.get() {
+                        format!(
+                            "snapshots of the volatile heap to {} (SAVE, BGSAVE, save points)",
+                            p.settings().path().display()
+                        )
                     } else {
                         "none: the volatile engine keeps no copy".into()
                     },
@@ -508,6 +633,13 @@ impl KvService {
                 add(
                     "total_commands_processed",
                     st.commands.load(Relaxed).to_string(),
+                );
+                add(
+                    "latest_fork_usec",
+                    self.persistence
+                        .get()
+                        .map_or(0, |p| p.latest_fork_usec())
+                        .to_string(),
                 );
                 add("expired_keys", "0".into());
                 add("evicted_keys", "0".into());

@@ -114,6 +114,11 @@ pub trait Engine: Send + Sync + 'static {
     fn migratable(&self) -> bool {
         false
     }
+    /// The snapshot-able memory the heap is (the volatile engine), for SAVE/BGSAVE
+    /// (`crate::persistence`). Default: none — a durable engine needs no snapshots.
+    fn snapshot_memory(&self) -> Option<std::sync::Arc<tiermem_snapshot::Memory>> {
+        None
+    }
     /// The heap is frozen and a migration is about to read all of it: get it ready (e.g. give
     /// up a fault-engine registration so the kernel can read every page). Default: nothing.
     fn prepare_migration(&self) {}

@@ -1,25 +1,18 @@
-//! The volatile engine: the heap is one anonymous region registered with tiermem's fault engine
-//! (MISSING faults, zero-filled in the faulting thread), so the subsystems that move memory —
-//! migration, snapshots, paging — can take it over. No persistence: a transaction writes in
-//! place and keeps an undo record in DRAM for abort.
+//! The volatile engine: the heap is one anonymous region, snapshot-able memory
+//! ([`tiermem_snapshot::Memory`]: registered with tiermem's fault engine for write-protect
+//! faults, nothing protected between snapshots, first touches the kernel's), so the subsystems
+//! that move memory — snapshots, migration, paging — can take it over. A migration target
+//! adopts a region its own resolver fills instead. Not durable by itself: a transaction writes
+//! in place and keeps an undo record in DRAM for abort; snapshots (`crate::persistence`) save
+//! it.
 
 use super::{Engine, EngineInfo, HeapError, Result, TxMemory};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use tiermem_fault::{
-    Engine as FaultEngine, Fault, FaultOps, RegionHandle, RegionSpec, ResolveError, Resolver,
-};
+use tiermem_fault::RegionHandle;
+use tiermem_snapshot::Memory;
 use tiermem_vnvm::{Tid, VnvmError};
-
-/// Zero-fills the faulting page (async-signal-safe: one UFFDIO_ZEROPAGE).
-struct ZeroFill;
-
-impl Resolver for ZeroFill {
-    fn resolve(&self, fault: &Fault, ops: &FaultOps<'_>) -> std::result::Result<(), ResolveError> {
-        ops.zero(fault.offset, tiermem_fault::PAGE_SIZE).map(|_| ())
-    }
-}
 
 #[derive(Default)]
 struct TxState {
@@ -32,6 +25,8 @@ struct TxState {
 pub struct VolatileEngine {
     base: *mut u8,
     len: usize,
+    /// The snapshot-able memory the heap is (`None`: an adopted region, or no userfaultfd).
+    snap: Option<Arc<Memory>>,
     handle: Mutex<Option<RegionHandle>>,
     tx: Mutex<TxState>,
     /// The engine unmaps the region when dropped (it mapped it, or was given it to own).
@@ -48,12 +43,34 @@ unsafe impl Send for VolatileEngine {}
 unsafe impl Sync for VolatileEngine {}
 
 impl VolatileEngine {
-    /// Map `size` bytes (rounded up to pages; reserved lazily, MAP_NORESERVE) and register them
-    /// with the process's fault engine. Without userfaultfd (not root, no
-    /// `vm.unprivileged_userfaultfd`), `require_registration == false` keeps the plain mapping
-    /// and says so in `info`.
+    /// Map `size` bytes (rounded up to pages; reserved lazily, MAP_NORESERVE) as snapshot-able
+    /// memory. Without userfaultfd (not root, no `vm.unprivileged_userfaultfd`),
+    /// `require_registration == false` keeps a plain mapping (no snapshots) and says so in
+    /// `info`.
     pub fn new(size: u64, require_registration: bool) -> Result<VolatileEngine> {
         let len = (size as usize).div_ceil(tiermem_fault::PAGE_SIZE) * tiermem_fault::PAGE_SIZE;
+        match Memory::map("heap", len) {
+            Ok(m) => {
+                let m = Arc::new(m);
+                return Ok(VolatileEngine {
+                    base: m.as_ptr(),
+                    len: m.len(),
+                    snap: Some(m),
+                    handle: Mutex::new(None),
+                    tx: Mutex::new(TxState::default()),
+                    owns_mapping: false,
+                    keeper: Mutex::new(None),
+                });
+            }
+            Err(e) if require_registration => {
+                return Err(HeapError::Engine(format!(
+                    "mapping the volatile heap as snapshot-able memory: {e}"
+                )))
+            }
+            Err(e) => eprintln!(
+                "tiermem-kv: volatile heap not registered with the fault engine (no snapshots): {e}"
+            ),
+        }
         // SAFETY: a fresh private anonymous mapping; the result is checked.
         let p = unsafe {
             libc::mmap(
@@ -71,26 +88,11 @@ impl VolatileEngine {
                 std::io::Error::last_os_error()
             )));
         }
-        let base = p as *mut u8;
-        let spec = RegionSpec::new(base, len).missing(true).in_thread();
-        let handle = match FaultEngine::global().register(spec, Arc::new(ZeroFill)) {
-            Ok(h) => Some(h),
-            Err(e) if !require_registration => {
-                eprintln!("tiermem-kv: volatile heap not registered with the fault engine: {e}");
-                None
-            }
-            Err(e) => {
-                // SAFETY: unmapping the mapping made above, never handed out.
-                unsafe { libc::munmap(p, len) };
-                return Err(HeapError::Engine(format!(
-                    "registering the volatile heap with the fault engine: {e}"
-                )));
-            }
-        };
         Ok(VolatileEngine {
-            base,
+            base: p as *mut u8,
             len,
-            handle: Mutex::new(handle),
+            snap: None,
+            handle: Mutex::new(None),
             tx: Mutex::new(TxState::default()),
             owns_mapping: true,
             keeper: Mutex::new(None),
@@ -115,6 +117,7 @@ impl VolatileEngine {
         VolatileEngine {
             base,
             len,
+            snap: None,
             handle: Mutex::new(handle),
             tx: Mutex::new(TxState::default()),
             owns_mapping,
@@ -131,7 +134,18 @@ impl VolatileEngine {
 
     /// The fault-engine region id of the heap (`None`: not registered).
     pub fn region_id(&self) -> Option<u64> {
-        self.handle.lock().as_ref().map(|h| h.id())
+        match &self.snap {
+            Some(m) => Some(m.region_id()),
+            None => self.handle.lock().as_ref().map(|h| h.id()),
+        }
+    }
+
+    /// Faults the heap's registration took.
+    fn faults(&self) -> u64 {
+        match &self.snap {
+            Some(m) => m.faults(),
+            None => self.handle.lock().as_ref().map_or(0, |h| h.faults()),
+        }
     }
 }
 
@@ -144,6 +158,9 @@ impl Engine for VolatileEngine {
     }
     fn migratable(&self) -> bool {
         true
+    }
+    fn snapshot_memory(&self) -> Option<Arc<Memory>> {
+        self.snap.clone()
     }
     fn prepare_migration(&self) {
         // The migration's dumper reads the region with pwritev: a kernel access, which an
@@ -172,14 +189,7 @@ impl Engine for VolatileEngine {
                     "volatile_region_registered".into(),
                     (self.region_id().is_some() as u8).to_string(),
                 ),
-                (
-                    "volatile_region_faults".into(),
-                    self.handle
-                        .lock()
-                        .as_ref()
-                        .map_or(0, |h| h.faults())
-                        .to_string(),
-                ),
+                ("volatile_region_faults".into(), self.faults().to_string()),
             ],
         }
     }
