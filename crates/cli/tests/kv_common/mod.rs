@@ -59,16 +59,35 @@ pub fn start_server(dir: &Path, extra: &[&str]) -> Server {
 
 /// [`start_server`], or the server's output if it exits instead of serving.
 pub fn try_start_server(dir: &Path, extra: &[&str]) -> Result<Server, String> {
+    try_start(&[], "vnvm", dir, extra)
+}
+
+/// [`try_start_server`] with engine `engine`, run through `wrapper` (a command line that ends
+/// by running its arguments, e.g. one that enters a cgroup first; empty: none).
+pub fn try_start(
+    wrapper: &[&str],
+    engine: &str,
+    dir: &Path,
+    extra: &[&str],
+) -> Result<Server, String> {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+    let mut cmd = match wrapper.split_first() {
+        None => Command::new(env!("CARGO_BIN_EXE_tiermem")),
+        Some((w, rest)) => {
+            let mut c = Command::new(w);
+            c.args(rest).arg(env!("CARGO_BIN_EXE_tiermem"));
+            c
+        }
+    };
+    let mut child = cmd
         .args([
             "kv",
             "serve",
             "--engine",
-            "vnvm",
+            engine,
             "--port",
             &port.to_string(),
         ])
