@@ -23,6 +23,7 @@
 //! snapshot in place, and a file without its trailer is refused.
 
 use crate::error::{Result, SnapshotError};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use tiermem_media::{AlignedBuf, SsdDevice};
@@ -804,15 +805,90 @@ impl SnapshotFile {
             .read_exact_at(buf, off)
             .map_err(|e| SnapshotError::io("read", &self.path, e))?;
         if crc32c::crc32c(buf) != self.crcs[g] {
-            let (r, u) = self.layout.locate(g);
-            return Err(SnapshotError::corrupt(
-                &self.path,
-                format!(
-                    "CRC of unit {u} of region {:?} (bytes {off}..{})",
-                    self.layout.regions[r].name,
-                    off + n as u64
-                ),
-            ));
+            return Err(self.bad_unit_crc(g));
+        }
+        Ok(())
+    }
+
+    fn bad_unit_crc(&self, g: usize) -> SnapshotError {
+        let (r, u) = self.layout.locate(g);
+        let (off, n) = self.layout.unit_extent(g);
+        SnapshotError::corrupt(
+            &self.path,
+            format!(
+                "CRC of unit {u} of region {:?} (bytes {off}..{})",
+                self.layout.regions[r].name,
+                off + n as u64
+            ),
+        )
+    }
+
+    /// Reads global unit `g` straight into its pages in `unit` (the unit's bytes in the
+    /// destination: one `preadv` scattering the stored pages where they belong, no copy) and
+    /// checks its CRC there.
+    fn read_unit_into(&self, g: usize, unit: &mut [u8]) -> Result<()> {
+        let bm = self.layout.bitmaps[g];
+        let (off, n) = self.layout.unit_extent(g);
+        let mut iov = Vec::with_capacity(UNIT_PAGES);
+        for p in 0..UNIT_PAGES {
+            if bm >> p & 1 == 1 {
+                iov.push(libc::iovec {
+                    iov_base: unit[p * PAGE..(p + 1) * PAGE].as_mut_ptr().cast(),
+                    iov_len: PAGE,
+                });
+            }
+        }
+        let mut done = 0usize;
+        let mut first = 0usize;
+        while done < n {
+            // SAFETY: iov[first..] describe whole pages of `unit`, writable and borrowed
+            // exclusively for this call; the file is open.
+            let r = unsafe {
+                libc::preadv(
+                    self.file.as_raw_fd(),
+                    iov[first..].as_ptr(),
+                    (iov.len() - first).min(1024) as i32,
+                    (off + done as u64) as libc::off_t,
+                )
+            };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(SnapshotError::io("preadv", &self.path, e));
+            }
+            if r == 0 {
+                return Err(SnapshotError::corrupt(
+                    &self.path,
+                    "length (the file ends inside a unit's pages)",
+                ));
+            }
+            done += r as usize;
+            // Skip the pages filled; a partly filled page continues from its middle.
+            let mut left = r as usize;
+            while left > 0 {
+                let l = iov[first].iov_len;
+                if left >= l {
+                    left -= l;
+                    first += 1;
+                } else {
+                    // SAFETY: advancing inside the same page.
+                    iov[first].iov_base =
+                        unsafe { iov[first].iov_base.cast::<u8>().add(left) }.cast();
+                    iov[first].iov_len = l - left;
+                    left = 0;
+                }
+            }
+        }
+        let mut crc = 0;
+        for p in 0..UNIT_PAGES {
+            if bm >> p & 1 == 1 {
+                crc = crc32c::crc32c_append(crc, &unit[p * PAGE..(p + 1) * PAGE]);
+            }
+        }
+        if crc != self.crcs[g] {
+            return Err(self.bad_unit_crc(g));
         }
         Ok(())
     }
@@ -867,20 +943,18 @@ impl SnapshotFile {
                 dst.len()
             )));
         }
-        let mut buf = Vec::new();
         for u in 0..units_of(info.len) {
             let g = self.layout.unit(r, u);
-            self.read_unit(g, &mut buf)?;
-            let bm = self.layout.bitmaps[g];
-            let mut k = 0;
-            for p in 0..pages_in_unit(info.len, u) {
-                let at = u * UNIT_BYTES + p * PAGE;
-                let d = &mut dst[at..at + PAGE];
-                if bm >> p & 1 == 1 {
-                    d.copy_from_slice(&buf[k * PAGE..(k + 1) * PAGE]);
-                    k += 1;
-                } else if !zeroed {
-                    d.fill(0);
+            let start = u * UNIT_BYTES;
+            let end = start + pages_in_unit(info.len, u) * PAGE;
+            let unit = &mut dst[start..end];
+            self.read_unit_into(g, unit)?;
+            if !zeroed {
+                let bm = self.layout.bitmaps[g];
+                for (p, page) in unit.chunks_mut(PAGE).enumerate() {
+                    if bm >> p & 1 == 0 {
+                        page.fill(0);
+                    }
                 }
             }
         }
