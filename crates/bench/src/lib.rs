@@ -21,6 +21,7 @@ pub mod pheap;
 pub mod plot;
 pub mod prefault;
 pub mod progress;
+pub mod snapshot;
 pub mod stats;
 pub mod vnvm;
 pub mod worker;

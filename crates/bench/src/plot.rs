@@ -1,7 +1,7 @@
 //! The benchmarks' charts, drawn with `plotters`: cumulative distributions of latency samples on
 //! a logarithmic axis (`bench fault`), grouped bars on a logarithmic axis (`bench kv`) and
-//! stacked timeline panels (`bench migrate`). A chart is written as PNG when its file name ends
-//! in `.png` and as SVG when it ends in `.svg`.
+//! stacked timeline panels (`bench migrate`; with a y axis per panel, `bench snapshot`). A chart
+//! is written as PNG when its file name ends in `.png` and as SVG when it ends in `.svg`.
 //!
 //! Text is laid out with plotters' `ab_glyph` feature, which needs no system library: the font
 //! is DejaVu Sans, read at the first chart from `$TIERMEM_FONT` or the Debian package
@@ -303,28 +303,51 @@ pub fn timeline(
     y_max: f64,
     panels: &[Panel<'_>],
 ) -> Result<()> {
+    let axes: Vec<(&Panel<'_>, &str, f64)> = panels.iter().map(|p| (p, y_label, y_max)).collect();
     let h = 60 + panels.len().max(1) as u32 * 270;
-    render!(
-        path,
-        (1060, h),
-        draw_timeline(title, x_label, y_label, y_max, panels)
-    )
+    render!(path, (1060, h), draw_timeline(title, x_label, &axes))
 }
 
+/// A panel of [`timeline_axes`] with a y axis of its own: its label and its upper bound (the
+/// axis starts at 0).
+pub struct AxisPanel<'a> {
+    /// The panel's title and lines.
+    pub panel: Panel<'a>,
+    /// Its y axis's label.
+    pub y_label: &'a str,
+    /// Its y axis's upper bound.
+    pub y_max: f64,
+}
+
+/// [`timeline`] with a y axis per panel (panels of different quantities, e.g. memory in MB
+/// and throughput in ops/s, over the same time range).
+pub fn timeline_axes(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    panels: &[AxisPanel<'_>],
+) -> Result<()> {
+    let axes: Vec<(&Panel<'_>, &str, f64)> = panels
+        .iter()
+        .map(|p| (&p.panel, p.y_label, p.y_max))
+        .collect();
+    let h = 60 + panels.len().max(1) as u32 * 270;
+    render!(path, (1060, h), draw_timeline(title, x_label, &axes))
+}
+
+/// Draw panels, each with its y label and y maximum.
 fn draw_timeline<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     title: &str,
     x_label: &str,
-    y_label: &str,
-    y_max: f64,
-    panels: &[Panel<'_>],
+    panels: &[(&Panel<'_>, &str, f64)],
 ) -> Result<()> {
     root.fill(&WHITE).map_err(draw_err)?;
     let root = root.titled(title, (FONT, 15)).map_err(draw_err)?;
     let (mut x0, mut x1) = (f64::MAX, f64::MIN);
     for x in panels
         .iter()
-        .flat_map(|p| p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.0)))
+        .flat_map(|p| p.0.lines.iter().flat_map(|l| l.points.iter().map(|q| q.0)))
         .filter(|x| x.is_finite())
     {
         x0 = x0.min(x);
@@ -334,7 +357,7 @@ fn draw_timeline<DB: DrawingBackend>(
         (x0, x1) = (0.0, 1.0);
     }
     let areas = root.split_evenly((panels.len().max(1), 1));
-    for (p, area) in panels.iter().zip(areas.iter()) {
+    for (&(p, y_label, y_max), area) in panels.iter().zip(areas.iter()) {
         // The legend to the right of the plot, as long labels would cover the curves.
         let (plot_area, legend_area) = area.split_horizontally(area.dim_in_pixel().0 as i32 - 330);
         let mut chart = ChartBuilder::on(&plot_area)
@@ -528,7 +551,36 @@ mod tests {
                 &panels,
             )
             .unwrap();
-            for n in ["c", "b", "t"] {
+            timeline_axes(
+                &scratch(&format!("a.{ext}")),
+                "axes",
+                "ms",
+                &[
+                    AxisPanel {
+                        panel: Panel {
+                            title: "MB",
+                            lines: vec![Line {
+                                label: "m",
+                                color: 1,
+                                dashed: false,
+                                points: &pts,
+                            }],
+                        },
+                        y_label: "MB",
+                        y_max: 2.0,
+                    },
+                    AxisPanel {
+                        panel: Panel {
+                            title: "ops/s",
+                            lines: vec![],
+                        },
+                        y_label: "ops/s",
+                        y_max: 5e5,
+                    },
+                ],
+            )
+            .unwrap();
+            for n in ["c", "b", "t", "a"] {
                 let f = scratch(&format!("{n}.{ext}"));
                 let bytes = std::fs::read(&f).unwrap();
                 if ext == "png" {

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Subcommand;
 /// `bench migrate`'s harness; `migrate run` shares its size syntax (`crate::bench::migrate`).
 pub use tiermem_bench::migrate;
-use tiermem_bench::{fault, kv, media, pheap, prefault, print_report, vnvm, BenchOpts};
+use tiermem_bench::{fault, kv, media, pheap, prefault, print_report, snapshot, vnvm, BenchOpts};
 
 /// The benchmarks.
 #[derive(Subcommand)]
@@ -43,6 +43,13 @@ pub enum BenchCommand {
     /// programs (sqlite3, sort, python3, redis, memcached, x264, vips) plain and under
     /// `tiermem prefault run`. Per-touch CDFs with --plot.
     Prefault(BenchOpts),
+    /// Point-in-time snapshots of a key-value server's memory under a writer load (MDC):
+    /// tiermem-kv's wp, fork-mdc and fork methods against redis-server's BGSAVE (fork), each
+    /// server in a memory cgroup of its own, 1 KB values (256 MB with --quick, else 2 GB),
+    /// redis-benchmark at 50 % and 100 % updates: extra memory (cgroup total_rss), snapshot time,
+    /// pause, throughput and p99 during the snapshot, file size, restore time after kill -9,
+    /// the paper's ratios; memory and throughput over time with --plot.
+    Snapshot(snapshot::SnapshotOpts),
     /// Internal: the process one system of `bench vnvm` runs in, driven by `bench vnvm` over
     /// its stdin and stdout (one JSON request and one reply per line).
     #[command(hide = true)]
@@ -83,6 +90,7 @@ impl BenchCommand {
             BenchCommand::Migrate(_) => "bench migrate",
             BenchCommand::Pheap(_) => "bench pheap",
             BenchCommand::Prefault(_) => "bench prefault",
+            BenchCommand::Snapshot(_) => "bench snapshot",
             BenchCommand::VnvmWorker(_)
             | BenchCommand::MigrateCase
             | BenchCommand::PheapRun
@@ -100,6 +108,7 @@ fn run_inner(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Migrate(o) => print_report(&migrate::run(&o)?, o.common.json),
         BenchCommand::Pheap(o) => print_report(&pheap::run(&o)?, o.json),
         BenchCommand::Prefault(o) => print_report(&prefault::run(&o)?, o.json),
+        BenchCommand::Snapshot(o) => print_report(&snapshot::run(&o)?, o.bench.json),
         BenchCommand::VnvmWorker(a) => vnvm::worker_main(a),
         BenchCommand::MigrateCase => migrate::case_worker_main(),
         BenchCommand::PheapRun => pheap::run_worker_main(),
