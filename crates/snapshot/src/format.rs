@@ -42,6 +42,10 @@ pub const MAGIC: [u8; 8] = *b"TMSNAP\0\0";
 pub const TRAILER_MAGIC: [u8; 8] = *b"TMSNAPEN";
 /// Longest region name, bytes.
 pub const MAX_NAME: usize = 255;
+/// Threads of a restore.
+const RESTORE_THREADS: usize = 4;
+/// Most iovecs one `preadv` takes (Linux's IOV_MAX).
+const IOV_MAX: usize = 1024;
 /// Index entry bytes.
 const ENTRY: usize = 16;
 /// Where the header's CRC sits (it covers the bytes before it).
@@ -471,6 +475,41 @@ impl Writer {
         Ok(())
     }
 
+    /// Writes several units at once (`(g, data)` as in [`Writer::write_unit`]), all in flight
+    /// together (io_uring where the media layer has it): what keeps a queue of writes at the
+    /// device instead of one at a time.
+    pub fn write_units(&self, units: &[(usize, &[u8])]) -> Result<()> {
+        let mut ops = Vec::with_capacity(units.len());
+        for &(g, data) in units {
+            let (off, len) = self.layout.unit_extent(g);
+            if data.len() != len {
+                return Err(SnapshotError::InvalidArgument(format!(
+                    "unit {g}: {} bytes for {} present pages",
+                    data.len(),
+                    len / PAGE
+                )));
+            }
+            if len > 0 {
+                ops.push(tiermem_media::IoOp::write(off, data));
+            }
+        }
+        let mut results = self.dev.submit_batch(&mut ops)?.into_iter();
+        for &(g, data) in units {
+            if data.is_empty() {
+                self.record_unit(g, crc32c::crc32c(&[]));
+                continue;
+            }
+            let n = results.next().expect("one result per operation")?;
+            if n < data.len() {
+                // A short write: the rest, synchronously.
+                self.dev
+                    .write_at(self.layout.unit_extent(g).0 + n as u64, &data[n..])?;
+            }
+            self.record_unit(g, crc32c::crc32c(data));
+        }
+        Ok(())
+    }
+
     /// Records that global unit `g` was written with CRC `crc` by the caller itself (a
     /// `pwrite` of its bytes at [`Layout::unit_extent`] on [`Writer::raw_fd`]): what a thread
     /// in a signal handler does, where the media layer's error path would allocate.
@@ -823,31 +862,18 @@ impl SnapshotFile {
         )
     }
 
-    /// Reads global unit `g` straight into its pages in `unit` (the unit's bytes in the
-    /// destination: one `preadv` scattering the stored pages where they belong, no copy) and
-    /// checks its CRC there.
-    fn read_unit_into(&self, g: usize, unit: &mut [u8]) -> Result<()> {
-        let bm = self.layout.bitmaps[g];
-        let (off, n) = self.layout.unit_extent(g);
-        let mut iov = Vec::with_capacity(UNIT_PAGES);
-        for p in 0..UNIT_PAGES {
-            if bm >> p & 1 == 1 {
-                iov.push(libc::iovec {
-                    iov_base: unit[p * PAGE..(p + 1) * PAGE].as_mut_ptr().cast(),
-                    iov_len: PAGE,
-                });
-            }
-        }
+    /// Reads `len` bytes at `off` into the pages `iov` lists, in order (`preadv`, retried on
+    /// short reads and EINTR). Errors carry the errno.
+    fn preadv_all(fd: i32, iov: &mut [libc::iovec], off: u64, len: usize) -> std::io::Result<()> {
         let mut done = 0usize;
         let mut first = 0usize;
-        while done < n {
-            // SAFETY: iov[first..] describe whole pages of `unit`, writable and borrowed
-            // exclusively for this call; the file is open.
+        while done < len {
+            // SAFETY: iov[first..] describe writable memory the caller borrows exclusively.
             let r = unsafe {
                 libc::preadv(
-                    self.file.as_raw_fd(),
+                    fd,
                     iov[first..].as_ptr(),
-                    (iov.len() - first).min(1024) as i32,
+                    (iov.len() - first).min(IOV_MAX) as i32,
                     (off + done as u64) as libc::off_t,
                 )
             };
@@ -856,13 +882,10 @@ impl SnapshotFile {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(SnapshotError::io("preadv", &self.path, e));
+                return Err(e);
             }
             if r == 0 {
-                return Err(SnapshotError::corrupt(
-                    &self.path,
-                    "length (the file ends inside a unit's pages)",
-                ));
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
             }
             done += r as usize;
             // Skip the pages filled; a partly filled page continues from its middle.
@@ -880,15 +903,6 @@ impl SnapshotFile {
                     left = 0;
                 }
             }
-        }
-        let mut crc = 0;
-        for p in 0..UNIT_PAGES {
-            if bm >> p & 1 == 1 {
-                crc = crc32c::crc32c_append(crc, &unit[p * PAGE..(p + 1) * PAGE]);
-            }
-        }
-        if crc != self.crcs[g] {
-            return Err(self.bad_unit_crc(g));
         }
         Ok(())
     }
@@ -928,6 +942,83 @@ impl SnapshotFile {
         self.restore(r, dst, true)
     }
 
+    /// Restores units `us` of region `r` into `dst`, which starts at unit `us.start`.
+    fn restore_units(
+        &self,
+        r: usize,
+        us: std::ops::Range<usize>,
+        dst: &mut [u8],
+        mut fd: i32,
+        zeroed: bool,
+    ) -> Result<()> {
+        let len = self.layout.regions[r].len;
+        let base = us.start;
+        let mut u = us.start;
+        while u < us.end {
+            let mut v = u;
+            let mut pages = 0usize;
+            while v < us.end {
+                let c = self.layout.bitmaps[self.layout.unit(r, v)].count_ones() as usize;
+                if v > u && pages + c > IOV_MAX {
+                    break;
+                }
+                pages += c;
+                v += 1;
+            }
+            let mut iov = Vec::with_capacity(pages);
+            for w in u..v {
+                let bm = self.layout.bitmaps[self.layout.unit(r, w)];
+                for p in 0..UNIT_PAGES {
+                    if bm >> p & 1 == 1 {
+                        let at = (w - base) * UNIT_BYTES + p * PAGE;
+                        iov.push(libc::iovec {
+                            iov_base: dst[at..at + PAGE].as_mut_ptr().cast(),
+                            iov_len: PAGE,
+                        });
+                    }
+                }
+            }
+            let off = self.layout.unit_extent(self.layout.unit(r, u)).0;
+            let mut res = Self::preadv_all(fd, &mut iov.clone(), off, pages * PAGE);
+            if res
+                .as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL))
+                && fd != self.file.as_raw_fd()
+            {
+                // The file system refuses this direct read: buffered from here on.
+                fd = self.file.as_raw_fd();
+                res = Self::preadv_all(fd, &mut iov, off, pages * PAGE);
+            }
+            res.map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    SnapshotError::corrupt(&self.path, "length (the file ends inside the pages)")
+                } else {
+                    SnapshotError::io("preadv", &self.path, e)
+                }
+            })?;
+            for w in u..v {
+                let g = self.layout.unit(r, w);
+                let bm = self.layout.bitmaps[g];
+                let start = (w - base) * UNIT_BYTES;
+                let end = start + pages_in_unit(len, w) * PAGE;
+                let unit = &mut dst[start..end];
+                let mut crc = 0;
+                for (p, page) in unit.chunks_mut(PAGE).enumerate() {
+                    if bm >> p & 1 == 1 {
+                        crc = crc32c::crc32c_append(crc, page);
+                    } else if !zeroed {
+                        page.fill(0);
+                    }
+                }
+                if crc != self.crcs[g] {
+                    return Err(self.bad_unit_crc(g));
+                }
+            }
+            u = v;
+        }
+        Ok(())
+    }
+
     fn restore(&self, r: usize, dst: &mut [u8], zeroed: bool) -> Result<()> {
         let Some(info) = self.layout.regions.get(r) else {
             return Err(SnapshotError::InvalidArgument(format!(
@@ -943,21 +1034,63 @@ impl SnapshotFile {
                 dst.len()
             )));
         }
-        for u in 0..units_of(info.len) {
-            let g = self.layout.unit(r, u);
-            let start = u * UNIT_BYTES;
-            let end = start + pages_in_unit(info.len, u) * PAGE;
-            let unit = &mut dst[start..end];
-            self.read_unit_into(g, unit)?;
-            if !zeroed {
-                let bm = self.layout.bitmaps[g];
-                for (p, page) in unit.chunks_mut(PAGE).enumerate() {
-                    if bm >> p & 1 == 0 {
-                        page.fill(0);
-                    }
-                }
+        // Stored pages go straight to their place: one `preadv` per run of units holding up
+        // to IOV_MAX pages (consecutive units are consecutive in the file), with O_DIRECT
+        // where the file system has it (large reads at the device's speed, no page cache), by
+        // RESTORE_THREADS threads over contiguous shares of the units (a queue of reads at
+        // the device; page faults and CRCs on every CPU).
+        let direct = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&self.path)
+                .ok()
+        };
+        let fd = direct
+            .as_ref()
+            .map_or(self.file.as_raw_fd(), |f| f.as_raw_fd());
+        let units = units_of(info.len);
+        let total: usize = (0..units)
+            .map(|u| self.layout.bitmaps[self.layout.unit(r, u)].count_ones() as usize)
+            .sum();
+        // Shares of about equal pages.
+        let mut cuts = vec![0usize];
+        let mut acc = 0usize;
+        for u in 0..units {
+            acc += self.layout.bitmaps[self.layout.unit(r, u)].count_ones() as usize;
+            if acc * RESTORE_THREADS >= total * cuts.len() && cuts.len() < RESTORE_THREADS {
+                cuts.push(u + 1);
             }
         }
+        if *cuts.last().expect("cuts") != units {
+            cuts.push(units);
+        }
+        let mut shares = Vec::new();
+        let mut rest = dst;
+        for w in cuts.windows(2) {
+            let (u0, u1) = (w[0], w[1]);
+            let bytes = (u1 * UNIT_BYTES).min(info.len as usize) - u0 * UNIT_BYTES;
+            let (mine, more) = rest.split_at_mut(bytes);
+            rest = more;
+            shares.push((u0, u1, mine));
+        }
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = shares
+                .into_iter()
+                .map(|(u0, u1, mine)| {
+                    sc.spawn(move || self.restore_units(r, u0..u1, mine, fd, zeroed))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(SnapshotError::Aborted("a restore thread panicked".into()))
+                    })
+                })
+                .collect::<Result<Vec<()>>>()
+        })?;
         Ok(())
     }
 }

@@ -37,9 +37,9 @@ impl Default for Options {
 
 impl Options {
     /// The extra memory a `wp` snapshot of `units` units may take: slots, the dumper's
-    /// buffer, and the index.
+    /// buffers, and the index.
     pub fn extra_bytes_bound(&self, units: usize) -> u64 {
-        ((self.staging_slots + 1) * UNIT_BYTES + units * 16) as u64
+        ((self.staging_slots + crate::wp::DUMPER_BUFFERS) * UNIT_BYTES + units * 16) as u64
     }
 }
 
@@ -65,7 +65,7 @@ pub struct Report {
     pub self_written_units: u64,
     /// Faults that waited for another thread's claim on their unit (`wp`).
     pub claim_waits: u64,
-    /// The bound on extra memory: for `wp`, slots, dumper buffer and index; for the fork
+    /// The bound on extra memory: for `wp`, slots, dumper buffers and index; for the fork
     /// methods, every stored page (the kernel copies each page the parent writes before the
     /// child is done with it) plus the child's buffer and index.
     pub extra_bytes_bound: u64,

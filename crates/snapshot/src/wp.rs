@@ -18,7 +18,7 @@
 //!   the slot later. With no slot free, the thread writes the unit to the file itself, straight
 //!   from the still-protected pages (`pwritev`), then unprotects it (MDC's dump-before-write).
 //!
-//! Extra memory: `staging_slots` × 256 KiB + one 256 KiB dumper buffer + 16 B per unit.
+//! Extra memory: (`staging_slots` + [`DUMPER_BUFFERS`]) × 256 KiB + 16 B per unit.
 //!
 //! A unit has one owner at a time (`PENDING` → `CLAIMED` by compare-and-swap → `DONE`): a second
 //! writer to a claimed unit waits (yielding) until its owner has unprotected it. A removal,
@@ -42,6 +42,9 @@ use tiermem_fault::{
     Resolution, ResolveError, Resolver,
 };
 use tiermem_media::AlignedBuf;
+
+/// Buffers of the dumper (Q): units it copies and writes together, in flight at once.
+pub const DUMPER_BUFFERS: usize = 8;
 
 /// Unit states.
 const PENDING: u8 = 1;
@@ -742,10 +745,15 @@ pub(crate) fn scan_runs(
 }
 
 /// The dumper: staged units first, then pending units in address order, until every unit is
-/// in the file.
+/// in the file. Each round copies up to [`DUMPER_BUFFERS`] pending units into its buffers
+/// (unprotecting each as soon as it is copied: writers never wait for the disk on its
+/// account) and writes them, with the staged slots, as one batch in flight together.
 fn dump(job: &JobShared, handles: &[&RegionHandle]) -> Result<u64> {
     let units = job.state.len();
-    let mut buf = AlignedBuf::new(UNIT_BYTES, PAGE)?;
+    let mut bufs = Vec::with_capacity(DUMPER_BUFFERS);
+    for _ in 0..DUMPER_BUFFERS {
+        bufs.push(AlignedBuf::new(UNIT_BYTES, PAGE)?);
+    }
     let mut next = 0usize;
     loop {
         if job.failed() {
@@ -753,51 +761,64 @@ fn dump(job: &JobShared, handles: &[&RegionHandle]) -> Result<u64> {
                 err_text(job.error.load(Acquire)).into(),
             ));
         }
-        let mut worked = false;
+        // Staged slots (filled before `slot_unit` was published).
+        let mut slots = Vec::new();
         for (s, su) in job.slot_unit.iter().enumerate() {
             let v = su.load(Acquire);
             if v != 0 {
-                let g = v - 1;
-                let n = job.writer.layout().unit_extent(g).1;
-                // SAFETY: the slot was filled before `slot_unit` was published (Acquire above)
-                // and nobody writes it until it is freed below.
-                let data = unsafe { std::slice::from_raw_parts(job.slot_ptr[s].0, n) };
-                job.writer.write_unit(g, data)?;
-                su.store(0, Release);
-                job.free.fetch_or(1 << s, AcqRel);
-                worked = true;
+                slots.push((s, v - 1));
             }
         }
-        while next < units && job.state[next].load(Acquire) != PENDING {
-            next += 1;
-        }
-        if next < units {
+        // Pending units into the dumper's buffers.
+        let mut copied = Vec::new();
+        let mut used = 0;
+        while used < DUMPER_BUFFERS && next < units {
             let g = next;
+            next += 1;
             if job.state[g]
                 .compare_exchange(PENDING, CLAIMED, AcqRel, Acquire)
-                .is_ok()
+                .is_err()
             {
-                let (r, u) = job.writer.layout().locate(g);
-                let bm = job.writer.layout().bitmap(g);
-                let n = job.copy_unit(r, u, bm, &mut buf);
-                let (addr, len) = job.unit_range(r, u);
-                let res = handles[r].unprotect(addr - job.regions[r].base, len);
-                job.state[g].store(DONE, Release);
-                job.done_units.fetch_add(1, Relaxed);
-                res?;
-                job.writer.write_unit(g, &buf[..n])?;
-                job.dumped.fetch_add(1, Relaxed);
+                continue;
             }
-            continue;
+            let (r, u) = job.writer.layout().locate(g);
+            let bm = job.writer.layout().bitmap(g);
+            let n = job.copy_unit(r, u, bm, &mut bufs[used]);
+            let (addr, len) = job.unit_range(r, u);
+            let res = handles[r].unprotect(addr - job.regions[r].base, len);
+            job.state[g].store(DONE, Release);
+            job.done_units.fetch_add(1, Relaxed);
+            res?;
+            copied.push((g, used, n));
+            used += 1;
         }
-        if !worked {
+        if slots.is_empty() && copied.is_empty() {
             // Everything is claimed: wait for writers still staging or writing units.
-            let staged = job.slot_unit.iter().any(|s| s.load(Acquire) != 0);
-            if !staged && job.done_units.load(Acquire) == units && job.writer.complete() {
+            if next >= units && job.done_units.load(Acquire) == units && job.writer.complete() {
                 break;
             }
             std::thread::sleep(Duration::from_micros(50));
+            continue;
         }
+        let mut batch: Vec<(usize, &[u8])> = Vec::with_capacity(slots.len() + copied.len());
+        for &(s, g) in &slots {
+            let n = job.writer.layout().unit_extent(g).1;
+            // SAFETY: the slot was filled before `slot_unit` was published (Acquire above)
+            // and nobody writes it until it is freed below.
+            batch.push((g, unsafe {
+                std::slice::from_raw_parts(job.slot_ptr[s].0, n)
+            }));
+        }
+        for &(g, i, n) in &copied {
+            batch.push((g, &bufs[i][..n]));
+        }
+        job.writer.write_units(&batch)?;
+        drop(batch);
+        for &(s, _) in &slots {
+            job.slot_unit[s].store(0, Release);
+            job.free.fetch_or(1 << s, AcqRel);
+        }
+        job.dumped.fetch_add(copied.len() as u64, Relaxed);
     }
     Ok(0)
 }

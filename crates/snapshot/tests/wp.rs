@@ -8,6 +8,13 @@ use tiermem_snapshot::{
     begin, begin_paused, Memory, Method, Options, SnapshotError, SnapshotFile, PAGE,
 };
 
+/// The tests of this file run one at a time: the memory test samples the whole process's
+/// resident memory, which the others' mappings would disturb.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// `wp` options with `slots` staging slots.
 fn wp(slots: usize) -> Options {
     Options {
@@ -203,6 +210,7 @@ fn run_case(lens: &[usize], opts: Options, patterns: &[Pattern], seed: u64, paus
 
 #[test]
 fn concurrent_writers_of_every_pattern_see_the_pause_s_image_in_the_file() {
+    let _s = serial();
     for (slots, seed) in [(16, 1), (1, 2), (0, 3)] {
         run_case(
             &[8 << 20],
@@ -221,6 +229,7 @@ fn concurrent_writers_of_every_pattern_see_the_pause_s_image_in_the_file() {
 
 #[test]
 fn several_regions_of_odd_lengths() {
+    let _s = serial();
     // 1 page, 65 pages (a unit and one page), 300 KiB + 1 byte (rounded to pages).
     run_case(
         &[PAGE, 65 * PAGE, 300 * 1024 + 1],
@@ -233,6 +242,7 @@ fn several_regions_of_odd_lengths() {
 
 #[test]
 fn begin_paused_pauses_through_the_callback_and_the_file_is_the_pause_s_image() {
+    let _s = serial();
     // Writers already at work when the snapshot starts; the file is created before the pause.
     for (slots, seed) in [(16, 21), (0, 22)] {
         run_case(
@@ -247,6 +257,7 @@ fn begin_paused_pauses_through_the_callback_and_the_file_is_the_pause_s_image() 
 
 #[test]
 fn the_fork_methods_write_the_pause_s_image_too() {
+    let _s = serial();
     // The forked child dumps its copy-on-write view; `fork-mdc` drops each unit once written.
     for (method, seed, paused) in [
         (Method::Fork, 31, false),
@@ -269,6 +280,7 @@ fn the_fork_methods_write_the_pause_s_image_too() {
 
 #[test]
 fn a_killed_fork_child_fails_the_job_and_leaves_the_previous_file() {
+    let _s = serial();
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("snap");
     let m = Memory::map("m", 64 << 20).unwrap();
@@ -309,6 +321,7 @@ fn a_killed_fork_child_fails_the_job_and_leaves_the_previous_file() {
 
 #[test]
 fn a_region_changed_mid_snapshot_aborts_and_leaves_the_previous_file() {
+    let _s = serial();
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("snap");
     let m = Memory::map("m", 64 << 20).unwrap();
@@ -343,6 +356,7 @@ fn a_region_changed_mid_snapshot_aborts_and_leaves_the_previous_file() {
 
 #[test]
 fn an_aborted_or_dropped_job_unprotects_everything_and_removes_its_file() {
+    let _s = serial();
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("snap");
     let m = Memory::map("m", 32 << 20).unwrap();
@@ -360,6 +374,7 @@ fn an_aborted_or_dropped_job_unprotects_everything_and_removes_its_file() {
 
 #[test]
 fn bad_arguments_are_refused_before_anything_is_protected() {
+    let _s = serial();
     let dir = tempfile::tempdir().unwrap();
     let m = Memory::map("m", 1 << 20).unwrap();
     assert!(begin(&[], &dir.path().join("s"), vec![], Options::default()).is_err());
@@ -388,6 +403,7 @@ fn can_mount() -> bool {
 
 #[test]
 fn a_full_file_system_refuses_before_anything_is_protected_and_keeps_the_old_snapshot() {
+    let _s = serial();
     if !can_mount() {
         eprintln!("skipped: mounting a small tmpfs needs root");
         return;
@@ -472,6 +488,7 @@ fn crash_child(target: &std::path::Path) -> ! {
 
 #[test]
 fn kill_9_at_random_points_leaves_a_complete_snapshot() {
+    let _s = serial();
     if let Some(t) = std::env::var_os("TIERMEM_SNAPSHOT_CRASH_CHILD") {
         crash_child(std::path::Path::new(&t));
     }
@@ -541,6 +558,7 @@ fn rss_anon() -> u64 {
 
 #[test]
 fn extra_memory_stays_within_the_bound_while_writers_rewrite_everything() {
+    let _s = serial();
     let len = 64 << 20;
     let m = Memory::map("m", len).unwrap();
     for p in 0..len / PAGE {
