@@ -460,19 +460,7 @@ impl Writer {
     /// Writes global unit `g`: `data` is its present pages in order (`popcount × 4 KiB`
     /// bytes, page-aligned when the file is direct). Each unit is written once.
     pub fn write_unit(&self, g: usize, data: &[u8]) -> Result<()> {
-        let (off, len) = self.layout.unit_extent(g);
-        if data.len() != len {
-            return Err(SnapshotError::InvalidArgument(format!(
-                "unit {g}: {} bytes for {} present pages",
-                data.len(),
-                len / PAGE
-            )));
-        }
-        if len > 0 {
-            self.dev.write_at(off, data)?;
-        }
-        self.record_unit(g, crc32c::crc32c(data));
-        Ok(())
+        self.write_units(&[(g, data)])
     }
 
     /// Writes several units at once (`(g, data)` as in [`Writer::write_unit`]), all in flight
