@@ -134,6 +134,16 @@ int main(int argc, char **argv) {
     CHECK(tiermem_snapshot_begin(list, 1, path2, NULL, 0, 16, 7, &job) == -EINVAL,
           "an unknown method is refused");
 
+    /* Into an NVM pool file (a media pool of kind NVM) instead of a plain file. */
+    CHECK(tiermem_snapshot_begin(list, 1, path2, NULL, 0, 16,
+                                 TIERMEM_SNAPSHOT_WP | TIERMEM_SNAPSHOT_NVM_POOL, &job) == 0,
+          "begin into an NVM pool");
+    CHECK(tiermem_snapshot_wait(job, &rep2) == 0, "wait (NVM pool)");
+    CHECK(tiermem_snapshot_verify(path2) == 0, "verify (NVM pool)");
+    CHECK(tiermem_snapshot_restore(path2, 0, back, LEN) == 0 && memcmp(back, mem, LEN) == 0,
+          "the NVM pool snapshot differs from the memory");
+    unlink(path2);
+
     /* A damaged copy is refused, naming the check. */
     FILE *f = fopen(path, "r+b");
     CHECK(f != NULL, "fopen");

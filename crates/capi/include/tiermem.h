@@ -140,6 +140,12 @@
 #define TIERMEM_SNAPSHOT_FORK 2
 
 /**
+ * Flag or'ed into the method: the target is an NVM pool file (a media pool, kind NVM), not a
+ * plain file.
+ */
+#define TIERMEM_SNAPSHOT_NVM_POOL 256
+
+/**
  * `nv_allocate` mode: the region's DRAM cache is private to this process.
  */
 #define NV_PRIVATE 1

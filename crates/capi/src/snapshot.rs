@@ -10,7 +10,7 @@ use crate::error::{cstr, fail, guard, handles};
 use std::ffi::{c_char, c_int, c_void};
 use std::path::Path;
 use tiermem_snapshot::{
-    begin, begin_paused, Job, Memory, Method, Options, SnapshotError, SnapshotFile,
+    begin, begin_paused, Job, Memory, Method, Options, SnapshotError, SnapshotFile, Target,
 };
 
 /// Snapshot-able memory (opaque).
@@ -113,6 +113,9 @@ pub const TIERMEM_SNAPSHOT_WP: u32 = 0;
 pub const TIERMEM_SNAPSHOT_FORK_MDC: u32 = 1;
 /// Method `fork`: a forked child dumps; the kernel copies what the parent writes meanwhile.
 pub const TIERMEM_SNAPSHOT_FORK: u32 = 2;
+/// Flag or'ed into the method: the target is an NVM pool file (a media pool, kind NVM), not a
+/// plain file.
+pub const TIERMEM_SNAPSHOT_NVM_POOL: u32 = 0x100;
 
 /// Begins a snapshot of the `n` memories `mems` into `target` with `app_len` bytes of `app`
 /// saved beside them, by `method` (`TIERMEM_SNAPSHOT_WP`, `_FORK_MDC`, `_FORK`) with
@@ -237,7 +240,12 @@ fn start(
         // SAFETY: app points to app_len readable bytes (ABI contract).
         unsafe { std::slice::from_raw_parts(app as *const u8, app_len) }.to_vec()
     };
-    let method = match method {
+    let kind = if method & TIERMEM_SNAPSHOT_NVM_POOL != 0 {
+        Target::NvmPool
+    } else {
+        Target::File
+    };
+    let method = match method & !TIERMEM_SNAPSHOT_NVM_POOL {
         TIERMEM_SNAPSHOT_WP => Method::Wp,
         TIERMEM_SNAPSHOT_FORK_MDC => Method::ForkMdc,
         TIERMEM_SNAPSHOT_FORK => Method::Fork,
@@ -246,6 +254,7 @@ fn start(
     let opts = Options {
         staging_slots: staging_slots as usize,
         method,
+        target: kind,
     };
     match how(&list, Path::new(target), app, opts) {
         Ok(job) => {

@@ -57,6 +57,7 @@ fn info(path: &Path, as_json: bool) -> Result<()> {
         let v = json!({
             "path": i.path.display().to_string(),
             "method": i.method.name(),
+            "target": i.target.name(),
             "uuid": i.uuid,
             "created_ns": i.created_ns,
             "regions": i.regions.iter().map(|r| json!({"name": r.name, "bytes": r.len})).collect::<Vec<_>>(),
@@ -70,6 +71,7 @@ fn info(path: &Path, as_json: bool) -> Result<()> {
     }
     println!("{}", i.path.display());
     println!("  method        {}", i.method.name());
+    println!("  target        {}", i.target.name());
     println!("  uuid          {}", i.uuid);
     println!("  created       {} ns since the epoch", i.created_ns);
     for r in &i.regions {

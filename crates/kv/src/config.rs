@@ -31,6 +31,7 @@
 //! | `log-size`, `cache-size` | engine default | vnvm's log and NVM-cache sizes; empty = engine default |
 //! | `dbfilename` | `dump.tmsnap` | the `volatile` engine's snapshot file in `dir` (SAVE, BGSAVE, loaded at start) |
 //! | `snapshot-method` | `wp` | how snapshots are taken: `wp` (fork-less, bounded extra memory), `fork-mdc` or `fork` |
+//! | `snapshot-target` | `file` | where snapshots go: `file` (O_DIRECT) or `nvm-pool` (a media NVM pool file at `dir/dbfilename`) |
 //! | `snapshot-staging-slots` | `16` | `wp`'s staging slots of 256 KiB (0–64) |
 //! | `save` | `""` | save points, `seconds changes` pairs (Redis's syntax); empty = none |
 //!
@@ -198,6 +199,8 @@ pub struct KvConfig {
     pub dbfilename: String,
     /// How snapshots are taken (`snapshot-method`: `wp`, `fork-mdc`, `fork`).
     pub snapshot_method: String,
+    /// Where snapshots go (`snapshot-target`: `file`, `nvm-pool`).
+    pub snapshot_target: String,
     /// `wp`'s staging slots (`snapshot-staging-slots`).
     pub snapshot_staging_slots: usize,
     /// Save points (`save`), Redis's syntax; empty: none.
@@ -222,6 +225,7 @@ impl Default for KvConfig {
             migration_method: "fam".to_string(),
             dbfilename: crate::persistence::DEFAULT_DBFILENAME.to_string(),
             snapshot_method: "wp".to_string(),
+            snapshot_target: "file".to_string(),
             snapshot_staging_slots: 16,
             save: String::new(),
         }
@@ -286,6 +290,7 @@ const KEYS: &[&str] = &[
     "migration-method",
     "dbfilename",
     "snapshot-method",
+    "snapshot-target",
     "snapshot-staging-slots",
     "save",
     "appendonly",
@@ -486,11 +491,16 @@ impl KvConfig {
                 self.cache_size = parse_optional_size(value)
                     .ok_or_else(|| bad("a size, or empty for the engine's default"))?
             }
-            "dbfilename" | "snapshot-method" | "snapshot-staging-slots" | "save" => {
+            "dbfilename"
+            | "snapshot-method"
+            | "snapshot-target"
+            | "snapshot-staging-slots"
+            | "save" => {
                 crate::persistence::check_setting(&key, value).map_err(ConfigError::new)?;
                 match key.as_str() {
                     "dbfilename" => self.dbfilename = value.to_string(),
                     "snapshot-method" => self.snapshot_method = value.to_string(),
+                    "snapshot-target" => self.snapshot_target = value.to_string(),
                     "snapshot-staging-slots" => {
                         self.snapshot_staging_slots = parse_size(value).unwrap_or(16) as usize
                     }
@@ -556,6 +566,7 @@ impl KvConfig {
             "migration-method" => self.migration_method.clone(),
             "dbfilename" => self.dbfilename.clone(),
             "snapshot-method" => self.snapshot_method.clone(),
+            "snapshot-target" => self.snapshot_target.clone(),
             "snapshot-staging-slots" => self.snapshot_staging_slots.to_string(),
             "save" => self.save.clone(),
             k => FIXED.iter().find(|(f, _)| *f == k)?.1.to_string(),

@@ -555,6 +555,12 @@ fn open_volatile(
                 cfg.snapshot_method
             ))
         })?,
+        target: tiermem_snapshot::Target::parse(&cfg.snapshot_target).ok_or_else(|| {
+            KvError::Config(format!(
+                "unknown snapshot-target {:?} (file or nvm-pool)",
+                cfg.snapshot_target
+            ))
+        })?,
         staging_slots: cfg.snapshot_staging_slots,
         save_points: persistence::parse_save_points(&cfg.save)
             .ok_or_else(|| KvError::Config(format!("bad save points {:?}", cfg.save)))?,

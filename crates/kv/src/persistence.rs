@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tiermem_snapshot::{begin, begin_paused_owned, Memory, Method, Options, Report, SnapshotFile};
+use tiermem_snapshot::{
+    begin, begin_paused_owned, Memory, Method, Options, Report, SnapshotFile, Target,
+};
 
 /// The application state of a tiermem-kv snapshot: names what the one region holds.
 pub const APP_MAGIC: &[u8] = b"tiermem-kv volatile heap v1";
@@ -34,7 +36,7 @@ pub const DEFAULT_DBFILENAME: &str = "dump.tmsnap";
 const RETRY_AFTER_FAILURE_S: u64 = 5;
 
 /// Where and how snapshots are taken (config keys `dir`, `dbfilename`, `snapshot-method`,
-/// `snapshot-staging-slots`, `save`).
+/// `snapshot-target`, `snapshot-staging-slots`, `save`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotSettings {
     /// The directory of the snapshot file.
@@ -43,6 +45,8 @@ pub struct SnapshotSettings {
     pub dbfilename: String,
     /// `wp`, `fork-mdc` or `fork`.
     pub method: Method,
+    /// A file (`file`) or an NVM pool file (`nvm-pool`) at `dir/dbfilename`.
+    pub target: Target,
     /// Staging slots of the `wp` method (0..=64).
     pub staging_slots: usize,
     /// `save` points: (seconds, changes): a background save starts when at least `changes`
@@ -92,6 +96,11 @@ pub fn check_setting(key: &str, value: &str) -> Result<Option<()>, String> {
                 format!(
                     "bad value for 'snapshot-method': '{value}' (expected wp, fork-mdc or fork)"
                 )
+            })?;
+        }
+        "snapshot-target" => {
+            Target::parse(value).ok_or_else(|| {
+                format!("bad value for 'snapshot-target': '{value}' (expected file or nvm-pool)")
             })?;
         }
         "snapshot-staging-slots" => {
@@ -268,7 +277,7 @@ impl Persistence {
         self.settings.lock().clone()
     }
 
-    /// CONFIG SET of a snapshot key (`dbfilename`, `snapshot-method`,
+    /// CONFIG SET of a snapshot key (`dbfilename`, `snapshot-method`, `snapshot-target`,
     /// `snapshot-staging-slots`, `save`); `Ok(false)` if `key` is not one. Takes effect at
     /// the next snapshot.
     pub fn set(&self, key: &str, value: &str) -> Result<bool, String> {
@@ -279,6 +288,7 @@ impl Persistence {
         match key {
             "dbfilename" => s.dbfilename = value.to_string(),
             "snapshot-method" => s.method = Method::parse(value).expect("checked"),
+            "snapshot-target" => s.target = Target::parse(value).expect("checked"),
             "snapshot-staging-slots" => {
                 s.staging_slots = parse_size(value).expect("checked") as usize
             }
@@ -295,6 +305,7 @@ impl Persistence {
             "dir" => s.dir.display().to_string(),
             "dbfilename" => s.dbfilename.clone(),
             "snapshot-method" => s.method.name().to_string(),
+            "snapshot-target" => s.target.name().to_string(),
             "snapshot-staging-slots" => s.staging_slots.to_string(),
             "save" => format_save_points(&s.save_points),
             _ => return None,
@@ -325,6 +336,7 @@ impl Persistence {
         Options {
             staging_slots: s.staging_slots,
             method: s.method,
+            target: s.target,
         }
     }
 
@@ -512,6 +524,7 @@ impl Persistence {
         add("rdb_saves", st.saves.to_string());
         add("snapshot_file", s.path().display().to_string());
         add("snapshot_method", s.method.name().into());
+        add("snapshot_target", s.target.name().into());
         add("snapshot_staging_slots", s.staging_slots.to_string());
         add(
             "snapshot_extra_bytes_bound",

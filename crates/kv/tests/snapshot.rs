@@ -146,6 +146,38 @@ fn bgsave_keeps_a_prefix_of_the_acknowledged_writes_and_a_restart_serves_it() {
 }
 
 #[test]
+fn snapshots_into_an_nvm_pool_load_at_start_too() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let kv = start(dir.path(), "fork-mdc").unwrap();
+    let mut c = client(&kv);
+    assert_eq!(
+        cmd(&mut c, &["CONFIG", "SET", "snapshot-target", "nvm-pool"]),
+        Reply::Simple("OK".into())
+    );
+    for i in 0..3000 {
+        cmd(&mut c, &["SET", &format!("k{i}"), &value(i)]);
+    }
+    assert_eq!(
+        cmd(&mut c, &["BGSAVE"]),
+        Reply::Simple("Background saving started".into())
+    );
+    let i = wait_saved(&mut c);
+    assert_eq!(i["rdb_last_bgsave_status"], "ok", "{i:?}");
+    assert_eq!(i["snapshot_target"], "nvm-pool");
+    kv.stop().unwrap();
+    let f = tiermem_snapshot::SnapshotFile::open(&dir.path().join("dump.tmsnap")).unwrap();
+    assert_eq!(f.info().target, tiermem_snapshot::Target::NvmPool);
+    let kv = start(dir.path(), "wp").unwrap();
+    let mut c = client(&kv);
+    assert_eq!(cmd(&mut c, &["DBSIZE"]), Reply::Int(3000));
+    assert_eq!(
+        cmd(&mut c, &["GET", "k2999"]),
+        Reply::Bulk(Some(value(2999).into_bytes()))
+    );
+    kv.stop().unwrap();
+}
+
+#[test]
 fn save_points_save_in_the_background_and_shutdown_saves_with_them() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let kv = start(dir.path(), "wp").unwrap();

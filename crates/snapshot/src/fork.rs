@@ -16,7 +16,7 @@
 //! child to finish a temporary file that nobody renames.
 
 use crate::error::{Result, SnapshotError};
-use crate::format::{self, Layout, Method, Reservation, PAGE, UNIT_BYTES, UNIT_PAGES};
+use crate::format::{self, Layout, Method, Reservation, Target, PAGE, UNIT_BYTES, UNIT_PAGES};
 use crate::job::{region_infos, reserve_estimate, Report};
 use crate::wp::{scan_runs, Memory};
 use std::path::Path;
@@ -129,6 +129,16 @@ impl Drop for SharedMap {
     }
 }
 
+/// The file the child writes: descriptor, where the snapshot starts in it, its capacity,
+/// and whether it can grow (an NVM pool cannot).
+#[derive(Clone, Copy)]
+struct ChildFile {
+    fd: i32,
+    base: u64,
+    capacity: u64,
+    growable: bool,
+}
+
 /// One region as the child walks it.
 #[derive(Clone, Copy)]
 struct ChildRegion {
@@ -156,6 +166,7 @@ pub(crate) fn start<G>(
     target: &Path,
     app: Vec<u8>,
     method: Method,
+    kind: Target,
     pause: Option<impl FnOnce() -> G>,
 ) -> Result<ForkJob> {
     let t0 = Instant::now();
@@ -169,7 +180,7 @@ pub(crate) fn start<G>(
         }
     }
     let pm = Pagemap::open()?;
-    let reservation = reserve_estimate(mem, &pm, target, app.len() as u64)?;
+    let reservation = reserve_estimate(mem, &pm, target, app.len() as u64, kind)?;
     drop(pm);
     let mut regions = Vec::with_capacity(mem.len());
     let mut units = 0;
@@ -185,7 +196,12 @@ pub(crate) fn start<G>(
     let mut buf = AlignedBuf::new(UNIT_BYTES, PAGE)?;
     let mut scan_buf = vec![PageRegion::default(); 512];
     let fd = reservation.raw_fd();
-    let capacity = reservation.capacity();
+    let file = ChildFile {
+        fd,
+        base: reservation.raw_base(),
+        capacity: reservation.capacity(),
+        growable: reservation.growable(),
+    };
     let app_len = app.len() as u64;
     let guard = pause.map(|p| p());
     let tp = if guard.is_some() { Instant::now() } else { t0 };
@@ -197,8 +213,7 @@ pub(crate) fn start<G>(
             &map,
             &mut buf,
             &mut scan_buf,
-            fd,
-            capacity,
+            file,
             app_len,
             method,
         );
@@ -232,8 +247,7 @@ fn child(
     map: &SharedMap,
     buf: &mut AlignedBuf,
     scan_buf: &mut [PageRegion],
-    fd: i32,
-    capacity: u64,
+    file: ChildFile,
     app_len: u64,
     method: Method,
 ) -> ! {
@@ -266,7 +280,12 @@ fn child(
     }
     let units = map.units;
     let need = format::file_len_of(units, present, app_len);
-    if need > capacity {
+    let fd = file.fd;
+    if need > file.capacity {
+        if !file.growable {
+            // An NVM pool cannot grow: the memory grew past the reservation's headroom.
+            fail(STEP_ALLOCATE, libc::ENOSPC);
+        }
         // SAFETY: the reservation's descriptor, inherited; a plain syscall.
         let rc = unsafe { libc::posix_fallocate(fd, 0, need as libc::off_t) };
         if rc != 0 {
@@ -304,7 +323,7 @@ fn child(
                         fd,
                         buf.as_ptr().add(done).cast(),
                         bytes - done,
-                        (off + done as u64) as libc::off_t,
+                        (file.base + off + done as u64) as libc::off_t,
                     )
                 };
                 if w < 0 {

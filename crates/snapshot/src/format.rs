@@ -26,7 +26,10 @@ use crate::error::{Result, SnapshotError};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use tiermem_media::{AlignedBuf, SsdDevice};
+use tiermem_media::{AlignedBuf, Pool, PoolKind, PoolOptions, SsdDevice};
+
+/// Bytes of a media pool's header before its data area.
+const POOL_HEADER: u64 = 4096;
 
 /// Bytes of a page; the only page size this build writes and reads.
 pub const PAGE: usize = 4096;
@@ -253,6 +256,7 @@ impl Layout {
         self.unit_off[self.units()]
     }
 
+    #[cfg(test)]
     fn trailer_at(&self) -> u64 {
         self.app_at() + pad(self.app_len)
     }
@@ -310,12 +314,115 @@ pub fn uuid_hex(u: &[u8; 16]) -> String {
     u.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Where a snapshot is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Target {
+    /// A file, written with O_DIRECT where the file system has it (`SsdDevice`).
+    #[default]
+    File,
+    /// A media NVM pool file (`tiermem_media::Pool`, kind NVM: emulated persistent memory, or
+    /// a DAX file): the snapshot is stored into its mapping and persisted (flush + fence, or
+    /// msync), inside the pool's data area.
+    NvmPool,
+}
+
+impl Target {
+    /// The target's name as the CLI and tiermem-kv spell it (`file`, `nvm-pool`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::File => "file",
+            Target::NvmPool => "nvm-pool",
+        }
+    }
+
+    /// Parses [`Target::name`].
+    pub fn parse(s: &str) -> Option<Target> {
+        match s {
+            "file" => Some(Target::File),
+            "nvm-pool" => Some(Target::NvmPool),
+            _ => None,
+        }
+    }
+}
+
+/// The device a snapshot is written to: a file or an NVM pool.
+enum Dev {
+    Ssd(SsdDevice),
+    Pool(Pool),
+}
+
+impl Dev {
+    /// Where the snapshot's byte 0 lies in the underlying file.
+    fn base(&self) -> u64 {
+        match self {
+            Dev::Ssd(_) => 0,
+            Dev::Pool(p) => p.header().data_offset,
+        }
+    }
+
+    fn raw_fd(&self) -> i32 {
+        match self {
+            Dev::Ssd(d) => d.as_raw_fd(),
+            Dev::Pool(p) => p.as_raw_fd(),
+        }
+    }
+
+    fn direct(&self) -> bool {
+        match self {
+            Dev::Ssd(d) => d.direct(),
+            Dev::Pool(_) => false,
+        }
+    }
+
+    fn write_at(&self, off: u64, data: &[u8]) -> Result<()> {
+        match self {
+            Dev::Ssd(d) => d.write_at(off, data)?,
+            Dev::Pool(p) => p.write(off, data)?,
+        }
+        Ok(())
+    }
+
+    /// Writes every `(offset, data)`; an SSD file has them in flight together (io_uring).
+    fn write_batch(&self, ops: &[(u64, &[u8])]) -> Result<()> {
+        match self {
+            Dev::Ssd(d) => {
+                let mut io: Vec<tiermem_media::IoOp<'_>> = ops
+                    .iter()
+                    .map(|&(off, data)| tiermem_media::IoOp::write(off, data))
+                    .collect();
+                for (r, &(off, data)) in d.submit_batch(&mut io)?.into_iter().zip(ops) {
+                    let n = r?;
+                    if n < data.len() {
+                        // A short write: the rest, synchronously.
+                        d.write_at(off + n as u64, &data[n..])?;
+                    }
+                }
+            }
+            Dev::Pool(p) => {
+                for &(off, data) in ops {
+                    p.write(off, data)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes everything written so far durable.
+    fn sync(&self) -> Result<()> {
+        match self {
+            Dev::Ssd(d) => d.sync()?,
+            Dev::Pool(p) => p.persist(0, p.data_len())?,
+        }
+        Ok(())
+    }
+}
+
 /// A snapshot's temporary file, created (`NAME.tmp-<uuid>`, same directory) and allocated
 /// before the layout is known: what `wp::begin_paused` does outside the application's pause,
 /// from an estimate. [`Reservation::into_writer`] grows it when the exact layout needs more
 /// and [`Writer::finish`] truncates what was not used. Dropped, it removes the file.
 pub struct Reservation {
-    dev: Option<SsdDevice>,
+    dev: Option<Dev>,
     tmp: PathBuf,
     target: PathBuf,
     uuid: [u8; 16],
@@ -326,6 +433,12 @@ impl Reservation {
     /// Creates the temporary file of `capacity` bytes, allocated: a full file system refuses
     /// here ([`tiermem_media::MediaError::NoSpace`]).
     pub fn new(target: &Path, capacity: u64) -> Result<Reservation> {
+        Reservation::new_in(target, capacity, Target::File)
+    }
+
+    /// As [`Reservation::new`] on `kind`: an NVM pool's data area of `capacity` bytes (a pool
+    /// cannot grow: [`Reservation::into_writer`] refuses a layout longer than it).
+    pub fn new_in(target: &Path, capacity: u64, kind: Target) -> Result<Reservation> {
         let name = target.file_name().ok_or_else(|| {
             SnapshotError::InvalidArgument(format!("{}: not a file path", target.display()))
         })?;
@@ -334,7 +447,15 @@ impl Reservation {
         tmp_name.push(format!(".tmp-{}", uuid_hex(&uuid)));
         let tmp = target.with_file_name(tmp_name);
         let capacity = pad(capacity.max(3 * PAGE as u64));
-        let dev = SsdDevice::create(&tmp, capacity)?;
+        let dev = match kind {
+            Target::File => Dev::Ssd(SsdDevice::create(&tmp, capacity)?),
+            Target::NvmPool => {
+                let opts = PoolOptions::new(POOL_HEADER + capacity)
+                    .kind(PoolKind::Nvm)
+                    .tag("tiermem-snapshot");
+                Dev::Pool(Pool::create(&tmp, &opts)?)
+            }
+        };
         Ok(Reservation {
             dev: Some(dev),
             tmp,
@@ -349,9 +470,21 @@ impl Reservation {
         self.capacity
     }
 
-    /// The temporary file's descriptor (a forked child writes pages through it).
+    /// The temporary file's descriptor (a forked child writes pages through it, at
+    /// [`Reservation::raw_base`] + the snapshot's offset).
     pub fn raw_fd(&self) -> i32 {
-        self.dev.as_ref().map_or(-1, |d| d.as_raw_fd())
+        self.dev.as_ref().map_or(-1, |d| d.raw_fd())
+    }
+
+    /// Where the snapshot's byte 0 lies in the file (an NVM pool's data area: after its
+    /// header).
+    pub fn raw_base(&self) -> u64 {
+        self.dev.as_ref().map_or(0, |d| d.base())
+    }
+
+    /// Whether the file can grow (a pool cannot).
+    pub fn growable(&self) -> bool {
+        matches!(self.dev, Some(Dev::Ssd(_)))
     }
 
     /// The temporary file's path.
@@ -363,8 +496,18 @@ impl Reservation {
     /// capacity (no space: [`tiermem_media::MediaError::NoSpace`], the file removed).
     pub fn into_writer(mut self, layout: Layout, method: Method) -> Result<Writer> {
         let need = layout.file_len();
+        if need > self.capacity && !self.growable() {
+            return Err(tiermem_media::MediaError::NoSpace {
+                path: self.tmp.clone(),
+                requested: need,
+                available: self.capacity,
+            }
+            .into());
+        }
         if need > self.capacity {
-            let dev = self.dev.take().expect("reservation device");
+            let Some(Dev::Ssd(dev)) = self.dev.take() else {
+                unreachable!("growable: an SSD file")
+            };
             // SAFETY: the device's descriptor is open; posix_fallocate returns an errno value.
             let rc = unsafe { libc::posix_fallocate(dev.as_raw_fd(), 0, need as libc::off_t) };
             drop(dev);
@@ -382,7 +525,7 @@ impl Reservation {
                 });
             }
             // The device checks bounds against the length it opened with: open it again.
-            self.dev = Some(SsdDevice::open(&self.tmp)?);
+            self.dev = Some(Dev::Ssd(SsdDevice::open(&self.tmp)?));
             self.capacity = need;
         }
         let units = layout.units();
@@ -415,7 +558,7 @@ impl Drop for Reservation {
 /// at once ([`Writer::write_unit`] takes `&self`); the file becomes the snapshot only in
 /// [`Writer::finish`]. Dropped unfinished, it removes its temporary file.
 pub struct Writer {
-    dev: SsdDevice,
+    dev: Dev,
     tmp: PathBuf,
     target: PathBuf,
     layout: Layout,
@@ -452,9 +595,15 @@ impl Writer {
         self.dev.direct()
     }
 
-    /// The file descriptor (for a writer that must not allocate: see [`Writer::record_unit`]).
+    /// The file descriptor (for a writer that must not allocate: see [`Writer::record_unit`]);
+    /// the snapshot's byte 0 is at [`Writer::raw_base`] in it.
     pub fn raw_fd(&self) -> i32 {
-        self.dev.as_raw_fd()
+        self.dev.raw_fd()
+    }
+
+    /// Where the snapshot's byte 0 lies in [`Writer::raw_fd`]'s file (0 for a file target).
+    pub fn raw_base(&self) -> u64 {
+        self.dev.base()
     }
 
     /// Writes global unit `g`: `data` is its present pages in order (`popcount × 4 KiB`
@@ -478,21 +627,11 @@ impl Writer {
                 )));
             }
             if len > 0 {
-                ops.push(tiermem_media::IoOp::write(off, data));
+                ops.push((off, data));
             }
         }
-        let mut results = self.dev.submit_batch(&mut ops)?.into_iter();
+        self.dev.write_batch(&ops)?;
         for &(g, data) in units {
-            if data.is_empty() {
-                self.record_unit(g, crc32c::crc32c(&[]));
-                continue;
-            }
-            let n = results.next().expect("one result per operation")?;
-            if n < data.len() {
-                // A short write: the rest, synchronously.
-                self.dev
-                    .write_at(self.layout.unit_extent(g).0 + n as u64, &data[n..])?;
-            }
             self.record_unit(g, crc32c::crc32c(data));
         }
         Ok(())
@@ -574,11 +713,15 @@ impl Writer {
             a[..app.len()].copy_from_slice(app);
             self.dev.write_at(l.app_at(), &a)?;
         }
-        // What the estimate reserved beyond the layout goes (the reader wants the exact
-        // length: the trailer is the last block).
-        if self.capacity > l.file_len() {
+        // What the estimate reserved beyond the layout goes (the trailer is the last block);
+        // a pool keeps its size, its trailer is its data area's last block.
+        let total = match self.dev {
+            Dev::Ssd(_) => l.file_len(),
+            Dev::Pool(_) => self.capacity,
+        };
+        if matches!(self.dev, Dev::Ssd(_)) && self.capacity > l.file_len() {
             // SAFETY: the descriptor is open; a plain syscall.
-            if unsafe { libc::ftruncate(self.dev.as_raw_fd(), l.file_len() as libc::off_t) } != 0 {
+            if unsafe { libc::ftruncate(self.dev.raw_fd(), l.file_len() as libc::off_t) } != 0 {
                 return Err(SnapshotError::io(
                     "ftruncate",
                     &self.tmp,
@@ -591,7 +734,7 @@ impl Writer {
         let mut t = AlignedBuf::new(PAGE, PAGE)?;
         t[..8].copy_from_slice(&TRAILER_MAGIC);
         t[8..24].copy_from_slice(&self.uuid);
-        put64(&mut t, 24, l.file_len());
+        put64(&mut t, 24, total);
         put64(&mut t, 32, l.units() as u64);
         put64(&mut t, 40, l.present_pages());
         put64(&mut t, 48, app.len() as u64);
@@ -599,13 +742,13 @@ impl Writer {
         put32(&mut t, 60, index_crc);
         let c = crc32c::crc32c(&t[..TRAILER_BODY]);
         put32(&mut t, TRAILER_BODY, c);
-        self.dev.write_at(l.trailer_at(), &t)?;
+        self.dev.write_at(total - PAGE as u64, &t)?;
         self.dev.sync()?;
         std::fs::rename(&self.tmp, &self.target)
             .map_err(|e| SnapshotError::io("rename", &self.target, e))?;
         self.finished = true;
         sync_dir(&self.target)?;
-        Ok(l.file_len())
+        Ok(total)
     }
 }
 
@@ -632,6 +775,11 @@ fn sync_dir(path: &Path) -> Result<()> {
 pub struct SnapshotFile {
     path: PathBuf,
     file: std::fs::File,
+    /// Where the snapshot starts in the file (an NVM pool's data area) and what holds it.
+    base: u64,
+    target: Target,
+    /// The snapshot's length (the file's, or the pool's data area).
+    len: u64,
     layout: Layout,
     method: Method,
     uuid: [u8; 16],
@@ -659,8 +807,10 @@ pub struct Info {
     pub present_pages: u64,
     /// Bytes of application state.
     pub app_len: u64,
-    /// The file's length.
+    /// The snapshot's length (a pool's: its data area).
     pub file_len: u64,
+    /// What holds it: a file or an NVM pool.
+    pub target: Target,
 }
 
 impl SnapshotFile {
@@ -675,6 +825,31 @@ impl SnapshotFile {
             .map_err(|e| SnapshotError::io("stat", path, e))?
             .len();
         let bad = |c: String| Err(SnapshotError::corrupt(path, c));
+        // An NVM pool holds the snapshot in its data area (after the pool's header).
+        let mut base = 0u64;
+        let mut target = Target::File;
+        let mut len = len;
+        if len >= POOL_HEADER {
+            let mut first = vec![0u8; POOL_HEADER as usize];
+            file.read_exact_at(&mut first, 0)
+                .map_err(|e| SnapshotError::io("read", path, e))?;
+            if first[..8] != MAGIC {
+                if let Ok(h) = tiermem_media::PoolHeader::decode(path, &first) {
+                    if h.data_offset
+                        .checked_add(h.data_size)
+                        .map_or(true, |e| e > len)
+                    {
+                        return bad(format!(
+                            "NVM pool: data area {}+{} past the file's {len} bytes",
+                            h.data_offset, h.data_size
+                        ));
+                    }
+                    base = h.data_offset;
+                    len = h.data_size;
+                    target = Target::NvmPool;
+                }
+            }
+        }
         if len < 3 * PAGE as u64 || len % PAGE as u64 != 0 {
             return bad(format!(
                 "length {len} is not a whole number of 4 KiB blocks of at least header, index and trailer (truncated?)"
@@ -682,7 +857,7 @@ impl SnapshotFile {
         }
         let read = |off: u64, n: usize| -> Result<Vec<u8>> {
             let mut b = vec![0u8; n];
-            file.read_exact_at(&mut b, off)
+            file.read_exact_at(&mut b, base + off)
                 .map_err(|e| SnapshotError::io("read", path, e))?;
             Ok(b)
         };
@@ -786,7 +961,9 @@ impl SnapshotFile {
                 layout.present_pages()
             ));
         }
-        if layout.file_len() != len {
+        // A file is exactly its layout; a pool's data area may be longer (zeros before the
+        // trailer in its last block).
+        if layout.file_len() != len && (target == Target::File || layout.file_len() > len) {
             return bad(format!(
                 "the index and state make a file of {} bytes, it has {len}",
                 layout.file_len()
@@ -795,6 +972,9 @@ impl SnapshotFile {
         Ok(SnapshotFile {
             path: path.to_path_buf(),
             file,
+            base,
+            target,
+            len,
             layout,
             method,
             uuid,
@@ -815,7 +995,8 @@ impl SnapshotFile {
             units: self.layout.units(),
             present_pages: self.layout.present_pages(),
             app_len: self.layout.app_len,
-            file_len: self.layout.file_len(),
+            file_len: self.len,
+            target: self.target,
         }
     }
 
@@ -829,7 +1010,7 @@ impl SnapshotFile {
         let (off, n) = self.layout.unit_extent(g);
         buf.resize(n, 0);
         self.file
-            .read_exact_at(buf, off)
+            .read_exact_at(buf, self.base + off)
             .map_err(|e| SnapshotError::io("read", &self.path, e))?;
         if crc32c::crc32c(buf) != self.crcs[g] {
             return Err(self.bad_unit_crc(g));
@@ -909,7 +1090,7 @@ impl SnapshotFile {
         use std::os::unix::fs::FileExt;
         let mut b = vec![0u8; self.layout.app_len as usize];
         self.file
-            .read_exact_at(&mut b, self.layout.app_at())
+            .read_exact_at(&mut b, self.base + self.layout.app_at())
             .map_err(|e| SnapshotError::io("read", &self.path, e))?;
         if crc32c::crc32c(&b) != self.app_crc {
             return Err(SnapshotError::corrupt(&self.path, "application state CRC"));
@@ -966,7 +1147,7 @@ impl SnapshotFile {
                     }
                 }
             }
-            let off = self.layout.unit_extent(self.layout.unit(r, u)).0;
+            let off = self.base + self.layout.unit_extent(self.layout.unit(r, u)).0;
             let mut res = Self::preadv_all(fd, &mut iov.clone(), off, pages * PAGE);
             if res
                 .as_ref()

@@ -5,7 +5,7 @@
 
 use crate::error::{Result, SnapshotError};
 use crate::fork::ForkJob;
-use crate::format::{Layout, Method, RegionInfo, Reservation, PAGE, UNIT_BYTES};
+use crate::format::{Layout, Method, RegionInfo, Reservation, Target, PAGE, UNIT_BYTES};
 use crate::wp::{self, Memory, WpJob};
 use std::path::Path;
 use std::sync::Arc;
@@ -24,6 +24,8 @@ pub struct Options {
     pub staging_slots: usize,
     /// `wp` (default), `fork-mdc` or `fork`.
     pub method: Method,
+    /// A file (default) or an NVM pool.
+    pub target: Target,
 }
 
 impl Default for Options {
@@ -31,6 +33,7 @@ impl Default for Options {
         Options {
             staging_slots: 16,
             method: Method::Wp,
+            target: Target::File,
         }
     }
 }
@@ -158,7 +161,8 @@ fn start<'a, G>(
     }
     let kind = match opts.method {
         Method::Wp => wp::start(mem, target, app, opts, pause).map(Kind::Wp),
-        m => crate::fork::start(mem, target, app, m, pause).map(|j| Kind::Fork(Box::new(j))),
+        m => crate::fork::start(mem, target, app, m, opts.target, pause)
+            .map(|j| Kind::Fork(Box::new(j))),
     };
     match kind {
         Ok(kind) => Ok(Job {
@@ -248,6 +252,7 @@ pub(crate) fn reserve_estimate(
     pm: &Pagemap,
     target: &Path,
     app_len: u64,
+    kind: Target,
 ) -> Result<Reservation> {
     let mut bitmaps = Vec::new();
     for m in mem {
@@ -258,7 +263,7 @@ pub(crate) fn reserve_estimate(
     let room = (est.present_pages() / 4)
         .max(4096)
         .min(total - est.present_pages());
-    Reservation::new(target, est.file_len() + room * PAGE as u64)
+    Reservation::new_in(target, est.file_len() + room * PAGE as u64, kind)
 }
 
 impl<'a> Job<'a> {

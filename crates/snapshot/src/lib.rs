@@ -24,7 +24,7 @@ pub mod wp;
 
 pub use error::{Result, SnapshotError};
 pub use format::{
-    Info, Layout, Method, RegionInfo, Reservation, SnapshotFile, Writer, PAGE, UNIT_BYTES,
+    Info, Layout, Method, RegionInfo, Reservation, SnapshotFile, Target, Writer, PAGE, UNIT_BYTES,
     UNIT_PAGES,
 };
 pub use job::{begin, begin_paused, begin_paused_owned, Job, Options, OwnedJob, Report, MAX_SLOTS};

@@ -393,7 +393,7 @@ impl JobShared {
                     self.writer.raw_fd(),
                     iov[first..n].as_ptr(),
                     (n - first) as i32,
-                    (off + done as u64) as libc::off_t,
+                    (self.writer.raw_base() + off + done as u64) as libc::off_t,
                 )
             };
             if w < 0 {
@@ -550,11 +550,11 @@ pub(crate) fn start<'a, G>(
         None => {
             let (bitmaps, runs) = scan_all()?;
             let layout = Layout::new(infos.clone(), bitmaps, app.len() as u64)?;
-            let r = Reservation::new(target, layout.file_len())?;
+            let r = Reservation::new_in(target, layout.file_len(), opts.target)?;
             (r, None, t0, Some((layout, runs)))
         }
         Some(pause) => {
-            let r = crate::job::reserve_estimate(mem, &pm, target, app.len() as u64)?;
+            let r = crate::job::reserve_estimate(mem, &pm, target, app.len() as u64, opts.target)?;
             let g = pause();
             (r, Some(g), Instant::now(), None)
         }

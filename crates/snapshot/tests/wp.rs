@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use tiermem_snapshot::{
-    begin, begin_paused, Memory, Method, Options, SnapshotError, SnapshotFile, PAGE,
+    begin, begin_paused, Memory, Method, Options, SnapshotError, SnapshotFile, Target, PAGE,
 };
 
 /// The tests of this file run one at a time: the memory test samples the whole process's
@@ -20,6 +20,7 @@ fn wp(slots: usize) -> Options {
     Options {
         staging_slots: slots,
         method: Method::Wp,
+        target: Target::File,
     }
 }
 
@@ -276,6 +277,54 @@ fn the_fork_methods_write_the_pause_s_image_too() {
             paused,
         );
     }
+}
+
+#[test]
+fn an_nvm_pool_target_holds_the_same_snapshot() {
+    let _s = serial();
+    // wp with writers running (begin_paused) and fork-mdc, into media NVM pool files.
+    for (method, seed, paused) in [(Method::Wp, 41, true), (Method::ForkMdc, 42, false)] {
+        run_case(
+            &[8 << 20, 65 * PAGE],
+            Options {
+                method,
+                target: Target::NvmPool,
+                ..Options::default()
+            },
+            &[Pattern::Random, Pattern::Holes, Pattern::Front],
+            seed,
+            paused,
+        );
+    }
+    // The file is a media pool whose data area holds the snapshot; a damaged byte in the
+    // stored pages is refused, naming the unit.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("snap");
+    let m = Memory::map("m", 4 << 20).unwrap();
+    fill(&m, 43);
+    let opts = Options {
+        target: Target::NvmPool,
+        ..Options::default()
+    };
+    let rep = begin(&[&m], &target, b"pool".to_vec(), opts)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let f = SnapshotFile::open(&target).unwrap();
+    assert_eq!(f.info().target, Target::NvmPool);
+    assert_eq!(f.info().file_len, rep.file_bytes);
+    f.verify().unwrap();
+    let mut out = vec![0u8; m.len()];
+    f.restore_into(0, &mut out).unwrap();
+    assert_eq!(out, image(&m));
+    let h = tiermem_media::Pool::open(&target, &tiermem_media::OpenOptions::default()).unwrap();
+    assert_eq!(h.kind(), tiermem_media::PoolKind::Nvm);
+    drop(h);
+    let mut bytes = std::fs::read(&target).unwrap();
+    bytes[4096 + 2 * PAGE + 100] ^= 1; // pool header, snapshot header, index: then pages
+    std::fs::write(&target, &bytes).unwrap();
+    let e = SnapshotFile::open(&target).unwrap().verify().unwrap_err();
+    assert!(e.to_string().contains("CRC of unit"), "{e}");
 }
 
 #[test]

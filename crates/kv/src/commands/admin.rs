@@ -321,7 +321,7 @@ impl KvService {
     }
 
     /// CONFIG SET key value [key value ...]: the snapshot keys (`save`, `dbfilename`,
-    /// `snapshot-method`, `snapshot-staging-slots`) change at run time; the other keys are set
+    /// `snapshot-method`, `snapshot-target`, `snapshot-staging-slots`) change at run time; the other keys are set
     /// at start. All or nothing, as Redis.
     fn config_set(&self, a: &[&[u8]], out: &mut Vec<u8>) {
         if a.len() < 4 || a.len() % 2 != 0 {
