@@ -134,6 +134,18 @@ impl KvInstance {
             info.name,
             if info.durable {
                 format!("durable, durability {}", cfg.durability)
+            } else if let (Some(s), Some(_)) = (&snapshots, engine.snapshot_memory()) {
+                format!(
+                    "persisted by snapshots to {} ({}, {}; save points: {})",
+                    s.path().display(),
+                    s.method.name(),
+                    s.target.name(),
+                    if s.save_points.is_empty() {
+                        "none".to_string()
+                    } else {
+                        persistence::format_save_points(&s.save_points)
+                    }
+                )
             } else {
                 "not persisted".to_string()
             },

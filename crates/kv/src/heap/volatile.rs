@@ -175,7 +175,7 @@ impl Engine for VolatileEngine {
             name: "volatile",
             durable: false,
             location: format!(
-                "anonymous region at {:p}, {} MiB, {} (not persisted)",
+                "anonymous region at {:p}, {} MiB, {}",
                 self.base,
                 self.len >> 20,
                 match self.region_id() {
