@@ -2,7 +2,8 @@
 //!
 //! Layers (see `docs/kv.md`):
 //! * [`resp`]: the RESP2 request parser and reply encoder, incremental and bounded;
-//! * [`server`]: TCP and Unix-socket event loops with pipelining, calling a [`server::Service`];
+//! * [`server`]: TCP and Unix-socket event loops with pipelining, calling a [`server::Service`]
+//!   ([`iobuf`]: their input buffers, big ones mapped on their own);
 //! * [`config`]: the server's settings, from a `redis.conf`-style file or flags;
 //! * [`heap`]: the storage interface — a transactional heap addressed by offsets — and its
 //!   engines (`vnvm`: durable; `volatile`: one registered anonymous region);
@@ -20,6 +21,7 @@ pub mod config;
 pub mod ds;
 pub mod heap;
 pub mod instance;
+pub mod iobuf;
 pub mod persistence;
 pub mod resp;
 pub mod server;

@@ -80,6 +80,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::config::{parse_bind, ServerConfig};
+use crate::iobuf::IoBuf;
 use crate::resp::{Limits, RequestParser, VecPool};
 
 /// What the connection does after a batch of requests.
@@ -661,13 +662,13 @@ impl Epoll {
 }
 
 /// `recv` into `buf`'s spare capacity; Ok(0) is end of stream.
-fn recv_into(fd: RawFd, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
-    let spare = buf.spare_capacity_mut();
-    let len = spare.len().min(max);
+fn recv_into(fd: RawFd, buf: &mut IoBuf, max: usize) -> io::Result<usize> {
+    let len = (buf.capacity() - buf.len()).min(max);
+    let spare = buf.spare_ptr();
     loop {
         // SAFETY: the kernel writes at most `len` bytes into the spare capacity, which is
         // allocated and writable.
-        let n = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), len, 0) };
+        let n = unsafe { libc::recv(fd, spare.cast(), len, 0) };
         if n >= 0 {
             let n = n as usize;
             // SAFETY: the kernel initialised the first n <= len bytes of the spare capacity.
@@ -760,7 +761,7 @@ struct Conn<Sess> {
     session: Option<Sess>,
     parser: RequestParser,
     /// The unfinished request's bytes; empty (no allocation) between requests.
-    inbuf: Vec<u8>,
+    inbuf: IoBuf,
     /// Replies not yet sent: `out[out_pos..]`.
     out: Vec<u8>,
     out_pos: usize,
@@ -809,7 +810,7 @@ struct Worker<S: Service> {
     slots: Vec<Slot<S::Session>>,
     free: Vec<usize>,
     live: usize,
-    scratch: Vec<u8>,
+    scratch: IoBuf,
     pool: VecPool,
     /// Connections with replies to send at the end of the round.
     flush: Vec<u64>,
@@ -843,7 +844,7 @@ impl<S: Service> Worker<S> {
             slots: Vec::new(),
             free: Vec::new(),
             live: 0,
-            scratch: Vec::with_capacity(SCRATCH),
+            scratch: IoBuf::with_capacity(SCRATCH),
             pool: VecPool::new(),
             flush: Vec::new(),
             partial: 0,
@@ -1042,7 +1043,7 @@ impl<S: Service> Worker<S> {
             fd,
             session: Some(session),
             parser: RequestParser::new(),
-            inbuf: Vec::new(),
+            inbuf: IoBuf::new(),
             out: Vec::new(),
             out_pos: 0,
             accounted: 0,
@@ -1131,7 +1132,7 @@ impl<S: Service> Worker<S> {
 
         // Read: into the thread's scratch buffer between requests, else into the connection's.
         let use_scratch = conn.inbuf.is_empty();
-        let buf: &mut Vec<u8> = if use_scratch {
+        let buf: &mut IoBuf = if use_scratch {
             scratch.clear();
             scratch
         } else {
@@ -1246,7 +1247,7 @@ impl<S: Service> Worker<S> {
         // the buffer no longer needs.
         let before = conn.inbuf.capacity();
         if close {
-            conn.inbuf = Vec::new();
+            conn.inbuf = IoBuf::new();
             conn.parser.reset();
         } else if use_scratch {
             if parsed.consumed < scratch.len() {
@@ -1254,9 +1255,9 @@ impl<S: Service> Worker<S> {
                 conn.inbuf.extend_from_slice(&scratch[parsed.consumed..]);
             }
         } else if parsed.consumed >= conn.inbuf.len() {
-            conn.inbuf = Vec::new();
+            conn.inbuf = IoBuf::new();
         } else {
-            conn.inbuf.drain(..parsed.consumed);
+            conn.inbuf.consume_front(parsed.consumed);
             let (len, cap) = (conn.inbuf.len(), conn.inbuf.capacity());
             if cap > OUT_KEEP && cap > 4 * len {
                 conn.inbuf.shrink_to(len.max(MIN_READ));
@@ -1265,7 +1266,7 @@ impl<S: Service> Worker<S> {
         *freed += before.saturating_sub(conn.inbuf.capacity());
         if use_scratch && scratch.capacity() > 2 * READ_CAP {
             *freed += scratch.capacity();
-            *scratch = Vec::with_capacity(SCRATCH);
+            *scratch = IoBuf::with_capacity(SCRATCH);
         }
         if conn.inbuf.len() as u64 > shared.query_limit {
             return (Outcome::Cut(Cut::QueryLimit), executed);
