@@ -47,11 +47,13 @@
 //! # Memory
 //!
 //! Connection buffers are freed when they drain (replies sent, requests complete) and when the
-//! connection closes; a big read buffer left holding a small unfinished tail shrinks. Once a
-//! thread has freed [`TRIM_AFTER`] bytes of buffers it calls glibc's `malloc_trim(0)` (at most
-//! every [`TRIM_EVERY`]), which gives whole free pages of every arena back to the OS: after a
-//! flood of big unfinished requests is cut, the process shrinks back instead of keeping the
-//! flood's size.
+//! connection closes; a big read buffer left holding a small unfinished tail shrinks. Input
+//! buffers of 1 MiB and more are mappings of their own ([`crate::iobuf`]), unmapped when
+//! freed: after a flood of big unfinished requests is cut, the process shrinks back instead of
+//! keeping the flood's size. For the rest, once a thread has freed [`TRIM_AFTER`] bytes of
+//! buffers it calls glibc's `malloc_trim(0)` (at most every [`TRIM_EVERY`]), which gives whole
+//! free pages inside the arenas back to the OS (not the free top of a thread's arena: that is
+//! why the big buffers are mapped).
 //! * `maxclients`: a connection beyond it gets `-ERR max number of clients reached` and is
 //!   closed. At start the process's open-file limit is raised (up to its hard limit) to fit it.
 //!
