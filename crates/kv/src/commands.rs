@@ -463,10 +463,7 @@ impl KvService {
         // With save points, a last snapshot first (Redis saves at shutdown then too).
         if let Some(p) = self.persistence.get() {
             if p.saves_on_shutdown() && !self.frozen.load(SeqCst) {
-                while p.in_progress() {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                p.save(&self.lock, &self.stats.changes)
+                p.save_after_running(&self.lock, &self.stats.changes)
                     .map_err(crate::heap::HeapError::Persist)?;
             }
         }

@@ -31,6 +31,9 @@ pub const APP_MAGIC: &[u8] = b"tiermem-kv volatile heap v1";
 /// The default `dbfilename` (not `dump.rdb`: the file is not in Redis's RDB format).
 pub const DEFAULT_DBFILENAME: &str = "dump.tmsnap";
 
+/// The refusal of a save while another runs (Redis's text).
+const BUSY: &str = "ERR Background save already in progress";
+
 /// Seconds before a save point retries after a failed background save (Redis's
 /// `CONFIG_BGSAVE_RETRY_DELAY`).
 const RETRY_AFTER_FAILURE_S: u64 = 5;
@@ -342,7 +345,7 @@ impl Persistence {
 
     fn claim(&self) -> Result<(), String> {
         if self.in_progress.swap(true, SeqCst) {
-            return Err("ERR Background save already in progress".into());
+            return Err(BUSY.into());
         }
         // The directory is made on first use (the default one may not exist yet).
         let dir = self.settings.lock().dir.clone();
@@ -464,6 +467,17 @@ impl Persistence {
         let out = r.as_ref().map(|_| ()).map_err(|e| format!("ERR {e}"));
         self.finish(r, s.method, at, false);
         out
+    }
+
+    /// SAVE at shutdown: waits for a save that is running (a BGSAVE, a save point) to end,
+    /// then saves.
+    pub fn save_after_running(&self, lock: &RwLock<()>, changes: &AtomicU64) -> Result<(), String> {
+        loop {
+            match self.save(lock, changes) {
+                Err(e) if e == BUSY => std::thread::sleep(std::time::Duration::from_millis(5)),
+                r => return r,
+            }
+        }
     }
 
     /// Whether a save point is due (for a timer): at least one point's seconds passed since

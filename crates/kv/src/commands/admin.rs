@@ -111,10 +111,7 @@ impl KvService {
                     if save {
                         // The batch's write lock goes: the save takes it itself.
                         drop(std::mem::replace(held, Held::None));
-                        while p.in_progress() {
-                            std::thread::sleep(std::time::Duration::from_millis(5));
-                        }
-                        if let Err(e) = p.save(&self.lock, &self.stats.changes) {
+                        if let Err(e) = p.save_after_running(&self.lock, &self.stats.changes) {
                             reply::error(
                                 out,
                                 &format!("ERR Errors trying to SHUTDOWN. Check logs. ({e})"),
