@@ -286,13 +286,16 @@ fn server_cpu_s(pid: Option<u32>) -> Option<f64> {
 
 /// A memory cgroup (v1) created for one system: the server enters it at exec
 /// ([`Cgroup::enter_at_exec`]); dropping it kills every process left in it and removes it.
-struct Cgroup {
+/// (The kv snapshot tests use it too.)
+pub struct Cgroup {
     path: PathBuf,
     procs: CString,
 }
 
 impl Cgroup {
-    fn create(name: &str) -> Result<Cgroup> {
+    /// Creates `/sys/fs/cgroup/memory/NAME` (an earlier one of that name is emptied and
+    /// replaced); an error without a v1 memory controller.
+    pub fn create(name: &str) -> Result<Cgroup> {
         let root = Path::new(CGROUP_ROOT);
         if !root.join("memory.stat").is_file() {
             bail!(
@@ -317,7 +320,7 @@ impl Cgroup {
 
     /// Make `cmd`'s process join this cgroup between fork and exec (it writes 0 — itself — to
     /// `cgroup.procs`), so that everything it allocates after exec is charged here.
-    fn enter_at_exec(&self, cmd: &mut Command) {
+    pub fn enter_at_exec(&self, cmd: &mut Command) {
         let procs = self.procs.clone();
         // SAFETY: open, write and close are async-signal-safe; the path was allocated before the
         // fork, and the error value is built from errno without allocating.
@@ -339,7 +342,7 @@ impl Cgroup {
     }
 
     /// `total_rss` of the cgroup's `memory.stat`, bytes.
-    fn total_rss(&self) -> Result<u64> {
+    pub fn total_rss(&self) -> Result<u64> {
         let p = self.path.join("memory.stat");
         let text =
             std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;

@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
+use tiermem_bench::snapshot::Cgroup;
 
 /// A directory on disk (not tmpfs: the snapshot file is written with O_DIRECT).
 fn scratch(name: &str) -> PathBuf {
@@ -22,12 +24,12 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn start(dir: &Path, method: &str) -> Server {
-    start_in(&[], dir, method)
+    start_in(&|_| {}, dir, method)
 }
 
-fn start_in(wrapper: &[&str], dir: &Path, method: &str) -> Server {
+fn start_in(prepare: &dyn Fn(&mut Command), dir: &Path, method: &str) -> Server {
     try_start(
-        wrapper,
+        prepare,
         "volatile",
         dir,
         &[
@@ -168,58 +170,17 @@ fn kill_9_of_the_server_or_of_a_fork_child_mid_bgsave_keeps_the_previous_snapsho
     }
 }
 
-/// A v1 memory cgroup of its own, removed on drop (its processes killed first).
-struct Cgroup(PathBuf);
-
-impl Cgroup {
-    fn new(name: &str) -> Option<Cgroup> {
-        let root = Path::new("/sys/fs/cgroup/memory");
-        if !root.join("cgroup.procs").exists() {
-            return None;
-        }
-        let d = root.join(format!("tiermem-test-{name}-{}", std::process::id()));
-        std::fs::create_dir(&d).ok()?;
-        Some(Cgroup(d))
-    }
-
-    fn total_rss(&self) -> u64 {
-        let s = std::fs::read_to_string(self.0.join("memory.stat")).unwrap();
-        s.lines()
-            .find_map(|l| l.strip_prefix("total_rss "))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        if let Ok(p) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
-            for pid in p.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                // SAFETY: killing the test's own server processes left in its cgroup.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
-        for _ in 0..100 {
-            if std::fs::remove_dir(&self.0).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 #[test]
 fn the_cgroup_peak_stays_within_the_bound_while_a_writer_rewrites_everything() {
-    let Some(cg) = Cgroup::new("snap") else {
-        eprintln!("skipped: no v1 memory cgroup to create");
-        return;
+    let cg = match Cgroup::create(&format!("tiermem-test-snap-{}", std::process::id())) {
+        Ok(cg) => cg,
+        Err(e) => {
+            eprintln!("skipped: {e:#}");
+            return;
+        }
     };
     let dir = scratch("cgroup");
-    let procs = cg.0.join("cgroup.procs");
-    let enter = format!("echo $$ > {} && exec \"$@\"", procs.display());
-    let s = start_in(&["sh", "-c", &enter, "sh"], &dir, "wp");
+    let s = start_in(&|cmd| cg.enter_at_exec(cmd), &dir, "wp");
     let keys = 150_000u64;
     fill(s.port, 0, keys);
     // A writer rewriting random keys (every unit is written during the snapshot).
@@ -244,7 +205,7 @@ fn the_cgroup_peak_stays_within_the_bound_while_a_writer_rewrites_everything() {
     let before = (0..20)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(2));
-            cg.total_rss()
+            cg.total_rss().unwrap()
         })
         .max()
         .unwrap();
@@ -255,7 +216,7 @@ fn the_cgroup_peak_stays_within_the_bound_while_a_writer_rewrites_everything() {
     let mut peak = 0;
     let t = Instant::now();
     loop {
-        peak = peak.max(cg.total_rss());
+        peak = peak.max(cg.total_rss().unwrap());
         if info(&mut c, "persistence")["rdb_bgsave_in_progress"] == "0" {
             break;
         }

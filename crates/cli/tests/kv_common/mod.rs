@@ -59,13 +59,13 @@ pub fn start_server(dir: &Path, extra: &[&str]) -> Server {
 
 /// [`start_server`], or the server's output if it exits instead of serving.
 pub fn try_start_server(dir: &Path, extra: &[&str]) -> Result<Server, String> {
-    try_start(&[], "vnvm", dir, extra)
+    try_start(&|_| {}, "vnvm", dir, extra)
 }
 
-/// [`try_start_server`] with engine `engine`, run through `wrapper` (a command line that ends
-/// by running its arguments, e.g. one that enters a cgroup first; empty: none).
+/// [`try_start_server`] with engine `engine`, its command first given to `prepare` (e.g. to
+/// enter a cgroup at exec).
 pub fn try_start(
-    wrapper: &[&str],
+    prepare: &dyn Fn(&mut Command),
     engine: &str,
     dir: &Path,
     extra: &[&str],
@@ -74,14 +74,8 @@ pub fn try_start(
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let mut cmd = match wrapper.split_first() {
-        None => Command::new(env!("CARGO_BIN_EXE_tiermem")),
-        Some((w, rest)) => {
-            let mut c = Command::new(w);
-            c.args(rest).arg(env!("CARGO_BIN_EXE_tiermem"));
-            c
-        }
-    };
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tiermem"));
+    prepare(&mut cmd);
     let mut child = cmd
         .args([
             "kv",
