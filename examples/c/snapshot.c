@@ -170,9 +170,9 @@ int main(int argc, char **argv) {
     free(ref);
     free(back);
     printf("C snapshot: all checks passed (pause %.2f ms, %llu units: %llu dumped, %llu staged, "
-           "%llu written by the writer)\n",
+           "%llu written by the writer, %llu pages spilled)\n",
            rep.pause_ns / 1e6, (unsigned long long)rep.units,
            (unsigned long long)rep.dumped_units, (unsigned long long)rep.staged_units,
-           (unsigned long long)rep.self_written_units);
+           (unsigned long long)rep.self_written_units, (unsigned long long)rep.spilled_pages);
     return 0;
 }

@@ -475,6 +475,10 @@ typedef struct TiermemSnapshotReport {
    * The bound on extra memory, bytes.
    */
   uint64_t extra_bytes_bound;
+  /**
+   * Pages a writer spilled (copied alone before its unit was dumped).
+   */
+  uint64_t spilled_pages;
 } TiermemSnapshotReport;
 
 #ifdef __cplusplus

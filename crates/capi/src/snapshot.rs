@@ -45,6 +45,8 @@ pub struct TiermemSnapshotReport {
     pub self_written_units: u64,
     /// The bound on extra memory, bytes.
     pub extra_bytes_bound: u64,
+    /// Pages a writer spilled (copied alone before its unit was dumped).
+    pub spilled_pages: u64,
 }
 
 fn snap_fail(e: SnapshotError) -> c_int {
@@ -326,6 +328,7 @@ pub extern "C" fn tiermem_snapshot_wait(
                             staged_units: r.staged_units,
                             self_written_units: r.self_written_units,
                             extra_bytes_bound: r.extra_bytes_bound,
+                            spilled_pages: r.spilled_pages,
                         }
                     };
                 }

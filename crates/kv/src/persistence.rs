@@ -571,6 +571,7 @@ impl Persistence {
             "snapshot_last_self_written_units",
             r.self_written_units.to_string(),
         );
+        add("snapshot_last_spilled_pages", r.spilled_pages.to_string());
         add("snapshot_write_faults", self.mem.faults().to_string());
     }
 

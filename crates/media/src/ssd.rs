@@ -202,7 +202,8 @@ pub struct SsdDevice {
     fd: OwnedFd,
     direct: bool,
     align: DioAlign,
-    size: u64,
+    /// Bytes usable (raised by [`SsdDevice::grow`]).
+    size: std::sync::atomic::AtomicU64,
     ring: Option<Mutex<io_uring::IoUring>>,
     delay: DelayCell,
     stats: DeviceStats,
@@ -212,7 +213,7 @@ impl std::fmt::Debug for SsdDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SsdDevice")
             .field("path", &self.path)
-            .field("size", &self.size)
+            .field("size", &self.len())
             .field("direct", &self.direct)
             .field("align", &self.align)
             .field("io_uring", &self.ring.is_some())
@@ -295,6 +296,35 @@ impl SsdDevice {
         })
     }
 
+    /// Allocates the file up to `new_len` bytes (`posix_fallocate`; ENOSPC/EFBIG →
+    /// [`MediaError::NoSpace`]) and makes them usable; a smaller `new_len` does nothing. Safe
+    /// beside I/O in flight: bytes below the old length are untouched. Concurrent calls are
+    /// the caller's to serialise (the length only grows, to the last caller's value).
+    pub fn grow(&self, new_len: u64) -> Result<()> {
+        if new_len <= self.len() {
+            return Ok(());
+        }
+        // SAFETY: the descriptor is open; posix_fallocate returns an errno value.
+        let rc = unsafe { libc::posix_fallocate(self.fd.as_raw_fd(), 0, new_len as libc::off_t) };
+        match rc {
+            0 => {
+                self.size
+                    .fetch_max(new_len, std::sync::atomic::Ordering::AcqRel);
+                Ok(())
+            }
+            libc::ENOSPC | libc::EFBIG => Err(MediaError::NoSpace {
+                path: self.path.clone(),
+                requested: new_len,
+                available: 0,
+            }),
+            e => Err(MediaError::from_io(
+                "posix_fallocate",
+                &self.path,
+                std::io::Error::from_raw_os_error(e),
+            )),
+        }
+    }
+
     /// Open an existing device file read-write: direct I/O when the file system supports it,
     /// buffered otherwise; io_uring for batches when the kernel allows it. The delay model is
     /// `TIERMEM_DELAY` (else none).
@@ -360,7 +390,7 @@ impl SsdDevice {
             fd,
             direct,
             align,
-            size: st.st_size as u64,
+            size: std::sync::atomic::AtomicU64::new(st.st_size as u64),
             ring,
             delay: DelayCell::new(delay),
             stats: DeviceStats::new(),
@@ -373,11 +403,11 @@ impl SsdDevice {
     }
     /// Size in bytes (fixed at open).
     pub fn len(&self) -> u64 {
-        self.size
+        self.size.load(std::sync::atomic::Ordering::Acquire)
     }
     /// True for a zero-length device.
     pub fn is_empty(&self) -> bool {
-        self.size == 0
+        self.len() == 0
     }
     /// True when the file is open with O_DIRECT.
     pub fn direct(&self) -> bool {
@@ -410,12 +440,12 @@ impl SsdDevice {
 
     fn validate(&self, offset: u64, ptr: *const u8, len: usize) -> Result<()> {
         match offset.checked_add(len as u64) {
-            Some(e) if e <= self.size => {}
+            Some(e) if e <= self.len() => {}
             _ => {
                 return Err(MediaError::OutOfBounds {
                     offset,
                     len: len as u64,
-                    limit: self.size,
+                    limit: self.len(),
                     what: "device",
                 })
             }

@@ -314,7 +314,7 @@ fn child(
                 }
             }
             let bytes = n * PAGE;
-            crcs[g].store(crc32c::crc32c(&buf[..bytes]), Release);
+            crcs[g].store(format::unit_checksum(bm, &buf[..bytes], 0), Release);
             let mut done = 0;
             while done < bytes {
                 // SAFETY: buf[done..bytes] is readable; fd is the inherited, open file.

@@ -25,7 +25,7 @@
 use crate::error::{Result, SnapshotError};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use tiermem_media::{AlignedBuf, Pool, PoolKind, PoolOptions, SsdDevice};
 
 /// Bytes of a media pool's header before its data area.
@@ -37,8 +37,17 @@ pub const PAGE: usize = 4096;
 pub const UNIT_PAGES: usize = 64;
 /// Bytes of a dump unit.
 pub const UNIT_BYTES: usize = PAGE * UNIT_PAGES;
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this build writes (it reads 1 too: sequential unit CRCs, no spill).
+pub const VERSION: u32 = 2;
+/// A spill batch header's magic.
+pub const SPILL_MAGIC: [u8; 8] = *b"TMSPILL\0";
+/// Pages after one spill batch header, at most.
+pub const SPILL_PAGES: usize = 63;
+/// Bytes of a spill entry in its header: unit (u32, `u32::MAX`: no page here), page in the
+/// unit (u32), the page's [`page_crc`] (u32).
+const SPILL_ENTRY: usize = 12;
+/// First spill entry in a spill header (after magic, count and uuid).
+const SPILL_ENTRIES_AT: usize = 32;
 /// The header's magic.
 pub const MAGIC: [u8; 8] = *b"TMSNAP\0\0";
 /// The trailer's magic.
@@ -55,8 +64,52 @@ const ENTRY: usize = 16;
 const HEADER_CRC_AT: usize = PAGE - 4;
 /// First byte of the region table in the header.
 const REGIONS_AT: usize = 56;
-/// Bytes of the trailer covered by its CRC (the CRC follows them).
-const TRAILER_BODY: usize = 64;
+/// Bytes of the trailer covered by its CRC (the CRC follows them): version 2 (with the spill
+/// area's length) and version 1.
+const TRAILER_BODY: usize = 72;
+const TRAILER_BODY_V1: usize = 64;
+
+/// The checksum of page `p` (0..64) of a unit: CRC32C of `p` (u32, little-endian) and the
+/// page's bytes. A unit's index checksum (version 2) is the XOR of its stored pages'
+/// `page_crc`: pages can be added in any order by whoever writes them (the dumper, a faulting
+/// thread, a spilled page), and a page moved within its unit changes it. Async-signal-safe.
+pub fn page_crc(p: usize, page: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&(p as u32).to_le_bytes()), page)
+}
+
+/// The version-2 checksum of a unit with bitmap `bm` whose stored pages are `data`, in order,
+/// skipping the pages in `skip` (their bytes in `data` are not the snapshot's: spilled).
+/// Async-signal-safe.
+pub fn unit_checksum(bm: u64, data: &[u8], skip: u64) -> u32 {
+    let mut c = 0u32;
+    let mut k = 0usize;
+    for p in 0..UNIT_PAGES {
+        if bm >> p & 1 == 1 {
+            if skip >> p & 1 == 0 {
+                c ^= page_crc(p, &data[k * PAGE..(k + 1) * PAGE]);
+            }
+            k += 1;
+        }
+    }
+    c
+}
+
+/// Fills `h` (one page) as a spill batch header of snapshot `uuid` for `entries`
+/// ((unit, page, page_crc) per page after it; unit `u32::MAX`: the position holds no page).
+pub fn encode_spill_header(h: &mut [u8], uuid: &[u8; 16], entries: &[(u32, u32, u32)]) {
+    h[..PAGE].fill(0);
+    h[..8].copy_from_slice(&SPILL_MAGIC);
+    put32(h, 8, entries.len() as u32);
+    h[16..32].copy_from_slice(uuid);
+    for (i, &(g, p, c)) in entries.iter().enumerate() {
+        let at = SPILL_ENTRIES_AT + i * SPILL_ENTRY;
+        put32(h, at, g);
+        put32(h, at + 4, p);
+        put32(h, at + 8, c);
+    }
+    let c = crc32c::crc32c(&h[..HEADER_CRC_AT]);
+    put32(h, HEADER_CRC_AT, c);
+}
 
 /// How a snapshot was taken (recorded in the header; the file is the same for all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,12 +309,17 @@ impl Layout {
         self.unit_off[self.units()]
     }
 
-    #[cfg(test)]
-    fn trailer_at(&self) -> u64 {
+    /// Where the spill area starts (after the app state; the trailer follows it).
+    pub fn spill_at(&self) -> u64 {
         self.app_at() + pad(self.app_len)
     }
 
-    /// The file's length.
+    #[cfg(test)]
+    fn trailer_at(&self) -> u64 {
+        self.spill_at()
+    }
+
+    /// The file's length without spilled pages.
     pub fn file_len(&self) -> u64 {
         file_len_of(self.units(), self.present_pages(), self.app_len)
     }
@@ -539,6 +597,7 @@ impl Reservation {
             capacity: self.capacity,
             crcs: (0..units).map(|_| AtomicU32::new(0)).collect(),
             written: (0..units).map(|_| AtomicU8::new(0)).collect(),
+            spill_len: AtomicU64::new(0),
             finished: false,
         };
         Ok(w)
@@ -564,11 +623,13 @@ pub struct Writer {
     layout: Layout,
     method: Method,
     uuid: [u8; 16],
-    /// Bytes allocated (≥ the layout's length; the rest is truncated at finish).
+    /// Bytes allocated at creation (≥ the layout's length; the rest is truncated at finish).
     capacity: u64,
     crcs: Vec<AtomicU32>,
     /// Per unit: 0 not written, 1 written.
     written: Vec<AtomicU8>,
+    /// Bytes of spill batches written after [`Layout::spill_at`].
+    spill_len: AtomicU64,
     finished: bool,
 }
 
@@ -583,6 +644,11 @@ impl Writer {
     /// The layout being written.
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// The snapshot's identifier (spill headers carry it).
+    pub fn uuid(&self) -> &[u8; 16] {
+        &self.uuid
     }
 
     /// The temporary file's path.
@@ -632,18 +698,73 @@ impl Writer {
         }
         self.dev.write_batch(&ops)?;
         for &(g, data) in units {
-            self.record_unit(g, crc32c::crc32c(data));
+            self.record_unit(g, unit_checksum(self.layout.bitmap(g), data, 0));
         }
         Ok(())
     }
 
-    /// Records that global unit `g` was written with CRC `crc` by the caller itself (a
-    /// `pwrite` of its bytes at [`Layout::unit_extent`] on [`Writer::raw_fd`]): what a thread
-    /// in a signal handler does, where the media layer's error path would allocate.
+    /// Writes every `(offset, data)` (snapshot offsets), all in flight together; records
+    /// nothing: the caller records its units ([`Writer::record_unit`]).
+    pub fn write_raw(&self, ops: &[(u64, &[u8])]) -> Result<()> {
+        self.dev.write_batch(ops)
+    }
+
+    /// Records that global unit `g` was written, its pages outside any spilled ones having
+    /// checksum `crc` ([`unit_checksum`]), by the caller itself where it wrote them (a
+    /// `pwrite` of its bytes at [`Layout::unit_extent`] on [`Writer::raw_fd`] is what a thread
+    /// in a signal handler does, where the media layer's error path would allocate).
     /// Async-signal-safe.
     pub fn record_unit(&self, g: usize, crc: u32) {
-        self.crcs[g].store(crc, Ordering::Release);
+        self.crcs[g].fetch_xor(crc, Ordering::AcqRel);
         self.written[g].store(1, Ordering::Release);
+    }
+
+    /// Adds a spilled page's [`page_crc`] to unit `g`'s checksum. Async-signal-safe.
+    pub fn record_spilled_page(&self, g: usize, crc: u32) {
+        self.crcs[g].fetch_xor(crc, Ordering::AcqRel);
+    }
+
+    /// Whether spill batches can be written (a file grows; a pool cannot).
+    pub fn can_spill(&self) -> bool {
+        matches!(self.dev, Dev::Ssd(_))
+    }
+
+    /// Bytes of spill batches so far.
+    pub fn spill_len(&self) -> u64 {
+        self.spill_len.load(Ordering::Acquire)
+    }
+
+    /// Makes room for `more` bytes of spill beyond what is written (allocating ahead; no
+    /// space: [`tiermem_media::MediaError::NoSpace`]).
+    pub fn reserve_spill(&self, more: u64) -> Result<()> {
+        let Dev::Ssd(d) = &self.dev else {
+            return Err(SnapshotError::InvalidArgument(
+                "an NVM pool target cannot hold spilled pages".into(),
+            ));
+        };
+        let end = self.layout.spill_at() + self.spill_len() + more + PAGE as u64;
+        if end > d.len() {
+            // In steps of 64 MiB: few allocations.
+            d.grow(end.max(d.len() + (64 << 20)))?;
+        }
+        Ok(())
+    }
+
+    /// Writes spill batches (each a header page from [`encode_spill_header`] and its pages,
+    /// contiguous) at the end of the spill area, in flight together, together with `units`
+    /// (snapshot offset, bytes) writes; the caller reserved the room.
+    pub fn write_spill_and(&self, batches: &[&[u8]], units: &[(u64, &[u8])]) -> Result<()> {
+        let mut at = self.layout.spill_at() + self.spill_len();
+        let mut ops: Vec<(u64, &[u8])> = Vec::with_capacity(batches.len() + units.len());
+        for b in batches {
+            ops.push((at, b));
+            at += b.len() as u64;
+        }
+        ops.extend_from_slice(units);
+        self.dev.write_batch(&ops)?;
+        self.spill_len
+            .store(at - self.layout.spill_at(), Ordering::Release);
+        Ok(())
     }
 
     /// Whether every unit has been written.
@@ -715,13 +836,18 @@ impl Writer {
         }
         // What the estimate reserved beyond the layout goes (the trailer is the last block);
         // a pool keeps its size, its trailer is its data area's last block.
-        let total = match self.dev {
-            Dev::Ssd(_) => l.file_len(),
+        let spill = self.spill_len();
+        let total = match &self.dev {
+            Dev::Ssd(_) => l.file_len() + spill,
             Dev::Pool(_) => self.capacity,
         };
-        if matches!(self.dev, Dev::Ssd(_)) && self.capacity > l.file_len() {
+        let allocated = match &self.dev {
+            Dev::Ssd(d) => d.len(),
+            Dev::Pool(_) => self.capacity,
+        };
+        if matches!(self.dev, Dev::Ssd(_)) && allocated > total {
             // SAFETY: the descriptor is open; a plain syscall.
-            if unsafe { libc::ftruncate(self.dev.raw_fd(), l.file_len() as libc::off_t) } != 0 {
+            if unsafe { libc::ftruncate(self.dev.raw_fd(), total as libc::off_t) } != 0 {
                 return Err(SnapshotError::io(
                     "ftruncate",
                     &self.tmp,
@@ -740,6 +866,7 @@ impl Writer {
         put64(&mut t, 48, app.len() as u64);
         put32(&mut t, 56, crc32c::crc32c(app));
         put32(&mut t, 60, index_crc);
+        put64(&mut t, 64, spill);
         let c = crc32c::crc32c(&t[..TRAILER_BODY]);
         put32(&mut t, TRAILER_BODY, c);
         self.dev.write_at(total - PAGE as u64, &t)?;
@@ -786,6 +913,22 @@ pub struct SnapshotFile {
     created_ns: u64,
     crcs: Vec<u32>,
     app_crc: u32,
+    /// Format version (1: sequential unit CRCs; 2: XOR of page CRCs, spill area).
+    version: u32,
+    /// Bytes of the spill area.
+    spill_len: u64,
+}
+
+/// Pages stored in a snapshot's spill area (version 2): written by faulting threads before
+/// their unit was dumped; they override the unit's bytes at their place.
+#[derive(Default)]
+struct Spill {
+    /// Per unit: its spilled pages.
+    mask: Vec<u64>,
+    /// Per unit: XOR of its spilled pages' recorded `page_crc`.
+    xor: Vec<u32>,
+    /// (unit, page in unit, snapshot offset, recorded page_crc).
+    pages: Vec<(usize, usize, u64, u32)>,
 }
 
 /// What [`SnapshotFile::info`] reports.
@@ -811,6 +954,10 @@ pub struct Info {
     pub file_len: u64,
     /// What holds it: a file or an NVM pool.
     pub target: Target,
+    /// Format version.
+    pub version: u32,
+    /// Bytes of spilled pages with their batch headers (pages written before their unit).
+    pub spill_bytes: u64,
 }
 
 impl SnapshotFile {
@@ -866,8 +1013,10 @@ impl SnapshotFile {
             return bad("header magic (not a tiermem snapshot)".into());
         }
         let version = get32(&h, 8);
-        if version != VERSION {
-            return bad(format!("version {version} (this build reads {VERSION})"));
+        if version != VERSION && version != 1 {
+            return bad(format!(
+                "version {version} (this build reads 1 and {VERSION})"
+            ));
         }
         let ps = get32(&h, 12);
         if ps as usize != PAGE {
@@ -927,8 +1076,17 @@ impl SnapshotFile {
                 get64(&t, 24)
             ));
         }
-        if crc32c::crc32c(&t[..TRAILER_BODY]) != get32(&t, TRAILER_BODY) {
+        let body = if version == 1 {
+            TRAILER_BODY_V1
+        } else {
+            TRAILER_BODY
+        };
+        if crc32c::crc32c(&t[..body]) != get32(&t, body) {
             return bad("trailer CRC".into());
+        }
+        let spill_len = if version == 1 { 0 } else { get64(&t, 64) };
+        if spill_len % PAGE as u64 != 0 || spill_len > len {
+            return bad(format!("spill area of {spill_len} bytes"));
         }
         let units: usize = regions.iter().map(|r| units_of(r.len)).sum();
         if get64(&t, 32) != units as u64 {
@@ -963,10 +1121,10 @@ impl SnapshotFile {
         }
         // A file is exactly its layout; a pool's data area may be longer (zeros before the
         // trailer in its last block).
-        if layout.file_len() != len && (target == Target::File || layout.file_len() > len) {
+        let want = layout.file_len() + spill_len;
+        if want != len && (target == Target::File || want > len) {
             return bad(format!(
-                "the index and state make a file of {} bytes, it has {len}",
-                layout.file_len()
+                "the index, state and spill area make a file of {want} bytes, it has {len}"
             ));
         }
         Ok(SnapshotFile {
@@ -981,7 +1139,102 @@ impl SnapshotFile {
             created_ns,
             crcs,
             app_crc: get32(&t, 56),
+            version,
+            spill_len,
         })
+    }
+
+    /// Reads and checks the spill area's batch headers (magic, CRC, uuid, counts, each entry
+    /// naming a stored page of a unit once).
+    fn spill(&self) -> Result<Spill> {
+        use std::os::unix::fs::FileExt;
+        let units = self.layout.units();
+        let mut sp = Spill {
+            mask: vec![0; units],
+            xor: vec![0; units],
+            pages: Vec::new(),
+        };
+        if self.spill_len == 0 {
+            return Ok(sp);
+        }
+        let start = self.layout.spill_at();
+        let end = start + self.spill_len;
+        let mut at = start;
+        let mut h = vec![0u8; PAGE];
+        while at < end {
+            let bad = |c: String| {
+                Err(SnapshotError::corrupt(
+                    &self.path,
+                    format!("spill batch at byte {at}: {c}"),
+                ))
+            };
+            self.file
+                .read_exact_at(&mut h, self.base + at)
+                .map_err(|e| SnapshotError::io("read", &self.path, e))?;
+            if h[..8] != SPILL_MAGIC {
+                return bad("magic".into());
+            }
+            if crc32c::crc32c(&h[..HEADER_CRC_AT]) != get32(&h, HEADER_CRC_AT) {
+                return bad("header CRC".into());
+            }
+            if h[16..32] != self.uuid {
+                return bad("uuid differs from the snapshot's".into());
+            }
+            let n = get32(&h, 8) as usize;
+            if n == 0 || n > SPILL_PAGES || at + ((1 + n) * PAGE) as u64 > end {
+                return bad(format!("{n} pages"));
+            }
+            for i in 0..n {
+                let e = SPILL_ENTRIES_AT + i * SPILL_ENTRY;
+                let (g, p, c) = (get32(&h, e), get32(&h, e + 4) as usize, get32(&h, e + 8));
+                if g == u32::MAX {
+                    continue;
+                }
+                let g = g as usize;
+                if g >= units || p >= UNIT_PAGES || self.layout.bitmaps[g] >> p & 1 == 0 {
+                    return bad(format!("entry {i}: unit {g} page {p} is not a stored page"));
+                }
+                if sp.mask[g] >> p & 1 == 1 {
+                    return bad(format!("entry {i}: unit {g} page {p} spilled twice"));
+                }
+                sp.mask[g] |= 1 << p;
+                sp.xor[g] ^= c;
+                sp.pages.push((g, p, at + ((1 + i) * PAGE) as u64, c));
+            }
+            at += ((1 + n) * PAGE) as u64;
+        }
+        Ok(sp)
+    }
+
+    /// Reads spilled page (g, p) at `off` into `dst` (one page) and checks its CRC.
+    fn read_spilled(&self, g: usize, p: usize, off: u64, crc: u32, dst: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file
+            .read_exact_at(dst, self.base + off)
+            .map_err(|e| SnapshotError::io("read", &self.path, e))?;
+        if page_crc(p, dst) != crc {
+            let (r, u) = self.layout.locate(g);
+            return Err(SnapshotError::corrupt(
+                &self.path,
+                format!(
+                    "CRC of spilled page {p} of unit {u} of region {:?} (bytes {off}..{})",
+                    self.layout.regions[r].name,
+                    off + PAGE as u64
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether unit `g` with main-area bytes `main` (its stored pages in order) and spilled
+    /// pages `sp` matches its index checksum.
+    fn unit_ok(&self, g: usize, main: &[u8], sp: &Spill) -> bool {
+        let bm = self.layout.bitmaps[g];
+        if self.version == 1 {
+            crc32c::crc32c(main) == self.crcs[g]
+        } else {
+            unit_checksum(bm, main, sp.mask[g]) ^ sp.xor[g] == self.crcs[g]
+        }
     }
 
     /// What the file holds.
@@ -997,6 +1250,8 @@ impl SnapshotFile {
             app_len: self.layout.app_len,
             file_len: self.len,
             target: self.target,
+            version: self.version,
+            spill_bytes: self.spill_len,
         }
     }
 
@@ -1005,14 +1260,14 @@ impl SnapshotFile {
         &self.layout
     }
 
-    fn read_unit(&self, g: usize, buf: &mut Vec<u8>) -> Result<()> {
+    fn read_unit(&self, g: usize, buf: &mut Vec<u8>, sp: &Spill) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let (off, n) = self.layout.unit_extent(g);
         buf.resize(n, 0);
         self.file
             .read_exact_at(buf, self.base + off)
             .map_err(|e| SnapshotError::io("read", &self.path, e))?;
-        if crc32c::crc32c(buf) != self.crcs[g] {
+        if !self.unit_ok(g, buf, sp) {
             return Err(self.bad_unit_crc(g));
         }
         Ok(())
@@ -1078,9 +1333,14 @@ impl SnapshotFile {
 
     /// Reads every unit and the application state and checks their CRCs.
     pub fn verify(&self) -> Result<()> {
+        let sp = self.spill()?;
+        let mut page = vec![0u8; PAGE];
+        for &(g, p, off, c) in &sp.pages {
+            self.read_spilled(g, p, off, c, &mut page)?;
+        }
         let mut buf = Vec::new();
         for g in 0..self.layout.units() {
-            self.read_unit(g, &mut buf)?;
+            self.read_unit(g, &mut buf, &sp)?;
         }
         self.app_state().map(|_| ())
     }
@@ -1119,6 +1379,7 @@ impl SnapshotFile {
         dst: &mut [u8],
         mut fd: i32,
         zeroed: bool,
+        sp: &Spill,
     ) -> Result<()> {
         let len = self.layout.regions[r].len;
         let base = us.start;
@@ -1174,10 +1435,19 @@ impl SnapshotFile {
                 let mut crc = 0;
                 for (p, page) in unit.chunks_mut(PAGE).enumerate() {
                     if bm >> p & 1 == 1 {
-                        crc = crc32c::crc32c_append(crc, page);
+                        if self.version == 1 {
+                            crc = crc32c::crc32c_append(crc, page);
+                        } else if sp.mask[g] >> p & 1 == 0 {
+                            crc ^= page_crc(p, page);
+                        }
                     } else if !zeroed {
                         page.fill(0);
                     }
+                }
+                // Spilled pages count with their recorded CRCs here; the caller reads them
+                // over the unit's and checks each against its record.
+                if self.version != 1 {
+                    crc ^= sp.xor[g];
                 }
                 if crc != self.crcs[g] {
                     return Err(self.bad_unit_crc(g));
@@ -1219,6 +1489,8 @@ impl SnapshotFile {
         let fd = direct
             .as_ref()
             .map_or(self.file.as_raw_fd(), |f| f.as_raw_fd());
+        let sp = self.spill()?;
+        let sp = &sp;
         let units = units_of(info.len);
         let total: usize = (0..units)
             .map(|u| self.layout.bitmaps[self.layout.unit(r, u)].count_ones() as usize)
@@ -1236,7 +1508,7 @@ impl SnapshotFile {
             cuts.push(units);
         }
         let mut shares = Vec::new();
-        let mut rest = dst;
+        let mut rest = &mut *dst;
         for w in cuts.windows(2) {
             let (u0, u1) = (w[0], w[1]);
             let bytes = (u1 * UNIT_BYTES).min(info.len as usize) - u0 * UNIT_BYTES;
@@ -1248,7 +1520,7 @@ impl SnapshotFile {
             let handles: Vec<_> = shares
                 .into_iter()
                 .map(|(u0, u1, mine)| {
-                    sc.spawn(move || self.restore_units(r, u0..u1, mine, fd, zeroed))
+                    sc.spawn(move || self.restore_units(r, u0..u1, mine, fd, zeroed, sp))
                 })
                 .collect();
             handles
@@ -1260,6 +1532,16 @@ impl SnapshotFile {
                 })
                 .collect::<Result<Vec<()>>>()
         })?;
+        // Spilled pages over their units' bytes, each checked against its record (the units'
+        // checks above counted the records).
+        let first = self.layout.unit(r, 0);
+        for &(g, p, off, c) in &sp.pages {
+            if g < first || g >= first + units {
+                continue;
+            }
+            let at = (g - first) * UNIT_BYTES + p * PAGE;
+            self.read_spilled(g, p, off, c, &mut dst[at..at + PAGE])?;
+        }
         Ok(())
     }
 }
@@ -1406,6 +1688,118 @@ mod tests {
         }
         // The good file still opens.
         assert!(!refused(&good));
+    }
+
+    /// A file whose unit 0 page 3 and unit 1 page 0 are spilled: the main area holds other
+    /// bytes there; returns (path, the true image).
+    fn write_spilled(dir: &Path) -> (PathBuf, Vec<u8>) {
+        let pages = 100;
+        let img: Vec<u8> = (0..pages * PAGE)
+            .map(|i| (i / PAGE * 7 + i % 251) as u8)
+            .collect();
+        let l = Layout::new(vec![region("a", pages)], vec![u64::MAX, (1 << 36) - 1], 0).unwrap();
+        let target = dir.join("spilled");
+        let w = Writer::create(&target, l, Method::Wp).unwrap();
+        let spilled = [(0usize, 3usize), (1, 0)];
+        w.reserve_spill((3 * PAGE) as u64).unwrap();
+        let mut batch = AlignedBuf::new(3 * PAGE, PAGE).unwrap();
+        let mut entries = Vec::new();
+        for (i, &(g, p)) in spilled.iter().enumerate() {
+            let at = (g * UNIT_PAGES + p) * PAGE;
+            batch[(1 + i) * PAGE..(2 + i) * PAGE].copy_from_slice(&img[at..at + PAGE]);
+            let c = page_crc(p, &img[at..at + PAGE]);
+            w.record_spilled_page(g, c);
+            entries.push((g as u32, p as u32, c));
+        }
+        let uuid = *w.uuid();
+        encode_spill_header(&mut batch[..PAGE], &uuid, &entries);
+        let mut units = Vec::new();
+        for (g, n) in [(0usize, 64usize), (1, 36)] {
+            let mut b = AlignedBuf::new(n * PAGE, PAGE).unwrap();
+            b.copy_from_slice(&img[g * UNIT_BYTES..g * UNIT_BYTES + n * PAGE]);
+            let skip = spilled
+                .iter()
+                .filter(|s| s.0 == g)
+                .fold(0u64, |m, s| m | 1 << s.1);
+            for &(_, p) in spilled.iter().filter(|s| s.0 == g) {
+                b[p * PAGE..(p + 1) * PAGE].fill(0xEE);
+            }
+            units.push((g, b, skip));
+        }
+        let ops: Vec<(u64, &[u8])> = units
+            .iter()
+            .map(|(g, b, _)| (w.layout().unit_extent(*g).0, &b[..]))
+            .collect();
+        w.write_spill_and(&[&batch[..]], &ops).unwrap();
+        for (g, b, skip) in &units {
+            w.record_unit(*g, unit_checksum(w.layout().bitmap(*g), b, *skip));
+        }
+        w.finish(&[]).unwrap();
+        (target, img)
+    }
+
+    #[test]
+    fn spilled_pages_override_their_units_and_are_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, img) = write_spilled(d.path());
+        let f = SnapshotFile::open(&p).unwrap();
+        assert_eq!(f.info().spill_bytes, 3 * PAGE as u64);
+        f.verify().unwrap();
+        for zeroed in [false, true] {
+            let mut out = vec![0u8; img.len()];
+            f.restore(0, &mut out, zeroed).unwrap();
+            assert!(out == img, "restored image differs (zeroed: {zeroed})");
+        }
+        let good = std::fs::read(&p).unwrap();
+        let spill_at = f.layout().spill_at() as usize;
+        let try_bytes = |b: &[u8]| -> String {
+            let x = d.path().join("x");
+            std::fs::write(&x, b).unwrap();
+            let f = match SnapshotFile::open(&x) {
+                Ok(f) => f,
+                Err(e) => return e.to_string(),
+            };
+            let v = f.verify().map_err(|e| e.to_string());
+            let mut out = vec![0u8; img.len()];
+            let r = f.restore(0, &mut out, false).map_err(|e| e.to_string());
+            assert_eq!(v.is_err(), r.is_err(), "verify {v:?}, restore {r:?}");
+            v.err().unwrap_or_default()
+        };
+        // A flipped bit in a spilled page, its header's entries, magic or count.
+        for (at, want) in [
+            (spill_at + PAGE + 100, "spilled page 3 of unit 0"),
+            (spill_at + 2 * PAGE + 7, "spilled page 0 of unit 1"),
+            (spill_at + SPILL_ENTRIES_AT + 1, "spill batch"),
+            (spill_at + 2, "spill batch"),
+            (spill_at + 8, "spill batch"),
+        ] {
+            let mut b = good.clone();
+            b[at] ^= 0x10;
+            let e = try_bytes(&b);
+            assert!(e.contains(want), "flip at {at}: {e:?} does not name {want}");
+        }
+        // A header that lists a page twice, or a page the unit does not store, CRC kept right.
+        for (entry, want) in [
+            ((0u32, 3u32), "spilled twice"),
+            ((1, 40), "not a stored page"),
+        ] {
+            let mut b = good.clone();
+            let e = spill_at + SPILL_ENTRIES_AT + SPILL_ENTRY;
+            b[e..e + 4].copy_from_slice(&entry.0.to_le_bytes());
+            b[e + 4..e + 8].copy_from_slice(&entry.1.to_le_bytes());
+            let c = crc32c::crc32c(&b[spill_at..spill_at + HEADER_CRC_AT]);
+            b[spill_at + HEADER_CRC_AT..spill_at + PAGE].copy_from_slice(&c.to_le_bytes());
+            let e = try_bytes(&b);
+            assert!(e.contains(want), "{e:?} does not name {want}");
+        }
+        // The main area's bytes at a spilled page are not the snapshot's: changing them
+        // changes nothing.
+        let mut b = good.clone();
+        let at = f.layout().unit_extent(0).0 as usize + 3 * PAGE + 5;
+        b[at] ^= 0xFF;
+        assert_eq!(try_bytes(&b), "");
+        // Cut inside the spill area: the trailer is gone.
+        assert!(!try_bytes(&good[..spill_at + PAGE]).is_empty());
     }
 
     #[test]

@@ -39,10 +39,15 @@ impl Default for Options {
 }
 
 impl Options {
-    /// The extra memory a `wp` snapshot of `units` units may take: slots, the dumper's
-    /// buffers, and the index.
+    /// The extra memory a `wp` snapshot of `units` units may take: staging slots, the
+    /// dumper's buffers and the spill batches (256 KiB each), and 40 bytes per unit (its
+    /// bitmap, file offset and checksum in the layout and writer, its state, spill mask and
+    /// spill-ready mask).
     pub fn extra_bytes_bound(&self, units: usize) -> u64 {
-        ((self.staging_slots + crate::wp::DUMPER_BUFFERS) * UNIT_BYTES + units * 16) as u64
+        let buffers = self.staging_slots
+            + crate::wp::DUMPER_BUFFERS
+            + crate::wp::spill_batches(self.staging_slots);
+        (buffers * UNIT_BYTES + units * 40) as u64
     }
 }
 
@@ -66,6 +71,8 @@ pub struct Report {
     pub staged_units: u64,
     /// Units a faulting writer wrote itself, no slot being free (`wp`).
     pub self_written_units: u64,
+    /// Pages a faulting writer spilled (`wp`: copied alone, written to the spill area).
+    pub spilled_pages: u64,
     /// Faults that waited for another thread's claim on their unit (`wp`).
     pub claim_waits: u64,
     /// The bound on extra memory: for `wp`, slots, dumper buffers and index; for the fork

@@ -13,15 +13,27 @@
 //! * The dumper takes units in address order: copy the unit's present pages into its buffer,
 //!   unprotect the unit, write the copy at the unit's final offset. Staged units go first.
 //! * A write to a unit not yet dumped faults (in the writing thread, inside the engine's SIGBUS
-//!   handler: async-signal-safe, no allocation, no lock): the thread claims the unit, copies its
-//!   present pages into a free staging slot, unprotects the unit and goes on; the dumper writes
-//!   the slot later. With no slot free, the thread writes the unit to the file itself, straight
-//!   from the still-protected pages (`pwritev`), then unprotects it (MDC's dump-before-write).
+//!   handler: async-signal-safe, no allocation, no lock). In order of preference:
+//!   1. a free *staging slot* (256 KiB): the thread claims the unit, copies its present pages
+//!      into the slot, unprotects the unit and goes on; the dumper writes the slot at the
+//!      unit's place (no byte written twice);
+//!   2. a free *spill slot* (one page): the thread copies only the page it writes and
+//!      unprotects only that page; the dumper appends spill slots to the file's spill area in
+//!      batches of up to 63 pages behind a header naming each (unit, page, CRC), sequential
+//!      writes at the disk's bandwidth, and the reader lays them over their units. Freeing a
+//!      page of staging memory then costs 4 KiB of disk, not the 256 KiB of its unit: under a
+//!      writer faster than the disk, writes no longer wait for whole units to reach it;
+//!   3. neither: the thread writes the unit to the file itself, straight from the
+//!      still-protected pages (`pwritev`), then unprotects it (MDC's dump-before-write).
 //!
-//! Extra memory: (`staging_slots` + [`DUMPER_BUFFERS`]) × 256 KiB + 16 B per unit.
+//! Extra memory: (`staging_slots` + [`DUMPER_BUFFERS`] + spill batches (`staging_slots` / 2,
+//! rounded up)) × 256 KiB + 40 B per unit ([`crate::Options::extra_bytes_bound`]).
 //!
 //! A unit has one owner at a time (`PENDING` → `CLAIMED` by compare-and-swap → `DONE`): a second
-//! writer to a claimed unit waits (yielding) until its owner has unprotected it. A removal,
+//! writer to a claimed unit waits (yielding) until its owner has unprotected it. A page has one
+//! spiller: its bit in the unit's `spill_mask`, taken by `fetch_or`; whoever claims the unit
+//! seals the mask (all bits) and waits until the pages spilled before are copied (`ready`)
+//! before unprotecting it, and leaves their bytes out of the unit's checksum. A removal,
 //! unmap or move of a region during the snapshot aborts it: everything is unprotected and the
 //! temporary file removed; the previous snapshot at the target stays.
 
@@ -45,6 +57,15 @@ use tiermem_media::AlignedBuf;
 
 /// Buffers of the dumper (Q): units it copies and writes together, in flight at once.
 pub const DUMPER_BUFFERS: usize = 8;
+
+/// Spill batches (each a header page and [`format::SPILL_PAGES`] page slots) of a job with
+/// `staging_slots` staging slots: half as many, rounded up (none without staging).
+pub fn spill_batches(staging_slots: usize) -> usize {
+    staging_slots.div_ceil(2)
+}
+
+/// Pages of one spill batch buffer (its header and its slots).
+const BATCH_PAGES: usize = format::SPILL_PAGES + 1;
 
 /// Unit states.
 const PENDING: u8 = 1;
@@ -306,9 +327,30 @@ struct JobShared {
     free: AtomicU64,
     /// Slot s holds unit `slot_unit[s] - 1` for the dumper (0: nothing).
     slot_unit: Vec<AtomicUsize>,
+    /// The checksum of slot s's unit (its pages outside the spilled ones).
+    slot_crc: Vec<AtomicU32>,
+    /// Per unit: pages taken by a spiller; all bits once a thread claimed the unit.
+    spill_mask: Vec<AtomicU64>,
+    /// Per unit: spilled pages whose copy is complete.
+    spill_ready: Vec<AtomicU64>,
+    /// Owns the spill batch buffers (`spill_ptr` points into it): batch b is pages
+    /// `b * BATCH_PAGES ..`, its header first.
+    #[allow(dead_code)]
+    spill_buf: Option<AlignedBuf>,
+    spill_ptr: SendPtr<u8>,
+    /// Per batch, bit i set: its slot i is free.
+    spill_free: Vec<AtomicU64>,
+    /// Per spill slot (batch × SPILL_PAGES + i): `(unit << 6 | page) + 1` once its page is
+    /// copied (0: nothing for the dumper).
+    spill_slot: Vec<AtomicU64>,
+    /// Per spill slot: the page's `page_crc`.
+    spill_crc: Vec<AtomicU32>,
+    /// Whether faulting threads may spill (a file target with room reserved ahead).
+    spill_on: AtomicBool,
+    spilled: AtomicU64,
     error: AtomicU32,
     done_units: AtomicUsize,
-    staged: AtomicU64,
+    staged_units: AtomicU64,
     self_written: AtomicU64,
     dumped: AtomicU64,
     waits: AtomicU64,
@@ -358,9 +400,11 @@ impl JobShared {
         k * PAGE
     }
 
-    /// Writes unit (r, u) to the file straight from its (protected) pages and records it.
-    /// Async-signal-safe: one `pwritev` (retried on a short write), CRCs computed in place.
-    fn write_unit_in_place(&self, g: usize, r: usize, u: usize) -> bool {
+    /// Writes unit (r, u) to the file straight from its (protected) pages and records it,
+    /// the spilled pages `skip` left out of its checksum (their bytes in the file are
+    /// overridden by the spill area). Async-signal-safe: one `pwritev` (retried on a short
+    /// write), checksums computed in place.
+    fn write_unit_in_place(&self, g: usize, r: usize, u: usize, skip: u64) -> bool {
         let bm = self.writer.layout().bitmap(g);
         let (addr, _) = self.unit_range(r, u);
         let (off, len) = self.writer.layout().unit_extent(g);
@@ -373,10 +417,12 @@ impl JobShared {
         for p in 0..UNIT_PAGES {
             if bm >> p & 1 == 1 {
                 let a = addr + p * PAGE;
-                // SAFETY: page p lies inside the borrowed region and is protected: stable.
-                crc = crc32c::crc32c_append(crc, unsafe {
-                    std::slice::from_raw_parts(a as *const u8, PAGE)
-                });
+                if skip >> p & 1 == 0 {
+                    // SAFETY: page p lies inside the borrowed region and is protected: stable.
+                    crc ^= format::page_crc(p, unsafe {
+                        std::slice::from_raw_parts(a as *const u8, PAGE)
+                    });
+                }
                 iov[n] = libc::iovec {
                     iov_base: a as *mut libc::c_void,
                     iov_len: PAGE,
@@ -425,6 +471,55 @@ impl JobShared {
         self.writer.record_unit(g, crc);
         true
     }
+
+    /// Claims unit `g` for the caller (`PENDING` → `CLAIMED`) and seals its spill mask;
+    /// returns the pages spilled before, or None if another thread has the unit.
+    /// Async-signal-safe.
+    fn claim_unit(&self, g: usize) -> Option<u64> {
+        self.state[g]
+            .compare_exchange(PENDING, CLAIMED, AcqRel, Acquire)
+            .ok()?;
+        Some(self.spill_mask[g].fetch_or(u64::MAX, AcqRel) & self.writer.layout().bitmap(g))
+    }
+
+    /// Waits until the pages `spilled` of unit `g` are copied by their spillers (the unit's
+    /// owner must not unprotect them before). Async-signal-safe.
+    fn wait_spilled(&self, g: usize, spilled: u64) {
+        while self.spill_ready[g].load(Acquire) & spilled != spilled {
+            // SAFETY: sched_yield is async-signal-safe.
+            unsafe { libc::sched_yield() };
+        }
+    }
+
+    /// Takes a free spill slot; None if none (or spilling is off). Async-signal-safe.
+    fn take_spill_slot(&self) -> Option<usize> {
+        if !self.spill_on.load(Acquire) {
+            return None;
+        }
+        for (b, w) in self.spill_free.iter().enumerate() {
+            let mut free = w.load(Acquire);
+            while free != 0 {
+                let i = free.trailing_zeros() as usize;
+                match w.compare_exchange(free, free & !(1 << i), AcqRel, Acquire) {
+                    Ok(_) => return Some(b * format::SPILL_PAGES + i),
+                    Err(now) => free = now,
+                }
+            }
+        }
+        None
+    }
+
+    /// Gives spill slot `s` back.
+    fn free_spill_slot(&self, s: usize) {
+        let (b, i) = (s / format::SPILL_PAGES, s % format::SPILL_PAGES);
+        self.spill_free[b].fetch_or(1 << i, AcqRel);
+    }
+
+    /// Spill slot `s`'s page.
+    fn spill_page(&self, s: usize) -> *mut u8 {
+        let (b, i) = (s / format::SPILL_PAGES, s % format::SPILL_PAGES);
+        (self.spill_ptr.0 as usize + (b * BATCH_PAGES + 1 + i) * PAGE) as *mut u8
+    }
 }
 
 impl JobRegion {
@@ -433,73 +528,136 @@ impl JobRegion {
         // SAFETY: the job outlives its published regions (see `Guard::resolve`).
         let job = unsafe { &*self.job };
         let u = offset / UNIT_BYTES;
+        let p = offset % UNIT_BYTES / PAGE;
         let g = self.first_unit + u;
         let r = self.index;
+        let bm = job.writer.layout().bitmap(g);
+        if bm >> p & 1 == 0 {
+            // Not a stored page: never protected by this job.
+            return Ok(());
+        }
+        let bit = 1u64 << p;
         let mut waited = false;
+        let mut wait = || {
+            if !waited {
+                waited = true;
+                job.waits.fetch_add(1, Relaxed);
+            }
+            // SAFETY: sched_yield is async-signal-safe.
+            unsafe { libc::sched_yield() };
+        };
         loop {
             match job.state[g].load(Acquire) {
-                PENDING => {
-                    if job.state[g]
-                        .compare_exchange(PENDING, CLAIMED, AcqRel, Acquire)
-                        .is_err()
-                    {
+                DONE => return Ok(()),
+                CLAIMED => {
+                    // Its owner unprotects the unit when done; a page spilled before the
+                    // claim is free to write once copied.
+                    if job.spill_ready[g].load(Acquire) & bit != 0 {
+                        return Ok(());
+                    }
+                    wait();
+                }
+                _ => {
+                    if job.spill_mask[g].load(Acquire) & bit != 0 {
+                        // Another thread spills this page: go on once it is copied.
+                        if job.spill_ready[g].load(Acquire) & bit != 0 {
+                            return Ok(());
+                        }
+                        wait();
                         continue;
                     }
-                    let (_, len) = job.unit_range(r, u);
-                    let bm = job.writer.layout().bitmap(g);
-                    // A free slot?
-                    let mut free = job.free.load(Acquire);
-                    let slot = loop {
-                        if free == 0 {
-                            break None;
+                    // 1. A free staging slot: the whole unit.
+                    if let Some(s) = take_slot(&job.free) {
+                        let Some(spilled) = job.claim_unit(g) else {
+                            job.free.fetch_or(1 << s, AcqRel);
+                            continue;
+                        };
+                        // SAFETY: slot s is ours until the dumper frees it; the slot buffers
+                        // are never resized, so this &mut does not alias a live reference of
+                        // anyone else.
+                        let buf = unsafe {
+                            std::slice::from_raw_parts_mut(job.slot_ptr[s].0 as *mut u8, UNIT_BYTES)
+                        };
+                        let n = job.copy_unit(r, u, bm, buf);
+                        job.slot_crc[s]
+                            .store(format::unit_checksum(bm, &buf[..n], spilled), Relaxed);
+                        job.slot_unit[s].store(g + 1, Release);
+                        job.staged_units.fetch_add(1, Relaxed);
+                        return job.release_unit(r, u, g, spilled, ops);
+                    }
+                    // 2. A free spill slot: this page only.
+                    if let Some(s) = job.take_spill_slot() {
+                        if job.spill_mask[g].fetch_or(bit, AcqRel) & bit != 0 {
+                            // Someone spilled it or claimed the unit meanwhile.
+                            job.free_spill_slot(s);
+                            continue;
                         }
-                        let s = free.trailing_zeros() as usize;
-                        match job
-                            .free
-                            .compare_exchange(free, free & !(1 << s), AcqRel, Acquire)
-                        {
-                            Ok(_) => break Some(s),
-                            Err(now) => free = now,
-                        }
+                        let dst = job.spill_page(s);
+                        // SAFETY: the page lies in the borrowed region and is still protected
+                        // (whoever claims the unit waits for `ready` before unprotecting it);
+                        // spill slot s is ours until the dumper frees it.
+                        let c = unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                (self.base + u * UNIT_BYTES + p * PAGE) as *const u8,
+                                dst,
+                                PAGE,
+                            );
+                            format::page_crc(p, std::slice::from_raw_parts(dst, PAGE))
+                        };
+                        job.writer.record_spilled_page(g, c);
+                        job.spill_crc[s].store(c, Relaxed);
+                        job.spill_slot[s].store(((g as u64) << 6 | p as u64) + 1, Release);
+                        job.spill_ready[g].fetch_or(bit, Release);
+                        job.spilled.fetch_add(1, Relaxed);
+                        // The caller unprotects the page.
+                        return Ok(());
+                    }
+                    // 3. The unit to the file, by this thread.
+                    let Some(spilled) = job.claim_unit(g) else {
+                        continue;
                     };
-                    match slot {
-                        Some(s) => {
-                            // SAFETY: slot s is ours until the dumper frees it; the slot
-                            // buffers are never resized, so this &mut does not alias a live
-                            // reference of anyone else.
-                            let buf = unsafe {
-                                std::slice::from_raw_parts_mut(
-                                    job.slot_ptr[s].0 as *mut u8,
-                                    UNIT_BYTES,
-                                )
-                            };
-                            job.copy_unit(r, u, bm, buf);
-                            job.slot_unit[s].store(g + 1, Release);
-                            job.staged.fetch_add(1, Relaxed);
-                        }
-                        None => {
-                            if !job.write_unit_in_place(g, r, u) {
-                                job.fail(ERR_WRITE);
-                            }
-                            job.self_written.fetch_add(1, Relaxed);
-                        }
+                    if !job.write_unit_in_place(g, r, u, spilled) {
+                        job.fail(ERR_WRITE);
                     }
-                    let res = ops.unprotect(u * UNIT_BYTES, len);
-                    job.state[g].store(DONE, Release);
-                    job.done_units.fetch_add(1, Relaxed);
-                    return res;
+                    job.self_written.fetch_add(1, Relaxed);
+                    return job.release_unit(r, u, g, spilled, ops);
                 }
-                CLAIMED => {
-                    if !waited {
-                        waited = true;
-                        job.waits.fetch_add(1, Relaxed);
-                    }
-                    // SAFETY: sched_yield is async-signal-safe.
-                    unsafe { libc::sched_yield() };
-                }
-                _ => return Ok(()),
             }
         }
+    }
+}
+
+/// Takes a free slot from the bitmap `free`; None if none. Async-signal-safe.
+fn take_slot(free: &AtomicU64) -> Option<usize> {
+    let mut f = free.load(Acquire);
+    while f != 0 {
+        let s = f.trailing_zeros() as usize;
+        match free.compare_exchange(f, f & !(1 << s), AcqRel, Acquire) {
+            Ok(_) => return Some(s),
+            Err(now) => f = now,
+        }
+    }
+    None
+}
+
+impl JobShared {
+    /// Ends a thread's claim on unit (r, u) = `g` whose bytes are safe (staged or written):
+    /// waits for the pages spilled before the claim, unprotects the unit, marks it done.
+    /// Async-signal-safe.
+    fn release_unit(
+        &self,
+        r: usize,
+        u: usize,
+        g: usize,
+        spilled: u64,
+        ops: &FaultOps<'_>,
+    ) -> Result<(), ResolveError> {
+        self.wait_spilled(g, spilled);
+        let (_, len) = self.unit_range(r, u);
+        let res = ops.unprotect(u * UNIT_BYTES, len);
+        self.state[g].store(DONE, Release);
+        self.done_units.fetch_add(1, Relaxed);
+        res
     }
 }
 
@@ -544,6 +702,17 @@ pub(crate) fn start<'a, G>(
         .iter_mut()
         .map(|b| SendPtr(b.as_mut_ptr() as *const u8))
         .collect();
+    let batches = spill_batches(opts.staging_slots);
+    let mut spill_buf = if batches > 0 {
+        Some(AlignedBuf::new(batches * BATCH_PAGES * PAGE, PAGE)?)
+    } else {
+        None
+    };
+    let spill_ptr = SendPtr(
+        spill_buf
+            .as_mut()
+            .map_or(std::ptr::null(), |b| b.as_mut_ptr() as *const u8),
+    );
     // The pause starts here for `begin` (its caller paused), after the file's creation for
     // `begin_paused`.
     let (reservation, guard, tp, scanned) = match pause {
@@ -591,7 +760,7 @@ pub(crate) fn start<'a, G>(
         .collect();
     for g in 0..units {
         if writer.layout().bitmap(g) == 0 {
-            writer.record_unit(g, crc32c::crc32c(&[]));
+            writer.record_unit(g, 0);
         }
     }
     let empty = state.iter().filter(|s| s.load(Relaxed) == DONE).count();
@@ -610,9 +779,26 @@ pub(crate) fn start<'a, G>(
         slot_unit: (0..opts.staging_slots)
             .map(|_| AtomicUsize::new(0))
             .collect(),
+        slot_crc: (0..opts.staging_slots).map(|_| AtomicU32::new(0)).collect(),
+        spill_mask: (0..units).map(|_| AtomicU64::new(0)).collect(),
+        spill_ready: (0..units).map(|_| AtomicU64::new(0)).collect(),
+        spill_buf,
+        spill_ptr,
+        spill_free: (0..batches)
+            .map(|_| AtomicU64::new((1u64 << format::SPILL_PAGES) - 1))
+            .collect(),
+        spill_slot: (0..batches * format::SPILL_PAGES)
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+        spill_crc: (0..batches * format::SPILL_PAGES)
+            .map(|_| AtomicU32::new(0))
+            .collect(),
+        // The dumper turns it on once it has reserved room in the file.
+        spill_on: AtomicBool::new(false),
+        spilled: AtomicU64::new(0),
         error: AtomicU32::new(ERR_NONE),
         done_units: AtomicUsize::new(empty),
-        staged: AtomicU64::new(0),
+        staged_units: AtomicU64::new(0),
         self_written: AtomicU64::new(0),
         dumped: AtomicU64::new(0),
         waits: AtomicU64::new(0),
@@ -744,22 +930,65 @@ pub(crate) fn scan_runs(
     Ok(())
 }
 
-/// The dumper: staged units first, then pending units in address order, until every unit is
-/// in the file. Each round copies up to [`DUMPER_BUFFERS`] pending units into its buffers
-/// (unprotecting each as soon as it is copied: writers never wait for the disk on its
-/// account) and writes them, with the staged slots, as one batch in flight together.
+/// The dumper: spilled pages and staged units first, then pending units in address order,
+/// until every unit is in the file. Each round copies up to [`DUMPER_BUFFERS`] pending units
+/// into its buffers (unprotecting each as soon as it is copied: writers never wait for the
+/// disk on its account) and writes them, with the staged slots and the spill batches that
+/// have pages, as one batch in flight together.
 fn dump(job: &JobShared, handles: &[&RegionHandle]) -> Result<u64> {
     let units = job.state.len();
     let mut bufs = Vec::with_capacity(DUMPER_BUFFERS);
     for _ in 0..DUMPER_BUFFERS {
         bufs.push(AlignedBuf::new(UNIT_BYTES, PAGE)?);
     }
+    let batches = job.spill_free.len();
+    // Room for every spill slot beyond what is written, always: a slot filled is a page
+    // that must reach the file. No room: no spilling (staging and dump-before-write only).
+    let headroom = (batches * BATCH_PAGES * PAGE) as u64;
+    if batches > 0 && job.writer.can_spill() && job.writer.reserve_spill(headroom).is_ok() {
+        job.spill_on.store(true, Release);
+    }
     let mut next = 0usize;
+    let mut entries: Vec<(u32, u32, u32)> = Vec::with_capacity(format::SPILL_PAGES);
     loop {
         if job.failed() {
             return Err(SnapshotError::Aborted(
                 err_text(job.error.load(Acquire)).into(),
             ));
+        }
+        // Spill batches: per batch buffer, the slots whose pages are copied (published
+        // before `spill_slot`), written as its header and the prefix of slots up to the last
+        // of them (a slot not listed is skipped by readers).
+        let mut spill: Vec<(usize, usize, Vec<usize>)> = Vec::new();
+        for b in 0..batches {
+            let mut listed = Vec::new();
+            let mut last = 0;
+            entries.clear();
+            for i in 0..format::SPILL_PAGES {
+                let v = job.spill_slot[b * format::SPILL_PAGES + i].load(Acquire);
+                if v == 0 {
+                    entries.push((u32::MAX, 0, 0));
+                    continue;
+                }
+                let (g, p) = ((v - 1) >> 6, (v - 1) & 63);
+                let c = job.spill_crc[b * format::SPILL_PAGES + i].load(Relaxed);
+                entries.push((g as u32, p as u32, c));
+                listed.push(b * format::SPILL_PAGES + i);
+                last = i + 1;
+            }
+            if listed.is_empty() {
+                continue;
+            }
+            entries.truncate(last);
+            // SAFETY: a batch's header page is the dumper's alone (writers use its slots).
+            let h = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (job.spill_ptr.0 as usize + b * BATCH_PAGES * PAGE) as *mut u8,
+                    PAGE,
+                )
+            };
+            format::encode_spill_header(h, job.writer.uuid(), &entries);
+            spill.push((b, last, listed));
         }
         // Staged slots (filled before `slot_unit` was published).
         let mut slots = Vec::new();
@@ -775,48 +1004,83 @@ fn dump(job: &JobShared, handles: &[&RegionHandle]) -> Result<u64> {
         while used < DUMPER_BUFFERS && next < units {
             let g = next;
             next += 1;
-            if job.state[g]
-                .compare_exchange(PENDING, CLAIMED, AcqRel, Acquire)
-                .is_err()
-            {
+            let Some(spilled) = job.claim_unit(g) else {
                 continue;
-            }
+            };
             let (r, u) = job.writer.layout().locate(g);
             let bm = job.writer.layout().bitmap(g);
             let n = job.copy_unit(r, u, bm, &mut bufs[used]);
+            let crc = format::unit_checksum(bm, &bufs[used][..n], spilled);
+            job.wait_spilled(g, spilled);
             let (addr, len) = job.unit_range(r, u);
             let res = handles[r].unprotect(addr - job.regions[r].base, len);
             job.state[g].store(DONE, Release);
             job.done_units.fetch_add(1, Relaxed);
             res?;
-            copied.push((g, used, n));
+            copied.push((g, used, n, crc));
             used += 1;
         }
-        if slots.is_empty() && copied.is_empty() {
-            // Everything is claimed: wait for writers still staging or writing units.
-            if next >= units && job.done_units.load(Acquire) == units && job.writer.complete() {
+        if spill.is_empty() && slots.is_empty() && copied.is_empty() {
+            // Everything is claimed: wait for writers still staging, spilling or writing
+            // units (a unit is done only once its spilled pages are published).
+            if next >= units
+                && job.done_units.load(Acquire) == units
+                && job.writer.complete()
+                && job.spill_slot.iter().all(|v| v.load(Acquire) == 0)
+            {
                 break;
             }
             std::thread::sleep(Duration::from_micros(50));
             continue;
         }
-        let mut batch: Vec<(usize, &[u8])> = Vec::with_capacity(slots.len() + copied.len());
+        let mut ops: Vec<(u64, &[u8])> = Vec::with_capacity(slots.len() + copied.len());
         for &(s, g) in &slots {
-            let n = job.writer.layout().unit_extent(g).1;
+            let (off, n) = job.writer.layout().unit_extent(g);
             // SAFETY: the slot was filled before `slot_unit` was published (Acquire above)
             // and nobody writes it until it is freed below.
-            batch.push((g, unsafe {
+            ops.push((off, unsafe {
                 std::slice::from_raw_parts(job.slot_ptr[s].0, n)
             }));
         }
-        for &(g, i, n) in &copied {
-            batch.push((g, &bufs[i][..n]));
+        for &(g, i, n, _) in &copied {
+            let off = job.writer.layout().unit_extent(g).0;
+            ops.push((off, &bufs[i][..n]));
         }
-        job.writer.write_units(&batch)?;
-        drop(batch);
-        for &(s, _) in &slots {
+        let spill_bytes: Vec<&[u8]> = spill
+            .iter()
+            .map(|&(b, last, _)| {
+                // SAFETY: the batch buffer is live for the job; its listed slots are stable
+                // until freed below, the others are not read by anyone who trusts them.
+                unsafe {
+                    std::slice::from_raw_parts(
+                        (job.spill_ptr.0 as usize + b * BATCH_PAGES * PAGE) as *const u8,
+                        (1 + last) * PAGE,
+                    )
+                }
+            })
+            .collect();
+        job.writer.write_spill_and(&spill_bytes, &ops)?;
+        drop(ops);
+        for &(s, g) in &slots {
+            job.writer.record_unit(g, job.slot_crc[s].load(Relaxed));
             job.slot_unit[s].store(0, Release);
             job.free.fetch_or(1 << s, AcqRel);
+        }
+        for &(g, _, _, crc) in &copied {
+            job.writer.record_unit(g, crc);
+        }
+        for (_, _, listed) in &spill {
+            for &s in listed {
+                job.spill_slot[s].store(0, Release);
+                job.free_spill_slot(s);
+            }
+        }
+        if !spill.is_empty()
+            && job.spill_on.load(Acquire)
+            && job.writer.reserve_spill(headroom).is_err()
+        {
+            // The disk is full: the slots still filled fit the room reserved before.
+            job.spill_on.store(false, Release);
         }
         job.dumped.fetch_add(copied.len() as u64, Relaxed);
     }
@@ -865,8 +1129,9 @@ impl<'a> WpJob<'a> {
             pause: self.pause,
             total: Duration::ZERO,
             dumped_units: shared.dumped.load(Relaxed),
-            staged_units: shared.staged.load(Relaxed),
+            staged_units: shared.staged_units.load(Relaxed),
             self_written_units: shared.self_written.load(Relaxed),
+            spilled_pages: shared.spilled.load(Relaxed),
             claim_waits: shared.waits.load(Relaxed),
             extra_bytes_bound: self.bound,
             direct: shared.writer.direct(),

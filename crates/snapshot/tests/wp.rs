@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use tiermem_snapshot::{
-    begin, begin_paused, Memory, Method, Options, SnapshotError, SnapshotFile, Target, PAGE,
+    begin, begin_paused, Memory, Method, Options, Report, SnapshotError, SnapshotFile, Target, PAGE,
 };
 
 /// The tests of this file run one at a time: the memory test samples the whole process's
@@ -128,7 +128,13 @@ impl Drop for Resume {
 
 /// `paused`: the writers run into `begin_paused`, which pauses them through its callback;
 /// else they are paused around `begin`.
-fn run_case(lens: &[usize], opts: Options, patterns: &[Pattern], seed: u64, paused: bool) {
+fn run_case(
+    lens: &[usize],
+    opts: Options,
+    patterns: &[Pattern],
+    seed: u64,
+    paused: bool,
+) -> Report {
     let slots = opts.staging_slots;
     let dir = tempfile::tempdir().unwrap();
     let mems: Vec<Memory> = lens
@@ -199,7 +205,13 @@ fn run_case(lens: &[usize], opts: Options, patterns: &[Pattern], seed: u64, paus
     );
     if slots == 0 || opts.method != Method::Wp {
         assert_eq!(rep.staged_units, 0);
+        assert_eq!(rep.spilled_pages, 0);
     }
+    assert_eq!(
+        f.info().spill_bytes > 0,
+        rep.spilled_pages > 0,
+        "spill area and spilled pages: {rep:?}"
+    );
     // Nothing stays protected: every page can be written with the job gone.
     for m in &mems {
         for p in 0..m.len() / PAGE {
@@ -207,13 +219,14 @@ fn run_case(lens: &[usize], opts: Options, patterns: &[Pattern], seed: u64, paus
             unsafe { m.as_ptr().add(p * PAGE).write_volatile(7) };
         }
     }
+    rep
 }
 
 #[test]
 fn concurrent_writers_of_every_pattern_see_the_pause_s_image_in_the_file() {
     let _s = serial();
     for (slots, seed) in [(16, 1), (1, 2), (0, 3)] {
-        run_case(
+        let rep = run_case(
             &[8 << 20],
             wp(slots),
             &[
@@ -225,6 +238,7 @@ fn concurrent_writers_of_every_pattern_see_the_pause_s_image_in_the_file() {
             seed,
             false,
         );
+        eprintln!("S = {slots}: {rep:?}");
     }
 }
 

@@ -79,10 +79,11 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
         if rep.direct { " (O_DIRECT)" } else { "" }
     );
     say!(
-        "a writer made {writes} writes meanwhile: {} units dumped in address order, {} copied by the writer into a staging slot first, {} written by the writer itself (no slot free); extra memory bound {} KiB ({:.1} % of the data)",
+        "a writer made {writes} writes meanwhile: {} units dumped in address order, {} copied by the writer into a staging slot first, {} written by the writer itself (no slot free), {} single pages spilled by the writer; extra memory bound {} KiB ({:.1} % of the data)",
         rep.dumped_units,
         rep.staged_units,
         rep.self_written_units,
+        rep.spilled_pages,
         rep.extra_bytes_bound >> 10,
         100.0 * rep.extra_bytes_bound as f64 / len as f64
     );
