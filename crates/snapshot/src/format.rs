@@ -1213,17 +1213,21 @@ impl SnapshotFile {
             .read_exact_at(dst, self.base + off)
             .map_err(|e| SnapshotError::io("read", &self.path, e))?;
         if page_crc(p, dst) != crc {
-            let (r, u) = self.layout.locate(g);
-            return Err(SnapshotError::corrupt(
-                &self.path,
-                format!(
-                    "CRC of spilled page {p} of unit {u} of region {:?} (bytes {off}..{})",
-                    self.layout.regions[r].name,
-                    off + PAGE as u64
-                ),
-            ));
+            return Err(self.bad_spilled(g, p, off));
         }
         Ok(())
+    }
+
+    fn bad_spilled(&self, g: usize, p: usize, off: u64) -> SnapshotError {
+        let (r, u) = self.layout.locate(g);
+        SnapshotError::corrupt(
+            &self.path,
+            format!(
+                "CRC of spilled page {p} of unit {u} of region {:?} (bytes {off}..{})",
+                self.layout.regions[r].name,
+                off + PAGE as u64
+            ),
+        )
     }
 
     /// Whether unit `g` with main-area bytes `main` (its stored pages in order) and spilled
@@ -1533,15 +1537,64 @@ impl SnapshotFile {
                 .collect::<Result<Vec<()>>>()
         })?;
         // Spilled pages over their units' bytes, each checked against its record (the units'
-        // checks above counted the records).
+        // checks above counted the records): the spill area read in runs of up to IOV_MAX
+        // pages, each page into its place or, for headers and other regions' pages, a scratch
+        // page.
         let first = self.layout.unit(r, 0);
-        for &(g, p, off, c) in &sp.pages {
-            if g < first || g >= first + units {
-                continue;
+        let mine: Vec<(usize, usize, u64, u32)> = sp
+            .pages
+            .iter()
+            .copied()
+            .filter(|&(g, ..)| g >= first && g < first + units)
+            .collect();
+        let (Some(lo), Some(hi)) = (mine.first(), mine.last()) else {
+            return Ok(());
+        };
+        let mut scratch = AlignedBuf::new(PAGE, PAGE)?;
+        let scratch_ptr = scratch.as_mut_ptr();
+        let (lo, hi) = (lo.2, hi.2 + PAGE as u64);
+        let mut next = 0usize;
+        let mut at = lo;
+        let mut fd = fd;
+        while at < hi {
+            let n = (((hi - at) / PAGE as u64) as usize).min(IOV_MAX);
+            let mut iov = Vec::with_capacity(n);
+            let mut placed = Vec::new();
+            for k in 0..n {
+                let off = at + (k * PAGE) as u64;
+                let base = match mine.get(next) {
+                    Some(&(g, p, o, c)) if o == off => {
+                        next += 1;
+                        let d = (g - first) * UNIT_BYTES + p * PAGE;
+                        placed.push((g, p, o, c, d));
+                        dst[d..d + PAGE].as_mut_ptr()
+                    }
+                    _ => scratch_ptr,
+                };
+                iov.push(libc::iovec {
+                    iov_base: base.cast(),
+                    iov_len: PAGE,
+                });
             }
-            let at = (g - first) * UNIT_BYTES + p * PAGE;
-            self.read_spilled(g, p, off, c, &mut dst[at..at + PAGE])?;
+            let len = n * PAGE;
+            let mut res = Self::preadv_all(fd, &mut iov.clone(), self.base + at, len);
+            if res
+                .as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL))
+                && fd != self.file.as_raw_fd()
+            {
+                fd = self.file.as_raw_fd();
+                res = Self::preadv_all(fd, &mut iov, self.base + at, len);
+            }
+            res.map_err(|e| SnapshotError::io("preadv", &self.path, e))?;
+            for (g, p, o, c, d) in placed {
+                if page_crc(p, &dst[d..d + PAGE]) != c {
+                    return Err(self.bad_spilled(g, p, o));
+                }
+            }
+            at += len as u64;
         }
+        drop(scratch);
         Ok(())
     }
 }
