@@ -7,10 +7,11 @@
 //! | part | size | contents |
 //! |---|---|---|
 //! | header | 4 KiB | magic `TMSNAP\0\0`, version, page size, unit pages, method, uuid, creation time, regions {length, name}, CRC32C of the rest |
-//! | index | 16 B per unit, padded | bitmap of the unit's pages with frames (bit i: page i), CRC32C of the unit's dumped bytes |
+//! | index | 16 B per unit, padded | bitmap of the unit's pages with frames (bit i: page i), the unit's checksum ([`unit_checksum`]: XOR of its pages' [`page_crc`]) |
 //! | pages | 4 KiB per set bit | the present pages, units in address order, regions in order |
 //! | app state | padded | an opaque blob the application saves beside its memory |
-//! | trailer | 4 KiB | magic `TMSNAPEN`, uuid, file length, unit and page counts, app-state length and CRC, index CRC, its own CRC |
+//! | spill area | (1 + n) pages per batch | pages written before their unit was dumped: batches of a header ([`encode_spill_header`]: magic `TMSPILL\0`, n ≤ 63, uuid, per page unit/page/`page_crc`, CRC32C) and n pages; they override their units' bytes |
+//! | trailer | 4 KiB | magic `TMSNAPEN`, uuid, file length, unit and page counts, app-state length and CRC, index CRC, spill area length, its own CRC |
 //!
 //! A unit's place follows from the bitmaps alone (prefix sums of their popcounts), which the
 //! pause computes before any page is written: the dumper and a faulting thread can each write
