@@ -1,9 +1,11 @@
-//! The device delay model (`delay = latency + bytes / bandwidth`) and the TSC busy-wait that
-//! injects it.
+//! The device delay model (`delay = latency + bytes / bandwidth`) and the waits that inject it.
 //!
 //! A [`DelayModel`] is a property of a device: every access through a pool or SSD device is
-//! charged `latency + bytes / bandwidth` nanoseconds, separately for reads and writes, by spinning
-//! on the TSC ([`busy_wait_ns`]). The default model is [`DelayModel::NONE`] (no delay), for
+//! charged `latency + bytes / bandwidth` nanoseconds, separately for reads and writes, by
+//! [`delay_ns`]: a spin on the TSC for short waits ([`busy_wait_ns`]), and for long ones a sleep
+//! that ends a calibrated margin before the deadline followed by a spin for the rest, so that a
+//! modelled device does not burn a core the application needs (on 2 cores a spinning waiter is a
+//! second application thread). The default model is [`DelayModel::NONE`] (no delay), for
 //! functional use; experiments set a preset or an explicit model, in code or through the
 //! `TIERMEM_DELAY` environment variable.
 
@@ -483,18 +485,69 @@ pub fn busy_wait_ns(ns: u64) {
     spin_until(start.saturating_add(cycles.saturating_sub(c.overshoot_cycles)));
 }
 
-/// Pace a transfer: spin until `cost_ns` have passed since `since_ns` (a [`now_ns`] stamp
-/// taken when the transfer started), so that the transfer takes the model's time whatever part
-/// of it the real work (the DRAM copy standing in for the medium) already took. Returns the
-/// nanoseconds waited (0 when the real work took longer than the model).
+/// Pace a transfer: wait ([`delay_ns`]) until `cost_ns` have passed since `since_ns` (a
+/// [`now_ns`] stamp taken when the transfer started), so that the transfer takes the model's
+/// time whatever part of it the real work (the DRAM copy standing in for the medium) already
+/// took. Returns the nanoseconds waited (0 when the real work took longer than the model).
 pub fn pace_ns(since_ns: u64, cost_ns: u64) -> u64 {
     let end = since_ns.saturating_add(cost_ns);
     let now = now_ns();
     if now >= end {
         return 0;
     }
-    busy_wait_ns(end - now);
+    delay_ns(end - now);
     end - now
+}
+
+/// Environment variable: `0` makes [`delay_ns`] spin for every wait (no sleep), as before
+/// 2026-11; anything else, or unset, lets it sleep through long waits.
+pub const DELAY_SLEEP_ENV: &str = "TIERMEM_DELAY_SLEEP";
+
+/// How early a sleep must end to leave the deadline to the spin, and the shortest wait worth
+/// sleeping for, in ns: calibrated once (lazily, ~5 ms) from 15 sleeps of 200 µs, the
+/// 90th-percentile overshoot plus 20 µs (a VM's timer and vCPU wake-up: 50–150 µs here).
+/// `u64::MAX / 4` (never sleep) when [`DELAY_SLEEP_ENV`] is `0`.
+fn sleep_margin_ns() -> u64 {
+    static MARGIN: OnceLock<u64> = OnceLock::new();
+    *MARGIN.get_or_init(|| {
+        if std::env::var(DELAY_SLEEP_ENV).is_ok_and(|v| v.trim() == "0") {
+            return u64::MAX / 4;
+        }
+        let mut over: Vec<u64> = (0..15)
+            .map(|_| {
+                let t0 = monotonic_ns();
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                (monotonic_ns() - t0).saturating_sub(200_000)
+            })
+            .collect();
+        over.sort_unstable();
+        over[over.len() * 9 / 10] + 20_000
+    })
+}
+
+/// Waits `ns` nanoseconds to inject a device delay: a TSC spin ([`busy_wait_ns`]) when the wait
+/// is shorter than twice the sleep margin (calibrated once: how late this machine's sleeps
+/// end, plus 20 µs), else a sleep to the deadline minus the margin and a spin for the rest. The
+/// wait's length is the spin's (the sleep ends early); the CPU it burns is at most the margin.
+pub fn delay_ns(ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let start = now_ns();
+    let margin = sleep_margin_ns();
+    if ns >= 2 * margin {
+        std::thread::sleep(std::time::Duration::from_nanos(ns - margin));
+    }
+    let end = start + ns;
+    let now = now_ns();
+    if now < end {
+        busy_wait_ns(end - now);
+    }
+}
+
+/// The calibrated sleep margin of [`delay_ns`], ns (benchmarks report it).
+pub fn delay_sleep_margin_ns() -> u64 {
+    sleep_margin_ns()
 }
 
 /// Spin until the TSC reaches `end`. `pause` costs up to ~140 cycles on recent cores: use it
@@ -581,6 +634,31 @@ mod tests {
                 other => panic!("{bad:?} parsed as {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_long_delay_sleeps_and_still_ends_on_time() {
+        if std::env::var(DELAY_SLEEP_ENV).is_ok_and(|v| v.trim() == "0") {
+            return; // spinning asked for
+        }
+        let margin = delay_sleep_margin_ns();
+        assert!(margin >= 20_000, "margin {margin}");
+        let want = 4 * margin;
+        // CPU time of this thread over the wait: the sleep leaves the core.
+        let cpu = || {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: a valid out-pointer.
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        };
+        let (t0, c0) = (now_ns(), cpu());
+        delay_ns(want);
+        let (took, burnt) = (now_ns() - t0, cpu() - c0);
+        assert!(took >= want, "waited {took} ns of {want}");
+        assert!(burnt < want, "burnt {burnt} ns of CPU in a {want} ns wait");
     }
 
     #[test]

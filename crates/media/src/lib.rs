@@ -57,7 +57,10 @@ pub mod ssd;
 pub mod stats;
 
 pub use crash::{CrashPolicy, CutPoint, FenceRecord, PowerDomain};
-pub use delay::{busy_wait_ns, now_ns, pace_ns, tsc_ghz, DelayModel};
+pub use delay::{
+    busy_wait_ns, delay_ns, delay_sleep_margin_ns, now_ns, pace_ns, tsc_ghz, DelayModel,
+    DELAY_SLEEP_ENV,
+};
 pub use error::{MediaError, Result};
 pub use persist::{
     cpu_features, cpu_has_tsc_invariant, fence, flush_lines, flush_slice, nt_copy, nt_copy_slice,

@@ -22,7 +22,7 @@
 //! Nothing in the header (or anywhere in a pool written by this crate) is a virtual address.
 
 use crate::crash::PowerDomain;
-use crate::delay::{busy_wait_ns, DelayCell, DelayModel};
+use crate::delay::{delay_ns, DelayCell, DelayModel};
 use crate::error::{parent_dir, MediaError, Result};
 use crate::persist::{self, PersistMethod};
 use crate::stats::DeviceStats;
@@ -1079,11 +1079,11 @@ impl Pool {
         }
     }
 
-    /// Charge the read delay for `bytes` bytes (busy-wait) and count one read; for callers that
-    /// access [`Pool::data_ptr`] directly.
+    /// Charge the read delay for `bytes` bytes ([`crate::delay_ns`]: a spin, a sleep first for
+    /// long ones) and count one read; for callers that access [`Pool::data_ptr`] directly.
     pub fn charge_read(&self, bytes: u64) {
         let d = self.delay.get().read_delay_ns(bytes);
-        busy_wait_ns(d);
+        delay_ns(d);
         self.stats.record_read(bytes, d);
     }
 
@@ -1097,11 +1097,11 @@ impl Pool {
         self.stats.record_write(bytes, waited);
     }
 
-    /// Charge the write delay for `bytes` bytes (busy-wait) and count one write; for callers
-    /// that access [`Pool::data_ptr`] directly.
+    /// Charge the write delay for `bytes` bytes ([`crate::delay_ns`]) and count one write; for
+    /// callers that access [`Pool::data_ptr`] directly.
     pub fn charge_write(&self, bytes: u64) {
         let d = self.delay.get().write_delay_ns(bytes);
-        busy_wait_ns(d);
+        delay_ns(d);
         self.stats.record_write(bytes, d);
     }
 }

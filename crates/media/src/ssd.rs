@@ -9,7 +9,7 @@
 //! and [`SsdDevice::direct`] is false. A kernel that does not know the attribute gets a direct
 //! open attempt with a conservative 4096-byte alignment, falling back to buffered on EINVAL.
 
-use crate::delay::{busy_wait_ns, DelayCell, DelayModel};
+use crate::delay::{delay_ns, DelayCell, DelayModel};
 use crate::error::{parent_dir, MediaError, Result};
 use crate::stats::DeviceStats;
 use parking_lot::Mutex;
@@ -494,7 +494,7 @@ impl SsdDevice {
         } else {
             m.read_delay_ns(bytes)
         };
-        busy_wait_ns(d);
+        delay_ns(d);
         if write {
             self.stats.record_write(bytes, d);
         } else {

@@ -17,6 +17,9 @@ pub struct DoctorReport {
     pub features: BTreeMap<&'static str, bool>,
     pub costs_us: BTreeMap<&'static str, P50P99>,
     pub copy_gbps: f64,
+    /// How early the delay model's sleeps end (`tiermem_media::delay_ns`): waits shorter than
+    /// twice this spin, longer ones sleep to this margin before the deadline, µs.
+    pub delay_sleep_margin_us: f64,
     /// The effective uid the report was made as.
     pub uid: u32,
     /// The way tiermem obtains userfaultfds here (`syscall`, `dev_userfaultfd`,
@@ -300,6 +303,7 @@ pub fn report(quick: bool) -> DoctorReport {
         features,
         costs_us,
         copy_gbps,
+        delay_sleep_margin_us: tiermem_media::delay_sleep_margin_ns() as f64 / 1e3,
         uid,
         userfaultfd_mode: used.map(UffdAccess::name),
         userfaultfd_access,
@@ -351,6 +355,10 @@ pub fn print(r: &DoctorReport, json: bool) -> Result<()> {
     println!(
         "  {:<30} {:>8.2} GB/s        12.6",
         "copy bandwidth (one core)", r.copy_gbps
+    );
+    println!(
+        "  {:<30} {:>8.1} µs          (delay model: waits under twice this spin, longer ones sleep)",
+        "sleep margin (late wake-ups)", r.delay_sleep_margin_us
     );
     if !r.notes.is_empty() {
         println!("\nnotes");
