@@ -1087,6 +1087,16 @@ impl Pool {
         self.stats.record_read(bytes, d);
     }
 
+    /// Charge the read delay for `bytes` bytes as pacing ([`crate::pace_ns`]): the read that
+    /// started at `since_ns` (a [`crate::now_ns`] stamp) ends no earlier than the model's
+    /// `latency + bytes / bandwidth` after it; counts one read. For bulk reads (a copy out of
+    /// [`Pool::data_ptr`]) whose real copy is a sizeable part of the modelled time.
+    pub fn charge_read_paced(&self, bytes: u64, since_ns: u64) {
+        let d = self.delay.get().read_delay_ns(bytes);
+        let waited = crate::pace_ns(since_ns, d);
+        self.stats.record_read(bytes, waited);
+    }
+
     /// Charge the write delay for `bytes` bytes as pacing ([`crate::pace_ns`]): the write that
     /// started at `since_ns` (a [`crate::now_ns`] stamp) ends no earlier than the model's
     /// `latency + bytes / bandwidth` after it; counts one write. For bulk transfers whose real

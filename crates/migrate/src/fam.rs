@@ -681,14 +681,20 @@ impl FamTarget {
                     continue;
                 }
                 // One UFFDIO_COPY (or ZEROPAGE) per vector, no fault per page; pages the
-                // application faulted meanwhile are skipped.
-                let installed = match (r.handle.as_ref(), f.range_trusted(off, end - off)) {
+                // application faulted meanwhile are skipped. The FAM read is paced: the copy
+                // out of the mapping is the read, and the vector takes the medium's time for
+                // it or the copy's, whichever is longer (the dump's rule for its writes).
+                let since = tiermem_media::now_ns();
+                let installed = match (r.handle.as_ref(), f.range_uncharged(off, end - off)) {
                     (Some(h), Ok(img)) if crate::resolve::is_zero(img) => {
                         h.install_zero(off as usize, img.len()).is_ok()
                     }
                     (Some(h), Ok(img)) => h.install(off as usize, img).is_ok(),
                     _ => false,
                 };
+                if installed {
+                    f.charge_read_paced(end - off, since);
+                }
                 if !installed {
                     // Through the resolver instead, a page at a time.
                     let base = r.as_ptr() as *const u8;

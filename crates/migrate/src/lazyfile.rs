@@ -474,13 +474,21 @@ impl LazyFile {
     /// for a caller that learned from the page-server that the range is dumped (a journal that
     /// was full). Page-aligned; charges the read delay for `len` bytes.
     pub fn range_trusted(&self, offset: u64, len: u64) -> Result<&[u8]> {
+        let r = self.range_uncharged(offset, len)?;
+        self.pool.charge_read(len);
+        Ok(r)
+    }
+
+    /// As [`LazyFile::range_trusted`] with no read delay charged: the caller copies out of the
+    /// range and then charges the read as pacing ([`LazyFile::charge_read_paced`]), so the
+    /// copy counts as part of the medium's time, the rule of the dump's writes.
+    pub fn range_uncharged(&self, offset: u64, len: u64) -> Result<&[u8]> {
         if offset % self.page != 0
             || len % self.page != 0
             || !matches!(offset.checked_add(len), Some(e) if e <= self.region_len)
         {
             return Err(self.out_of_range(offset, len));
         }
-        self.pool.charge_read(len);
         // SAFETY: bounds checked against the image inside the live mapping owned by `self`;
         // the lifetime of the slice is tied to `&self`. The source may still write other
         // pages of the file, never these (they are dumped, the region is frozen).
@@ -492,6 +500,12 @@ impl LazyFile {
                 len as usize,
             )
         })
+    }
+
+    /// Charges a read of `len` bytes that started at `since_ns` (`tiermem_media::now_ns`) as
+    /// pacing: it ends no earlier than the medium's time for it after its start.
+    pub fn charge_read_paced(&self, len: u64, since_ns: u64) {
+        self.pool.charge_read_paced(len, since_ns);
     }
 
     fn out_of_range(&self, offset: u64, len: u64) -> LazyError {
