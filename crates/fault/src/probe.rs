@@ -90,6 +90,24 @@ pub fn first_touch_ns(pages: usize) -> Result<Vec<f64>> {
     Ok(time_writes(m.ptr, pages))
 }
 
+/// Bandwidth of fresh anonymous memory, GB/s: `bytes` mapped with `MAP_POPULATE` (the kernel
+/// allocates and zeroes every page in one call), timed, unmapped; the median of `reps`. Where
+/// a VM's balloon reports freed pages to its host (free page reporting), memory the guest
+/// freed is unbacked again and this is the host's fault rate too: the floor of anything that
+/// fills gigabytes of new memory (a migration target, a file on tmpfs).
+pub fn fresh_memory_gbps(bytes: usize, reps: usize) -> Result<f64> {
+    let len = bytes.max(PAGE_SIZE).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+    let mut t = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        let m = Map::anon(len, true)?;
+        t.push(t0.elapsed().as_secs_f64());
+        drop(m);
+    }
+    let med = percentile(&t, 50.0);
+    Ok(len as f64 / med / 1e9)
+}
+
 /// A resolver that UFFDIO_COPYs one source page into every faulting page.
 struct CopyPage {
     src: Box<[u8]>,
