@@ -278,6 +278,135 @@ fn replies_on(svc: &KvService, s: &mut Session) {
 
 /// A pipeline gives the same replies in both durability modes, and reads in a group see the
 /// group's writes.
+/// SINTER, SUNION, SDIFF, their STORE forms, SINTERCARD, SMOVE and SRANDMEMBER: replies as
+/// redis-server 7.0 gave them for the same commands (results of one member, so that no order
+/// is involved; larger results are checked as sets).
+#[test]
+fn set_algebra_replies() {
+    for eng in ENGINES {
+        let mut f = Fixture::new(eng);
+        let svc = service(&mut f, Durability::Commit);
+        let mut s = svc.open_session("test");
+        let s = &mut s;
+        check(
+            &svc,
+            s,
+            &[
+                ("SADD s1 a b c", ":3\r\n"),
+                ("SADD s2 b c d", ":3\r\n"),
+                ("SADD s3 c", ":1\r\n"),
+                ("SET str x", "+OK\r\n"),
+                ("SINTER s1 s2 s3", "*1\r\n$1\r\nc\r\n"),
+                ("SINTER s1 nokey", "*0\r\n"),
+                ("SINTER s1 str", WRONGTYPE),
+                ("SINTER nokey str", WRONGTYPE),
+                (
+                    "SINTER",
+                    "-ERR wrong number of arguments for 'sinter' command\r\n",
+                ),
+                ("SUNION s3 nokey", "*1\r\n$1\r\nc\r\n"),
+                ("SDIFF s1 s2", "*1\r\n$1\r\na\r\n"),
+                ("SDIFF nokey s1", "*0\r\n"),
+                ("SDIFF s1 str", WRONGTYPE),
+                ("SINTERCARD 2 s1 s2", ":2\r\n"),
+                ("SINTERCARD 2 s1 s2 LIMIT 1", ":1\r\n"),
+                ("SINTERCARD 2 s1 s2 limit 0", ":2\r\n"),
+                ("SINTERCARD 1 str", WRONGTYPE),
+                (
+                    "SINTERCARD 2 s1 s2 LIMIT x",
+                    "-ERR LIMIT can't be negative\r\n",
+                ),
+                (
+                    "SINTERCARD 2 s1 s2 LIMIT -1",
+                    "-ERR LIMIT can't be negative\r\n",
+                ),
+                ("SINTERCARD 2 s1 s2 FOO 3", "-ERR syntax error\r\n"),
+                (
+                    "SINTERCARD x s1",
+                    "-ERR numkeys should be greater than 0\r\n",
+                ),
+                (
+                    "SINTERCARD 0 s1",
+                    "-ERR numkeys should be greater than 0\r\n",
+                ),
+                (
+                    "SINTERCARD 3 s1 s2",
+                    "-ERR Number of keys can't be greater than number of args\r\n",
+                ),
+                ("SINTERSTORE dst s1 s2 s3", ":1\r\n"),
+                ("TYPE dst", "+set\r\n"),
+                ("SMEMBERS dst", "*1\r\n$1\r\nc\r\n"),
+                ("SINTERSTORE str s1 s3", ":1\r\n"),
+                ("TYPE str", "+set\r\n"),
+                ("SDIFFSTORE dst s1 s2 s3", ":1\r\n"),
+                ("SMEMBERS dst", "*1\r\n$1\r\na\r\n"),
+                ("SUNIONSTORE dst s3 nokey", ":1\r\n"),
+                ("SINTERSTORE dst s1 nokey", ":0\r\n"),
+                ("EXISTS dst", ":0\r\n"),
+                ("SDIFFSTORE dst s1 str2", ":3\r\n"),
+                ("SMOVE s1 s3 a", ":1\r\n"),
+                ("SMOVE s1 s3 zz", ":0\r\n"),
+                ("SMOVE nokey str a", ":0\r\n"),
+                ("SET str2 y", "+OK\r\n"),
+                ("SMOVE s1 str2 b", WRONGTYPE),
+                ("SMOVE str2 s1 b", WRONGTYPE),
+                ("SMOVE s3 s3 a", ":1\r\n"),
+                ("SMOVE s3 s3 q", ":0\r\n"),
+                ("SMOVE s1 newset b", ":1\r\n"),
+                ("SMEMBERS newset", "*1\r\n$1\r\nb\r\n"),
+                ("SMOVE s1 newset c", ":1\r\n"),
+                ("EXISTS s1", ":0\r\n"),
+                ("SRANDMEMBER nokey", "$-1\r\n"),
+                ("SRANDMEMBER nokey 3", "*0\r\n"),
+                ("SRANDMEMBER nokey -3", "*0\r\n"),
+                ("SRANDMEMBER s3 0", "*0\r\n"),
+                ("SRANDMEMBER str2", WRONGTYPE),
+                (
+                    "SRANDMEMBER s3 x",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                ("SRANDMEMBER s3 1 2", "-ERR syntax error\r\n"),
+                ("SADD one only", ":1\r\n"),
+                ("SRANDMEMBER one", "$4\r\nonly\r\n"),
+                ("SRANDMEMBER one 5", "*1\r\n$4\r\nonly\r\n"),
+                (
+                    "SRANDMEMBER one -3",
+                    "*3\r\n$4\r\nonly\r\n$4\r\nonly\r\n$4\r\nonly\r\n",
+                ),
+            ],
+        );
+        // Larger results, compared as sets: 0..300 and 200..500 (hash-table sets).
+        let a: Vec<String> = (0..300).map(|i| i.to_string()).collect();
+        let b: Vec<String> = (200..500).map(|i| i.to_string()).collect();
+        cmd(&svc, s, &format!("SADD big1 {}", a.join(" ")));
+        cmd(&svc, s, &format!("SADD big2 {}", b.join(" ")));
+        let members = |reply: String| -> std::collections::BTreeSet<u32> {
+            reply
+                .split("\r\n")
+                .filter(|l| !l.is_empty() && !l.starts_with('*') && !l.starts_with('$'))
+                .map(|l| l.parse().unwrap())
+                .collect()
+        };
+        assert_eq!(
+            members(cmd(&svc, s, "SINTER big1 big2")),
+            (200..300).collect()
+        );
+        assert_eq!(
+            members(cmd(&svc, s, "SUNION big1 big2")),
+            (0..500).collect()
+        );
+        assert_eq!(members(cmd(&svc, s, "SDIFF big1 big2")), (0..200).collect());
+        assert_eq!(cmd(&svc, s, "SDIFFSTORE big3 big2 big1"), ":200\r\n");
+        assert_eq!(members(cmd(&svc, s, "SMEMBERS big3")), (300..500).collect());
+        assert_eq!(cmd(&svc, s, "SINTERCARD 2 big1 big2 LIMIT 7"), ":7\r\n");
+        // SRANDMEMBER with a positive count: distinct members of the set.
+        let r = members(cmd(&svc, s, "SRANDMEMBER big1 50"));
+        assert_eq!(r.len(), 50);
+        assert!(r.iter().all(|&x| x < 300));
+        assert_eq!(members(cmd(&svc, s, "SRANDMEMBER big1 1000")).len(), 300);
+    }
+}
+
 #[test]
 fn pipelines_and_group_commit() {
     for eng in ENGINES {

@@ -125,6 +125,15 @@ commands! {
     Smismember "smismember" -3 Read (1, 1, 1);
     Scard "scard" 2 Read (1, 1, 1);
     Spop "spop" -2 Write (1, 1, 1);
+    Srandmember "srandmember" -2 Read (1, 1, 1);
+    Sinter "sinter" -2 Read (1, -1, 1);
+    Sunion "sunion" -2 Read (1, -1, 1);
+    Sdiff "sdiff" -2 Read (1, -1, 1);
+    Sintercard "sintercard" -3 Read (0, 0, 0);
+    Sinterstore "sinterstore" -3 Write (1, -1, 1);
+    Sunionstore "sunionstore" -3 Write (1, -1, 1);
+    Sdiffstore "sdiffstore" -3 Write (1, -1, 1);
+    Smove "smove" 4 Write (1, 2, 1);
     // Hashes.
     Hset "hset" -4 Write (1, 1, 1);
     Hmset "hmset" -4 Write (1, 1, 1);
