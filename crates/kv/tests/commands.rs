@@ -407,6 +407,84 @@ fn set_algebra_replies() {
     }
 }
 
+/// RENAME, RENAMENX, TOUCH, RANDOMKEY: replies as redis-server 7.0 gave them; a renamed
+/// value of every type and encoding keeps its contents, and the old key is gone.
+#[test]
+fn rename_and_generic_replies() {
+    for eng in ENGINES {
+        let mut f = Fixture::new(eng);
+        let svc = service(&mut f, Durability::Commit);
+        let mut s = svc.open_session("test");
+        let s = &mut s;
+        let long = "v".repeat(3000);
+        check(
+            &svc,
+            s,
+            &[
+                ("RANDOMKEY", "$-1\r\n"),
+                ("RENAME nokey x", "-ERR no such key\r\n"),
+                ("RENAME nokey nokey", "-ERR no such key\r\n"),
+                ("RENAMENX nokey x", "-ERR no such key\r\n"),
+                ("SET a 1", "+OK\r\n"),
+                ("RANDOMKEY", "$1\r\na\r\n"),
+                ("RENAME a a", "+OK\r\n"),
+                ("RENAMENX a a", ":0\r\n"),
+                ("TOUCH a b a", ":2\r\n"),
+                ("SADD s x", ":1\r\n"),
+                ("RENAMENX a s", ":0\r\n"),
+                ("RENAME a s", "+OK\r\n"),
+                ("TYPE s", "+string\r\n"),
+                ("GET s", "$1\r\n1\r\n"),
+                ("EXISTS a", ":0\r\n"),
+                ("RENAMENX s t", ":1\r\n"),
+                ("GET t", "$1\r\n1\r\n"),
+                (
+                    "RENAME t",
+                    "-ERR wrong number of arguments for 'rename' command\r\n",
+                ),
+                (&format!("SET big {long}"), "+OK\r\n"),
+                ("RENAME big big2", "+OK\r\n"),
+                ("STRLEN big2", ":3000\r\n"),
+                ("SADD set m1 m2", ":2\r\n"),
+                ("HSET h f1 v1 f2 v2", ":2\r\n"),
+                ("RPUSH l e1 e2 e3", ":3\r\n"),
+                ("ZADD z 1 one 2 two", ":2\r\n"),
+                ("RENAME set set2", "+OK\r\n"),
+                ("RENAME h h2", "+OK\r\n"),
+                ("RENAME l l2", "+OK\r\n"),
+                ("RENAME z z2", "+OK\r\n"),
+                ("SISMEMBER set2 m2", ":1\r\n"),
+                ("SCARD set2", ":2\r\n"),
+                ("HGET h2 f2", "$2\r\nv2\r\n"),
+                (
+                    "LRANGE l2 0 -1",
+                    "*3\r\n$2\r\ne1\r\n$2\r\ne2\r\n$2\r\ne3\r\n",
+                ),
+                ("ZSCORE z2 two", "$1\r\n2\r\n"),
+                ("EXISTS set h l z", ":0\r\n"),
+                // Onto a key of another type: replaced.
+                ("RENAME set2 h2", "+OK\r\n"),
+                ("TYPE h2", "+set\r\n"),
+                ("DBSIZE", ":5\r\n"),
+            ],
+        );
+        // Many keys in few buckets: renames among them keep every key reachable.
+        for i in 0..200 {
+            cmd(&svc, s, &format!("SET k{i} {i}"));
+        }
+        for i in 0..200 {
+            assert_eq!(cmd(&svc, s, &format!("RENAME k{i} r{i}")), "+OK\r\n");
+        }
+        for i in 0..200 {
+            assert_eq!(
+                cmd(&svc, s, &format!("GET r{i}")),
+                format!("${}\r\n{i}\r\n", i.to_string().len())
+            );
+        }
+        assert_eq!(cmd(&svc, s, "DBSIZE"), ":205\r\n");
+    }
+}
+
 #[test]
 fn pipelines_and_group_commit() {
     for eng in ENGINES {

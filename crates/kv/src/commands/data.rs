@@ -400,6 +400,18 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                 .count();
             int(out, n as i64);
         }
+        Id::Touch => {
+            // No access clock to update: the count of keys that exist, as Redis replies.
+            let n = a[1..]
+                .iter()
+                .filter(|k| ks::lookup(m, st, k).is_some())
+                .count();
+            int(out, n as i64);
+        }
+        Id::Randomkey => match dict::random(m, st.keyspace()) {
+            Some((e, _)) => bulk(out, &ks::key_of(m, e)),
+            None => null(out),
+        },
         Id::Type => match ks::lookup(m, st, a[1]) {
             Some(e) => reply::simple(out, ks::type_name(e.ty())),
             None => reply::simple(out, "none"),
@@ -1143,6 +1155,48 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             let (n, s) = set::add(w, st, e.as_ref().map(set_obj), &a[2..])?;
             upsert_obj(w, st, &p, a[1], e, T_SET, s.enc, s.obj)?;
             int(out, n as i64);
+            Ok(())
+        }
+        Id::Rename | Id::Renamenx => {
+            let nx = id == Id::Renamenx;
+            let Some(src) = ks::lookup(w, st, a[1]) else {
+                reply::error(out, "ERR no such key");
+                return Ok(());
+            };
+            if a[1] == a[2] {
+                if nx {
+                    int(out, 0);
+                } else {
+                    reply::simple(out, "OK");
+                }
+                return Ok(());
+            }
+            if let Some(d) = ks::lookup(w, st, a[2]) {
+                if nx {
+                    int(out, 0);
+                    return Ok(());
+                }
+                ks::delete(w, st, &d)?;
+            }
+            // The source's links may have moved with the deletion (one bucket chain).
+            let src = ks::lookup(w, st, a[1]).unwrap_or(src);
+            if src.ty() == T_STRING {
+                let v = ks::string_value(w, &src).into_owned();
+                ks::delete(w, st, &src)?;
+                let (p, _) = ks::probe(w, st, a[2]);
+                ks::insert_string(w, st, &p, a[2], &v)?;
+            } else {
+                // The value object moves to a new entry as it is: no copy of the collection.
+                dict::unlink(w, st.keyspace(), src.link, src.off)?;
+                ks::free_entry(w, &src)?;
+                let (p, _) = ks::probe(w, st, a[2]);
+                ks::insert_object(w, st, &p, a[2], src.ty(), src.enc(), src.obj())?;
+            }
+            if nx {
+                int(out, 1);
+            } else {
+                reply::simple(out, "OK");
+            }
             Ok(())
         }
         Id::Sinterstore | Id::Sunionstore | Id::Sdiffstore => {
