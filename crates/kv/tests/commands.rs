@@ -485,6 +485,96 @@ fn rename_and_generic_replies() {
     }
 }
 
+/// GETRANGE/SUBSTR, SETRANGE, HSTRLEN, HRANDFIELD, LPOS, LMOVE, RPOPLPUSH, LTRIM: replies as
+/// redis-server 7.0 gave them for the same commands.
+#[test]
+fn string_hash_and_list_extras() {
+    for eng in ENGINES {
+        let mut f = Fixture::new(eng);
+        let svc = service(&mut f, Durability::Commit);
+        let mut s = svc.open_session("test");
+        let s = &mut s;
+        check(&svc, s, &[
+            ("GETRANGE nokey 0 5", "$0\r\n\r\n"),
+            ("SET s Hello", "+OK\r\n"),
+            ("GETRANGE s 0 -1", "$5\r\nHello\r\n"),
+            ("GETRANGE s -3 -1", "$3\r\nllo\r\n"),
+            ("GETRANGE s -1 -3", "$0\r\n\r\n"),
+            ("GETRANGE s 10 20", "$0\r\n\r\n"),
+            ("GETRANGE s 3 1", "$0\r\n\r\n"),
+            ("GETRANGE s -100 2", "$3\r\nHel\r\n"),
+            ("GETRANGE s x 1", "-ERR value is not an integer or out of range\r\n"),
+            ("SUBSTR s 1 2", "$2\r\nel\r\n"),
+            ("SETRANGE nk 3 ab", ":5\r\n"),
+            ("GET nk", "$5\r\n\0\0\0ab\r\n"),
+            ("SETRANGE s -1 x", "-ERR offset is out of range\r\n"),
+            ("SETRANGE s 7 XY", ":9\r\n"),
+            ("GET s", "$9\r\nHello\0\0XY\r\n"),
+            ("SETRANGE s 536870912 x", "-ERR string exceeds maximum allowed size (proto-max-bulk-len)\r\n"),
+            ("SETRANGE s x y", "-ERR value is not an integer or out of range\r\n"),
+            ("HSET h f1 hello f2 w", ":2\r\n"),
+            ("HSTRLEN h f1", ":5\r\n"),
+            ("HSTRLEN h nof", ":0\r\n"),
+            ("HSTRLEN nokey f", ":0\r\n"),
+            ("HSTRLEN s f", WRONGTYPE),
+            ("HRANDFIELD nokey", "$-1\r\n"),
+            ("HRANDFIELD nokey 2", "*0\r\n"),
+            ("HRANDFIELD nokey 2 WITHVALUES", "*0\r\n"),
+            ("HRANDFIELD h 0", "*0\r\n"),
+            ("HRANDFIELD h 1 foo", "-ERR syntax error\r\n"),
+            ("HRANDFIELD h x", "-ERR value is not an integer or out of range\r\n"),
+            ("HRANDFIELD s", WRONGTYPE),
+            ("HSET h1 only v", ":1\r\n"),
+            ("HRANDFIELD h1", "$4\r\nonly\r\n"),
+            ("HRANDFIELD h1 -2 WITHVALUES", "*4\r\n$4\r\nonly\r\n$1\r\nv\r\n$4\r\nonly\r\n$1\r\nv\r\n"),
+            ("HRANDFIELD h1 5 withvalues", "*2\r\n$4\r\nonly\r\n$1\r\nv\r\n"),
+            ("RPUSH l a b c a", ":4\r\n"),
+            ("LPOS l a", ":0\r\n"),
+            ("LPOS l a RANK 2", ":3\r\n"),
+            ("LPOS l a RANK -1", ":3\r\n"),
+            ("LPOS l a COUNT 0", "*2\r\n:0\r\n:3\r\n"),
+            ("LPOS l a COUNT 2 MAXLEN 3", "*1\r\n:0\r\n"),
+            ("LPOS l z", "$-1\r\n"),
+            ("LPOS l z COUNT 1", "*0\r\n"),
+            ("LPOS l a RANK 0", "-ERR RANK can't be zero: use 1 to start from the first match, 2 from the second ... or use negative to start from the end of the list\r\n"),
+            ("LPOS l a COUNT -1", "-ERR COUNT can't be negative\r\n"),
+            ("LPOS l a MAXLEN -1", "-ERR MAXLEN can't be negative\r\n"),
+            ("LPOS nokey a", "$-1\r\n"),
+            ("LPOS nokey a COUNT 1", "*0\r\n"),
+            ("LPOS l a FOO 1", "-ERR syntax error\r\n"),
+            ("LPOS s a", WRONGTYPE),
+            ("LMOVE l l2 LEFT RIGHT", "$1\r\na\r\n"),
+            ("LMOVE l l2 MIDDLE RIGHT", "-ERR syntax error\r\n"),
+            ("LRANGE l2 0 -1", "*1\r\n$1\r\na\r\n"),
+            ("RPOPLPUSH l l2", "$1\r\na\r\n"),
+            ("LRANGE l2 0 -1", "*2\r\n$1\r\na\r\n$1\r\na\r\n"),
+            ("LMOVE nokey l2 LEFT LEFT", "$-1\r\n"),
+            ("LMOVE l s LEFT LEFT", WRONGTYPE),
+            ("LMOVE l2 l2 LEFT RIGHT", "$1\r\na\r\n"),
+            ("LLEN l2", ":2\r\n"),
+            ("LTRIM l 0 0", "+OK\r\n"),
+            ("LRANGE l 0 -1", "*1\r\n$1\r\nb\r\n"),
+            ("LTRIM l 5 10", "+OK\r\n"),
+            ("EXISTS l", ":0\r\n"),
+            ("LTRIM nokey 0 1", "+OK\r\n"),
+            ("LTRIM s 0 1", WRONGTYPE),
+            ("LTRIM l2 x 1", "-ERR value is not an integer or out of range\r\n"),
+            ("RPUSH one x", ":1\r\n"),
+            ("RPOPLPUSH one other", "$1\r\nx\r\n"),
+            ("EXISTS one", ":0\r\n"),
+            ("LRANGE other 0 -1", "*1\r\n$1\r\nx\r\n"),
+        ]);
+        // LTRIM of a long list keeps exactly the range.
+        let items: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
+        cmd(&svc, s, &format!("RPUSH long {}", items.join(" ")));
+        assert_eq!(cmd(&svc, s, "LTRIM long 100 -101"), "+OK\r\n");
+        assert_eq!(cmd(&svc, s, "LLEN long"), ":800\r\n");
+        assert_eq!(cmd(&svc, s, "LINDEX long 0"), "$3\r\n100\r\n");
+        assert_eq!(cmd(&svc, s, "LINDEX long -1"), "$3\r\n899\r\n");
+        assert_eq!(cmd(&svc, s, "LPOS long 500"), ":400\r\n");
+    }
+}
+
 #[test]
 fn pipelines_and_group_commit() {
     for eng in ENGINES {

@@ -344,6 +344,73 @@ fn members_reply(out: &mut Vec<u8>, members: &[Vec<u8>]) {
     }
 }
 
+/// GETRANGE's slice of a `len`-byte string, Redis 7.0's rules: `None` for the empty reply.
+fn getrange_span(start: i64, end: i64, len: usize) -> Option<(usize, usize)> {
+    let len = len as i64;
+    if start < 0 && end < 0 && start > end {
+        return None;
+    }
+    let mut s = if start < 0 { len + start } else { start };
+    let mut e = if end < 0 { len + end } else { end };
+    s = s.max(0);
+    e = e.max(0);
+    if e >= len {
+        e = len - 1;
+    }
+    if s > e || len == 0 {
+        return None;
+    }
+    Some((s as usize, e as usize + 1))
+}
+
+/// LPOS's options after `key element`: (rank, count, maxlen); `None` after Redis' error.
+fn lpos_args(a: &[&[u8]], out: &mut Vec<u8>) -> Option<(i64, Option<usize>, usize)> {
+    let (mut rank, mut count, mut maxlen) = (1i64, None, 0usize);
+    let mut i = 3;
+    while i < a.len() {
+        if i + 1 >= a.len() {
+            syntax(out);
+            return None;
+        }
+        let Some(v) = parse_i64(a[i + 1]) else {
+            not_int(out);
+            return None;
+        };
+        if is(a[i], "rank") {
+            if v == 0 {
+                reply::error(
+                    out,
+                    "ERR RANK can't be zero: use 1 to start from the first match, 2 from the \
+                     second ... or use negative to start from the end of the list",
+                );
+                return None;
+            }
+            if v == i64::MIN {
+                reply::error(out, "ERR value is out of range");
+                return None;
+            }
+            rank = v;
+        } else if is(a[i], "count") {
+            if v < 0 {
+                reply::error(out, "ERR COUNT can't be negative");
+                return None;
+            }
+            count = Some(v as usize);
+        } else if is(a[i], "maxlen") {
+            if v < 0 {
+                reply::error(out, "ERR MAXLEN can't be negative");
+                return None;
+            }
+            maxlen = v as usize;
+        } else {
+            syntax(out);
+            return None;
+        }
+        i += 2;
+    }
+    Some((rank, count, maxlen))
+}
+
 // ------------------------------------------------------------------------------------------
 // Readers.
 
@@ -407,6 +474,141 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                 .filter(|k| ks::lookup(m, st, k).is_some())
                 .count();
             int(out, n as i64);
+        }
+        Id::Getrange | Id::Substr => {
+            let (Some(s), Some(e)) = (parse_i64(a[2]), parse_i64(a[3])) else {
+                return not_int(out);
+            };
+            let ent = found!(a[1], T_STRING, bulk(out, b""));
+            let v = ks::string_value(m, &ent);
+            match getrange_span(s, e, v.len()) {
+                Some((s, e)) => bulk(out, &v[s..e]),
+                None => bulk(out, b""),
+            }
+        }
+        Id::Hstrlen => {
+            let e = found!(a[1], T_HASH, int(out, 0));
+            let n = hash::get(m, st, hash_obj(&e), a[2]).map_or(0, |v| v.len());
+            int(out, n as i64);
+        }
+        Id::Hrandfield => {
+            let count = match a.get(2) {
+                Some(c) => match parse_i64(c) {
+                    Some(c) => Some(c),
+                    None => return not_int(out),
+                },
+                None => None,
+            };
+            let withvalues = match a.get(3) {
+                None => false,
+                Some(w) if is(w, "withvalues") && a.len() == 4 => true,
+                Some(_) => return syntax(out),
+            };
+            let e = match look(m, st, a[1], T_HASH) {
+                Look::Wrong => return wrongtype(out),
+                Look::Missing => {
+                    return match count {
+                        Some(_) => array(out, 0),
+                        None => null(out),
+                    };
+                }
+                Look::Found(e) => e,
+            };
+            let mut all: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+            hash::for_each(m, hash_obj(&e), |f, v| all.push((f.to_vec(), v.to_vec())));
+            let pick = |k: usize| (crate::ds::rand_u64() % k as u64) as usize;
+            let per = if withvalues { 2 } else { 1 };
+            let emit = |out: &mut Vec<u8>, (f, v): &(Vec<u8>, Vec<u8>)| {
+                bulk(out, f);
+                if withvalues {
+                    bulk(out, v);
+                }
+            };
+            match count {
+                None => match all.len() {
+                    0 => null(out),
+                    k => bulk(out, &all[pick(k)].0),
+                },
+                Some(c) if c < 0 => {
+                    let c = if all.is_empty() {
+                        0
+                    } else {
+                        c.unsigned_abs() as usize
+                    };
+                    array(out, c * per);
+                    for _ in 0..c {
+                        emit(out, &all[pick(all.len())]);
+                    }
+                }
+                Some(c) => {
+                    let c = (c as usize).min(all.len());
+                    for i in 0..c {
+                        let j = i + pick(all.len() - i);
+                        all.swap(i, j);
+                    }
+                    array(out, c * per);
+                    for x in &all[..c] {
+                        emit(out, x);
+                    }
+                }
+            }
+        }
+        Id::Lpos => {
+            let Some((rank, count, maxlen)) = lpos_args(a, out) else {
+                return;
+            };
+            let e = match look(m, st, a[1], T_LIST) {
+                Look::Wrong => return wrongtype(out),
+                Look::Missing => {
+                    return match count {
+                        Some(_) => array(out, 0),
+                        None => null(out),
+                    };
+                }
+                Look::Found(e) => e,
+            };
+            let n = list::len(m, e.obj());
+            // Walk from the head (positive rank) or the tail, at most `maxlen` elements.
+            let elems = list::to_vec(m, e.obj());
+            let order: Box<dyn Iterator<Item = usize>> = if rank > 0 {
+                Box::new(0..n as usize)
+            } else {
+                Box::new((0..n as usize).rev())
+            };
+            let mut skip = rank.unsigned_abs() - 1;
+            let want = match count {
+                Some(0) => usize::MAX,
+                Some(c) => c,
+                None => 1,
+            };
+            let mut found = Vec::new();
+            for (seen, i) in order.enumerate() {
+                if maxlen != 0 && seen >= maxlen {
+                    break;
+                }
+                if elems[i] == a[2] {
+                    if skip > 0 {
+                        skip -= 1;
+                        continue;
+                    }
+                    found.push(i as i64);
+                    if found.len() >= want {
+                        break;
+                    }
+                }
+            }
+            match count {
+                None => match found.first() {
+                    Some(&i) => int(out, i),
+                    None => null(out),
+                },
+                Some(_) => {
+                    array(out, found.len());
+                    for i in found {
+                        int(out, i);
+                    }
+                }
+            }
         }
         Id::Randomkey => match dict::random(m, st.keyspace()) {
             Some((e, _)) => bulk(out, &ks::key_of(m, e)),
@@ -1155,6 +1357,139 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             let (n, s) = set::add(w, st, e.as_ref().map(set_obj), &a[2..])?;
             upsert_obj(w, st, &p, a[1], e, T_SET, s.enc, s.obj)?;
             int(out, n as i64);
+            Ok(())
+        }
+        Id::Setrange => {
+            let Some(off) = parse_i64(a[2]) else {
+                not_int(out);
+                return Ok(());
+            };
+            if off < 0 {
+                reply::error(out, "ERR offset is out of range");
+                return Ok(());
+            }
+            let off = off as usize;
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_STRING, out) else {
+                return Ok(());
+            };
+            let cur = e
+                .as_ref()
+                .map(|e| ks::string_len(w, e) as usize)
+                .unwrap_or(0);
+            if a[3].is_empty() {
+                // Nothing to write: the length as it is (no key created).
+                int(out, cur as i64);
+                return Ok(());
+            }
+            if off + a[3].len() > 512 << 20 {
+                reply::error(
+                    out,
+                    "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
+                );
+                return Ok(());
+            }
+            let mut v = e
+                .as_ref()
+                .map(|e| ks::string_value(w, e).into_owned())
+                .unwrap_or_default();
+            if v.len() < off + a[3].len() {
+                v.resize(off + a[3].len(), 0);
+            }
+            v[off..off + a[3].len()].copy_from_slice(a[3]);
+            match e {
+                Some(e) => ks::set_string(w, st, &e, &v)?,
+                None => ks::insert_string(w, st, &p, a[1], &v)?,
+            }
+            int(out, v.len() as i64);
+            Ok(())
+        }
+        Id::Lmove | Id::Rpoplpush => {
+            let (from_left, to_left) = if id == Id::Rpoplpush {
+                (false, true)
+            } else {
+                let side = |x: &[u8]| {
+                    if is(x, "left") {
+                        Some(true)
+                    } else if is(x, "right") {
+                        Some(false)
+                    } else {
+                        None
+                    }
+                };
+                match (side(a[3]), side(a[4])) {
+                    (Some(f), Some(t)) => (f, t),
+                    _ => {
+                        syntax(out);
+                        return Ok(());
+                    }
+                }
+            };
+            let Ok((_, src)) = probe_typed(w, st, a[1], T_LIST, out) else {
+                return Ok(());
+            };
+            let Some(src) = src else {
+                null(out);
+                return Ok(());
+            };
+            let Ok((_, dst)) = probe_typed(w, st, a[2], T_LIST, out) else {
+                return Ok(());
+            };
+            let vals = list::pop(w, src.obj(), 1, from_left)?;
+            let Some(v) = vals.into_iter().next() else {
+                null(out);
+                return Ok(());
+            };
+            if a[1] == a[2] {
+                // A rotation: the same list, never empty in between as far as the keyspace
+                // is concerned.
+                list::push(w, src.obj(), &[&v], to_left)?;
+            } else {
+                if list::len(w, src.obj()) == 0 {
+                    ks::delete(w, st, &src)?;
+                }
+                match dst {
+                    Some(_) => {
+                        // The source's deletion may have moved the destination's links.
+                        let d = ks::lookup(w, st, a[2]).expect("destination list");
+                        list::push(w, d.obj(), &[&v], to_left)?;
+                    }
+                    None => {
+                        let l = list::create(w)?;
+                        list::push(w, l, &[&v], to_left)?;
+                        let (p, _) = ks::probe(w, st, a[2]);
+                        ks::insert_object(w, st, &p, a[2], T_LIST, 0, l)?;
+                    }
+                }
+            }
+            bulk(out, &v);
+            Ok(())
+        }
+        Id::Ltrim => {
+            let (Some(s), Some(e)) = (parse_i64(a[2]), parse_i64(a[3])) else {
+                not_int(out);
+                return Ok(());
+            };
+            let Ok((_, ent)) = probe_typed(w, st, a[1], T_LIST, out) else {
+                return Ok(());
+            };
+            if let Some(ent) = ent {
+                let n = list::len(w, ent.obj());
+                // Pops from both ends: the work is what is removed.
+                let (front, back) = match resolve(s, e, n) {
+                    None => (n, 0),
+                    Some((s, e)) => (s, n - 1 - e),
+                };
+                if front > 0 {
+                    list::pop(w, ent.obj(), front as usize, true)?;
+                }
+                if back > 0 {
+                    list::pop(w, ent.obj(), back as usize, false)?;
+                }
+                if list::len(w, ent.obj()) == 0 {
+                    ks::delete(w, st, &ent)?;
+                }
+            }
+            reply::simple(out, "OK");
             Ok(())
         }
         Id::Rename | Id::Renamenx => {

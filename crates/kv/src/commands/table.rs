@@ -111,6 +111,9 @@ commands! {
     Decrby "decrby" 3 Write (1, 1, 1);
     Append "append" 3 Write (1, 1, 1);
     Strlen "strlen" 2 Read (1, 1, 1);
+    Getrange "getrange" 4 Read (1, 1, 1);
+    Substr "substr" 4 Read (1, 1, 1);
+    Setrange "setrange" 4 Write (1, 1, 1);
     // Lists.
     Lpush "lpush" -3 Write (1, 1, 1);
     Rpush "rpush" -3 Write (1, 1, 1);
@@ -121,6 +124,10 @@ commands! {
     Lrange "lrange" 4 Read (1, 1, 1);
     Llen "llen" 2 Read (1, 1, 1);
     Lindex "lindex" 3 Read (1, 1, 1);
+    Lpos "lpos" -3 Read (1, 1, 1);
+    Lmove "lmove" 5 Write (1, 2, 1);
+    Rpoplpush "rpoplpush" 3 Write (1, 2, 1);
+    Ltrim "ltrim" 4 Write (1, 1, 1);
     // Sets.
     Sadd "sadd" -3 Write (1, 1, 1);
     Srem "srem" -3 Write (1, 1, 1);
@@ -143,6 +150,8 @@ commands! {
     Hmset "hmset" -4 Write (1, 1, 1);
     Hsetnx "hsetnx" 4 Write (1, 1, 1);
     Hget "hget" 3 Read (1, 1, 1);
+    Hstrlen "hstrlen" 3 Read (1, 1, 1);
+    Hrandfield "hrandfield" -2 Read (1, 1, 1);
     Hmget "hmget" -3 Read (1, 1, 1);
     Hgetall "hgetall" 2 Read (1, 1, 1);
     Hkeys "hkeys" 2 Read (1, 1, 1);
