@@ -24,6 +24,7 @@
 
 mod admin;
 mod data;
+pub mod ldfloat;
 pub mod reply;
 pub mod table;
 

@@ -563,6 +563,28 @@ fn string_hash_and_list_extras() {
             ("RPOPLPUSH one other", "$1\r\nx\r\n"),
             ("EXISTS one", ":0\r\n"),
             ("LRANGE other 0 -1", "*1\r\n$1\r\nx\r\n"),
+            // Floats in Redis' long double, printed as Redis prints them.
+            ("INCRBYFLOAT f 0.1", "$3\r\n0.1\r\n"),
+            ("INCRBYFLOAT f 0.2", "$3\r\n0.3\r\n"),
+            ("INCRBYFLOAT f x", "-ERR value is not a valid float\r\n"),
+            ("INCRBYFLOAT s 1", "-ERR value is not a valid float\r\n"),
+            ("INCRBYFLOAT f inf", "-ERR increment would produce NaN or Infinity\r\n"),
+            ("INCRBYFLOAT g 5.0e3", "$4\r\n5000\r\n"),
+            ("INCRBYFLOAT g 1.5e-5", "$22\r\n5000.00001499999999988\r\n"),
+            ("INCRBYFLOAT h 1", WRONGTYPE),
+            ("INCRBYFLOAT n -1", "$2\r\n-1\r\n"),
+            ("INCRBYFLOAT n 1", "$1\r\n0\r\n"),
+            ("HINCRBYFLOAT hf a 0.1", "$3\r\n0.1\r\n"),
+            ("HINCRBYFLOAT hf a 0.2", "$3\r\n0.3\r\n"),
+            ("HINCRBYFLOAT hf a x", "-ERR value is not a valid float\r\n"),
+            ("HINCRBYFLOAT hf a inf", "-ERR value is NaN or Infinity\r\n"),
+            ("HSET hf b notf", ":1\r\n"),
+            ("HINCRBYFLOAT hf b 1", "-ERR hash value is not a float\r\n"),
+            ("HINCRBYFLOAT s a 1", WRONGTYPE),
+            ("HINCRBYFLOAT hf c 10.50", "$4\r\n10.5\r\n"),
+            ("HSET hf d 5", ":1\r\n"),
+            ("HINCRBYFLOAT hf d 1.5", "$3\r\n6.5\r\n"),
+            ("HGET hf d", "$3\r\n6.5\r\n"),
         ]);
         // LTRIM of a long list keeps exactly the range.
         let items: Vec<String> = (0..1000).map(|i| i.to_string()).collect();

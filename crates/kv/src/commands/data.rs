@@ -1359,6 +1359,68 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             int(out, n as i64);
             Ok(())
         }
+        Id::Incrbyfloat => {
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_STRING, out) else {
+                return Ok(());
+            };
+            let cur = e
+                .as_ref()
+                .map_or_else(|| b"0".to_vec(), |e| ks::string_value(w, e).into_owned());
+            let v = match super::ldfloat::add(&cur, a[2]) {
+                super::ldfloat::LdSum::Sum(v) => v,
+                super::ldfloat::LdSum::NotFinite => {
+                    reply::error(out, "ERR increment would produce NaN or Infinity");
+                    return Ok(());
+                }
+                _ => {
+                    reply::error(out, "ERR value is not a valid float");
+                    return Ok(());
+                }
+            };
+            match e {
+                Some(e) => ks::set_string(w, st, &e, &v)?,
+                None => ks::insert_string(w, st, &p, a[1], &v)?,
+            }
+            bulk(out, &v);
+            Ok(())
+        }
+        Id::Hincrbyfloat => {
+            use super::ldfloat::{add, LdSum};
+            // Redis' order: the increment first (a float, and finite), then the key's type.
+            match add(b"0", a[3]) {
+                LdSum::Sum(_) => {}
+                LdSum::NotFinite => {
+                    reply::error(out, "ERR value is NaN or Infinity");
+                    return Ok(());
+                }
+                _ => {
+                    reply::error(out, "ERR value is not a valid float");
+                    return Ok(());
+                }
+            }
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_HASH, out) else {
+                return Ok(());
+            };
+            let cur = e
+                .as_ref()
+                .and_then(|e| hash::get(w, st, hash_obj(e), a[2]))
+                .map_or_else(|| b"0".to_vec(), |v| v.into_owned());
+            let v = match add(&cur, a[3]) {
+                LdSum::Sum(v) => v,
+                LdSum::NotFinite => {
+                    reply::error(out, "ERR increment would produce NaN or Infinity");
+                    return Ok(());
+                }
+                _ => {
+                    reply::error(out, "ERR hash value is not a float");
+                    return Ok(());
+                }
+            };
+            let (_, h) = hash::set(w, st, e.as_ref().map(hash_obj), &[(a[2], &v)])?;
+            upsert_obj(w, st, &p, a[1], e, T_HASH, h.enc, h.obj)?;
+            bulk(out, &v);
+            Ok(())
+        }
         Id::Setrange => {
             let Some(off) = parse_i64(a[2]) else {
                 not_int(out);

@@ -114,6 +114,7 @@ commands! {
     Getrange "getrange" 4 Read (1, 1, 1);
     Substr "substr" 4 Read (1, 1, 1);
     Setrange "setrange" 4 Write (1, 1, 1);
+    Incrbyfloat "incrbyfloat" 3 Write (1, 1, 1);
     // Lists.
     Lpush "lpush" -3 Write (1, 1, 1);
     Rpush "rpush" -3 Write (1, 1, 1);
@@ -152,6 +153,7 @@ commands! {
     Hget "hget" 3 Read (1, 1, 1);
     Hstrlen "hstrlen" 3 Read (1, 1, 1);
     Hrandfield "hrandfield" -2 Read (1, 1, 1);
+    Hincrbyfloat "hincrbyfloat" 4 Write (1, 1, 1);
     Hmget "hmget" -3 Read (1, 1, 1);
     Hgetall "hgetall" 2 Read (1, 1, 1);
     Hkeys "hkeys" 2 Read (1, 1, 1);
