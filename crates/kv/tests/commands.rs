@@ -597,6 +597,155 @@ fn string_hash_and_list_extras() {
     }
 }
 
+/// LSET, LINSERT, LREM: replies as redis-server 7.0 gave them, and a long random sequence of
+/// them (elements up to 6 KiB, so nodes split and empty) against a model of the list.
+#[test]
+fn list_edits() {
+    for eng in ENGINES {
+        let mut f = Fixture::new(eng);
+        let svc = service(&mut f, Durability::Commit);
+        let mut s = svc.open_session("test");
+        let s = &mut s;
+        check(&svc, s, &[
+            ("LSET nokey 0 x", "-ERR no such key\r\n"),
+            ("RPUSH l a b c b a", ":5\r\n"),
+            ("LSET l 0 A", "+OK\r\n"),
+            ("LSET l -1 Z", "+OK\r\n"),
+            ("LSET l 5 x", "-ERR index out of range\r\n"),
+            ("LSET l x y", "-ERR value is not an integer or out of range\r\n"),
+            ("SET s x", "+OK\r\n"),
+            ("LSET s 0 x", WRONGTYPE),
+            ("LINSERT l BEFORE b B1", ":6\r\n"),
+            ("LINSERT l AFTER b B2", ":7\r\n"),
+            ("LINSERT l MIDDLE b x", "-ERR syntax error\r\n"),
+            ("LINSERT l BEFORE nope x", ":-1\r\n"),
+            ("LINSERT nokey BEFORE a x", ":0\r\n"),
+            ("LINSERT s BEFORE a x", WRONGTYPE),
+            ("LRANGE l 0 -1", "*7\r\n$1\r\nA\r\n$2\r\nB1\r\n$1\r\nb\r\n$2\r\nB2\r\n$1\r\nc\r\n$1\r\nb\r\n$1\r\nZ\r\n"),
+            ("LREM l 0 b", ":2\r\n"),
+            ("LREM l -1 A", ":1\r\n"),
+            ("LREM l 1 nope", ":0\r\n"),
+            ("LREM nokey 1 a", ":0\r\n"),
+            ("LREM s 1 a", WRONGTYPE),
+            ("LREM l x a", "-ERR value is not an integer or out of range\r\n"),
+            ("LRANGE l 0 -1", "*4\r\n$2\r\nB1\r\n$2\r\nB2\r\n$1\r\nc\r\n$1\r\nZ\r\n"),
+            ("LREM l 0 B1", ":1\r\n"),
+            ("LREM l 0 B2", ":1\r\n"),
+            ("LREM l 0 c", ":1\r\n"),
+            ("LREM l 0 Z", ":1\r\n"),
+            ("EXISTS l", ":0\r\n"),
+        ]);
+        let mut model: Vec<String> = Vec::new();
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let elem = |r: u64, len: u64| format!("{}{}", r % 7, "e".repeat(len as usize));
+        for _ in 0..300 {
+            cmd(&svc, s, &format!("RPUSH m {}", elem(rnd(7), rnd(40))));
+        }
+        model.extend((0..300).map(|i| {
+            let v = cmd(&svc, s, &format!("LINDEX m {i}"));
+            v.split("\r\n").nth(1).unwrap().to_string()
+        }));
+        for step in 0..600 {
+            let len = model.len() as u64;
+            match rnd(4) {
+                0 if len > 0 => {
+                    let i = rnd(len) as i64 - if rnd(2) == 0 { len as i64 } else { 0 };
+                    let big = if rnd(10) == 0 {
+                        5000 + rnd(1200)
+                    } else {
+                        rnd(60)
+                    };
+                    let v = elem(rnd(7), big);
+                    assert_eq!(cmd(&svc, s, &format!("LSET m {i} {v}")), "+OK\r\n");
+                    let k = if i < 0 {
+                        (i + len as i64) as usize
+                    } else {
+                        i as usize
+                    };
+                    model[k] = v;
+                }
+                1 if len > 0 => {
+                    let pivot = model[rnd(len) as usize].clone();
+                    let before = rnd(2) == 0;
+                    let big = if rnd(10) == 0 {
+                        4100 + rnd(2000)
+                    } else {
+                        rnd(60)
+                    };
+                    let v = elem(rnd(7), big);
+                    let k = model.iter().position(|e| *e == pivot).unwrap();
+                    model.insert(if before { k } else { k + 1 }, v.clone());
+                    let want = format!(":{}\r\n", model.len());
+                    let side = if before { "BEFORE" } else { "AFTER" };
+                    assert_eq!(
+                        cmd(&svc, s, &format!("LINSERT m {side} {pivot} {v}")),
+                        want,
+                        "step {step}"
+                    );
+                }
+                2 if len > 0 => {
+                    let target = model[rnd(len) as usize].clone();
+                    let count = rnd(5) as i64 - 2;
+                    let quota = if count == 0 {
+                        usize::MAX
+                    } else {
+                        count.unsigned_abs() as usize
+                    };
+                    let mut removed = 0;
+                    if count >= 0 {
+                        model.retain(|e| {
+                            if removed < quota && *e == target {
+                                removed += 1;
+                                false
+                            } else {
+                                true
+                            }
+                        });
+                    } else {
+                        let mut keep = vec![true; model.len()];
+                        for k in (0..model.len()).rev() {
+                            if removed < quota && model[k] == target {
+                                keep[k] = false;
+                                removed += 1;
+                            }
+                        }
+                        let mut it = keep.iter();
+                        model.retain(|_| *it.next().unwrap());
+                    }
+                    assert_eq!(
+                        cmd(&svc, s, &format!("LREM m {count} {target}")),
+                        format!(":{removed}\r\n"),
+                        "step {step}"
+                    );
+                }
+                _ => {
+                    let v = elem(rnd(7), rnd(60));
+                    cmd(&svc, s, &format!("LPUSH m {v}"));
+                    model.insert(0, v);
+                }
+            }
+            if step % 50 == 49 || model.is_empty() {
+                let got = cmd(&svc, s, "LRANGE m 0 -1");
+                let got: Vec<&str> = got
+                    .split("\r\n")
+                    .skip(2)
+                    .step_by(2)
+                    .filter(|l| !l.is_empty())
+                    .collect();
+                assert_eq!(got.len(), model.len(), "step {step}");
+                assert!(got.iter().zip(&model).all(|(a, b)| a == b), "step {step}");
+                assert_eq!(cmd(&svc, s, "LLEN m"), format!(":{}\r\n", model.len()));
+            }
+        }
+    }
+}
+
 #[test]
 fn pipelines_and_group_commit() {
     for eng in ENGINES {

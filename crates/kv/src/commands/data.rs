@@ -1526,6 +1526,137 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             bulk(out, &v);
             Ok(())
         }
+        Id::Lset => {
+            let Some(idx) = parse_i64(a[2]) else {
+                not_int(out);
+                return Ok(());
+            };
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_LIST, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                reply::error(out, "ERR no such key");
+                return Ok(());
+            };
+            let n = list::len(w, e.obj()) as i64;
+            let i = if idx < 0 { idx + n } else { idx };
+            if i < 0 || i >= n {
+                reply::error(out, "ERR index out of range");
+                return Ok(());
+            }
+            // From the nearer end; `left` counts elements before the target in that direction.
+            let rev = i >= n / 2;
+            let mut left = if rev {
+                (n - 1 - i) as usize
+            } else {
+                i as usize
+            };
+            list::edit(w, e.obj(), rev, |els| {
+                if left >= els.len() {
+                    left -= els.len();
+                    return list::Edited {
+                        changed: false,
+                        stop: false,
+                    };
+                }
+                let k = if rev { els.len() - 1 - left } else { left };
+                els[k] = a[3].to_vec();
+                list::Edited {
+                    changed: true,
+                    stop: true,
+                }
+            })?;
+            reply::simple(out, "OK");
+            Ok(())
+        }
+        Id::Linsert => {
+            let before = if is(a[2], "before") {
+                true
+            } else if is(a[2], "after") {
+                false
+            } else {
+                syntax(out);
+                return Ok(());
+            };
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_LIST, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                int(out, 0);
+                return Ok(());
+            };
+            let mut found = false;
+            let n = list::edit(w, e.obj(), false, |els| {
+                match els.iter().position(|v| v.as_slice() == a[3]) {
+                    Some(k) => {
+                        found = true;
+                        els.insert(if before { k } else { k + 1 }, a[4].to_vec());
+                        list::Edited {
+                            changed: true,
+                            stop: true,
+                        }
+                    }
+                    None => list::Edited {
+                        changed: false,
+                        stop: false,
+                    },
+                }
+            })?;
+            int(out, if found { n as i64 } else { -1 });
+            Ok(())
+        }
+        Id::Lrem => {
+            let Some(count) = parse_i64(a[2]) else {
+                not_int(out);
+                return Ok(());
+            };
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_LIST, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                int(out, 0);
+                return Ok(());
+            };
+            // count > 0 from the head, < 0 from the tail, 0 every match.
+            let rev = count < 0;
+            let quota = if count == 0 {
+                usize::MAX
+            } else {
+                count.unsigned_abs() as usize
+            };
+            let mut removed = 0usize;
+            let left = list::edit(w, e.obj(), rev, |els| {
+                let before = removed;
+                let mut out_els = Vec::with_capacity(els.len());
+                let order: Vec<usize> = if rev {
+                    (0..els.len()).rev().collect()
+                } else {
+                    (0..els.len()).collect()
+                };
+                let mut keep = vec![true; els.len()];
+                for k in order {
+                    if removed < quota && els[k].as_slice() == a[3] {
+                        keep[k] = false;
+                        removed += 1;
+                    }
+                }
+                for (k, v) in els.drain(..).enumerate() {
+                    if keep[k] {
+                        out_els.push(v);
+                    }
+                }
+                *els = out_els;
+                list::Edited {
+                    changed: removed > before,
+                    stop: removed >= quota,
+                }
+            })?;
+            if left == 0 {
+                ks::delete(w, st, &e)?;
+            }
+            int(out, removed as i64);
+            Ok(())
+        }
         Id::Ltrim => {
             let (Some(s), Some(e)) = (parse_i64(a[2]), parse_i64(a[3])) else {
                 not_int(out);

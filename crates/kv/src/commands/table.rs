@@ -129,6 +129,9 @@ commands! {
     Lmove "lmove" 5 Write (1, 2, 1);
     Rpoplpush "rpoplpush" 3 Write (1, 2, 1);
     Ltrim "ltrim" 4 Write (1, 1, 1);
+    Lset "lset" 4 Write (1, 1, 1);
+    Linsert "linsert" 5 Write (1, 1, 1);
+    Lrem "lrem" 4 Write (1, 1, 1);
     // Sets.
     Sadd "sadd" -3 Write (1, 1, 1);
     Srem "srem" -3 Write (1, 1, 1);

@@ -433,6 +433,157 @@ pub fn index<M: Mem>(m: &M, l: Off, i: u64) -> Option<Vec<u8>> {
     out
 }
 
+/// What an [`edit`] callback did with one node's elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Edited {
+    /// The elements changed: the node is rewritten with them.
+    pub changed: bool,
+    /// Stop the walk after this node.
+    pub stop: bool,
+}
+
+/// Walks the list node by node from the head (or the tail with `rev`), handing `f` each
+/// node's elements in list order; a node whose elements `f` changed is rewritten in place when
+/// they fit its capacity, split over new nodes linked in its place when they do not, and
+/// unlinked and freed when `f` emptied it. What LSET, LINSERT and LREM need: the walk is
+/// Redis's O(N), the writes are the nodes changed. Returns the list's new length (an emptied
+/// list is left, header only, for the caller to delete).
+pub fn edit(
+    w: &mut Wtx,
+    l: Off,
+    rev: bool,
+    mut f: impl FnMut(&mut Vec<Vec<u8>>) -> Edited,
+) -> Result<u64> {
+    let mut h = hdr(w, l);
+    intact()?;
+    let mut no = if rev { h.tail } else { h.head };
+    let mut steps = walk_bound(w, h.nodes.saturating_add(1));
+    while no != 0 {
+        if steps == 0 {
+            return Err(HeapError::Damaged(l));
+        }
+        steps -= 1;
+        let n = node(w, no);
+        intact()?;
+        let mut elems = Vec::with_capacity(n.count as usize);
+        {
+            let data = w.bytes(no + NODE_HDR + n.start as u64, (n.end - n.start) as usize);
+            let mut i = 0;
+            for _ in 0..n.count {
+                let (v, next) = front_elem(&data, i).ok_or(HeapError::Damaged(no))?;
+                elems.push(v.to_vec());
+                i = next;
+            }
+            if i != data.len() {
+                return Err(HeapError::Damaged(no));
+            }
+        }
+        let next = if rev { n.prev } else { n.next };
+        let e = f(&mut elems);
+        if e.changed {
+            h.len = h.len - n.count as u64 + elems.len() as u64;
+            rewrite_node(w, &mut h, no, &n, &elems)?;
+        }
+        if e.stop {
+            break;
+        }
+        no = next;
+    }
+    put_hdr(w, l, &h)?;
+    Ok(h.len)
+}
+
+/// Gives node `no` (read as `n`) the elements `elems`: in place, centred in its data area, when
+/// they fit; else the first node-full in it and the rest in new nodes linked after it; unlinked
+/// and freed when `elems` is empty. Updates the header's node links and count (not its length).
+fn rewrite_node(w: &mut Wtx, h: &mut Hdr, no: Off, n: &Node, elems: &[Vec<u8>]) -> Result<()> {
+    if elems.is_empty() {
+        if n.prev != 0 {
+            w.write_u64(n.prev + 8, n.next)?;
+        } else {
+            h.head = n.next;
+        }
+        if n.next != 0 {
+            w.write_u64(n.next, n.prev)?;
+        } else {
+            h.tail = n.prev;
+        }
+        w.free(no, n.cap as u64 + NODE_HDR)?;
+        h.nodes = h.nodes.wrapping_sub(1);
+        return Ok(());
+    }
+    // Chunks of encoded elements, each filling at most a node (the first: this node's capacity;
+    // the others: a standard node, or one element's own size).
+    let mut chunks: Vec<(Vec<u8>, u32)> = Vec::new();
+    let mut cur: (Vec<u8>, u32) = (Vec::new(), 0);
+    for v in elems {
+        let e = encode(v);
+        let limit = if chunks.is_empty() {
+            n.cap as usize
+        } else {
+            (NODE_BLOCK - NODE_HDR) as usize
+        };
+        if cur.1 > 0 && cur.0.len() + e.len() > limit {
+            chunks.push(std::mem::take(&mut cur));
+        }
+        cur.0.extend_from_slice(&e);
+        cur.1 += 1;
+    }
+    chunks.push(cur);
+    if chunks[0].0.len() > n.cap as usize {
+        // One element larger than this node: every chunk goes to a new node.
+        chunks.insert(0, (Vec::new(), 0));
+    }
+    // This node keeps the first chunk (possibly none: then it is dropped after the others are
+    // linked in).
+    let (first, rest) = chunks.split_first().expect("a chunk");
+    let mut last = no;
+    let mut last_next = n.next;
+    if first.1 > 0 {
+        let sz = first.0.len() as u32;
+        let start = (n.cap - sz) / 2;
+        let nn = Node {
+            count: first.1,
+            start,
+            end: start + sz,
+            ..*n
+        };
+        w.write(no + NODE_HDR + start as u64, &first.0)?;
+        put_counts(w, no, &nn)?;
+    }
+    for (bytes, count) in rest {
+        let (nb, cap) = new_node(w, bytes.len())?;
+        let sz = bytes.len() as u32;
+        let start = (cap - sz) / 2;
+        let nn = Node {
+            prev: last,
+            next: last_next,
+            count: *count,
+            start,
+            end: start + sz,
+            cap,
+        };
+        w.write(nb, &node_bytes(&nn))?;
+        w.write(nb + NODE_HDR + start as u64, bytes)?;
+        w.write_u64(last + 8, nb)?;
+        if last_next != 0 {
+            w.write_u64(last_next, nb)?;
+        } else {
+            h.tail = nb;
+        }
+        h.nodes += 1;
+        last = nb;
+        last_next = nn.next;
+    }
+    if first.1 == 0 {
+        // This node holds nothing now: unlink it (its links are re-read: the new nodes follow).
+        let now = node(w, no);
+        intact()?;
+        rewrite_node(w, h, no, &now, &[])?;
+    }
+    Ok(())
+}
+
 /// Free one node (garbage collection); returns the next node.
 pub fn free_node(w: &mut Wtx, no: Off) -> Result<Off> {
     let n = node(w, no);
