@@ -746,6 +746,86 @@ fn list_edits() {
     }
 }
 
+/// COPY: replies as redis-server 7.0 gave them (one database here: DB 0 only), and a copy of
+/// every type is a value of its own (changing it leaves the source as it was).
+#[test]
+fn copy_replies() {
+    for eng in ENGINES {
+        let mut f = Fixture::new(eng);
+        let svc = service(&mut f, Durability::Commit);
+        let mut s = svc.open_session("test");
+        let s = &mut s;
+        check(
+            &svc,
+            s,
+            &[
+                (
+                    "COPY a a",
+                    "-ERR source and destination objects are the same\r\n",
+                ),
+                ("COPY nokey b", ":0\r\n"),
+                ("SET a 1", "+OK\r\n"),
+                ("COPY a b", ":1\r\n"),
+                ("COPY a b", ":0\r\n"),
+                ("COPY a b REPLACE", ":1\r\n"),
+                ("COPY a c DB 0", ":1\r\n"),
+                ("COPY a d DB 1", "-ERR DB index is out of range\r\n"),
+                (
+                    "COPY a c DB x",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                ("COPY a c FOO", "-ERR syntax error\r\n"),
+                (
+                    "COPY a a DB 0",
+                    "-ERR source and destination objects are the same\r\n",
+                ),
+                ("COPY a c REPLACE REPLACE", ":1\r\n"),
+                ("SADD st m1 m2", ":2\r\n"),
+                ("HSET h f1 v1 f2 v2", ":2\r\n"),
+                ("RPUSH l e1 e2 e3", ":3\r\n"),
+                ("ZADD z 1 one 2.5 two", ":2\r\n"),
+                ("COPY st st2", ":1\r\n"),
+                ("COPY h h2", ":1\r\n"),
+                ("COPY l l2", ":1\r\n"),
+                ("COPY z z2", ":1\r\n"),
+                ("COPY z a REPLACE", ":1\r\n"),
+                ("TYPE a", "+zset\r\n"),
+                ("SREM st2 m1", ":1\r\n"),
+                ("SCARD st", ":2\r\n"),
+                ("SCARD st2", ":1\r\n"),
+                ("HDEL h2 f1", ":1\r\n"),
+                ("HGET h f1", "$2\r\nv1\r\n"),
+                ("HGET h2 f2", "$2\r\nv2\r\n"),
+                ("RPOP l2", "$2\r\ne3\r\n"),
+                (
+                    "LRANGE l 0 -1",
+                    "*3\r\n$2\r\ne1\r\n$2\r\ne2\r\n$2\r\ne3\r\n",
+                ),
+                ("LRANGE l2 0 -1", "*2\r\n$2\r\ne1\r\n$2\r\ne2\r\n"),
+                ("ZINCRBY z2 1 one", "$1\r\n2\r\n"),
+                ("ZSCORE z one", "$1\r\n1\r\n"),
+                ("ZSCORE z2 two", "$3\r\n2.5\r\n"),
+                (
+                    "ZRANGE a 0 -1 WITHSCORES",
+                    "*4\r\n$3\r\none\r\n$1\r\n1\r\n$3\r\ntwo\r\n$3\r\n2.5\r\n",
+                ),
+            ],
+        );
+        // A large set (hash-table encoded) and a long list copy whole.
+        let m: Vec<String> = (0..500).map(|i| format!("m{i}")).collect();
+        cmd(&svc, s, &format!("SADD bigs {}", m.join(" ")));
+        cmd(&svc, s, &format!("RPUSH bigl {}", m.join(" ")));
+        assert_eq!(cmd(&svc, s, "COPY bigs bigs2"), ":1\r\n");
+        assert_eq!(cmd(&svc, s, "COPY bigl bigl2"), ":1\r\n");
+        assert_eq!(cmd(&svc, s, "SCARD bigs2"), ":500\r\n");
+        assert_eq!(cmd(&svc, s, "SINTERCARD 2 bigs bigs2"), ":500\r\n");
+        assert_eq!(
+            cmd(&svc, s, "LRANGE bigl2 0 -1"),
+            cmd(&svc, s, "LRANGE bigl 0 -1")
+        );
+    }
+}
+
 #[test]
 fn pipelines_and_group_commit() {
     for eng in ENGINES {

@@ -1685,6 +1685,103 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             reply::simple(out, "OK");
             Ok(())
         }
+        Id::Copy => {
+            let mut replace = false;
+            let mut i = 3;
+            while i < a.len() {
+                if is(a[i], "replace") {
+                    replace = true;
+                    i += 1;
+                } else if is(a[i], "db") && i + 1 < a.len() {
+                    match parse_i64(a[i + 1]) {
+                        // One database: 0.
+                        Some(0) => {}
+                        Some(_) => {
+                            reply::error(out, "ERR DB index is out of range");
+                            return Ok(());
+                        }
+                        None => {
+                            not_int(out);
+                            return Ok(());
+                        }
+                    }
+                    i += 2;
+                } else {
+                    syntax(out);
+                    return Ok(());
+                }
+            }
+            if a[1] == a[2] {
+                reply::error(out, "ERR source and destination objects are the same");
+                return Ok(());
+            }
+            let Some(src) = ks::lookup(w, st, a[1]) else {
+                int(out, 0);
+                return Ok(());
+            };
+            if let Some(d) = ks::lookup(w, st, a[2]) {
+                if !replace {
+                    int(out, 0);
+                    return Ok(());
+                }
+                ks::delete(w, st, &d)?;
+            }
+            // The source's links may have moved with the deletion: look it up again. Its value
+            // is copied element by element into a new object of the same type.
+            let src = ks::lookup(w, st, a[1]).unwrap_or(src);
+            match src.ty() {
+                T_STRING => {
+                    let v = ks::string_value(w, &src).into_owned();
+                    let (p, _) = ks::probe(w, st, a[2]);
+                    ks::insert_string(w, st, &p, a[2], &v)?;
+                }
+                T_SET => {
+                    let mut all = Vec::new();
+                    set::for_each(w, set_obj(&src), |v| all.push(v.to_vec()));
+                    let refs: Vec<&[u8]> = all.iter().map(|v| v.as_slice()).collect();
+                    let (_, s) = set::add(w, st, None, &refs)?;
+                    let (p, _) = ks::probe(w, st, a[2]);
+                    ks::insert_object(w, st, &p, a[2], T_SET, s.enc, s.obj)?;
+                }
+                T_HASH => {
+                    let mut all = Vec::new();
+                    hash::for_each(w, hash_obj(&src), |f, v| all.push((f.to_vec(), v.to_vec())));
+                    let pairs: Vec<(&[u8], &[u8])> = all
+                        .iter()
+                        .map(|(f, v)| (f.as_slice(), v.as_slice()))
+                        .collect();
+                    let (_, h) = hash::set(w, st, None, &pairs)?;
+                    let (p, _) = ks::probe(w, st, a[2]);
+                    ks::insert_object(w, st, &p, a[2], T_HASH, h.enc, h.obj)?;
+                }
+                T_LIST => {
+                    let all = list::to_vec(w, src.obj());
+                    let refs: Vec<&[u8]> = all.iter().map(|v| v.as_slice()).collect();
+                    let l = list::create(w)?;
+                    list::push(w, l, &refs, false)?;
+                    let (p, _) = ks::probe(w, st, a[2]);
+                    ks::insert_object(w, st, &p, a[2], T_LIST, 0, l)?;
+                }
+                T_ZSET => {
+                    let mut all = Vec::new();
+                    let n = zset::len(w, src.obj());
+                    if n > 0 {
+                        zset::range_by_rank(w, src.obj(), 0, n - 1, false, |m, sc| {
+                            all.push((m.to_vec(), sc))
+                        });
+                    }
+                    let z = zset::create(w)?;
+                    for (m, sc) in &all {
+                        zset::add(w, st, z, *sc, m, AddFlags::default())?;
+                    }
+                    let (p, _) = ks::probe(w, st, a[2]);
+                    ks::insert_object(w, st, &p, a[2], T_ZSET, 0, z)?;
+                }
+                _ => return Err(HeapError::Damaged(src.off)),
+            }
+            int(out, 1);
+            Ok(())
+        }
         Id::Rename | Id::Renamenx => {
             let nx = id == Id::Renamenx;
             let Some(src) = ks::lookup(w, st, a[1]) else {

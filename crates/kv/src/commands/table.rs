@@ -86,6 +86,7 @@ commands! {
     Randomkey "randomkey" 1 Read (0, 0, 0);
     Rename "rename" 3 Write (1, 2, 1);
     Renamenx "renamenx" 3 Write (1, 2, 1);
+    Copy "copy" -3 Write (1, 2, 1);
     Keys "keys" 2 Read (0, 0, 0);
     Scan "scan" -2 Read (0, 0, 0);
     Ttl "ttl" 2 Read (1, 1, 1);
