@@ -826,6 +826,94 @@ fn copy_replies() {
     }
 }
 
+/// SETBIT, GETBIT, BITCOUNT (BYTE/BIT ranges), BITOP: replies as redis-server 7.0 gave them.
+#[test]
+fn bitmap_replies() {
+    for eng in ENGINES {
+        let mut f = Fixture::new(eng);
+        let svc = service(&mut f, Durability::Commit);
+        let mut s = svc.open_session("test");
+        let s = &mut s;
+        check(
+            &svc,
+            s,
+            &[
+                ("GETBIT nokey 5", ":0\r\n"),
+                ("SETBIT b 7 1", ":0\r\n"),
+                ("GET b", "$1\r\n\u{1}\r\n"),
+                ("SETBIT b 7 0", ":1\r\n"),
+                ("SETBIT b 100 1", ":0\r\n"),
+                ("STRLEN b", ":13\r\n"),
+                ("GETBIT b 100", ":1\r\n"),
+                ("GETBIT b 1000", ":0\r\n"),
+                (
+                    "SETBIT b -1 1",
+                    "-ERR bit offset is not an integer or out of range\r\n",
+                ),
+                (
+                    "SETBIT b x 1",
+                    "-ERR bit offset is not an integer or out of range\r\n",
+                ),
+                (
+                    "SETBIT b 1 2",
+                    "-ERR bit is not an integer or out of range\r\n",
+                ),
+                (
+                    "SETBIT b 4294967296 1",
+                    "-ERR bit offset is not an integer or out of range\r\n",
+                ),
+                (
+                    "GETBIT b -1",
+                    "-ERR bit offset is not an integer or out of range\r\n",
+                ),
+                ("BITCOUNT nokey", ":0\r\n"),
+                ("BITCOUNT nokey x y", ":0\r\n"),
+                ("BITCOUNT nokey 1", ":0\r\n"),
+                ("SET s foobar", "+OK\r\n"),
+                ("BITCOUNT s", ":26\r\n"),
+                ("BITCOUNT s 0 0", ":4\r\n"),
+                ("BITCOUNT s 1 1", ":6\r\n"),
+                ("BITCOUNT s 1 1 BYTE", ":6\r\n"),
+                ("BITCOUNT s 5 30 BIT", ":17\r\n"),
+                ("BITCOUNT s -1 -2", ":0\r\n"),
+                ("BITCOUNT s 0 -1 FOO", "-ERR syntax error\r\n"),
+                (
+                    "BITCOUNT s x 1",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                ("BITCOUNT s 1", "-ERR syntax error\r\n"),
+                ("BITOP AND dest s nokey", ":6\r\n"),
+                ("GET dest", "$6\r\n\0\0\0\0\0\0\r\n"),
+                ("BITOP OR dest s b", ":13\r\n"),
+                ("STRLEN dest", ":13\r\n"),
+                ("BITOP XOR dest nokey nokey2", ":0\r\n"),
+                ("EXISTS dest", ":0\r\n"),
+                (
+                    "BITOP NOT dest s b",
+                    "-ERR BITOP NOT must be called with a single source key.\r\n",
+                ),
+                ("BITOP NOT dest s", ":6\r\n"),
+                ("BITOP FOO dest s", "-ERR syntax error\r\n"),
+                ("SADD st x", ":1\r\n"),
+                ("BITOP OR dest st", WRONGTYPE),
+                ("GETBIT st 1", WRONGTYPE),
+                ("SETBIT st 1 1", WRONGTYPE),
+                ("BITCOUNT st", WRONGTYPE),
+            ],
+        );
+        // A bitmap of 64 KiB set bit by bit, in place after it has grown: counts agree.
+        for i in (0..524_288u64).step_by(1021) {
+            assert_eq!(cmd(&svc, s, &format!("SETBIT big {i} 1")), ":0\r\n");
+        }
+        let n = (0..524_288u64).step_by(1021).count();
+        assert_eq!(cmd(&svc, s, "BITCOUNT big"), format!(":{n}\r\n"));
+        assert_eq!(cmd(&svc, s, "GETBIT big 1021"), ":1\r\n");
+        assert_eq!(cmd(&svc, s, "GETBIT big 1022"), ":0\r\n");
+        assert_eq!(cmd(&svc, s, "SETBIT big 1021 0"), ":1\r\n");
+        assert_eq!(cmd(&svc, s, "BITCOUNT big"), format!(":{}\r\n", n - 1));
+    }
+}
+
 #[test]
 fn pipelines_and_group_commit() {
     for eng in ENGINES {

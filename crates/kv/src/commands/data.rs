@@ -411,6 +411,18 @@ fn lpos_args(a: &[&[u8]], out: &mut Vec<u8>) -> Option<(i64, Option<usize>, usiz
     Some((rank, count, maxlen))
 }
 
+/// A bit offset argument (SETBIT, GETBIT): 0 ≤ offset < 2^32 (Redis' 512 MB strings); `None`
+/// after Redis' error.
+fn bit_offset(b: &[u8], out: &mut Vec<u8>) -> Option<u64> {
+    match parse_i64(b) {
+        Some(v) if (0..1 << 32).contains(&v) => Some(v as u64),
+        _ => {
+            reply::error(out, "ERR bit offset is not an integer or out of range");
+            None
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // Readers.
 
@@ -485,6 +497,74 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                 Some((s, e)) => bulk(out, &v[s..e]),
                 None => bulk(out, b""),
             }
+        }
+        Id::Getbit => {
+            let Some(bit) = bit_offset(a[2], out) else {
+                return;
+            };
+            let e = found!(a[1], T_STRING, int(out, 0));
+            let b = ks::string_range(m, &e, bit / 8, 1);
+            int(
+                out,
+                b.first().map_or(0, |x| (x >> (7 - bit % 8)) & 1) as i64,
+            );
+        }
+        Id::Bitcount => {
+            let e = found!(a[1], T_STRING, int(out, 0));
+            let v = ks::string_value(m, &e);
+            let len = v.len() as i64;
+            let (mut s, mut t, bits) = match a.len() {
+                2 => (0, len - 1, false),
+                4 | 5 => {
+                    let (Some(s), Some(t)) = (parse_i64(a[2]), parse_i64(a[3])) else {
+                        return not_int(out);
+                    };
+                    let bits = match a.get(4) {
+                        None => false,
+                        Some(u) if is(u, "byte") => false,
+                        Some(u) if is(u, "bit") => true,
+                        Some(_) => return syntax(out),
+                    };
+                    (s, t, bits)
+                }
+                _ => return syntax(out),
+            };
+            if a.len() > 2 {
+                if s < 0 && t < 0 && s > t {
+                    return int(out, 0);
+                }
+                let total = if bits { len * 8 } else { len };
+                if s < 0 {
+                    s += total;
+                }
+                if t < 0 {
+                    t += total;
+                }
+                s = s.max(0);
+                t = t.max(0);
+                if t >= total {
+                    t = total - 1;
+                }
+            }
+            if s > t {
+                return int(out, 0);
+            }
+            let count = if bits {
+                // Whole bytes, then the bits outside the range at both ends taken off.
+                let (sb, tb) = ((s / 8) as usize, (t / 8) as usize);
+                let mut c: u64 = v[sb..=tb].iter().map(|x| x.count_ones() as u64).sum();
+                let first_out = !((1u16 << (8 - (s & 7))) - 1) as u8;
+                let last_out = ((1u16 << (7 - (t & 7))) - 1) as u8;
+                c -= (v[sb] & first_out).count_ones() as u64;
+                c -= (v[tb] & last_out).count_ones() as u64;
+                c
+            } else {
+                v[s as usize..=t as usize]
+                    .iter()
+                    .map(|x| x.count_ones() as u64)
+                    .sum()
+            };
+            int(out, count as i64);
         }
         Id::Hstrlen => {
             let e = found!(a[1], T_HASH, int(out, 0));
@@ -1356,6 +1436,111 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             };
             let (n, s) = set::add(w, st, e.as_ref().map(set_obj), &a[2..])?;
             upsert_obj(w, st, &p, a[1], e, T_SET, s.enc, s.obj)?;
+            int(out, n as i64);
+            Ok(())
+        }
+        Id::Setbit => {
+            let Some(bit) = bit_offset(a[2], out) else {
+                return Ok(());
+            };
+            let on = match a[3] {
+                b"0" => false,
+                b"1" => true,
+                _ => {
+                    reply::error(out, "ERR bit is not an integer or out of range");
+                    return Ok(());
+                }
+            };
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_STRING, out) else {
+                return Ok(());
+            };
+            let (byte, mask) = (bit / 8, 0x80u8 >> (bit % 8));
+            let len = e.as_ref().map_or(0, |e| ks::string_len(w, e));
+            let old = match &e {
+                // Inside the string: one byte rewritten in place.
+                Some(e) if byte < len => {
+                    let b = ks::string_range(w, e, byte, 1)[0];
+                    let nb = if on { b | mask } else { b & !mask };
+                    if nb != b {
+                        ks::string_overwrite(w, e, byte, &[nb])?;
+                    }
+                    b & mask != 0
+                }
+                // Past its end: the string grows, zero-padded.
+                _ => {
+                    let mut v = e
+                        .as_ref()
+                        .map(|e| ks::string_value(w, e).into_owned())
+                        .unwrap_or_default();
+                    v.resize(byte as usize + 1, 0);
+                    if on {
+                        v[byte as usize] |= mask;
+                    }
+                    match e {
+                        Some(e) => ks::set_string(w, st, &e, &v)?,
+                        None => ks::insert_string(w, st, &p, a[1], &v)?,
+                    }
+                    false
+                }
+            };
+            int(out, old as i64);
+            Ok(())
+        }
+        Id::Bitop => {
+            #[derive(PartialEq)]
+            enum Op {
+                And,
+                Or,
+                Xor,
+                Not,
+            }
+            let op = if is(a[1], "and") {
+                Op::And
+            } else if is(a[1], "or") {
+                Op::Or
+            } else if is(a[1], "xor") {
+                Op::Xor
+            } else if is(a[1], "not") {
+                Op::Not
+            } else {
+                syntax(out);
+                return Ok(());
+            };
+            if op == Op::Not && a.len() != 4 {
+                reply::error(
+                    out,
+                    "ERR BITOP NOT must be called with a single source key.",
+                );
+                return Ok(());
+            }
+            let mut srcs: Vec<Vec<u8>> = Vec::with_capacity(a.len() - 3);
+            for k in &a[3..] {
+                match look(w, st, k, T_STRING) {
+                    Look::Wrong => {
+                        wrongtype(out);
+                        return Ok(());
+                    }
+                    Look::Missing => srcs.push(Vec::new()),
+                    Look::Found(e) => srcs.push(ks::string_value(w, &e).into_owned()),
+                }
+            }
+            let n = srcs.iter().map(|v| v.len()).max().unwrap_or(0);
+            let byte = |v: &Vec<u8>, i: usize| v.get(i).copied().unwrap_or(0);
+            let res: Vec<u8> = (0..n)
+                .map(|i| match op {
+                    Op::Not => !byte(&srcs[0], i),
+                    Op::And => srcs.iter().fold(0xff, |acc, v| acc & byte(v, i)),
+                    Op::Or => srcs.iter().fold(0, |acc, v| acc | byte(v, i)),
+                    Op::Xor => srcs.iter().fold(0, |acc, v| acc ^ byte(v, i)),
+                })
+                .collect();
+            if let Some(d) = ks::lookup(w, st, a[2]) {
+                ks::delete(w, st, &d)?;
+            }
+            if n > 0 {
+                let (p, _) = ks::probe(w, st, a[2]);
+                ks::insert_string(w, st, &p, a[2], &res)?;
+            }
             int(out, n as i64);
             Ok(())
         }

@@ -116,6 +116,10 @@ commands! {
     Substr "substr" 4 Read (1, 1, 1);
     Setrange "setrange" 4 Write (1, 1, 1);
     Incrbyfloat "incrbyfloat" 3 Write (1, 1, 1);
+    Getbit "getbit" 3 Read (1, 1, 1);
+    Setbit "setbit" 4 Write (1, 1, 1);
+    Bitcount "bitcount" -2 Read (1, 1, 1);
+    Bitop "bitop" -4 Write (2, -1, 1);
     // Lists.
     Lpush "lpush" -3 Write (1, 1, 1);
     Rpush "rpush" -3 Write (1, 1, 1);

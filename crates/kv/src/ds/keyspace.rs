@@ -193,6 +193,32 @@ pub fn string_value<'a, M: Mem>(m: &'a M, e: &Entry) -> Cow<'a, [u8]> {
     }
 }
 
+/// Bytes `at..at + n` of the string value of `e`, clamped to its length.
+pub fn string_range<'a, M: Mem>(m: &'a M, e: &Entry, at: u64, n: u64) -> Cow<'a, [u8]> {
+    let len = string_len(m, e);
+    let at = at.min(len);
+    let n = n.min(len - at);
+    if e.enc() == ENC_INLINE {
+        m.bytes(e.off + KS_KEY + e.klen() as u64 + at, n as usize)
+    } else {
+        m.bytes(e.val + BLOB_HDR + at, n as usize)
+    }
+}
+
+/// Overwrites bytes of the string value of `e` from `at` in place; `at + bytes.len()` must be
+/// within its length (what SETBIT does to a bit it does not grow the string for).
+pub fn string_overwrite(w: &mut Wtx, e: &Entry, at: u64, bytes: &[u8]) -> Result<()> {
+    let len = string_len(w, e);
+    if at + bytes.len() as u64 > len {
+        return Err(crate::heap::HeapError::Damaged(e.off));
+    }
+    if e.enc() == ENC_INLINE {
+        w.write(e.off + KS_KEY + e.klen() as u64 + at, bytes)
+    } else {
+        w.write(e.val + BLOB_HDR + at, bytes)
+    }
+}
+
 /// Length of the blob at `b`, checked against its capacity (damage, recorded, reads as 0).
 fn blob_len<M: Mem>(m: &M, b: Off) -> u64 {
     let (len, cap) = (m.u64(b), m.u64(b + 8));
