@@ -30,6 +30,16 @@ fn service(f: &mut Fixture, d: Durability) -> KvService {
     KvService::new(f.take(), d).unwrap()
 }
 
+/// Runs `f` on a fresh service of each engine (commit durability) with one session.
+fn on_each_engine(f: impl Fn(&KvService, &mut Session)) {
+    for eng in ENGINES {
+        let mut fx = Fixture::new(eng);
+        let svc = service(&mut fx, Durability::Commit);
+        let mut s = svc.open_session("test");
+        f(&svc, &mut s);
+    }
+}
+
 const WRONGTYPE: &str = "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
 
 #[test]
@@ -283,13 +293,9 @@ fn replies_on(svc: &KvService, s: &mut Session) {
 /// is involved; larger results are checked as sets).
 #[test]
 fn set_algebra_replies() {
-    for eng in ENGINES {
-        let mut f = Fixture::new(eng);
-        let svc = service(&mut f, Durability::Commit);
-        let mut s = svc.open_session("test");
-        let s = &mut s;
+    on_each_engine(|svc, s| {
         check(
-            &svc,
+            svc,
             s,
             &[
                 ("SADD s1 a b c", ":3\r\n"),
@@ -378,8 +384,8 @@ fn set_algebra_replies() {
         // Larger results, compared as sets: 0..300 and 200..500 (hash-table sets).
         let a: Vec<String> = (0..300).map(|i| i.to_string()).collect();
         let b: Vec<String> = (200..500).map(|i| i.to_string()).collect();
-        cmd(&svc, s, &format!("SADD big1 {}", a.join(" ")));
-        cmd(&svc, s, &format!("SADD big2 {}", b.join(" ")));
+        cmd(svc, s, &format!("SADD big1 {}", a.join(" ")));
+        cmd(svc, s, &format!("SADD big2 {}", b.join(" ")));
         let members = |reply: String| -> std::collections::BTreeSet<u32> {
             reply
                 .split("\r\n")
@@ -388,37 +394,30 @@ fn set_algebra_replies() {
                 .collect()
         };
         assert_eq!(
-            members(cmd(&svc, s, "SINTER big1 big2")),
+            members(cmd(svc, s, "SINTER big1 big2")),
             (200..300).collect()
         );
-        assert_eq!(
-            members(cmd(&svc, s, "SUNION big1 big2")),
-            (0..500).collect()
-        );
-        assert_eq!(members(cmd(&svc, s, "SDIFF big1 big2")), (0..200).collect());
-        assert_eq!(cmd(&svc, s, "SDIFFSTORE big3 big2 big1"), ":200\r\n");
-        assert_eq!(members(cmd(&svc, s, "SMEMBERS big3")), (300..500).collect());
-        assert_eq!(cmd(&svc, s, "SINTERCARD 2 big1 big2 LIMIT 7"), ":7\r\n");
+        assert_eq!(members(cmd(svc, s, "SUNION big1 big2")), (0..500).collect());
+        assert_eq!(members(cmd(svc, s, "SDIFF big1 big2")), (0..200).collect());
+        assert_eq!(cmd(svc, s, "SDIFFSTORE big3 big2 big1"), ":200\r\n");
+        assert_eq!(members(cmd(svc, s, "SMEMBERS big3")), (300..500).collect());
+        assert_eq!(cmd(svc, s, "SINTERCARD 2 big1 big2 LIMIT 7"), ":7\r\n");
         // SRANDMEMBER with a positive count: distinct members of the set.
-        let r = members(cmd(&svc, s, "SRANDMEMBER big1 50"));
+        let r = members(cmd(svc, s, "SRANDMEMBER big1 50"));
         assert_eq!(r.len(), 50);
         assert!(r.iter().all(|&x| x < 300));
-        assert_eq!(members(cmd(&svc, s, "SRANDMEMBER big1 1000")).len(), 300);
-    }
+        assert_eq!(members(cmd(svc, s, "SRANDMEMBER big1 1000")).len(), 300);
+    });
 }
 
 /// RENAME, RENAMENX, TOUCH, RANDOMKEY: replies as redis-server 7.0 gave them; a renamed
 /// value of every type and encoding keeps its contents, and the old key is gone.
 #[test]
 fn rename_and_generic_replies() {
-    for eng in ENGINES {
-        let mut f = Fixture::new(eng);
-        let svc = service(&mut f, Durability::Commit);
-        let mut s = svc.open_session("test");
-        let s = &mut s;
+    on_each_engine(|svc, s| {
         let long = "v".repeat(3000);
         check(
-            &svc,
+            svc,
             s,
             &[
                 ("RANDOMKEY", "$-1\r\n"),
@@ -470,31 +469,27 @@ fn rename_and_generic_replies() {
         );
         // Many keys in few buckets: renames among them keep every key reachable.
         for i in 0..200 {
-            cmd(&svc, s, &format!("SET k{i} {i}"));
+            cmd(svc, s, &format!("SET k{i} {i}"));
         }
         for i in 0..200 {
-            assert_eq!(cmd(&svc, s, &format!("RENAME k{i} r{i}")), "+OK\r\n");
+            assert_eq!(cmd(svc, s, &format!("RENAME k{i} r{i}")), "+OK\r\n");
         }
         for i in 0..200 {
             assert_eq!(
-                cmd(&svc, s, &format!("GET r{i}")),
+                cmd(svc, s, &format!("GET r{i}")),
                 format!("${}\r\n{i}\r\n", i.to_string().len())
             );
         }
-        assert_eq!(cmd(&svc, s, "DBSIZE"), ":205\r\n");
-    }
+        assert_eq!(cmd(svc, s, "DBSIZE"), ":205\r\n");
+    });
 }
 
 /// GETRANGE/SUBSTR, SETRANGE, HSTRLEN, HRANDFIELD, LPOS, LMOVE, RPOPLPUSH, LTRIM: replies as
 /// redis-server 7.0 gave them for the same commands.
 #[test]
 fn string_hash_and_list_extras() {
-    for eng in ENGINES {
-        let mut f = Fixture::new(eng);
-        let svc = service(&mut f, Durability::Commit);
-        let mut s = svc.open_session("test");
-        let s = &mut s;
-        check(&svc, s, &[
+    on_each_engine(|svc, s| {
+        check(svc, s, &[
             ("GETRANGE nokey 0 5", "$0\r\n\r\n"),
             ("SET s Hello", "+OK\r\n"),
             ("GETRANGE s 0 -1", "$5\r\nHello\r\n"),
@@ -588,25 +583,21 @@ fn string_hash_and_list_extras() {
         ]);
         // LTRIM of a long list keeps exactly the range.
         let items: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
-        cmd(&svc, s, &format!("RPUSH long {}", items.join(" ")));
-        assert_eq!(cmd(&svc, s, "LTRIM long 100 -101"), "+OK\r\n");
-        assert_eq!(cmd(&svc, s, "LLEN long"), ":800\r\n");
-        assert_eq!(cmd(&svc, s, "LINDEX long 0"), "$3\r\n100\r\n");
-        assert_eq!(cmd(&svc, s, "LINDEX long -1"), "$3\r\n899\r\n");
-        assert_eq!(cmd(&svc, s, "LPOS long 500"), ":400\r\n");
-    }
+        cmd(svc, s, &format!("RPUSH long {}", items.join(" ")));
+        assert_eq!(cmd(svc, s, "LTRIM long 100 -101"), "+OK\r\n");
+        assert_eq!(cmd(svc, s, "LLEN long"), ":800\r\n");
+        assert_eq!(cmd(svc, s, "LINDEX long 0"), "$3\r\n100\r\n");
+        assert_eq!(cmd(svc, s, "LINDEX long -1"), "$3\r\n899\r\n");
+        assert_eq!(cmd(svc, s, "LPOS long 500"), ":400\r\n");
+    });
 }
 
 /// LSET, LINSERT, LREM: replies as redis-server 7.0 gave them, and a long random sequence of
 /// them (elements up to 6 KiB, so nodes split and empty) against a model of the list.
 #[test]
 fn list_edits() {
-    for eng in ENGINES {
-        let mut f = Fixture::new(eng);
-        let svc = service(&mut f, Durability::Commit);
-        let mut s = svc.open_session("test");
-        let s = &mut s;
-        check(&svc, s, &[
+    on_each_engine(|svc, s| {
+        check(svc, s, &[
             ("LSET nokey 0 x", "-ERR no such key\r\n"),
             ("RPUSH l a b c b a", ":5\r\n"),
             ("LSET l 0 A", "+OK\r\n"),
@@ -645,10 +636,10 @@ fn list_edits() {
         };
         let elem = |r: u64, len: u64| format!("{}{}", r % 7, "e".repeat(len as usize));
         for _ in 0..300 {
-            cmd(&svc, s, &format!("RPUSH m {}", elem(rnd(7), rnd(40))));
+            cmd(svc, s, &format!("RPUSH m {}", elem(rnd(7), rnd(40))));
         }
         model.extend((0..300).map(|i| {
-            let v = cmd(&svc, s, &format!("LINDEX m {i}"));
+            let v = cmd(svc, s, &format!("LINDEX m {i}"));
             v.split("\r\n").nth(1).unwrap().to_string()
         }));
         for step in 0..600 {
@@ -662,7 +653,7 @@ fn list_edits() {
                         rnd(60)
                     };
                     let v = elem(rnd(7), big);
-                    assert_eq!(cmd(&svc, s, &format!("LSET m {i} {v}")), "+OK\r\n");
+                    assert_eq!(cmd(svc, s, &format!("LSET m {i} {v}")), "+OK\r\n");
                     let k = if i < 0 {
                         (i + len as i64) as usize
                     } else {
@@ -684,7 +675,7 @@ fn list_edits() {
                     let want = format!(":{}\r\n", model.len());
                     let side = if before { "BEFORE" } else { "AFTER" };
                     assert_eq!(
-                        cmd(&svc, s, &format!("LINSERT m {side} {pivot} {v}")),
+                        cmd(svc, s, &format!("LINSERT m {side} {pivot} {v}")),
                         want,
                         "step {step}"
                     );
@@ -719,19 +710,19 @@ fn list_edits() {
                         model.retain(|_| *it.next().unwrap());
                     }
                     assert_eq!(
-                        cmd(&svc, s, &format!("LREM m {count} {target}")),
+                        cmd(svc, s, &format!("LREM m {count} {target}")),
                         format!(":{removed}\r\n"),
                         "step {step}"
                     );
                 }
                 _ => {
                     let v = elem(rnd(7), rnd(60));
-                    cmd(&svc, s, &format!("LPUSH m {v}"));
+                    cmd(svc, s, &format!("LPUSH m {v}"));
                     model.insert(0, v);
                 }
             }
             if step % 50 == 49 || model.is_empty() {
-                let got = cmd(&svc, s, "LRANGE m 0 -1");
+                let got = cmd(svc, s, "LRANGE m 0 -1");
                 let got: Vec<&str> = got
                     .split("\r\n")
                     .skip(2)
@@ -740,23 +731,19 @@ fn list_edits() {
                     .collect();
                 assert_eq!(got.len(), model.len(), "step {step}");
                 assert!(got.iter().zip(&model).all(|(a, b)| a == b), "step {step}");
-                assert_eq!(cmd(&svc, s, "LLEN m"), format!(":{}\r\n", model.len()));
+                assert_eq!(cmd(svc, s, "LLEN m"), format!(":{}\r\n", model.len()));
             }
         }
-    }
+    });
 }
 
 /// COPY: replies as redis-server 7.0 gave them (one database here: DB 0 only), and a copy of
 /// every type is a value of its own (changing it leaves the source as it was).
 #[test]
 fn copy_replies() {
-    for eng in ENGINES {
-        let mut f = Fixture::new(eng);
-        let svc = service(&mut f, Durability::Commit);
-        let mut s = svc.open_session("test");
-        let s = &mut s;
+    on_each_engine(|svc, s| {
         check(
-            &svc,
+            svc,
             s,
             &[
                 (
@@ -813,29 +800,25 @@ fn copy_replies() {
         );
         // A large set (hash-table encoded) and a long list copy whole.
         let m: Vec<String> = (0..500).map(|i| format!("m{i}")).collect();
-        cmd(&svc, s, &format!("SADD bigs {}", m.join(" ")));
-        cmd(&svc, s, &format!("RPUSH bigl {}", m.join(" ")));
-        assert_eq!(cmd(&svc, s, "COPY bigs bigs2"), ":1\r\n");
-        assert_eq!(cmd(&svc, s, "COPY bigl bigl2"), ":1\r\n");
-        assert_eq!(cmd(&svc, s, "SCARD bigs2"), ":500\r\n");
-        assert_eq!(cmd(&svc, s, "SINTERCARD 2 bigs bigs2"), ":500\r\n");
+        cmd(svc, s, &format!("SADD bigs {}", m.join(" ")));
+        cmd(svc, s, &format!("RPUSH bigl {}", m.join(" ")));
+        assert_eq!(cmd(svc, s, "COPY bigs bigs2"), ":1\r\n");
+        assert_eq!(cmd(svc, s, "COPY bigl bigl2"), ":1\r\n");
+        assert_eq!(cmd(svc, s, "SCARD bigs2"), ":500\r\n");
+        assert_eq!(cmd(svc, s, "SINTERCARD 2 bigs bigs2"), ":500\r\n");
         assert_eq!(
-            cmd(&svc, s, "LRANGE bigl2 0 -1"),
-            cmd(&svc, s, "LRANGE bigl 0 -1")
+            cmd(svc, s, "LRANGE bigl2 0 -1"),
+            cmd(svc, s, "LRANGE bigl 0 -1")
         );
-    }
+    });
 }
 
 /// SETBIT, GETBIT, BITCOUNT (BYTE/BIT ranges), BITOP: replies as redis-server 7.0 gave them.
 #[test]
 fn bitmap_replies() {
-    for eng in ENGINES {
-        let mut f = Fixture::new(eng);
-        let svc = service(&mut f, Durability::Commit);
-        let mut s = svc.open_session("test");
-        let s = &mut s;
+    on_each_engine(|svc, s| {
         check(
-            &svc,
+            svc,
             s,
             &[
                 ("GETBIT nokey 5", ":0\r\n"),
@@ -903,15 +886,15 @@ fn bitmap_replies() {
         );
         // A bitmap of 64 KiB set bit by bit, in place after it has grown: counts agree.
         for i in (0..524_288u64).step_by(1021) {
-            assert_eq!(cmd(&svc, s, &format!("SETBIT big {i} 1")), ":0\r\n");
+            assert_eq!(cmd(svc, s, &format!("SETBIT big {i} 1")), ":0\r\n");
         }
         let n = (0..524_288u64).step_by(1021).count();
-        assert_eq!(cmd(&svc, s, "BITCOUNT big"), format!(":{n}\r\n"));
-        assert_eq!(cmd(&svc, s, "GETBIT big 1021"), ":1\r\n");
-        assert_eq!(cmd(&svc, s, "GETBIT big 1022"), ":0\r\n");
-        assert_eq!(cmd(&svc, s, "SETBIT big 1021 0"), ":1\r\n");
-        assert_eq!(cmd(&svc, s, "BITCOUNT big"), format!(":{}\r\n", n - 1));
-    }
+        assert_eq!(cmd(svc, s, "BITCOUNT big"), format!(":{n}\r\n"));
+        assert_eq!(cmd(svc, s, "GETBIT big 1021"), ":1\r\n");
+        assert_eq!(cmd(svc, s, "GETBIT big 1022"), ":0\r\n");
+        assert_eq!(cmd(svc, s, "SETBIT big 1021 0"), ":1\r\n");
+        assert_eq!(cmd(svc, s, "BITCOUNT big"), format!(":{}\r\n", n - 1));
+    });
 }
 
 #[test]
