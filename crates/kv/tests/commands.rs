@@ -897,6 +897,81 @@ fn bitmap_replies() {
     });
 }
 
+/// ZMSCORE, ZRANDMEMBER, ZREMRANGEBYSCORE, ZREMRANGEBYRANK: replies as redis-server 7.0
+/// gave them.
+#[test]
+fn sorted_set_extras() {
+    on_each_engine(|svc, s| {
+        check(
+            svc,
+            s,
+            &[
+                ("ZMSCORE nokey a b", "*2\r\n$-1\r\n$-1\r\n"),
+                ("ZADD z 1 a 2 b 3.5 c", ":3\r\n"),
+                ("ZMSCORE z a x c", "*3\r\n$1\r\n1\r\n$-1\r\n$3\r\n3.5\r\n"),
+                ("SET s x", "+OK\r\n"),
+                ("ZMSCORE s a", WRONGTYPE),
+                (
+                    "ZMSCORE z",
+                    "-ERR wrong number of arguments for 'zmscore' command\r\n",
+                ),
+                ("ZRANDMEMBER nokey", "$-1\r\n"),
+                ("ZRANDMEMBER nokey 2", "*0\r\n"),
+                ("ZRANDMEMBER z 0", "*0\r\n"),
+                (
+                    "ZRANDMEMBER z x",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                ("ZRANDMEMBER z 1 foo", "-ERR syntax error\r\n"),
+                ("ZRANDMEMBER s", WRONGTYPE),
+                ("ZADD one 1.5 only", ":1\r\n"),
+                ("ZRANDMEMBER one", "$4\r\nonly\r\n"),
+                (
+                    "ZRANDMEMBER one -2 WITHSCORES",
+                    "*4\r\n$4\r\nonly\r\n$3\r\n1.5\r\n$4\r\nonly\r\n$3\r\n1.5\r\n",
+                ),
+                (
+                    "ZRANDMEMBER one 3 withscores",
+                    "*2\r\n$4\r\nonly\r\n$3\r\n1.5\r\n",
+                ),
+                (
+                    "ZREMRANGEBYSCORE z x 1",
+                    "-ERR min or max is not a float\r\n",
+                ),
+                ("ZREMRANGEBYSCORE nokey 0 1", ":0\r\n"),
+                ("ZREMRANGEBYSCORE s 0 1", WRONGTYPE),
+                ("ZREMRANGEBYSCORE z (1 2", ":1\r\n"),
+                ("ZRANGE z 0 -1", "*2\r\n$1\r\na\r\n$1\r\nc\r\n"),
+                ("ZADD z 2 b", ":1\r\n"),
+                (
+                    "ZREMRANGEBYRANK z x 1",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                ("ZREMRANGEBYRANK nokey 0 1", ":0\r\n"),
+                ("ZREMRANGEBYRANK z 5 10", ":0\r\n"),
+                ("ZREMRANGEBYRANK z -1 -1", ":1\r\n"),
+                ("ZRANGE z 0 -1", "*2\r\n$1\r\na\r\n$1\r\nb\r\n"),
+                ("ZREMRANGEBYRANK z 0 -1", ":2\r\n"),
+                ("EXISTS z", ":0\r\n"),
+                ("ZADD w 1 a 2 b 3 c 4 d", ":4\r\n"),
+                ("ZREMRANGEBYSCORE w -inf +inf", ":4\r\n"),
+                ("EXISTS w", ":0\r\n"),
+            ],
+        );
+        // Distinct members of a 300-member set.
+        let args: Vec<String> = (0..300).map(|i| format!("{i} m{i}")).collect();
+        cmd(svc, s, &format!("ZADD big {}", args.join(" ")));
+        let r = cmd(svc, s, "ZRANDMEMBER big 100");
+        let got: std::collections::BTreeSet<&str> =
+            r.split("\r\n").filter(|l| l.starts_with('m')).collect();
+        assert_eq!(got.len(), 100);
+        assert_eq!(cmd(svc, s, "ZREMRANGEBYRANK big 0 99"), ":100\r\n");
+        assert_eq!(cmd(svc, s, "ZCARD big"), ":200\r\n");
+        assert_eq!(cmd(svc, s, "ZREMRANGEBYSCORE big 100 149"), ":50\r\n");
+        assert_eq!(cmd(svc, s, "ZSCORE big m150"), "$3\r\n150\r\n");
+    });
+}
+
 #[test]
 fn pipelines_and_group_commit() {
     for eng in ENGINES {

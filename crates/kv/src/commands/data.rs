@@ -956,6 +956,87 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                 None => null(out),
             }
         }
+        Id::Zmscore => {
+            let e = match look(m, st, a[1], T_ZSET) {
+                Look::Wrong => return wrongtype(out),
+                Look::Missing => None,
+                Look::Found(e) => Some(e),
+            };
+            array(out, a.len() - 2);
+            for mem in &a[2..] {
+                match e.as_ref().and_then(|e| zset::score_of(m, st, e.obj(), mem)) {
+                    Some(sc) => reply::double(out, sc),
+                    None => null(out),
+                }
+            }
+        }
+        Id::Zrandmember => {
+            let count = match a.get(2) {
+                Some(c) => match parse_i64(c) {
+                    Some(c) => Some(c),
+                    None => return not_int(out),
+                },
+                None => None,
+            };
+            let withscores = match a.get(3) {
+                None => false,
+                Some(w) if is(w, "withscores") && a.len() == 4 => true,
+                Some(_) => return syntax(out),
+            };
+            let e = match look(m, st, a[1], T_ZSET) {
+                Look::Wrong => return wrongtype(out),
+                Look::Missing => {
+                    return match count {
+                        Some(_) => array(out, 0),
+                        None => null(out),
+                    };
+                }
+                Look::Found(e) => e,
+            };
+            let n = zset::len(m, e.obj());
+            let mut all: Vec<(Vec<u8>, f64)> = Vec::with_capacity(n.min(1 << 16) as usize);
+            if n > 0 {
+                zset::range_by_rank(m, e.obj(), 0, n - 1, false, |mem, sc| {
+                    all.push((mem.to_vec(), sc))
+                });
+            }
+            let pick = |k: usize| (crate::ds::rand_u64() % k as u64) as usize;
+            let per = if withscores { 2 } else { 1 };
+            let emit = |out: &mut Vec<u8>, (mem, sc): &(Vec<u8>, f64)| {
+                bulk(out, mem);
+                if withscores {
+                    reply::double(out, *sc);
+                }
+            };
+            match count {
+                None => match all.len() {
+                    0 => null(out),
+                    k => bulk(out, &all[pick(k)].0),
+                },
+                Some(c) if c < 0 => {
+                    let c = if all.is_empty() {
+                        0
+                    } else {
+                        c.unsigned_abs() as usize
+                    };
+                    array(out, c * per);
+                    for _ in 0..c {
+                        emit(out, &all[pick(all.len())]);
+                    }
+                }
+                Some(c) => {
+                    let c = (c as usize).min(all.len());
+                    for i in 0..c {
+                        let j = i + pick(all.len() - i);
+                        all.swap(i, j);
+                    }
+                    array(out, c * per);
+                    for x in &all[..c] {
+                        emit(out, x);
+                    }
+                }
+            }
+        }
         Id::Zcard => {
             let e = found!(a[1], T_ZSET, int(out, 0));
             int(out, zset::len(m, e.obj()) as i64);
@@ -2184,6 +2265,62 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             Ok(())
         }
         Id::Zadd | Id::Zincrby => zadd(st, w, id, a, out),
+        Id::Zremrangebyscore | Id::Zremrangebyrank => {
+            // The range first (Redis' errors), then the key.
+            let by_score = id == Id::Zremrangebyscore;
+            let bounds = if by_score {
+                match (parse_bound(a[2]), parse_bound(a[3])) {
+                    (Some(min), Some(max)) => Ok((min, max)),
+                    _ => {
+                        reply::error(out, "ERR min or max is not a float");
+                        return Ok(());
+                    }
+                }
+            } else {
+                match (parse_i64(a[2]), parse_i64(a[3])) {
+                    (Some(s), Some(t)) => Err((s, t)),
+                    _ => {
+                        not_int(out);
+                        return Ok(());
+                    }
+                }
+            };
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_ZSET, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                int(out, 0);
+                return Ok(());
+            };
+            let mut doomed: Vec<Vec<u8>> = Vec::new();
+            match bounds {
+                Ok((min, max)) => {
+                    let r = ScoreRange {
+                        min,
+                        max,
+                        rev: false,
+                        offset: 0,
+                        limit: -1,
+                    };
+                    zset::range_by_score(w, e.obj(), r, |mem, _| doomed.push(mem.to_vec()));
+                }
+                Err((s, t)) => {
+                    if let Some((s, t)) = resolve(s, t, zset::len(w, e.obj())) {
+                        zset::range_by_rank(w, e.obj(), s, t, false, |mem, _| {
+                            doomed.push(mem.to_vec())
+                        });
+                    }
+                }
+            }
+            for mem in &doomed {
+                zset::remove(w, st, e.obj(), mem)?;
+            }
+            if !doomed.is_empty() && zset::len(w, e.obj()) == 0 {
+                ks::delete(w, st, &e)?;
+            }
+            int(out, doomed.len() as i64);
+            Ok(())
+        }
         Id::Zrem => {
             let Ok((_, e)) = probe_typed(w, st, a[1], T_ZSET, out) else {
                 return Ok(());

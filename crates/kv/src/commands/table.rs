@@ -175,6 +175,10 @@ commands! {
     Zincrby "zincrby" 4 Write (1, 1, 1);
     Zrem "zrem" -3 Write (1, 1, 1);
     Zscore "zscore" 3 Read (1, 1, 1);
+    Zmscore "zmscore" -3 Read (1, 1, 1);
+    Zrandmember "zrandmember" -2 Read (1, 1, 1);
+    Zremrangebyscore "zremrangebyscore" 4 Write (1, 1, 1);
+    Zremrangebyrank "zremrangebyrank" 4 Write (1, 1, 1);
     Zcard "zcard" 2 Read (1, 1, 1);
     Zcount "zcount" 4 Read (1, 1, 1);
     Zrange "zrange" -4 Read (1, 1, 1);
