@@ -65,6 +65,8 @@ fn info(path: &Path, as_json: bool) -> Result<()> {
             "present_pages": i.present_pages,
             "app_state_bytes": i.app_len,
             "file_bytes": i.file_len,
+            "format_version": i.version,
+            "spill_bytes": i.spill_bytes,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -84,7 +86,10 @@ fn info(path: &Path, as_json: bool) -> Result<()> {
         i.present_pages * 4096
     );
     println!("  app state     {} bytes", i.app_len);
-    println!("  file          {} bytes", i.file_len);
+    println!(
+        "  file          {} bytes (format {}; spill area {} bytes: pages written before their unit)",
+        i.file_len, i.version, i.spill_bytes
+    );
     Ok(())
 }
 
