@@ -39,7 +39,8 @@ pub struct MigrateOpts {
     /// Workloads (sequential, uniform, zipfian); default all.
     #[arg(long, value_delimiter = ',')]
     pub workloads: Option<Vec<String>>,
-    /// Runs per case (the medians are reported; the tiermem-kv cases run at least 3 times).
+    /// Runs per case, methods interleaved round by round (default 3 with --quick, 5 without;
+    /// medians reported with min and max; the tiermem-kv cases run at least 3 times).
     #[arg(long)]
     pub reps: Option<usize>,
     /// The FAM directory both hosts share (default: a fresh directory under /dev/shm,
@@ -134,6 +135,10 @@ struct CaseRow {
     /// CPU seconds of the system: the case's worker process (synthetic cases) or the source
     /// and target servers after the freeze (kv); median over the runs.
     cpu_s: f64,
+    /// Every run's total and busy time, ms, in run order (rep i of every method ran in round
+    /// i: methods interleaved).
+    totals_ms: Vec<f64>,
+    busies_ms: Vec<f64>,
     /// The timeline of the median run (by total time).
     timeline: Vec<tiermem_migrate::harness::Sample>,
 }
@@ -164,6 +169,8 @@ impl CaseRow {
             from_fam: f(&|r| r.metrics.faults_from_fam as f64),
             pushed: f(&|r| r.metrics.pages_pushed as f64),
             cpu_s: median(cpu_s.to_vec()),
+            totals_ms: runs.iter().map(|r| ms(r.metrics.total_ns)).collect(),
+            busies_ms: runs.iter().map(|r| ms(r.metrics.busy_ns)).collect(),
             timeline: by_total[by_total.len() / 2].timeline.clone(),
         }
     }
@@ -178,6 +185,11 @@ impl CaseRow {
             downtime_ms: self.downtime_ms,
             busy_ms: self.busy_ms,
             total_ms: self.total_ms,
+            total_ms_min: min_max(&self.totals_ms).0,
+            total_ms_max: min_max(&self.totals_ms).1,
+            busy_ms_min: min_max(&self.busies_ms).0,
+            busy_ms_max: min_max(&self.busies_ms).1,
+            runs: self.totals_ms.len(),
             degradation: self.degradation,
             steady_ops_per_s: self.steady_ops_per_s,
             during_ops_per_s: self.during_ops_per_s,
@@ -200,6 +212,13 @@ pub struct ResultRow {
     pub downtime_ms: f64,
     pub busy_ms: f64,
     pub total_ms: f64,
+    /// Smallest and largest total and busy time over the runs (the medians above).
+    pub total_ms_min: f64,
+    pub total_ms_max: f64,
+    pub busy_ms_min: f64,
+    pub busy_ms_max: f64,
+    /// Runs of the case.
+    pub runs: usize,
     pub degradation: f64,
     pub steady_ops_per_s: f64,
     pub during_ops_per_s: f64,
@@ -210,6 +229,12 @@ pub struct ResultRow {
     pub cpu_s: f64,
 }
 
+/// Smallest and largest of `v` (NaN, NaN when empty).
+fn min_max(v: &[f64]) -> (f64, f64) {
+    v.iter()
+        .fold((f64::NAN, f64::NAN), |(lo, hi), &x| (lo.min(x), hi.max(x)))
+}
+
 /// The paper's ratios for one case (the JSON `ratios_by_case` entries).
 #[derive(Debug, Clone, Serialize)]
 pub struct CaseRatios {
@@ -217,6 +242,10 @@ pub struct CaseRatios {
     pub region_bytes: usize,
     pub busy_ratio_socket_over_fam_100ms: f64,
     pub total_gain_fam2gbs_vs_socket10g_0ms_pct: f64,
+    /// The total-time gain of each round (FAM's run i against socket's run i, which ran in the
+    /// same round), smallest and largest: a sign that flips between rounds shows here.
+    pub total_gain_fam2gbs_vs_socket10g_0ms_pct_min: f64,
+    pub total_gain_fam2gbs_vs_socket10g_0ms_pct_max: f64,
     pub busy_gain_fam2gbs_vs_socket10g_0ms_pct: f64,
     pub downtime_gain_vs_socket_pct: f64,
     pub busy_ratio_socket_over_fam_100ms_per_cpu: f64,
@@ -285,6 +314,8 @@ pub struct Report {
 struct Ratios {
     busy_ratio_socket_over_fam_100ms: f64,
     total_gain_pct: f64,
+    /// Per round (see `CaseRatios`): smallest and largest.
+    total_gain_pct_range: (f64, f64),
     busy_gain_pct: f64,
     downtime_gain_pct: f64,
     busy_ratio_socket_over_fam_100ms_per_cpu: f64,
@@ -311,6 +342,13 @@ fn ratios(rows: &[CaseRow], w: &str, size: usize) -> Option<Ratios> {
     Some(Ratios {
         busy_ratio_socket_over_fam_100ms: s100.busy_ms / fam.busy_ms,
         total_gain_pct: (1.0 - fam.total_ms / s0.total_ms) * 100.0,
+        total_gain_pct_range: min_max(
+            &fam.totals_ms
+                .iter()
+                .zip(&s0.totals_ms)
+                .map(|(f, s)| (1.0 - f / s) * 100.0)
+                .collect::<Vec<_>>(),
+        ),
         busy_gain_pct: (1.0 - fam.busy_ms / s0.busy_ms) * 100.0,
         downtime_gain_pct: (1.0 - fam.downtime_ms / socket_downtime) * 100.0,
         busy_ratio_socket_over_fam_100ms_per_cpu: s100.cpu_s / fam.cpu_s,
@@ -495,7 +533,9 @@ pub fn run(o: &Options) -> Result<Report> {
             .collect::<Result<_>>()?,
         None => Workload::ALL.to_vec(),
     };
-    let reps = o.reps.unwrap_or(1).max(1);
+    // Every case several times (3 with --quick, 5 in the full run), methods interleaved: round
+    // i runs every case once, so a machine's slow minute touches every method alike.
+    let reps = o.reps.unwrap_or(if quick { 3 } else { 5 }).max(1);
     let methods = methods();
     // The FAM directory must hold the largest region (the lazy file is reserved whole).
     let own_fam = o.fam.is_none();
@@ -526,12 +566,14 @@ pub fn run(o: &Options) -> Result<Report> {
     let mut done = 0usize;
     let mut rows: Vec<CaseRow> = Vec::new();
     let mut id = (std::process::id() as u64) << 32;
-    for &size in &sizes {
-        for &w in &workloads {
-            for m in &methods {
-                let mut runs = Vec::new();
-                let mut cpus = Vec::new();
-                for rep in 0..reps {
+    let ncases = sizes.len() * workloads.len() * methods.len();
+    let mut runs: Vec<Vec<CaseResult>> = (0..ncases).map(|_| Vec::new()).collect();
+    let mut cpus: Vec<Vec<f64>> = (0..ncases).map(|_| Vec::new()).collect();
+    for rep in 0..reps {
+        let mut c = 0;
+        for &size in &sizes {
+            for &w in &workloads {
+                for m in &methods {
                     id += 1;
                     let spec = CaseSpec {
                         workload: w,
@@ -561,10 +603,19 @@ pub fn run(o: &Options) -> Result<Report> {
                         r.degradation,
                         cpu_s
                     ));
-                    runs.push(r);
-                    cpus.push(cpu_s);
+                    runs[c].push(r);
+                    cpus[c].push(cpu_s);
+                    c += 1;
                 }
-                rows.push(CaseRow::from_runs(w.name(), size, m, &runs, &cpus));
+            }
+        }
+    }
+    let mut c = 0;
+    for &size in &sizes {
+        for &w in &workloads {
+            for m in &methods {
+                rows.push(CaseRow::from_runs(w.name(), size, m, &runs[c], &cpus[c]));
+                c += 1;
             }
         }
     }
@@ -670,6 +721,8 @@ pub fn run(o: &Options) -> Result<Report> {
                 from_fam: f64::NAN,
                 pushed: f64::NAN,
                 cpu_s: f(&|r| r.cpu_s),
+                totals_ms: runs.iter().map(|r| r.total_ms).collect(),
+                busies_ms: runs.iter().map(|r| r.busy_ms).collect(),
                 timeline: runs[runs.len() / 2]
                     .timeline
                     .iter()
@@ -715,6 +768,13 @@ pub fn run(o: &Options) -> Result<Report> {
     let headline = Ratios {
         busy_ratio_socket_over_fam_100ms: med(&|r| r.busy_ratio_socket_over_fam_100ms),
         total_gain_pct: med(&|r| r.total_gain_pct),
+        // Over every case and round.
+        total_gain_pct_range: per_case.iter().fold((f64::NAN, f64::NAN), |(lo, hi), c| {
+            (
+                lo.min(c.2.total_gain_pct_range.0),
+                hi.max(c.2.total_gain_pct_range.1),
+            )
+        }),
         busy_gain_pct: med(&|r| r.busy_gain_pct),
         downtime_gain_pct: med(&|r| r.downtime_gain_pct),
         busy_ratio_socket_over_fam_100ms_per_cpu: med(&|r| {
@@ -770,6 +830,8 @@ pub fn run(o: &Options) -> Result<Report> {
                 region_bytes: s,
                 busy_ratio_socket_over_fam_100ms: r.busy_ratio_socket_over_fam_100ms,
                 total_gain_fam2gbs_vs_socket10g_0ms_pct: r.total_gain_pct,
+                total_gain_fam2gbs_vs_socket10g_0ms_pct_min: r.total_gain_pct_range.0,
+                total_gain_fam2gbs_vs_socket10g_0ms_pct_max: r.total_gain_pct_range.1,
                 busy_gain_fam2gbs_vs_socket10g_0ms_pct: r.busy_gain_pct,
                 downtime_gain_vs_socket_pct: r.downtime_gain_pct,
                 busy_ratio_socket_over_fam_100ms_per_cpu: r

@@ -32,6 +32,8 @@ fn bench_reports_every_method_the_ratios_and_a_timeline_png() {
             "16m",
             "--workloads",
             "uniform,zipfian",
+            "--reps",
+            "2",
             "--timeline",
         ])
         .arg(&png)
@@ -53,6 +55,16 @@ fn bench_reports_every_method_the_ratios_and_a_timeline_png() {
             assert!(x.is_finite() && x >= 0.0, "{k} = {x} in {r}");
         }
         assert!(r["total_ms"].as_f64().unwrap() >= r["downtime_ms"].as_f64().unwrap());
+        // Two runs each: the median between their min and max.
+        assert_eq!(r["runs"], 2, "{r}");
+        for k in ["total_ms", "busy_ms"] {
+            let (lo, med, hi) = (
+                r[format!("{k}_min")].as_f64().unwrap(),
+                r[k].as_f64().unwrap(),
+                r[format!("{k}_max")].as_f64().unwrap(),
+            );
+            assert!(lo <= med && med <= hi, "{k}: {lo} {med} {hi} in {r}");
+        }
         // Each run's worker process did the whole case: some CPU, at least the application's
         // warm-up and steady phase on one thread (50 + 150 ms with --quick) minus slack.
         assert!(r["cpu_s"].as_f64().unwrap() > 0.1, "{r}");
@@ -82,6 +94,15 @@ fn bench_reports_every_method_the_ratios_and_a_timeline_png() {
         for c in v["ratios_by_case"].as_array().unwrap() {
             assert!(c[&pc].as_f64().unwrap().is_finite(), "{pc} in {c}");
         }
+    }
+    // The total-time gain of each round, smallest and largest, per case.
+    for c in v["ratios_by_case"].as_array().unwrap() {
+        let k = "total_gain_fam2gbs_vs_socket10g_0ms_pct";
+        let (lo, hi) = (
+            c[format!("{k}_min")].as_f64().unwrap(),
+            c[format!("{k}_max")].as_f64().unwrap(),
+        );
+        assert!(lo.is_finite() && lo <= hi, "{c}");
     }
     assert_eq!(v["isolation"], "one process per system");
     assert!(v["cpu_method"].as_str().is_some_and(|s| !s.is_empty()));
