@@ -972,6 +972,90 @@ fn sorted_set_extras() {
     });
 }
 
+/// SSCAN, HSCAN, ZSCAN: a small (packed) collection answers whole with cursor 0; a large one
+/// is walked to cursor 0 and every element is met; MATCH filters; errors as Redis's.
+#[test]
+fn collection_scans() {
+    on_each_engine(|svc, s| {
+        check(
+            svc,
+            s,
+            &[
+                ("SSCAN nokey 0", "*2\r\n$1\r\n0\r\n*0\r\n"),
+                ("SADD small a", ":1\r\n"),
+                ("SSCAN small 0", "*2\r\n$1\r\n0\r\n*1\r\n$1\r\na\r\n"),
+                ("HSET hs f v", ":1\r\n"),
+                (
+                    "HSCAN hs 0",
+                    "*2\r\n$1\r\n0\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n",
+                ),
+                ("ZADD zs 1.5 m", ":1\r\n"),
+                (
+                    "ZSCAN zs 0",
+                    "*2\r\n$1\r\n0\r\n*2\r\n$1\r\nm\r\n$3\r\n1.5\r\n",
+                ),
+                ("SSCAN small x", "-ERR invalid cursor\r\n"),
+                ("SSCAN small 0 COUNT 0", "-ERR syntax error\r\n"),
+                (
+                    "SSCAN small 0 COUNT x",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                ("SSCAN small 0 FOO 1", "-ERR syntax error\r\n"),
+                ("SSCAN hs 0", WRONGTYPE),
+                ("HSCAN small 0", WRONGTYPE),
+                ("ZSCAN small 0", WRONGTYPE),
+            ],
+        );
+        let m: Vec<String> = (0..500).map(|i| format!("m{i}")).collect();
+        cmd(svc, s, &format!("SADD bs {}", m.join(" ")));
+        let pairs: Vec<String> = (0..500).map(|i| format!("m{i} v{i}")).collect();
+        cmd(svc, s, &format!("HSET bh {}", pairs.join(" ")));
+        let scored: Vec<String> = (0..500).map(|i| format!("{i} m{i}")).collect();
+        cmd(svc, s, &format!("ZADD bz {}", scored.join(" ")));
+        for (c, key, per) in [("SSCAN", "bs", 1), ("HSCAN", "bh", 2), ("ZSCAN", "bz", 2)] {
+            for pat in [None, Some("m1*")] {
+                let mut seen = std::collections::BTreeSet::new();
+                let mut cursor = "0".to_string();
+                let mut calls = 0;
+                loop {
+                    let line = match pat {
+                        Some(p) => format!("{c} {key} {cursor} COUNT 20 MATCH {p}"),
+                        None => format!("{c} {key} {cursor} COUNT 20"),
+                    };
+                    let r = cmd(svc, s, &line);
+                    let parts: Vec<&str> = r.split("\r\n").collect();
+                    cursor = parts[2].to_string();
+                    // The items: bulk strings after the inner array's header.
+                    let items: Vec<&str> = parts[4..].iter().skip(1).step_by(2).copied().collect();
+                    for (k, it) in items.iter().enumerate() {
+                        if k % per == 0 {
+                            seen.insert(it.to_string());
+                        } else if c == "HSCAN" {
+                            assert_eq!(*it, format!("v{}", &items[k - 1][1..]));
+                        } else {
+                            assert_eq!(*it, &items[k - 1][1..]);
+                        }
+                    }
+                    calls += 1;
+                    if cursor == "0" {
+                        break;
+                    }
+                    assert!(calls < 1000, "{c} never ends");
+                }
+                let want: std::collections::BTreeSet<String> = (0..500)
+                    .map(|i| format!("m{i}"))
+                    .filter(|x| pat.is_none() || x.starts_with("m1"))
+                    .collect();
+                assert_eq!(seen, want, "{c} {pat:?}");
+                assert!(
+                    calls > 1,
+                    "{c}: a large collection is walked in several calls"
+                );
+            }
+        }
+    });
+}
+
 #[test]
 fn pipelines_and_group_commit() {
     for eng in ENGINES {

@@ -1037,6 +1037,7 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                 }
             }
         }
+        Id::Sscan | Id::Hscan | Id::Zscan => coll_scan(st, m, id, a, out),
         Id::Zcard => {
             let e = found!(a[1], T_ZSET, int(out, 0));
             int(out, zset::len(m, e.obj()) as i64);
@@ -1125,6 +1126,79 @@ fn scan<M: Mem>(st: &Store, m: &M, a: &[&[u8]], out: &mut Vec<u8>) {
     bulk(out, next.to_string().as_bytes());
     array(out, n);
     out.extend_from_slice(&keys);
+}
+
+/// SSCAN, HSCAN, ZSCAN: `key cursor [MATCH pattern] [COUNT count]` over one collection, the
+/// cursor a bucket of its dict (a packed collection answers whole, cursor 0).
+fn coll_scan<M: Mem>(st: &Store, m: &M, id: Id, a: &[&[u8]], out: &mut Vec<u8>) {
+    let Some(cursor) = std::str::from_utf8(a[2])
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return reply::error(out, "ERR invalid cursor");
+    };
+    let (mut pat, mut count): (Option<&[u8]>, u64) = (None, 10);
+    let mut i = 3;
+    while i < a.len() {
+        if i + 1 >= a.len() {
+            return syntax(out);
+        }
+        if is(a[i], "MATCH") {
+            pat = Some(a[i + 1]);
+        } else if is(a[i], "COUNT") {
+            match parse_i64(a[i + 1]) {
+                Some(c) if c >= 1 => count = c as u64,
+                Some(_) => return syntax(out),
+                None => return not_int(out),
+            }
+        } else {
+            return syntax(out);
+        }
+        i += 2;
+    }
+    let ty = match id {
+        Id::Sscan => T_SET,
+        Id::Hscan => T_HASH,
+        _ => T_ZSET,
+    };
+    let e = match look(m, st, a[1], ty) {
+        Look::Wrong => return wrongtype(out),
+        Look::Missing => {
+            array(out, 2);
+            bulk(out, b"0");
+            return array(out, 0);
+        }
+        Look::Found(e) => e,
+    };
+    let ok = |k: &[u8]| pat.map_or(true, |p| glob(p, k));
+    let mut items = Vec::new();
+    let mut n = 0usize;
+    let next = match id {
+        Id::Sscan => set::scan(m, set_obj(&e), cursor, count, |v| {
+            if ok(v) {
+                bulk(&mut items, v);
+                n += 1;
+            }
+        }),
+        Id::Hscan => hash::scan(m, hash_obj(&e), cursor, count, |f, v| {
+            if ok(f) {
+                bulk(&mut items, f);
+                bulk(&mut items, v);
+                n += 2;
+            }
+        }),
+        _ => zset::scan(m, e.obj(), cursor, count, |mem, sc| {
+            if ok(mem) {
+                bulk(&mut items, mem);
+                reply::double(&mut items, sc);
+                n += 2;
+            }
+        }),
+    };
+    array(out, 2);
+    bulk(out, next.to_string().as_bytes());
+    array(out, n);
+    out.extend_from_slice(&items);
 }
 
 fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out: &mut Vec<u8>) {

@@ -176,6 +176,9 @@ commands! {
     Zrem "zrem" -3 Write (1, 1, 1);
     Zscore "zscore" 3 Read (1, 1, 1);
     Zmscore "zmscore" -3 Read (1, 1, 1);
+    Sscan "sscan" -3 Read (1, 1, 1);
+    Hscan "hscan" -3 Read (1, 1, 1);
+    Zscan "zscan" -3 Read (1, 1, 1);
     Zrandmember "zrandmember" -2 Read (1, 1, 1);
     Zremrangebyscore "zremrangebyscore" 4 Write (1, 1, 1);
     Zremrangebyrank "zremrangebyrank" 4 Write (1, 1, 1);

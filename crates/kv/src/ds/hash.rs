@@ -85,6 +85,37 @@ pub fn for_each<M: Mem>(m: &M, h: HashObj, mut f: impl FnMut(&[u8], &[u8])) {
     }
 }
 
+/// HSCAN's walk: (field, value) of dict buckets `cursor..` until at least `count` were seen;
+/// returns the next cursor (0: done); a packed hash in one step (as `set::scan`).
+pub fn scan<M: Mem>(
+    m: &M,
+    h: HashObj,
+    cursor: u64,
+    count: u64,
+    mut f: impl FnMut(&[u8], &[u8]),
+) -> u64 {
+    if h.enc == ENC_PACK {
+        for_each(m, h, f);
+        return 0;
+    }
+    let nb = dict::nbuckets(m, h.obj);
+    let (mut b, mut seen) = (cursor, 0u64);
+    while b < nb && seen < count {
+        dict::for_bucket(m, h.obj, b, |e| {
+            seen += 1;
+            let klen = m.u64(e + E_META) as u32 as usize;
+            f(&m.bytes(e + H_KEY, klen), &entry_value(m, e));
+            true
+        });
+        b += 1;
+    }
+    if b >= nb {
+        0
+    } else {
+        b
+    }
+}
+
 fn entry_bytes(next: Off, h: u64, class: u8, field: &[u8], value: &[u8]) -> Vec<u8> {
     let mut buf = Vec::with_capacity(H_KEY as usize + field.len() + value.len());
     buf.extend_from_slice(&next.to_le_bytes());

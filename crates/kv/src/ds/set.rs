@@ -69,6 +69,32 @@ pub fn for_each<M: Mem>(m: &M, s: SetObj, mut f: impl FnMut(&[u8])) {
     }
 }
 
+/// SSCAN's walk: the members of dict buckets `cursor..` until at least `count` were seen;
+/// returns the next cursor (0: done). A packed set is one step: everything, cursor 0. Buckets
+/// of the linear-hashing dict only ever split upward, so a full walk meets every member present
+/// throughout (maybe some twice), as Redis's SSCAN promises.
+pub fn scan<M: Mem>(m: &M, s: SetObj, cursor: u64, count: u64, mut f: impl FnMut(&[u8])) -> u64 {
+    if s.enc == ENC_PACK {
+        for_each(m, s, f);
+        return 0;
+    }
+    let nb = dict::nbuckets(m, s.obj);
+    let (mut b, mut seen) = (cursor, 0u64);
+    while b < nb && seen < count {
+        dict::for_bucket(m, s.obj, b, |e| {
+            seen += 1;
+            f(&member_of(m, e));
+            true
+        });
+        b += 1;
+    }
+    if b >= nb {
+        0
+    } else {
+        b
+    }
+}
+
 fn new_entry(w: &mut Wtx, next: Off, h: u64, member: &[u8]) -> Result<Off> {
     let size = S_KEY + member.len() as u64;
     let (e, cap) = w.alloc(size)?;
