@@ -884,6 +884,64 @@ fn bitmap_replies() {
                 ("BITCOUNT st", WRONGTYPE),
             ],
         );
+        // BITPOS on s = ff f0 00, o = 00 ff f0, ones = ff ff (built with SETBIT), against the
+        // replies redis-server 7.0 gave for the same strings.
+        for i in 0..12 {
+            cmd(svc, s, &format!("SETBIT bs {i} 1"));
+        }
+        cmd(svc, s, "SETBIT bs 23 0");
+        for i in 8..20 {
+            cmd(svc, s, &format!("SETBIT bo {i} 1"));
+        }
+        for i in 0..16 {
+            cmd(svc, s, &format!("SETBIT bones {i} 1"));
+        }
+        check(
+            svc,
+            s,
+            &[
+                ("BITPOS nokey 0", ":0\r\n"),
+                ("BITPOS nokey 1", ":-1\r\n"),
+                ("BITPOS bs 0", ":12\r\n"),
+                ("BITPOS bs 1", ":0\r\n"),
+                ("BITPOS bs 0 1", ":12\r\n"),
+                ("BITPOS bs 1 2", ":-1\r\n"),
+                ("BITPOS bs 1 2 -1", ":-1\r\n"),
+                ("BITPOS bs 0 0 0", ":-1\r\n"),
+                ("BITPOS bones 0", ":16\r\n"),
+                ("BITPOS bones 0 0 -1", ":-1\r\n"),
+                ("BITPOS bones 1 1", ":8\r\n"),
+                ("BITPOS bo 1", ":8\r\n"),
+                ("BITPOS bo 0", ":0\r\n"),
+                ("BITPOS bo 1 0 -1 BIT", ":8\r\n"),
+                ("BITPOS bo 1 7 15 BIT", ":8\r\n"),
+                ("BITPOS bo 0 8 15 BIT", ":-1\r\n"),
+                ("BITPOS bo 0 8 11 BIT", ":-1\r\n"),
+                ("BITPOS bo 1 17 23 BIT", ":17\r\n"),
+                ("BITPOS bo 0 20 23 BIT", ":20\r\n"),
+                ("BITPOS bs 0 3 1", ":-1\r\n"),
+                ("BITPOS bo 1 -1 -1 BIT", ":-1\r\n"),
+                ("BITPOS bo 0 -3 -1 BIT", ":21\r\n"),
+                ("BITPOS bones 0 0 15 BIT", ":-1\r\n"),
+                ("BITPOS bo 0 1", ":20\r\n"),
+                ("BITPOS bo 0 1 -1", ":20\r\n"),
+                ("BITPOS bo 1 2 2 BYTE", ":16\r\n"),
+                ("BITPOS bo 0 10 12 BIT", ":-1\r\n"),
+                ("BITPOS bo 1 3 100 BIT", ":8\r\n"),
+                ("BITPOS bo 0 -100 100 BIT", ":0\r\n"),
+                ("BITPOS bs 2", "-ERR The bit argument must be 1 or 0.\r\n"),
+                (
+                    "BITPOS bs x",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                (
+                    "BITPOS bs 1 x",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                ("BITPOS bs 1 0 1 FOO", "-ERR syntax error\r\n"),
+                ("BITPOS st 1", WRONGTYPE),
+            ],
+        );
         // A bitmap of 64 KiB set bit by bit, in place after it has grown: counts agree.
         for i in (0..524_288u64).step_by(1021) {
             assert_eq!(cmd(svc, s, &format!("SETBIT big {i} 1")), ":0\r\n");

@@ -411,6 +411,23 @@ fn lpos_args(a: &[&[u8]], out: &mut Vec<u8>) -> Option<(i64, Option<usize>, usiz
     Some((rank, count, maxlen))
 }
 
+/// Redis's `redisBitpos`: the first bit equal to `bit` in `s`, from its first byte's most
+/// significant bit; looking for 0 in all ones gives the bit past the end, for 1 in all zeros
+/// -1.
+fn first_bit(s: &[u8], bit: bool) -> i64 {
+    for (i, &b) in s.iter().enumerate() {
+        let x = if bit { b } else { !b };
+        if x != 0 {
+            return (i * 8) as i64 + x.leading_zeros() as i64;
+        }
+    }
+    if bit {
+        -1
+    } else {
+        (s.len() * 8) as i64
+    }
+}
+
 /// A bit offset argument (SETBIT, GETBIT): 0 ≤ offset < 2^32 (Redis' 512 MB strings); `None`
 /// after Redis' error.
 fn bit_offset(b: &[u8], out: &mut Vec<u8>) -> Option<u64> {
@@ -508,6 +525,111 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                 out,
                 b.first().map_or(0, |x| (x >> (7 - bit % 8)) & 1) as i64,
             );
+        }
+        Id::Bitpos => {
+            // Redis 7.0's bitposCommand, step for step.
+            let bit = match parse_i64(a[2]) {
+                Some(0) => false,
+                Some(1) => true,
+                Some(_) => return reply::error(out, "ERR The bit argument must be 1 or 0."),
+                None => return not_int(out),
+            };
+            let e = match look(m, st, a[1], T_STRING) {
+                Look::Wrong => return wrongtype(out),
+                // An infinite run of zeros.
+                Look::Missing => return int(out, if bit { -1 } else { 0 }),
+                Look::Found(e) => e,
+            };
+            let p = ks::string_value(m, &e);
+            let strlen = p.len() as i64;
+            let (mut start, mut end, mut end_given, mut isbit) = (0i64, strlen - 1, false, false);
+            let (mut first_mask, mut last_mask) = (0u8, 0u8);
+            match a.len() {
+                3 => {}
+                4..=6 => {
+                    let Some(s0) = parse_i64(a[3]) else {
+                        return not_int(out);
+                    };
+                    start = s0;
+                    if a.len() >= 5 {
+                        let Some(e0) = parse_i64(a[4]) else {
+                            return not_int(out);
+                        };
+                        end = e0;
+                        end_given = true;
+                    }
+                    if a.len() == 6 {
+                        if is(a[5], "bit") {
+                            isbit = true;
+                        } else if !is(a[5], "byte") {
+                            return syntax(out);
+                        }
+                    }
+                    let totlen = if isbit { strlen * 8 } else { strlen };
+                    if !end_given {
+                        end = totlen - 1;
+                    }
+                    if start < 0 {
+                        start += totlen;
+                    }
+                    if end < 0 {
+                        end += totlen;
+                    }
+                    start = start.max(0);
+                    end = end.max(0);
+                    if end >= totlen {
+                        end = totlen - 1;
+                    }
+                    if isbit && start <= end {
+                        first_mask = !((1u16 << (8 - (start & 7))) - 1) as u8;
+                        last_mask = ((1u16 << (7 - (end & 7))) - 1) as u8;
+                        start >>= 3;
+                        end >>= 3;
+                    }
+                }
+                _ => return syntax(out),
+            }
+            if start > end {
+                return int(out, -1);
+            }
+            let mut bytes = end - start + 1;
+            let pos: i64 = 'result: {
+                if first_mask != 0 {
+                    let mut t = if bit {
+                        p[start as usize] & !first_mask
+                    } else {
+                        p[start as usize] | first_mask
+                    };
+                    if last_mask != 0 && bytes == 1 {
+                        t = if bit { t & !last_mask } else { t | last_mask };
+                    }
+                    let pos = first_bit(&[t], bit);
+                    if bytes == 1 || (pos != -1 && pos != 8) {
+                        break 'result pos;
+                    }
+                    start += 1;
+                    bytes -= 1;
+                }
+                let cur = bytes - i64::from(last_mask != 0);
+                if cur > 0 {
+                    let pos = first_bit(&p[start as usize..(start + cur) as usize], bit);
+                    if bytes == cur || (pos != -1 && pos != cur * 8) {
+                        break 'result pos;
+                    }
+                    start += cur;
+                    bytes -= cur;
+                }
+                let t = if bit {
+                    p[end as usize] & !last_mask
+                } else {
+                    p[end as usize] | last_mask
+                };
+                first_bit(&[t], bit)
+            };
+            if end_given && !bit && pos == bytes * 8 {
+                return int(out, -1);
+            }
+            int(out, if pos != -1 { pos + start * 8 } else { pos });
         }
         Id::Bitcount => {
             let e = found!(a[1], T_STRING, int(out, 0));

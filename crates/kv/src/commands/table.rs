@@ -119,6 +119,7 @@ commands! {
     Getbit "getbit" 3 Read (1, 1, 1);
     Setbit "setbit" 4 Write (1, 1, 1);
     Bitcount "bitcount" -2 Read (1, 1, 1);
+    Bitpos "bitpos" -3 Read (1, 1, 1);
     Bitop "bitop" -4 Write (2, -1, 1);
     // Lists.
     Lpush "lpush" -3 Write (1, 1, 1);
