@@ -1336,6 +1336,28 @@ impl SnapshotFile {
         Ok(())
     }
 
+    /// [`SnapshotFile::preadv_all`] through `fd` (the direct descriptor, or the file's own); a
+    /// file system that refuses the direct read (EINVAL) has it read buffered, and `fd` becomes
+    /// the buffered descriptor from here on.
+    fn read_pages(
+        &self,
+        fd: &mut i32,
+        iov: &mut [libc::iovec],
+        off: u64,
+        len: usize,
+    ) -> std::io::Result<()> {
+        let res = Self::preadv_all(*fd, &mut iov.to_vec(), off, len);
+        if res
+            .as_ref()
+            .is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL))
+            && *fd != self.file.as_raw_fd()
+        {
+            *fd = self.file.as_raw_fd();
+            return Self::preadv_all(*fd, iov, off, len);
+        }
+        res
+    }
+
     /// Reads every unit and the application state and checks their CRCs.
     pub fn verify(&self) -> Result<()> {
         let sp = self.spill()?;
@@ -1414,23 +1436,17 @@ impl SnapshotFile {
                 }
             }
             let off = self.base + self.layout.unit_extent(self.layout.unit(r, u)).0;
-            let mut res = Self::preadv_all(fd, &mut iov.clone(), off, pages * PAGE);
-            if res
-                .as_ref()
-                .is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL))
-                && fd != self.file.as_raw_fd()
-            {
-                // The file system refuses this direct read: buffered from here on.
-                fd = self.file.as_raw_fd();
-                res = Self::preadv_all(fd, &mut iov, off, pages * PAGE);
-            }
-            res.map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    SnapshotError::corrupt(&self.path, "length (the file ends inside the pages)")
-                } else {
-                    SnapshotError::io("preadv", &self.path, e)
-                }
-            })?;
+            self.read_pages(&mut fd, &mut iov, off, pages * PAGE)
+                .map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        SnapshotError::corrupt(
+                            &self.path,
+                            "length (the file ends inside the pages)",
+                        )
+                    } else {
+                        SnapshotError::io("preadv", &self.path, e)
+                    }
+                })?;
             for w in u..v {
                 let g = self.layout.unit(r, w);
                 let bm = self.layout.bitmaps[g];
@@ -1578,16 +1594,8 @@ impl SnapshotFile {
                 });
             }
             let len = n * PAGE;
-            let mut res = Self::preadv_all(fd, &mut iov.clone(), self.base + at, len);
-            if res
-                .as_ref()
-                .is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL))
-                && fd != self.file.as_raw_fd()
-            {
-                fd = self.file.as_raw_fd();
-                res = Self::preadv_all(fd, &mut iov, self.base + at, len);
-            }
-            res.map_err(|e| SnapshotError::io("preadv", &self.path, e))?;
+            self.read_pages(&mut fd, &mut iov, self.base + at, len)
+                .map_err(|e| SnapshotError::io("preadv", &self.path, e))?;
             for (g, p, o, c, d) in placed {
                 if page_crc(p, &dst[d..d + PAGE]) != c {
                     return Err(self.bad_spilled(g, p, o));

@@ -496,17 +496,10 @@ impl JobShared {
         if !self.spill_on.load(Acquire) {
             return None;
         }
-        for (b, w) in self.spill_free.iter().enumerate() {
-            let mut free = w.load(Acquire);
-            while free != 0 {
-                let i = free.trailing_zeros() as usize;
-                match w.compare_exchange(free, free & !(1 << i), AcqRel, Acquire) {
-                    Ok(_) => return Some(b * format::SPILL_PAGES + i),
-                    Err(now) => free = now,
-                }
-            }
-        }
-        None
+        self.spill_free
+            .iter()
+            .enumerate()
+            .find_map(|(b, w)| take_slot(w).map(|i| b * format::SPILL_PAGES + i))
     }
 
     /// Gives spill slot `s` back.

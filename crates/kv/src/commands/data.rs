@@ -336,6 +336,48 @@ fn sintercard_args<'a>(a: &[&'a [u8]], out: &mut Vec<u8>) -> Option<(Vec<&'a [u8
     Some((keys, limit))
 }
 
+/// SRANDMEMBER, HRANDFIELD and ZRANDMEMBER's reply over `all`, as Redis chooses: no count, one
+/// element's bulk (nil when empty); a negative count, that many with repeats; a positive one,
+/// that many distinct ones (all when there are not more). `emit` writes one element's `per`
+/// bulks (its member alone without a count).
+fn random_reply<T>(
+    out: &mut Vec<u8>,
+    all: &mut [T],
+    count: Option<i64>,
+    per: usize,
+    emit: impl Fn(&mut Vec<u8>, &T),
+) {
+    let pick = |k: usize| (crate::ds::rand_u64() % k as u64) as usize;
+    match count {
+        None => match all.len() {
+            0 => null(out),
+            k => emit(out, &all[pick(k)]),
+        },
+        Some(c) if c < 0 => {
+            let c = if all.is_empty() {
+                0
+            } else {
+                c.unsigned_abs() as usize
+            };
+            array(out, c * per);
+            for _ in 0..c {
+                emit(out, &all[pick(all.len())]);
+            }
+        }
+        Some(c) => {
+            let c = (c as usize).min(all.len());
+            for i in 0..c {
+                let j = i + pick(all.len() - i);
+                all.swap(i, j);
+            }
+            array(out, c * per);
+            for x in &all[..c] {
+                emit(out, x);
+            }
+        }
+    }
+}
+
 /// Writes `members` as an array reply.
 fn members_reply(out: &mut Vec<u8>, members: &[Vec<u8>]) {
     array(out, members.len());
@@ -718,42 +760,13 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
             };
             let mut all: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
             hash::for_each(m, hash_obj(&e), |f, v| all.push((f.to_vec(), v.to_vec())));
-            let pick = |k: usize| (crate::ds::rand_u64() % k as u64) as usize;
             let per = if withvalues { 2 } else { 1 };
-            let emit = |out: &mut Vec<u8>, (f, v): &(Vec<u8>, Vec<u8>)| {
+            random_reply(out, &mut all, count, per, |out, (f, v)| {
                 bulk(out, f);
                 if withvalues {
                     bulk(out, v);
                 }
-            };
-            match count {
-                None => match all.len() {
-                    0 => null(out),
-                    k => bulk(out, &all[pick(k)].0),
-                },
-                Some(c) if c < 0 => {
-                    let c = if all.is_empty() {
-                        0
-                    } else {
-                        c.unsigned_abs() as usize
-                    };
-                    array(out, c * per);
-                    for _ in 0..c {
-                        emit(out, &all[pick(all.len())]);
-                    }
-                }
-                Some(c) => {
-                    let c = (c as usize).min(all.len());
-                    for i in 0..c {
-                        let j = i + pick(all.len() - i);
-                        all.swap(i, j);
-                    }
-                    array(out, c * per);
-                    for x in &all[..c] {
-                        emit(out, x);
-                    }
-                }
-            }
+            });
         }
         Id::Lpos => {
             let Some((rank, count, maxlen)) = lpos_args(a, out) else {
@@ -976,32 +989,7 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
             let n = set::card(m, s) as usize;
             let mut all = Vec::with_capacity(n);
             set::for_each(m, s, |v| all.push(v.to_vec()));
-            let pick = |k: usize| (crate::ds::rand_u64() % k as u64) as usize;
-            match count {
-                None => match all.len() {
-                    0 => null(out),
-                    k => bulk(out, &all[pick(k)]),
-                },
-                // Negative: that many, a member possibly more than once.
-                Some(c) if c < 0 => {
-                    let c = c.unsigned_abs() as usize;
-                    array(out, if all.is_empty() { 0 } else { c });
-                    if !all.is_empty() {
-                        for _ in 0..c {
-                            bulk(out, &all[pick(all.len())]);
-                        }
-                    }
-                }
-                // Positive: distinct members, all of them when the set is not larger.
-                Some(c) => {
-                    let c = (c as usize).min(all.len());
-                    for i in 0..c {
-                        let j = i + pick(all.len() - i);
-                        all.swap(i, j);
-                    }
-                    members_reply(out, &all[..c]);
-                }
-            }
+            random_reply(out, &mut all, count, 1, |out, v| bulk(out, v));
         }
         Id::Hget => {
             let e = found!(a[1], T_HASH, null(out));
@@ -1122,42 +1110,13 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                     all.push((mem.to_vec(), sc))
                 });
             }
-            let pick = |k: usize| (crate::ds::rand_u64() % k as u64) as usize;
             let per = if withscores { 2 } else { 1 };
-            let emit = |out: &mut Vec<u8>, (mem, sc): &(Vec<u8>, f64)| {
+            random_reply(out, &mut all, count, per, |out, (mem, sc)| {
                 bulk(out, mem);
                 if withscores {
                     reply::double(out, *sc);
                 }
-            };
-            match count {
-                None => match all.len() {
-                    0 => null(out),
-                    k => bulk(out, &all[pick(k)].0),
-                },
-                Some(c) if c < 0 => {
-                    let c = if all.is_empty() {
-                        0
-                    } else {
-                        c.unsigned_abs() as usize
-                    };
-                    array(out, c * per);
-                    for _ in 0..c {
-                        emit(out, &all[pick(all.len())]);
-                    }
-                }
-                Some(c) => {
-                    let c = (c as usize).min(all.len());
-                    for i in 0..c {
-                        let j = i + pick(all.len() - i);
-                        all.swap(i, j);
-                    }
-                    array(out, c * per);
-                    for x in &all[..c] {
-                        emit(out, x);
-                    }
-                }
-            }
+            });
         }
         Id::Sscan | Id::Hscan | Id::Zscan => coll_scan(st, m, id, a, out),
         Id::Zcard => {
@@ -1215,31 +1174,21 @@ fn scan<M: Mem>(st: &Store, m: &M, a: &[&[u8]], out: &mut Vec<u8>) {
         }
         i += 2;
     }
-    // The cursor is a bucket index: linear hashing only ever moves entries to higher buckets,
-    // so a full iteration returns every key present throughout (maybe some twice).
+    // The cursor is a bucket index (`dict::scan`).
     let d = st.keyspace();
-    let nb = dict::nbuckets(m, d);
-    let mut b = cursor;
-    let mut seen = 0u64;
     let mut keys = Vec::new();
     let mut n = 0;
-    while b < nb && seen < count {
-        dict::for_bucket(m, d, b, |e| {
-            seen += 1;
-            let k = ks::key_of(m, e);
-            let ok_pat = pat.map_or(true, |p| glob(p, &k));
-            let ok_ty = ty.map_or(true, |t| {
-                t.eq_ignore_ascii_case(ks::type_name(ks::entry_at(m, e).ty()).as_bytes())
-            });
-            if ok_pat && ok_ty {
-                bulk(&mut keys, &k);
-                n += 1;
-            }
-            true
+    let next = dict::scan(m, d, cursor, count, |e| {
+        let k = ks::key_of(m, e);
+        let ok_pat = pat.map_or(true, |p| glob(p, &k));
+        let ok_ty = ty.map_or(true, |t| {
+            t.eq_ignore_ascii_case(ks::type_name(ks::entry_at(m, e).ty()).as_bytes())
         });
-        b += 1;
-    }
-    let next = if b >= nb { 0 } else { b };
+        if ok_pat && ok_ty {
+            bulk(&mut keys, &k);
+            n += 1;
+        }
+    });
     if cursor == 0 && next == 0 && pat.is_none() && ty.is_none() && n != ks::len(m, st) as usize {
         // One call walked the whole keyspace: it must have found every key.
         crate::ds::damaged(d);
@@ -1736,7 +1685,9 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             let old = match &e {
                 // Inside the string: one byte rewritten in place.
                 Some(e) if byte < len => {
-                    let b = ks::string_range(w, e, byte, 1)[0];
+                    let b = *ks::string_range(w, e, byte, 1)
+                        .first()
+                        .ok_or(HeapError::Damaged(e.off))?;
                     let nb = if on { b | mask } else { b & !mask };
                     if nb != b {
                         ks::string_overwrite(w, e, byte, &[nb])?;
@@ -1974,7 +1925,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 match dst {
                     Some(_) => {
                         // The source's deletion may have moved the destination's links.
-                        let d = ks::lookup(w, st, a[2]).expect("destination list");
+                        let d = ks::lookup(w, st, a[2]).ok_or(HeapError::Damaged(src.off))?;
                         list::push(w, d.obj(), &[&v], to_left)?;
                     }
                     None => {

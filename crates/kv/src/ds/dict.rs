@@ -280,6 +280,27 @@ fn split_one(w: &mut Wtx, d: Off) -> Result<()> {
     w.write(d + D_LEVEL, &b)
 }
 
+/// A cursor walk (SCAN and its collection forms): the entries of buckets `cursor..` until at
+/// least `count` were met; returns the next cursor (0: done). Buckets of linear hashing only
+/// ever split upward, so a full walk meets every entry present throughout (some maybe twice).
+pub fn scan<M: Mem>(m: &M, d: Off, cursor: u64, count: u64, mut f: impl FnMut(Off)) -> u64 {
+    let nb = nbuckets(m, d);
+    let (mut b, mut seen) = (cursor, 0u64);
+    while b < nb && seen < count {
+        for_bucket(m, d, b, |e| {
+            seen += 1;
+            f(e);
+            true
+        });
+        b += 1;
+    }
+    if b >= nb {
+        0
+    } else {
+        b
+    }
+}
+
 /// Visit the entries of bucket `i` (in chain order) until `f` returns false; returns false if
 /// stopped (or if the chain is damaged: recorded, see [`probe`]).
 pub fn for_bucket<M: Mem>(m: &M, d: Off, i: u64, mut f: impl FnMut(Off) -> bool) -> bool {

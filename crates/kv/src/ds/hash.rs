@@ -98,22 +98,10 @@ pub fn scan<M: Mem>(
         for_each(m, h, f);
         return 0;
     }
-    let nb = dict::nbuckets(m, h.obj);
-    let (mut b, mut seen) = (cursor, 0u64);
-    while b < nb && seen < count {
-        dict::for_bucket(m, h.obj, b, |e| {
-            seen += 1;
-            let klen = m.u64(e + E_META) as u32 as usize;
-            f(&m.bytes(e + H_KEY, klen), &entry_value(m, e));
-            true
-        });
-        b += 1;
-    }
-    if b >= nb {
-        0
-    } else {
-        b
-    }
+    dict::scan(m, h.obj, cursor, count, |e| {
+        let klen = m.u64(e + E_META) as u32 as usize;
+        f(&m.bytes(e + H_KEY, klen), &entry_value(m, e));
+    })
 }
 
 fn entry_bytes(next: Off, h: u64, class: u8, field: &[u8], value: &[u8]) -> Vec<u8> {

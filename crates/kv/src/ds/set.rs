@@ -78,21 +78,7 @@ pub fn scan<M: Mem>(m: &M, s: SetObj, cursor: u64, count: u64, mut f: impl FnMut
         for_each(m, s, f);
         return 0;
     }
-    let nb = dict::nbuckets(m, s.obj);
-    let (mut b, mut seen) = (cursor, 0u64);
-    while b < nb && seen < count {
-        dict::for_bucket(m, s.obj, b, |e| {
-            seen += 1;
-            f(&member_of(m, e));
-            true
-        });
-        b += 1;
-    }
-    if b >= nb {
-        0
-    } else {
-        b
-    }
+    dict::scan(m, s.obj, cursor, count, |e| f(&member_of(m, e)))
 }
 
 fn new_entry(w: &mut Wtx, next: Off, h: u64, member: &[u8]) -> Result<Off> {

@@ -79,21 +79,7 @@ fn level_of<M: Mem>(m: &M, n: Off) -> usize {
 /// ZSCAN's walk: (member, score) of the member dict's buckets `cursor..` until at least
 /// `count` were seen; returns the next cursor (0: done), as `set::scan`.
 pub fn scan<M: Mem>(m: &M, z: Off, cursor: u64, count: u64, mut f: impl FnMut(&[u8], f64)) -> u64 {
-    let nb = dict::nbuckets(m, z);
-    let (mut b, mut seen) = (cursor, 0u64);
-    while b < nb && seen < count {
-        dict::for_bucket(m, z, b, |n| {
-            seen += 1;
-            f(&member(m, n), score(m, n));
-            true
-        });
-        b += 1;
-    }
-    if b >= nb {
-        0
-    } else {
-        b
-    }
+    dict::scan(m, z, cursor, count, |n| f(&member(m, n), score(m, n)))
 }
 
 /// Elements of the zset.
