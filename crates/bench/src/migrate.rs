@@ -386,6 +386,9 @@ struct CaseReply {
     faults_from_fam: u64,
     pages_pushed: u64,
     bytes: u64,
+    /// Reservation before the start (FAM file and target memory populated), ns.
+    #[serde(default)]
+    reserve_ns: u64,
     steady_ops_per_s: f64,
     during_ops_per_s: f64,
     degradation: f64,
@@ -412,6 +415,7 @@ impl CaseReply {
                 faults_from_fam: self.faults_from_fam,
                 pages_pushed: self.pages_pushed,
                 bytes: self.bytes,
+                reserve_ns: self.reserve_ns,
             },
             steady_ops_per_s: self.steady_ops_per_s,
             during_ops_per_s: self.during_ops_per_s,
@@ -464,6 +468,7 @@ pub fn case_worker_main() -> Result<()> {
             faults_from_fam: m.faults_from_fam,
             pages_pushed: m.pages_pushed,
             bytes: m.bytes,
+            reserve_ns: m.reserve_ns,
             steady_ops_per_s: r.steady_ops_per_s,
             during_ops_per_s: r.during_ops_per_s,
             degradation: r.degradation,

@@ -479,6 +479,7 @@ fn run_one(
             "resume_ms": ms(x.resume_ns),
             "busy_ms": ms(x.busy_ns),
             "total_ms": ms(x.total_ns),
+            "reserve_ms": ms(x.reserve_ns),
             "degradation": r.degradation,
             "steady_ops_per_s": r.steady_ops_per_s,
             "during_ops_per_s": r.during_ops_per_s,

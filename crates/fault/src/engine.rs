@@ -229,6 +229,31 @@ impl RegionHandle {
             .zeropage(dst, len, 0)
             .map_err(|e| Error::errno("UFFDIO_ZEROPAGE", e))
     }
+    /// Moves `len` bytes of this process's private anonymous memory at `src` into the region
+    /// at `offset` outside any fault (`UFFDIO_MOVE`; MISSING regions on anonymous memory): the
+    /// page-table entries move, no byte is copied and no page is allocated, and `src` is left
+    /// unmapped. Pages already present in the region are skipped and their source pages stay
+    /// where they are. Threads waiting on the moved pages are woken. Returns the bytes moved.
+    /// Errors: an unaligned `src` or range ([`Error::InvalidArgument`]); the kernel refusing
+    /// (e.g. `EBUSY` for source pages shared with a forked child, `ENOENT` for a source hole):
+    /// the caller then copies instead.
+    ///
+    /// # Safety
+    /// `[src, src + len)` must be private anonymous memory of this process that nothing else
+    /// uses: its pages leave it.
+    pub unsafe fn install_move(&self, offset: usize, src: *const u8, len: usize) -> Result<usize> {
+        let dst = self.checked(offset, len)?;
+        if (src as usize) % PAGE_SIZE != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "move source {src:p} is not page aligned"
+            )));
+        }
+        self.region
+            .ctx
+            .uffd
+            .move_pages(dst, src as usize, len, 0)
+            .map_err(|e| Error::errno("UFFDIO_MOVE", e))
+    }
     fn checked(&self, offset: usize, len: usize) -> Result<usize> {
         let (base, rlen) = region::slot_range(self.region.slot);
         if !self.is_alive()

@@ -22,6 +22,7 @@ use crate::lookup::DumpedLookup;
 use crate::mapping::Mapping;
 use crate::proto::{Conn, Msg, ProtoError};
 use crate::resolve::{DumpedImage, FamResolver, PageServerLink, ResolverStats};
+use crate::targetmem::TargetMemory;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -154,7 +155,16 @@ impl FamSource {
             .map_err(|e| FamError::Other(format!("creating {}: {e}", dir.display())))?;
         let mut files = Vec::new();
         for (i, &len) in region_lens.iter().enumerate() {
-            match LazyFile::create(&dir, &lazy_name(i), len, cfg.delay) {
+            // A memory-backed file is populated too: FAM is memory that exists, and on tmpfs
+            // `fallocate` leaves pages uncleared (on this VM, unbacked by the host), so the
+            // dump's first store into each would otherwise pay that inside the busy time.
+            let made = LazyFile::create(&dir, &lazy_name(i), len, cfg.delay).and_then(|f| {
+                if f.pool().persist_method() != tiermem_media::PersistMethod::Msync {
+                    f.pool().populate()?;
+                }
+                Ok(f)
+            });
+            match made {
                 Ok(f) => files.push(Arc::new(f)),
                 Err(e) => {
                     drop(files);
@@ -415,6 +425,8 @@ pub struct TargetRegion {
     handle: Option<RegionHandle>,
     map: Option<Mapping>,
     stats: Arc<ResolverStats>,
+    /// Memory reserved for the region before the freeze (completion moves it in).
+    reserved: Option<Arc<TargetMemory>>,
 }
 
 impl TargetRegion {
@@ -497,6 +509,24 @@ impl FamTarget {
         delay: DelayModel,
         timeout: Duration,
     ) -> Result<FamTarget> {
+        FamTarget::restore_reserved(fam, id, source, delay, timeout, Vec::new())
+    }
+
+    /// [`FamTarget::restore`] into memory reserved before the freeze: `reserved[i]`
+    /// ([`TargetMemory::reserve`] of region i's length, made while the application still ran at
+    /// the source) receives region i's pages, which then move into the region instead of
+    /// being copied into new pages. Regions without one (a shorter vector) copy as before; a
+    /// reservation of the wrong length is an error.
+    pub fn restore_reserved(
+        fam: &Path,
+        id: u64,
+        source: Option<SocketAddr>,
+        delay: DelayModel,
+        timeout: Duration,
+        reserved: Vec<TargetMemory>,
+    ) -> Result<FamTarget> {
+        let mut reserved: Vec<Option<Arc<TargetMemory>>> =
+            reserved.into_iter().map(|s| Some(Arc::new(s))).collect();
         let dir = migration_dir(fam, id);
         let ck = Checkpoint::read(&dir.join("checkpoint"))?;
         let files: Vec<Arc<LazyFile>> = (0..ck.region_lens.len())
@@ -548,6 +578,15 @@ impl FamTarget {
         let mut regions = Vec::new();
         for (i, f) in files.iter().cloned().enumerate() {
             let len = (f.region_len() as usize).div_ceil(4096) * 4096;
+            let st = reserved.get_mut(i).and_then(Option::take);
+            if let Some(s) = &st {
+                if s.len() != len {
+                    return Err(FamError::Other(format!(
+                        "region {i} is {len} bytes but its reserved memory {}",
+                        s.len()
+                    )));
+                }
+            }
             let map = Mapping::new(len)
                 .map_err(|e| FamError::Other(format!("mapping region {i} ({len} bytes): {e}")))?;
             let lookup = Arc::new(DumpedLookup::new());
@@ -559,20 +598,18 @@ impl FamTarget {
                 Some(l) => l.clone(),
                 None => Arc::new(NoSource),
             };
-            let r = Arc::new(FamResolver::new(
-                i as u32,
-                f.region_len(),
-                lookup,
-                f.clone(),
-                l,
-                64 << 10,
-            ));
+            let mut r = FamResolver::new(i as u32, f.region_len(), lookup, f.clone(), l, 64 << 10);
+            if let Some(s) = &st {
+                r = r.with_reserved(s.clone());
+            }
+            let r = Arc::new(r);
             let stats = r.stats();
             let spec = RegionSpec::new(map.ptr, len).missing(true).in_thread();
             let mut tr = TargetRegion {
                 handle: None,
                 map: Some(map),
                 stats,
+                reserved: st,
             };
             tr.handle = Some(Engine::global().register(spec, r)?);
             regions.push(tr);
@@ -659,7 +696,9 @@ impl FamTarget {
             // SAFETY: the region's live, registered mapping.
             unsafe { crate::resolve::prefetch(r.as_ptr(), r.len()) };
         }
-        self.restored.elapsed().as_nanos() as u64
+        let t = self.restored.elapsed().as_nanos() as u64;
+        self.release_reserved();
+        t
     }
 
     /// Complete the migration without asking the source for anything: install every 2 MiB
@@ -689,7 +728,10 @@ impl FamTarget {
                     (Some(h), Ok(img)) if crate::resolve::is_zero(img) => {
                         h.install_zero(off as usize, img.len()).is_ok()
                     }
-                    (Some(h), Ok(img)) => h.install(off as usize, img).is_ok(),
+                    (Some(h), Ok(img)) => match &r.reserved {
+                        Some(st) => st.install(h, off as usize, img).is_ok(),
+                        None => h.install(off as usize, img).is_ok(),
+                    },
                     _ => false,
                 };
                 if installed {
@@ -707,7 +749,17 @@ impl FamTarget {
                 off = end;
             }
         }
-        self.restored.elapsed().as_nanos() as u64
+        let t = self.restored.elapsed().as_nanos() as u64;
+        self.release_reserved();
+        t
+    }
+
+    /// Free the reserved memory no page was moved out of (every region is complete: faults
+    /// from now on copy). Done by the completions; call it after completing some other way.
+    pub fn release_reserved(&self) {
+        for st in self.regions.iter().filter_map(|r| r.reserved.as_ref()) {
+            st.release();
+        }
     }
 
     /// Faults served from FAM with no message, and on demand, over all regions.
@@ -758,6 +810,7 @@ pub unsafe fn stop_and_copy(
             faults_from_fam: from_fam,
             pages_pushed: 0,
             bytes: report.bytes,
+            reserve_ns: 0,
         },
         target,
     ))

@@ -19,13 +19,14 @@ use crate::lazyfile::Batching;
 use crate::mapping::Mapping;
 use crate::metrics::Metrics;
 use crate::netns::{Host, TwoHosts};
-use crate::socket::{SocketSource, SocketTarget, SourceOptions, TargetOptions};
+use crate::socket::{SocketReservation, SocketSource, SocketTarget, SourceOptions, TargetOptions};
+use crate::targetmem::TargetMemory;
 use crate::workload::{self, App, Workload, PAGE};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tiermem_media::{now_ns, DelayModel};
 
 /// A migration method with its delay model.
@@ -206,6 +207,8 @@ struct Stamps {
     resume: u64,
     busy_end: u64,
     complete: u64,
+    /// Reservation time before `start` (ns).
+    reserve: u64,
 }
 
 /// Samples operations and present pages until told to stop.
@@ -398,9 +401,14 @@ fn migrate_with(
         Method::Fam { .. } | Method::FamHot { .. } => {
             let with_hot = matches!(spec.method, Method::FamHot { .. });
             let (listener, addr) = listener_in(hosts)?;
-            // The lazy file is reserved while the application runs (a full FAM fails here).
+            // The lazy file and the target's memory are reserved while the application runs
+            // (a full FAM or a target without room fails here).
+            let reserve_t = Instant::now();
             let res = FamSource::reserve(fam_cfg(false), &[len as u64])
                 .map_err(|e| format!("reserving FAM: {e}"))?;
+            let reserved = TargetMemory::reserve(len)
+                .map_err(|e| format!("reserving the target's memory ({len} bytes): {e}"))?;
+            st.reserve = reserve_t.elapsed().as_nanos() as u64;
             let mut recorder = if with_hot {
                 let r = crate::hot::HotPageRecorder::start(source.ptr, len, HOT_CAP)
                     .map_err(|e| format!("hot-page recorder: {e}"))?;
@@ -429,7 +437,14 @@ fn migrate_with(
                 });
                 let target = hosts
                     .run_in(Host::Dst, || {
-                        FamTarget::restore(fam, spec.id, Some(addr), delay, Duration::from_secs(5))
+                        FamTarget::restore_reserved(
+                            fam,
+                            spec.id,
+                            Some(addr),
+                            delay,
+                            Duration::from_secs(5),
+                            vec![reserved],
+                        )
                     })
                     .map_err(|e| e.to_string())?
                     .map_err(|e| format!("restore: {e}"))?;
@@ -485,6 +500,10 @@ fn migrate_with(
                 io_timeout: Duration::from_millis(2000 + 2 * expiration_ms),
                 ..TargetOptions::default()
             };
+            // The target's memory is reserved while the application runs, as for FAM.
+            let reservation = SocketReservation::new(len)
+                .map_err(|e| format!("reserving the target's memory ({len} bytes): {e}"))?;
+            st.reserve = reservation.reserve_ns();
             st.start = now_ns();
             app.freeze();
             // SAFETY: frozen (see above); the slice lives as long as `source`.
@@ -492,7 +511,9 @@ fn migrate_with(
             std::thread::scope(|s| {
                 let server = s.spawn(|| SocketSource::freeze_and_serve(region, &listener, &sopts));
                 let mut target = hosts
-                    .run_in(Host::Dst, || SocketTarget::connect(addr, len, &topts))
+                    .run_in(Host::Dst, || {
+                        SocketTarget::connect_reserved(addr, len, &topts, Some(reservation))
+                    })
                     .map_err(|e| e.to_string())?
                     .map_err(|e| format!("socket target: {e}"))?;
                 sampler.set_target(target.base());
@@ -630,6 +651,7 @@ impl Stamps {
             resume_ns: self.complete.saturating_sub(self.resume),
             busy_ns: since(self.busy_end),
             total_ns: since(self.complete),
+            reserve_ns: self.reserve,
             ..Metrics::default()
         }
     }

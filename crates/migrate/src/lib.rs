@@ -20,7 +20,9 @@
 //!   page-server, expiration timer and push of the remaining pages);
 //! * [`workload`]: synthetic applications updating a region (sequential, uniform, zipfian);
 //! * [`harness`]: one migration of a running application by any method, measured;
-//! * [`sockpage`]: a minimal socket page-server and fault client (socket post-copy baseline).
+//! * [`sockpage`]: a minimal socket page-server and fault client (socket post-copy baseline);
+//! * [`targetmem`]: target memory reserved before the freeze, installed by moving page-table
+//!   entries rather than copying into new pages.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -43,6 +45,7 @@ pub mod resolve;
 pub mod sigsafe;
 pub mod socket;
 pub mod sockpage;
+pub mod targetmem;
 pub mod workload;
 
 /// The source of a migration: FAM-aware post-copy, the product's method ([`fam::FamSource`]).

@@ -22,4 +22,8 @@ pub struct Metrics {
     pub pages_pushed: u64,
     /// Bytes of region data moved.
     pub bytes: u64,
+    /// Before the start, with the application still running at the source: reserving the
+    /// medium and the target's memory (FAM files populated, target memory populated). Not
+    /// part of any of the times above; 0 where the method reserves nothing.
+    pub reserve_ns: u64,
 }

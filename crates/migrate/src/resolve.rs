@@ -91,6 +91,8 @@ pub struct FamResolver {
     max_run: u64,
     region_len: u64,
     stats: Arc<ResolverStats>,
+    /// The region's reserved target memory, if any: runs are moved in from it.
+    reserved: Option<Arc<crate::targetmem::TargetMemory>>,
 }
 
 impl FamResolver {
@@ -112,7 +114,15 @@ impl FamResolver {
             max_run: (max_run / PAGE_SIZE as u64).max(1) * PAGE_SIZE as u64,
             region_len,
             stats: Arc::default(),
+            reserved: None,
         }
+    }
+
+    /// Install runs through `reserved` (the region's memory reserved before the freeze: a
+    /// copy into existing pages and a `UFFDIO_MOVE`) instead of `UFFDIO_COPY` into new pages.
+    pub fn with_reserved(mut self, reserved: Arc<crate::targetmem::TargetMemory>) -> FamResolver {
+        self.reserved = Some(reserved);
+        self
     }
 
     /// The resolver's counters (shared; read them while it runs).
@@ -180,6 +190,8 @@ impl Resolver for FamResolver {
         let n = if is_zero(src) {
             self.stats.zero_runs.fetch_add(1, Ordering::Relaxed);
             ops.zero(fault.offset, len)?
+        } else if let Some(st) = &self.reserved {
+            st.resolve(ops, fault.offset, src)?
         } else {
             ops.copy(fault.offset, src, false)?
         };

@@ -71,6 +71,7 @@ use crate::proto::{
     Conn, Msg, ProtoError, FRAME_MARKER, HEADER_LEN, K_DONE, K_ERROR, K_PAGES, MAX_PAGES_DATA, PAGE,
 };
 use crate::sigsafe::{fault_frame, readable, recv_exact, send_all, SpinLock};
+use crate::targetmem::TargetMemory;
 
 /// Bytes `vmsplice`d per call (and per pipe) while taking hold of the pages at freeze.
 pub const HOLD_CHUNK: usize = 2 << 20;
@@ -527,6 +528,7 @@ pub fn metrics(src: &SourceStats, tgt: &TargetStats) -> Metrics {
         faults_from_fam: 0,
         pages_pushed: src.pages_pushed,
         bytes: src.bytes,
+        reserve_ns: 0,
     }
 }
 
@@ -543,6 +545,8 @@ struct Shared {
     /// Staging buffer: a page is written by the receiver only while its staged bit is clear
     /// (each page arrives at most once on the push stream), read only once it is set.
     staging: Mapping,
+    /// The region's memory reserved before the freeze, if any: installs move it in.
+    reserved: Option<TargetMemory>,
     staged: Box<[AtomicU64]>,
     npages: usize,
     state: AtomicU8,
@@ -681,7 +685,10 @@ impl Resolver for SockResolver {
         let sh = &*self.0;
         let page = fault.offset / PAGE;
         sh.with_page(page, |first, bytes, on_demand| {
-            let n = ops.copy(first * PAGE, bytes, false)?;
+            let n = match &sh.reserved {
+                Some(m) => m.resolve(ops, first * PAGE, bytes)?,
+                None => ops.copy(first * PAGE, bytes, false)?,
+            };
             sh.present.fetch_add((n / PAGE) as u64, Ordering::AcqRel);
             let c = if on_demand {
                 &sh.on_demand
@@ -717,6 +724,36 @@ impl std::fmt::Debug for SocketTarget {
     }
 }
 
+/// What a socket post-copy target reserves before the freeze, with the application still
+/// running at the source: its receive buffer for pushed pages and the region's
+/// [`TargetMemory`], both populated (the same reservation FAM post-copy's target makes).
+pub struct SocketReservation {
+    recv: Mapping,
+    mem: TargetMemory,
+    reserve_ns: u64,
+}
+
+impl SocketReservation {
+    /// Reserve for a region of `len` bytes (2 × `len` of memory until the migration
+    /// completes; the receive buffer goes with the target). Errors: ENOMEM and the like.
+    pub fn new(len: usize) -> io::Result<SocketReservation> {
+        let t = std::time::Instant::now();
+        let recv = Mapping::new(len)?;
+        recv.populate()?;
+        let mem = TargetMemory::reserve(len)?;
+        Ok(SocketReservation {
+            recv,
+            mem,
+            reserve_ns: t.elapsed().as_nanos() as u64,
+        })
+    }
+
+    /// How long [`SocketReservation::new`] took, ns.
+    pub fn reserve_ns(&self) -> u64 {
+        self.reserve_ns
+    }
+}
+
 impl SocketTarget {
     /// Connects to the source's page-server at `addr` (the fault connection, handshake, then
     /// the push stream, handshake — create the target in the target host's namespace so its
@@ -729,6 +766,28 @@ impl SocketTarget {
         len: usize,
         opts: &TargetOptions,
     ) -> Result<SocketTarget, SocketError> {
+        SocketTarget::connect_reserved(addr, len, opts, None)
+    }
+
+    /// [`SocketTarget::connect`] into memory reserved before the freeze
+    /// ([`SocketReservation::new`] of `len` bytes): pushed pages arrive in its populated
+    /// receive buffer and move into the region from its [`TargetMemory`], as FAM post-copy's
+    /// target does, instead of landing in new pages twice. A reservation of another length
+    /// is an error.
+    pub fn connect_reserved(
+        addr: SocketAddr,
+        len: usize,
+        opts: &TargetOptions,
+        reservation: Option<SocketReservation>,
+    ) -> Result<SocketTarget, SocketError> {
+        if let Some(r) = &reservation {
+            if r.recv.len != len || r.mem.len() != len {
+                return Err(SocketError::Invalid(format!(
+                    "the reservation holds {} bytes, the region {len}",
+                    r.recv.len
+                )));
+            }
+        }
         if len == 0 || len % PAGE != 0 {
             return Err(SocketError::Invalid(format!(
                 "region length {len:#x} is not a non-zero multiple of 4 KiB"
@@ -750,6 +809,10 @@ impl SocketTarget {
         let push = connect()?;
         let npages = len / PAGE;
         let region = Mapping::new(len).map_err(|_| io_err("mmap"))?;
+        let (recv_buf, reserved) = match reservation {
+            Some(r) => (r.recv, Some(r.mem)),
+            None => (Mapping::new(len).map_err(|_| io_err("mmap"))?, None),
+        };
         let fault_stream = fault
             .stream()
             .try_clone()
@@ -769,7 +832,8 @@ impl SocketTarget {
             fault: fault_stream,
             lock: SpinLock::default(),
             scratch: UnsafeCell::new([0; PAGE]),
-            staging: Mapping::new(len).map_err(|_| io_err("mmap"))?,
+            staging: recv_buf,
+            reserved,
             staged: (0..npages.div_ceil(64))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -1043,6 +1107,9 @@ fn receive(
         std::thread::sleep(Duration::from_micros(20));
     }
     st.complete_ns = now_ns();
+    if let Some(m) = &sh.reserved {
+        m.release();
+    }
     st.faults_on_demand = sh.on_demand.load(Ordering::Relaxed);
     st.faults_from_staging = sh.from_staging.load(Ordering::Relaxed);
     Ok(st)
@@ -1100,7 +1167,8 @@ mod tests {
         (src, addr)
     }
 
-    fn migrate(expiration_ms: u64, delay: &str, workload_faults: usize) -> Metrics {
+    /// `reserve`: the target's memory is reserved first ([`SocketReservation`]).
+    fn migrate(expiration_ms: u64, delay: &str, workload_faults: usize, reserve: bool) -> Metrics {
         let h = TwoHosts::create("tmsk").unwrap();
         let data = contents(expiration_ms + 1);
         let sopts = SourceOptions {
@@ -1114,8 +1182,11 @@ mod tests {
             migration_id: 0x50c,
             ..TargetOptions::default()
         };
+        let res = reserve.then(|| SocketReservation::new(LEN).unwrap());
         let mut tgt = h
-            .run_in(Host::Dst, move || SocketTarget::connect(addr, LEN, &topts))
+            .run_in(Host::Dst, move || {
+                SocketTarget::connect_reserved(addr, LEN, &topts, res)
+            })
             .unwrap()
             .unwrap();
         // The workload: random page reads at the target, checked against the source.
@@ -1174,13 +1245,13 @@ mod tests {
 
     #[test]
     fn migrates_32mib_expiration_0() {
-        let m = migrate(0, "none", 400);
+        let m = migrate(0, "none", 400, true);
         assert!(m.pages_pushed > 0);
     }
 
     #[test]
     fn migrates_32mib_expiration_100ms() {
-        let m = migrate(100, "none", 300);
+        let m = migrate(100, "none", 300, false);
         // The workload faulted pages before the timer fired.
         assert!(m.pages_on_demand > 0, "{m:?}");
         assert!(m.busy_ns >= 100_000_000, "{m:?}");
@@ -1188,7 +1259,7 @@ mod tests {
 
     #[test]
     fn migrates_32mib_expiration_3ms_ethernet_10g() {
-        let m = migrate(3, "ethernet-10g", 100);
+        let m = migrate(3, "ethernet-10g", 100, true);
         // 32 MiB at 1.25 GB/s is at least ~26.8 ms of charged delay.
         assert!(m.busy_ns >= 26_000_000, "{m:?}");
     }

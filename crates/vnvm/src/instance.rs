@@ -107,19 +107,9 @@ pub(crate) fn perm_of(group: bool) -> u32 {
     }
 }
 
-/// Pre-fault a pool's data area (`MADV_POPULATE_WRITE`, Linux ≥ 5.14; a hint: failure is
-/// ignored).
+/// Pre-fault a pool's data area ([`Pool::populate`]; a hint: failure is ignored).
 pub(crate) fn populate(pool: &Pool) {
-    const MADV_POPULATE_WRITE: libc::c_int = 23;
-    // SAFETY: the data area is a live, writable mapping of data_len bytes starting at a page
-    // boundary (after the 4 KiB pool header); populating does not change its contents.
-    unsafe {
-        libc::madvise(
-            pool.data_ptr() as *mut libc::c_void,
-            pool.data_len(),
-            MADV_POPULATE_WRITE,
-        )
-    };
+    let _ = pool.populate();
 }
 
 /// Start using an instance (the thesis' `nv_init`) and start this process's redo and writeback
