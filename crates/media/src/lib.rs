@@ -58,7 +58,7 @@ pub mod stats;
 
 pub use crash::{CrashPolicy, CutPoint, FenceRecord, PowerDomain};
 pub use delay::{
-    busy_wait_ns, delay_ns, delay_sleep_margin_ns, now_ns, pace_ns, tsc_ghz, DelayModel,
+    busy_wait_ns, delay_ns, delay_sleep_margin_ns, now_ns, pace_ns, tsc_ghz, DelayModel, Pacer,
     DELAY_SLEEP_ENV,
 };
 pub use error::{MediaError, Result};

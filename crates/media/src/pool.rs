@@ -469,6 +469,9 @@ pub struct Pool {
     method: PersistMethod,
     writable: bool,
     delay: DelayCell,
+    /// Bulk reads and writes paced in aggregate ([`Pool::charge_read_paced`] and write).
+    read_pacer: crate::Pacer,
+    write_pacer: crate::Pacer,
     stats: DeviceStats,
     domain: Option<(PowerDomain, u64, u64)>,
 }
@@ -729,6 +732,8 @@ impl Pool {
             method,
             writable: true,
             delay: DelayCell::new(delay),
+            read_pacer: crate::Pacer::new(),
+            write_pacer: crate::Pacer::new(),
             stats: DeviceStats::new(),
             domain: None,
         };
@@ -841,6 +846,8 @@ impl Pool {
             method,
             writable: opts.writable,
             delay: DelayCell::new(delay),
+            read_pacer: crate::Pacer::new(),
+            write_pacer: crate::Pacer::new(),
             stats: DeviceStats::new(),
             domain: None,
         };
@@ -1046,6 +1053,44 @@ impl Pool {
         Ok(())
     }
 
+    /// Copy `buf.len()` bytes at data offset `off` into `buf` with `pread(2)` of the file
+    /// rather than through this process's mapping: the kernel copies from the file's pages, so
+    /// no page-table entry is built here for the range (a bulk read of a pool mapped but not
+    /// otherwise touched by this process). Charges no delay and counts no read: the caller
+    /// charges it ([`Pool::charge_read_paced`]). Errors: out of range ([`MediaError::OutOfBounds`]), the read failing or ending
+    /// early.
+    pub fn pread_uncharged(&self, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(off, buf.len())?;
+        let mut done = 0usize;
+        while done < buf.len() {
+            // SAFETY: the fd is open; the destination is the rest of `buf`.
+            let n = unsafe {
+                libc::pread(
+                    self.fd.as_raw_fd(),
+                    buf[done..].as_mut_ptr().cast(),
+                    buf.len() - done,
+                    (HEADER_SIZE + off + done as u64) as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let e = last_err();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(MediaError::from_io("pread", &self.path, e));
+            }
+            if n == 0 {
+                return Err(MediaError::from_io(
+                    "pread",
+                    &self.path,
+                    std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+                ));
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
     /// Store `data` at data offset `off` with non-temporal stores (the unaligned edges with
     /// ordinary stores and a cache-line write-back), then charge the write delay and count the
     /// write. The data is **not** guaranteed durable — and the crash model does not make it
@@ -1120,23 +1165,24 @@ impl Pool {
         self.stats.record_read(bytes, d);
     }
 
-    /// Charge the read delay for `bytes` bytes as pacing ([`crate::pace_ns`]): the read that
-    /// started at `since_ns` (a [`crate::now_ns`] stamp) ends no earlier than the model's
-    /// `latency + bytes / bandwidth` after it; counts one read. For bulk reads (a copy out of
+    /// Charge the read delay for `bytes` bytes as pacing in aggregate ([`crate::Pacer`], one
+    /// per pool and direction): the read that started at `since_ns` (a [`crate::now_ns`]
+    /// stamp) ends no earlier than the model's `latency + bytes / bandwidth` after the pool's
+    /// earlier paced reads, within one sleep margin, sleeping rather than spinning; counts one
+    /// read. For bulk reads (a copy out of
     /// [`Pool::data_ptr`]) whose real copy is a sizeable part of the modelled time.
     pub fn charge_read_paced(&self, bytes: u64, since_ns: u64) {
         let d = self.delay.get().read_delay_ns(bytes);
-        let waited = crate::pace_ns(since_ns, d);
+        let waited = self.read_pacer.pace(since_ns, d);
         self.stats.record_read(bytes, waited);
     }
 
-    /// Charge the write delay for `bytes` bytes as pacing ([`crate::pace_ns`]): the write that
-    /// started at `since_ns` (a [`crate::now_ns`] stamp) ends no earlier than the model's
-    /// `latency + bytes / bandwidth` after it; counts one write. For bulk transfers whose real
+    /// Charge the write delay for `bytes` bytes as pacing in aggregate ([`crate::Pacer`]): as
+    /// [`Pool::charge_read_paced`], for writes; counts one write. For bulk transfers whose real
     /// copy is a sizeable part of the modelled time.
     pub fn charge_write_paced(&self, bytes: u64, since_ns: u64) {
         let d = self.delay.get().write_delay_ns(bytes);
-        let waited = crate::pace_ns(since_ns, d);
+        let waited = self.write_pacer.pace(since_ns, d);
         self.stats.record_write(bytes, waited);
     }
 

@@ -702,56 +702,92 @@ impl FamTarget {
     }
 
     /// Complete the migration without asking the source for anything: install every 2 MiB
-    /// vector, in ascending order, once the dump has reached it (the lazy file's watermark or
-    /// journal), waiting `poll` between looks while it has not — the source's dumper, not this
-    /// thread, sets the pace, and no page-server request is made on its behalf. Pages the
+    /// vector once the dump has reached it, in the order the dump makes them available — the
+    /// sweep's prefix (the lazy file's watermark) and the vectors its journal shows dumped out
+    /// of order (on demand, hot), lowest first — waiting `poll` between looks while none is
+    /// new. The source's dumper, not this thread, sets the pace, and no page-server request
+    /// is made on its behalf. Following the journal too matters: vectors dumped on demand
+    /// take the medium's bandwidth from the sweep, and a completion that waited for the sweep
+    /// to reach them would be left with their reads after the dump ended. Pages the
     /// application faulted meanwhile stay as they are. Returns the time from restore to
     /// completion (resume time), ns.
     pub fn complete_following(&self, poll: Duration) -> u64 {
         const VEC: u64 = crate::lazyfile::VECTOR_SIZE;
         for (r, f) in self.regions.iter().zip(&self.files) {
             let len = f.region_len() / 4096 * 4096;
-            let mut off = 0u64;
-            while off < len {
-                let end = ((off / VEC + 1) * VEC).min(len);
-                // Vectors are dumped whole: the last page says the run is there too.
-                if !(f.is_complete() || (f.dumped(off) && f.dumped(end - 4096))) {
+            let nvec = len.div_ceil(VEC) as usize;
+            let mut done = vec![false; nvec];
+            let mut left = nvec;
+            // Every vector below `cursor` is installed.
+            let mut cursor = 0usize;
+            while left > 0 {
+                let complete = f.is_complete();
+                let wm = if complete { len } else { f.watermark() };
+                let mut ready: Vec<usize> = (cursor..nvec)
+                    .filter(|&v| !done[v] && ((v as u64 + 1) * VEC).min(len) <= wm)
+                    .collect();
+                if !complete {
+                    for (s, l) in f.journal() {
+                        // Vectors are dumped whole: a range holds whole vectors.
+                        let (a, b) = (s / VEC, (s + l).div_ceil(VEC).min(nvec as u64));
+                        ready.extend((a..b).map(|v| v as usize).filter(|&v| !done[v]));
+                    }
+                    ready.sort_unstable();
+                    ready.dedup();
+                }
+                if ready.is_empty() {
                     std::thread::sleep(poll);
                     continue;
                 }
-                // One UFFDIO_COPY (or ZEROPAGE) per vector, no fault per page; pages the
-                // application faulted meanwhile are skipped. The FAM read is paced: the copy
-                // out of the mapping is the read, and the vector takes the medium's time for
-                // it or the copy's, whichever is longer (the dump's rule for its writes).
-                let since = tiermem_media::now_ns();
-                let installed = match (r.handle.as_ref(), f.range_uncharged(off, end - off)) {
-                    (Some(h), Ok(img)) if crate::resolve::is_zero(img) => {
-                        h.install_zero(off as usize, img.len()).is_ok()
-                    }
-                    (Some(h), Ok(img)) => match &r.reserved {
-                        Some(st) => st.install(h, off as usize, img).is_ok(),
-                        None => h.install(off as usize, img).is_ok(),
-                    },
-                    _ => false,
-                };
-                if installed {
-                    f.charge_read_paced(end - off, since);
+                for v in ready {
+                    let off = v as u64 * VEC;
+                    self.install_vector(r, f, off, ((v as u64 + 1) * VEC).min(len));
+                    done[v] = true;
+                    left -= 1;
                 }
-                if !installed {
-                    // Through the resolver instead, a page at a time.
-                    let base = r.as_ptr() as *const u8;
-                    for p in (off..end).step_by(4096) {
-                        // SAFETY: inside the region's live, registered mapping; a volatile
-                        // read so the fault (resolved from FAM: the page is dumped) happens.
-                        unsafe { std::ptr::read_volatile(base.add(p as usize)) };
-                    }
+                while cursor < nvec && done[cursor] {
+                    cursor += 1;
                 }
-                off = end;
             }
         }
         let t = self.restored.elapsed().as_nanos() as u64;
         self.release_reserved();
         t
+    }
+
+    /// Install region bytes `off..end` (a dumped vector) at once: read into the region's
+    /// reserved memory and moved in, or one `UFFDIO_COPY` (or ZEROPAGE) out of the mapped file
+    /// without one; pages the application faulted meanwhile are skipped. The read is paced as
+    /// the dump's writes are (the medium's time for it or the copy's, whichever is longer).
+    /// Falls back to faulting the pages in through the resolver.
+    fn install_vector(&self, r: &TargetRegion, f: &LazyFile, off: u64, end: u64) {
+        let since = tiermem_media::now_ns();
+        let read = |buf: &mut [u8]| f.read_uncharged(off, buf).is_ok();
+        let installed = match (r.handle.as_ref(), r.reserved.as_ref()) {
+            (Some(h), Some(m)) => m
+                .install_with(h, off as usize, (end - off) as usize, read)
+                .map(|x| x.is_ok()),
+            _ => None,
+        };
+        let installed = installed.unwrap_or_else(|| {
+            match (r.handle.as_ref(), f.range_uncharged(off, end - off)) {
+                (Some(h), Ok(img)) if crate::resolve::is_zero(img) => {
+                    h.install_zero(off as usize, img.len()).is_ok()
+                }
+                (Some(h), Ok(img)) => h.install(off as usize, img).is_ok(),
+                _ => false,
+            }
+        });
+        if installed {
+            f.charge_read_paced(end - off, since);
+            return;
+        }
+        let base = r.as_ptr() as *const u8;
+        for p in (off..end).step_by(4096) {
+            // SAFETY: inside the region's live, registered mapping; a volatile read so the
+            // fault (resolved from FAM: the page is dumped) happens.
+            unsafe { std::ptr::read_volatile(base.add(p as usize)) };
+        }
     }
 
     /// Free the reserved memory no page was moved out of (every region is complete: faults

@@ -502,6 +502,21 @@ impl LazyFile {
         })
     }
 
+    /// Copy image bytes `offset..offset + buf.len()` into `buf` with `pread(2)`, charging
+    /// nothing ([`Pool::pread_uncharged`]: no page-table entries of this mapping are built, as
+    /// a bulk copy through [`LazyFile::range_uncharged`] would). Only meaningful for dumped
+    /// pages. Errors: out of range, the read failing.
+    pub fn read_uncharged(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len() as u64;
+        if offset % self.page != 0
+            || len % self.page != 0
+            || !matches!(offset.checked_add(len), Some(e) if e <= self.region_len)
+        {
+            return Err(self.out_of_range(offset, len));
+        }
+        Ok(self.pool.pread_uncharged(MIG_HEADER_SIZE + offset, buf)?)
+    }
+
     /// Charges a read of `len` bytes that started at `since_ns` (`tiermem_media::now_ns`) as
     /// pacing: it ends no earlier than the medium's time for it after its start.
     pub fn charge_read_paced(&self, len: u64, since_ns: u64) {

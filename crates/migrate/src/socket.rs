@@ -63,7 +63,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tiermem_fault::{Engine, Fault, FaultOps, RegionHandle, RegionSpec, ResolveError, Resolver};
-use tiermem_media::{now_ns, pace_ns, DelayModel};
+use tiermem_media::{now_ns, DelayModel, Pacer};
 
 use crate::mapping::Mapping;
 use crate::metrics::Metrics;
@@ -277,13 +277,17 @@ struct Server<'a> {
     sent: Vec<bool>,
     sent_count: usize,
     st: SourceStats,
+    /// The link's pacing (one direction; faults' replies and pushes share it).
+    pacer: Pacer,
 }
 
 impl Server<'_> {
-    /// Pace a send of `bytes` that started at `since` ([`now_ns`]) to the network model: it
-    /// ends no earlier than the model's time after its start (the real send is part of it).
+    /// Pace a send of `bytes` that started at `since` ([`now_ns`]) to the network model in
+    /// aggregate ([`Pacer`], as FAM's dump and reads are): it ends no earlier than the model's
+    /// time after the link's earlier sends (the real send is part of it).
     fn pace(&self, bytes: usize, since: u64) {
-        pace_ns(since, self.opts.delay.write_delay_ns(bytes as u64));
+        self.pacer
+            .pace(since, self.opts.delay.write_delay_ns(bytes as u64));
     }
 
     /// Answers one message on the fault connection.
@@ -413,6 +417,7 @@ impl SocketSource {
                 hold_chunk: chunk as u64,
                 ..SourceStats::default()
             },
+            pacer: Pacer::new(),
         };
         let exp_ns = opts.expiration.as_nanos() as u64;
         let mut deadline = srv.st.serve_start_ns + exp_ns;

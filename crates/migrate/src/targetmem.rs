@@ -103,6 +103,40 @@ impl TargetMemory {
         h.install(off, src)
     }
 
+    /// Install `len` bytes at region offset `off` outside any fault, written by `fill`
+    /// straight into the reserved pages (e.g. a `pread` of the dumped image: one copy in all),
+    /// then moved in; bytes that are all zero are mapped as zero pages instead (the reserved
+    /// pages stay, freed at release). `None` when the reservation cannot take it (released,
+    /// out of range) or `fill` failed: the caller installs some other way.
+    pub fn install_with(
+        &self,
+        h: &RegionHandle,
+        off: usize,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> Option<tiermem_fault::Result<usize>> {
+        let p = self.enter(off, len)?;
+        // SAFETY: `p..p + len` is our mapping (checked in `enter`); the install that fills
+        // an offset is the only writer of its bytes but for concurrent faults, which write the
+        // same bytes.
+        let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
+        if !fill(buf) {
+            self.leave();
+            return None;
+        }
+        let r = if crate::resolve::is_zero(buf) {
+            h.install_zero(off, len)
+        } else {
+            // SAFETY: as in `install`.
+            match unsafe { h.install_move(off, p, len) } {
+                Ok(n) => Ok(n),
+                Err(_) => h.install(off, buf),
+            }
+        };
+        self.leave();
+        Some(r)
+    }
+
     /// [`TargetMemory::install`] inside a fault (async-signal-safe: a copy, atomics, ioctls).
     pub fn resolve(
         &self,
