@@ -222,6 +222,20 @@ impl FamSource {
         let dir = res.dir();
         let files = std::mem::take(&mut res.files);
         let cfg = res.cfg.clone();
+        // Only what the medium delivers in the first milliseconds, and only where the writes
+        // were concentrated ([`crate::hot::select`]).
+        let budget = crate::hot::budget_vectors(&cfg.delay);
+        let hot: Vec<Vec<u64>> = hot
+            .iter()
+            .zip(&lens)
+            .map(|(h, &len)| crate::hot::select(h, budget, len))
+            .collect();
+        let hot = if hot.iter().all(Vec::is_empty) {
+            Vec::new()
+        } else {
+            hot
+        };
+        let hot = &hot[..];
         let fail = |e: FamError| {
             let _ = std::fs::remove_dir_all(&dir);
             e

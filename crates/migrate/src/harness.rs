@@ -150,7 +150,7 @@ pub fn delay_model(name: &str) -> Result<DelayModel, String> {
 /// How long before the freeze the hot-page manifest records writes.
 pub const HOT_WINDOW: Duration = Duration::from_millis(10);
 /// At most this many pages in the manifest.
-pub const HOT_CAP: usize = 8192;
+pub const HOT_CAP: usize = crate::checkpoint::MAX_HOT_PAGES;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -456,9 +456,8 @@ fn migrate_with(
                 st.resume = now_ns();
                 // Stop tracking the source region (nothing writes it any more).
                 drop(recorder);
-                if with_hot {
-                    target.prefetch_hot();
-                }
+                // The hot vectors need no prefetch of their own: the source dumps them first and
+                // journals them, and the completion installs what the journal shows first.
                 target.complete_following(poll);
                 st.complete = now_ns();
                 // An error from here on: freeze the application before the target's copy goes.

@@ -65,6 +65,14 @@ impl HotPageRecorder {
 /// most hot pages first (ties: ascending), at most [`MAX_HOT_VECTORS`]. Source and target use
 /// the same order: the source dumps in it, the target prefetches in it.
 pub fn hot_vectors(hot: &[u64]) -> Vec<u64> {
+    let mut counts = hot_vectors_all(hot);
+    counts.truncate(MAX_HOT_VECTORS);
+    counts.into_iter().map(|(v, _)| v).collect()
+}
+
+/// Every vector holding hot offsets, with its count of hot pages, hottest first (ties:
+/// ascending).
+fn hot_vectors_all(hot: &[u64]) -> Vec<(u64, usize)> {
     let mut counts: Vec<(u64, usize)> = Vec::new();
     for &o in hot {
         let v = o / VECTOR_SIZE;
@@ -76,8 +84,52 @@ pub fn hot_vectors(hot: &[u64]) -> Vec<u64> {
     // The manifest is ascending, so equal vectors are adjacent; sort by count (stable: ties
     // keep ascending order).
     counts.sort_by_key(|c| std::cmp::Reverse(c.1));
-    counts.truncate(MAX_HOT_VECTORS);
-    counts.into_iter().map(|(v, _)| v).collect()
+    counts
+}
+
+/// How much of the medium's time the hot vectors may take before the sweep: what FAM
+/// delivers in the first milliseconds after the target resumes. Dumping more ahead of the
+/// sweep only reorders it (and a target waiting for them waits longer).
+pub const HOT_BUDGET_NS: u64 = 4_000_000;
+
+/// Vectors the medium `delay` writes within [`HOT_BUDGET_NS`] (at least 1, at most
+/// [`MAX_HOT_VECTORS`]; 16 without a bandwidth model).
+pub fn budget_vectors(delay: &tiermem_media::DelayModel) -> usize {
+    let per_vec = delay.write_delay_ns(VECTOR_SIZE);
+    if per_vec == 0 {
+        return 16;
+    }
+    ((HOT_BUDGET_NS / per_vec) as usize).clamp(1, MAX_HOT_VECTORS)
+}
+
+/// A manifest pays only where the writes before the freeze were concentrated: its top
+/// vectors must hold at least this many times their share of the region's vectors of the hot
+/// pages (or 90 % of them, where that share is large).
+pub const MIN_CONCENTRATION: f64 = 2.0;
+
+/// The manifest the source sends (see [`crate::fam::FamSource::checkpoint_reserved_with_hot`]):
+/// the pages of `hot` (ascending offsets in a region of `region_len` bytes) inside its
+/// `max_vectors` hottest vectors ([`hot_vectors`] order), or none when those vectors hold less
+/// than [`MIN_CONCENTRATION`] times their share of the region (at most 90 %) of the hot pages:
+/// writes spread evenly over the region (a uniform or a scrambled zipfian update pattern) say
+/// nothing about where the application goes next, and dumping some vectors first would only
+/// delay the others.
+pub fn select(hot: &[u64], max_vectors: usize, region_len: u64) -> Vec<u64> {
+    let all = hot_vectors_all(hot);
+    if all.is_empty() || max_vectors == 0 {
+        return Vec::new();
+    }
+    let top: Vec<u64> = all.iter().take(max_vectors).map(|c| c.0).collect();
+    let in_top: usize = all.iter().take(max_vectors).map(|c| c.1).sum();
+    let share = top.len() as f64 / region_len.div_ceil(VECTOR_SIZE).max(1) as f64;
+    let held = in_top as f64 / hot.len() as f64;
+    if top.len() < all.len() && held < (MIN_CONCENTRATION * share).min(0.9) {
+        return Vec::new();
+    }
+    hot.iter()
+        .copied()
+        .filter(|o| top.contains(&(o / VECTOR_SIZE)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -91,6 +143,42 @@ mod tests {
         assert_eq!(hot_vectors(&hot), vec![3, 0, 5]);
         let many: Vec<u64> = (0..1000).map(|i| i * v).collect();
         assert_eq!(hot_vectors(&many).len(), MAX_HOT_VECTORS);
+    }
+
+    #[test]
+    fn the_manifest_keeps_concentrated_writes_and_drops_spread_ones() {
+        let v = VECTOR_SIZE;
+        let p = PAGE_SIZE as u64;
+        // A sequential writer's frontier: 300 pages in vector 7, a few strays elsewhere.
+        let mut seq: Vec<u64> = (0..300).map(|i| 7 * v + i * p).collect();
+        seq.extend([v, 20 * v, 40 * v]);
+        seq.sort_unstable();
+        let region = 64 * v;
+        let m = select(&seq, 2, region);
+        assert_eq!(m.len(), 301, "vector 7 and one stray vector kept");
+        assert!(m.iter().all(|o| o / v == 7 || o / v == 1));
+        // Writes spread evenly over the 64 vectors (uniform updates): no manifest.
+        let spread: Vec<u64> = (0..64)
+            .flat_map(|x| (0..10).map(move |i| x * v + i * p))
+            .collect();
+        assert!(select(&spread, 4, region).is_empty());
+        // The same spread within 8 of the 64 vectors: concentrated enough.
+        let eighth: Vec<u64> = (56..64)
+            .flat_map(|x| (0..10).map(move |i| x * v + i * p))
+            .collect();
+        assert_eq!(select(&eighth, 4, region).len(), 40);
+        // Everything fits in the budget: kept whole.
+        assert_eq!(select(&spread[..20], 4, region), spread[..20].to_vec());
+        assert!(select(&[], 4, region).is_empty());
+    }
+
+    #[test]
+    fn the_budget_is_what_the_medium_writes_in_the_first_milliseconds() {
+        // pcm-fam: 2 GB/s, a 2 MiB vector in ~1 ms: 4 ms hold 3 vectors (rounded down).
+        let fam = tiermem_media::DelayModel::preset("pcm-fam").unwrap();
+        let n = budget_vectors(&fam);
+        assert!((3..=4).contains(&n), "{n}");
+        assert_eq!(budget_vectors(&tiermem_media::DelayModel::NONE), 16);
     }
 
     #[test]
