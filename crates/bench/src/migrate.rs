@@ -33,7 +33,11 @@ use tiermem_migrate::workload::Workload;
 pub struct MigrateOpts {
     #[command(flatten)]
     pub common: BenchOpts,
-    /// Region sizes (e.g. `256m,1g,4g`); default 256m with --quick, else 256m,1g,4g.
+    /// Region sizes (e.g. `256m,1g,4g`); default 256m with --quick (plus one FAM run at 4 GiB,
+    /// uniform updates, for `total_over_floor_4g`), else 256m,1g,4g,8g. Above 1 GiB only FAM,
+    /// FAM with the manifest, socket post-copy (10 Gb/s) at 0 and 100 ms and stop-and-copy
+    /// run, at most 3 times; a size whose memory (3 × the region + 1 GiB) is not available is
+    /// left out and said so.
     #[arg(long, value_delimiter = ',')]
     pub sizes: Option<Vec<String>>,
     /// Workloads (sequential, uniform, zipfian); default all.
@@ -85,6 +89,51 @@ fn methods() -> Vec<Method> {
     m
 }
 
+/// Regions above this size run [`large_methods`] only (and at most 3 rounds): every page of
+/// socket post-copy at 3 and 150 ms, over veth, and pre-copy's rounds take minutes there.
+const LARGE: usize = 1 << 30;
+
+/// The methods of regions above [`LARGE`]: FAM (with and without the manifest), socket
+/// post-copy over the 10 Gb/s model at 0 and 100 ms, stop-and-copy.
+fn large_methods() -> Vec<Method> {
+    methods()
+        .into_iter()
+        .filter(|m| {
+            matches!(
+                m.label().as_str(),
+                "fam/pcm-fam"
+                    | "fam+hot/pcm-fam"
+                    | "socket/ethernet-10g/0ms"
+                    | "socket/ethernet-10g/100ms"
+                    | "stop-and-copy/pcm-fam"
+            )
+        })
+        .collect()
+}
+
+/// Memory a case holds at its peak, bytes: the source region, the FAM file or the socket
+/// receive buffer, and the target's region (reserved before the freeze), plus 1 GiB for the
+/// rest of the worker.
+fn case_memory(size: usize) -> u64 {
+    3 * size as u64 + (1 << 30)
+}
+
+/// `MemAvailable` of /proc/meminfo, bytes (None when unreadable).
+fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let l = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    l.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|k| k << 10)
+}
+
+/// The medium's floor for a region of `size` bytes: its time at 2 GB/s (`pcm-fam`), ms.
+fn floor_ms(size: usize) -> f64 {
+    size as f64 / 2e9 * 1e3
+}
+
 /// Parse `256m`, `1g`, `4096k`, or bytes (a multiple of 4 KiB, at least 4 MiB).
 pub fn parse_size(s: &str) -> Result<usize> {
     let t = s.trim().to_ascii_lowercase();
@@ -132,6 +181,8 @@ struct CaseRow {
     on_demand: f64,
     from_fam: f64,
     pushed: f64,
+    /// Reservation before the freeze (FAM file, target memory), ms: not migration time.
+    reserve_ms: f64,
     /// CPU seconds of the system: the case's worker process (synthetic cases) or the source
     /// and target servers after the freeze (kv); median over the runs.
     cpu_s: f64,
@@ -168,6 +219,7 @@ impl CaseRow {
             on_demand: f(&|r| r.metrics.pages_on_demand as f64),
             from_fam: f(&|r| r.metrics.faults_from_fam as f64),
             pushed: f(&|r| r.metrics.pages_pushed as f64),
+            reserve_ms: f(&|r| ms(r.metrics.reserve_ns)),
             cpu_s: median(cpu_s.to_vec()),
             totals_ms: runs.iter().map(|r| ms(r.metrics.total_ns)).collect(),
             busies_ms: runs.iter().map(|r| ms(r.metrics.busy_ns)).collect(),
@@ -196,6 +248,7 @@ impl CaseRow {
             faults_on_demand: self.on_demand,
             faults_from_fam: self.from_fam,
             pages_pushed: self.pushed,
+            reserve_ms: self.reserve_ms,
             cpu_s: (self.cpu_s * 1e6).round() / 1e6,
         }
     }
@@ -225,6 +278,9 @@ pub struct ResultRow {
     pub faults_on_demand: f64,
     pub faults_from_fam: f64,
     pub pages_pushed: f64,
+    /// Reservation before the freeze (FAM file populated, target memory populated), ms; not
+    /// part of any migration time.
+    pub reserve_ms: f64,
     /// CPU seconds of the system (see `Report::cpu_method`), to the microsecond.
     pub cpu_s: f64,
 }
@@ -273,6 +329,19 @@ pub struct HotManifest {
     pub faults_on_demand_with: f64,
 }
 
+/// One region size's scale figures (the JSON `by_size` entries).
+#[derive(Debug, Clone, Serialize)]
+pub struct SizeRow {
+    pub region_bytes: usize,
+    /// The medium's floor: region / 2 GB/s, ms.
+    pub floor_ms: f64,
+    /// FAM (2 GB/s) total time, median over workloads, ms; and over the floor.
+    pub fam_total_ms: Option<f64>,
+    pub fam_total_over_floor: Option<f64>,
+    /// The smallest busy ratio socket(10 Gb/s, 100 ms) / FAM over the workloads.
+    pub busy_ratio_socket_over_fam_100ms_min: Option<f64>,
+}
+
 /// What `bench migrate` measured; `--json` prints it as is. The headline ratios are the
 /// medians of `ratios_by_case`.
 #[derive(Debug, Clone, Serialize)]
@@ -298,7 +367,17 @@ pub struct Report {
     pub downtime_gain_vs_socket_pct_per_cpu: f64,
     pub kv_throughput_gain_3ms_pct: Option<f64>,
     pub kv_throughput_gain_3ms_pct_per_cpu: Option<f64>,
+    /// FAM (2 GB/s) total time at 4 GiB over the medium's floor (4 GiB / 2 GB/s), median
+    /// over the workloads run there (with --quick: the uniform probe).
+    pub total_over_floor_4g: Option<f64>,
+    /// Per size: total over floor of FAM, and the smallest busy ratio socket(100 ms)/FAM over
+    /// the workloads (null where socket at 100 ms did not run).
+    pub by_size: Vec<SizeRow>,
+    /// Cases left out, and why (memory).
+    pub skipped: Vec<String>,
     pub timeline_png: Option<String>,
+    /// Total and busy time against region size, every method (PNG).
+    pub sizes_png: Option<String>,
     /// The rows with their method, for the table.
     #[serde(skip)]
     rows: Vec<CaseRow>,
@@ -525,7 +604,7 @@ pub fn run(o: &Options) -> Result<Report> {
     let sizes: Vec<usize> = match &o.sizes {
         Some(v) => v.iter().map(|s| parse_size(s)).collect::<Result<_>>()?,
         None if quick => vec![256 << 20],
-        None => vec![256 << 20, 1 << 30, 4 << 30],
+        None => vec![256 << 20, 1 << 30, 4 << 30, 8 << 30],
     };
     let workloads: Vec<Workload> = match &o.workloads {
         Some(v) => v
@@ -565,64 +644,101 @@ pub fn run(o: &Options) -> Result<Report> {
         }
     }
     let _fam_guard = RemoveOnDrop(own_fam.then(|| fam.clone()));
-    let total_cases = sizes.len() * workloads.len() * methods.len() * reps;
+    // The cases: every method at every size up to LARGE, the large methods above it; with
+    // --quick (one size) also the 4 GiB probe of FAM's total time against the medium's floor,
+    // uniform updates, one run. A case whose memory does not fit is left out and said so.
+    let mut cases: Vec<(usize, Workload, Method, usize)> = Vec::new();
+    let mut skipped: Vec<String> = Vec::new();
+    for &size in &sizes {
+        let (ms, r) = if size > LARGE {
+            (large_methods(), reps.min(3))
+        } else {
+            (methods.clone(), reps)
+        };
+        for &w in &workloads {
+            for m in &ms {
+                cases.push((size, w, m.clone(), r));
+            }
+        }
+    }
+    if quick && o.sizes.is_none() {
+        cases.push((
+            4 << 30,
+            Workload::Uniform,
+            Method::Fam {
+                delay: "pcm-fam".into(),
+            },
+            1,
+        ));
+    }
+    let avail = mem_available();
+    cases.retain(|(size, w, m, _)| match avail {
+        Some(a) if case_memory(*size) > a => {
+            skipped.push(format!(
+                "{} MiB {} {}: needs {:.1} GiB (source, FAM file or receive buffer, target),                  {:.1} GiB available",
+                size >> 20,
+                w.name(),
+                m.label(),
+                case_memory(*size) as f64 / (1u64 << 30) as f64,
+                a as f64 / (1u64 << 30) as f64
+            ));
+            false
+        }
+        _ => true,
+    });
+    for sk in &skipped {
+        crate::progress::step(&format!("left out: {sk}"));
+    }
+    let max_reps = cases.iter().map(|c| c.3).max().unwrap_or(0);
+    let total_cases: usize = cases.iter().map(|c| c.3).sum();
     crate::progress::plan("bench migrate", Some(total_cases as u64));
     let started = Instant::now();
     let mut done = 0usize;
     let mut rows: Vec<CaseRow> = Vec::new();
     let mut id = (std::process::id() as u64) << 32;
-    let ncases = sizes.len() * workloads.len() * methods.len();
-    let mut runs: Vec<Vec<CaseResult>> = (0..ncases).map(|_| Vec::new()).collect();
-    let mut cpus: Vec<Vec<f64>> = (0..ncases).map(|_| Vec::new()).collect();
-    for rep in 0..reps {
-        let mut c = 0;
-        for &size in &sizes {
-            for &w in &workloads {
-                for m in &methods {
-                    id += 1;
-                    let spec = CaseSpec {
-                        workload: w,
-                        region_len: size,
-                        method: m.clone(),
-                        steady: Duration::from_millis(if quick { 150 } else { 300 }),
-                        tail: Duration::from_millis(if quick { 50 } else { 100 }),
-                        seed: id,
-                        id,
-                    };
-                    let (r, cpu_s) = run_case_in_worker(&fam, &spec).map_err(|e| {
-                        anyhow::anyhow!("{} MiB {} {}: {e:#}", size >> 20, w.name(), m.label())
-                    })?;
-                    let _ = std::fs::remove_dir_all(tiermem_migrate::fam::migration_dir(&fam, id));
-                    done += 1;
-                    crate::progress::step(&format!(
-                        "[{done}/{total_cases}, {:.0} s] {} MiB {:<10} {:<26} run {}: downtime \
-                         {:.1} ms, busy {:.1} ms, total {:.1} ms, degradation {:.2}, CPU {:.3} s",
-                        started.elapsed().as_secs_f64(),
-                        size >> 20,
-                        w.name(),
-                        m.label(),
-                        rep + 1,
-                        r.metrics.downtime_ns as f64 / 1e6,
-                        r.metrics.busy_ns as f64 / 1e6,
-                        r.metrics.total_ns as f64 / 1e6,
-                        r.degradation,
-                        cpu_s
-                    ));
-                    runs[c].push(r);
-                    cpus[c].push(cpu_s);
-                    c += 1;
-                }
+    let mut runs: Vec<Vec<CaseResult>> = cases.iter().map(|_| Vec::new()).collect();
+    let mut cpus: Vec<Vec<f64>> = cases.iter().map(|_| Vec::new()).collect();
+    for rep in 0..max_reps {
+        for (c, (size, w, m, r)) in cases.iter().enumerate() {
+            if rep >= *r {
+                continue;
             }
+            let (size, w) = (*size, *w);
+            id += 1;
+            let spec = CaseSpec {
+                workload: w,
+                region_len: size,
+                method: m.clone(),
+                steady: Duration::from_millis(if quick { 150 } else { 300 }),
+                tail: Duration::from_millis(if quick { 50 } else { 100 }),
+                seed: id,
+                id,
+            };
+            let (r, cpu_s) = run_case_in_worker(&fam, &spec).map_err(|e| {
+                anyhow::anyhow!("{} MiB {} {}: {e:#}", size >> 20, w.name(), m.label())
+            })?;
+            let _ = std::fs::remove_dir_all(tiermem_migrate::fam::migration_dir(&fam, id));
+            done += 1;
+            crate::progress::step(&format!(
+                "[{done}/{total_cases}, {:.0} s] {} MiB {:<10} {:<26} run {}: downtime \
+                 {:.1} ms, busy {:.1} ms, total {:.1} ms, degradation {:.2}, CPU {:.3} s",
+                started.elapsed().as_secs_f64(),
+                size >> 20,
+                w.name(),
+                m.label(),
+                rep + 1,
+                r.metrics.downtime_ns as f64 / 1e6,
+                r.metrics.busy_ns as f64 / 1e6,
+                r.metrics.total_ns as f64 / 1e6,
+                r.degradation,
+                cpu_s
+            ));
+            runs[c].push(r);
+            cpus[c].push(cpu_s);
         }
     }
-    let mut c = 0;
-    for &size in &sizes {
-        for &w in &workloads {
-            for m in &methods {
-                rows.push(CaseRow::from_runs(w.name(), size, m, &runs[c], &cpus[c]));
-                c += 1;
-            }
-        }
+    for (c, (size, w, m, _)) in cases.iter().enumerate() {
+        rows.push(CaseRow::from_runs(w.name(), *size, m, &runs[c], &cpus[c]));
     }
     // The batching checkpoint (thesis §3.3.3): one pwritev per batch of vectors against one
     // per 2 MiB vector, the same region, FAM with and without the delay.
@@ -725,6 +841,7 @@ pub fn run(o: &Options) -> Result<Report> {
                 on_demand: f64::NAN,
                 from_fam: f64::NAN,
                 pushed: f64::NAN,
+                reserve_ms: f64::NAN,
                 cpu_s: f(&|r| r.cpu_s),
                 totals_ms: runs.iter().map(|r| r.total_ms).collect(),
                 busies_ms: runs.iter().map(|r| r.busy_ms).collect(),
@@ -805,6 +922,56 @@ pub fn run(o: &Options) -> Result<Report> {
     }
 
     let timeline_written = write_timeline(&rows, sizes[0], &o.timeline);
+    let sizes_path = o.timeline.with_file_name(
+        o.timeline
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map_or("migrate-sizes.png".to_string(), |n| {
+                n.replacen("timeline", "sizes", 1)
+            }),
+    );
+    let sizes_path = if sizes_path == o.timeline {
+        o.timeline.with_file_name("migrate-sizes.png")
+    } else {
+        sizes_path
+    };
+    let sizes_written = write_sizes(&rows, &sizes_path);
+    let mut all_sizes: Vec<usize> = rows
+        .iter()
+        .filter(|r| r.workload != "kv")
+        .map(|r| r.size)
+        .collect();
+    all_sizes.sort_unstable();
+    all_sizes.dedup();
+    let by_size: Vec<SizeRow> = all_sizes
+        .iter()
+        .map(|&size| {
+            let fam: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.workload != "kv" && r.size == size)
+                .filter(|r| r.method.label() == "fam/pcm-fam")
+                .map(|r| r.total_ms)
+                .collect();
+            let fam_total = (!fam.is_empty()).then(|| median(fam));
+            let ratios: Vec<f64> = per_case
+                .iter()
+                .filter(|c| c.1 == size)
+                .map(|c| c.2.busy_ratio_socket_over_fam_100ms)
+                .filter(|x| x.is_finite())
+                .collect();
+            SizeRow {
+                region_bytes: size,
+                floor_ms: floor_ms(size),
+                fam_total_ms: fam_total,
+                fam_total_over_floor: fam_total.map(|t| t / floor_ms(size)),
+                busy_ratio_socket_over_fam_100ms_min: ratios.into_iter().reduce(f64::min),
+            }
+        })
+        .collect();
+    let total_over_floor_4g = by_size
+        .iter()
+        .find(|r| r.region_bytes == 4 << 30)
+        .and_then(|r| r.fam_total_over_floor);
 
     let report = Report {
         benchmark: "migrate",
@@ -875,10 +1042,20 @@ pub fn run(o: &Options) -> Result<Report> {
         downtime_gain_vs_socket_pct_per_cpu: headline.downtime_gain_pct_per_cpu,
         kv_throughput_gain_3ms_pct: kv_gain,
         kv_throughput_gain_3ms_pct_per_cpu: kv_gain_per_cpu,
+        total_over_floor_4g,
+        by_size,
+        skipped,
         timeline_png: timeline_written
             .as_ref()
             .ok()
             .map(|p| p.display().to_string()),
+        sizes_png: match &sizes_written {
+            Ok(p) => Some(p.display().to_string()),
+            Err(e) => {
+                eprintln!("tiermem bench migrate: the size chart was not written: {e:#}");
+                None
+            }
+        },
         rows,
         timeline_error: timeline_written.as_ref().err().map(|e| format!("{e:#}")),
     };
@@ -959,6 +1136,23 @@ impl crate::Report for Report {
                 h.workload
             );
         }
+        for z in &self.by_size {
+            println!(
+                "{:>6} MiB floor {:.0} ms (2 GB/s): FAM total {} ({}× the floor); busy ratio \
+                 socket(100 ms)/FAM, smallest over workloads: {}",
+                z.region_bytes >> 20,
+                z.floor_ms,
+                z.fam_total_ms
+                    .map_or_else(|| "—".to_string(), |t| format!("{t:.0} ms")),
+                z.fam_total_over_floor
+                    .map_or_else(|| "—".to_string(), |t| format!("{t:.2}")),
+                z.busy_ratio_socket_over_fam_100ms_min
+                    .map_or_else(|| "—".to_string(), |t| format!("{t:.1}"))
+            );
+        }
+        for sk in &self.skipped {
+            println!("left out: {sk}");
+        }
         println!(
             "median: busy_ratio_socket_over_fam_100ms {:.1} (≥ 10), total gain {:.1} % (≥ 15), \
              busy gain {:.1} % (≥ 33), downtime gain {:.1} % (≥ 23)",
@@ -993,6 +1187,95 @@ impl crate::Report for Report {
 
 /// One method's curves in a timeline panel: label, colour, throughput, pages present.
 type PlotLine = (String, usize, Vec<(f64, f64)>, Vec<(f64, f64)>);
+
+/// The size chart: total time (top) and busy time (bottom) against region size, the median
+/// over the workloads, for every method that ran at two sizes or more, with the medium's floor
+/// (region / 2 GB/s).
+fn write_sizes(rows: &[CaseRow], png: &std::path::Path) -> Result<PathBuf> {
+    let mut labels: Vec<String> = Vec::new();
+    for r in rows.iter().filter(|r| r.workload != "kv") {
+        if !labels.contains(&r.method.label()) {
+            labels.push(r.method.label());
+        }
+    }
+    let curve = |label: &str, busy: bool| -> Vec<(f64, f64)> {
+        let mut sizes: Vec<usize> = rows
+            .iter()
+            .filter(|r| r.workload != "kv" && r.method.label() == label)
+            .map(|r| r.size)
+            .collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
+            .iter()
+            .map(|&z| {
+                let v: Vec<f64> = rows
+                    .iter()
+                    .filter(|r| r.workload != "kv" && r.size == z && r.method.label() == label)
+                    .map(|r| if busy { r.busy_ms } else { r.total_ms })
+                    .collect();
+                (z as f64 / (1u64 << 30) as f64, median(v) / 1e3)
+            })
+            .collect()
+    };
+    let mut lines: Vec<PlotLine> = labels
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.clone(), i, curve(l, false), curve(l, true)))
+        .filter(|l| l.2.len() >= 2)
+        .collect();
+    if lines.is_empty() {
+        bail!("no method ran at two sizes or more");
+    }
+    let xs: Vec<f64> = lines.iter().flat_map(|l| l.2.iter().map(|p| p.0)).collect();
+    let floor: Vec<(f64, f64)> = xs
+        .iter()
+        .map(|&x| (x, floor_ms((x * (1u64 << 30) as f64) as usize) / 1e3))
+        .collect();
+    let mut floor = floor;
+    floor.sort_by(|a, b| a.0.total_cmp(&b.0));
+    floor.dedup_by(|a, b| a.0 == b.0);
+    lines.push((
+        "medium floor (2 GB/s)".into(),
+        labels.len(),
+        floor.clone(),
+        floor,
+    ));
+    let y_max = |busy: bool| {
+        lines
+            .iter()
+            .flat_map(|l| if busy { &l.3 } else { &l.2 }.iter().map(|p| p.1))
+            .fold(0.0f64, f64::max)
+            * 1.05
+    };
+    let panel = |busy: bool| plot::AxisPanel {
+        panel: plot::Panel {
+            title: if busy {
+                "busy time (the source's work)"
+            } else {
+                "total migration time (every page at the target)"
+            },
+            lines: lines
+                .iter()
+                .map(|l| plot::Line {
+                    label: &l.0,
+                    color: l.1,
+                    dashed: l.0.starts_with("medium"),
+                    points: if busy { &l.3 } else { &l.2 },
+                })
+                .collect(),
+        },
+        y_label: "seconds",
+        y_max: y_max(busy).max(1e-3),
+    };
+    plot::timeline_axes(
+        png,
+        "Migration time against region size (median over the workloads)",
+        "region size, GiB",
+        &[panel(false), panel(true)],
+    )?;
+    Ok(png.to_path_buf())
+}
 
 /// The timeline chart: for each workload at `size`, application throughput (relative to its
 /// steady state) and the fraction of the region present at the target, over time, for the

@@ -769,12 +769,43 @@ impl FamTarget {
         t
     }
 
-    /// Install region bytes `off..end` (a dumped vector) at once: read into the region's
-    /// reserved memory and moved in, or one `UFFDIO_COPY` (or ZEROPAGE) out of the mapped file
-    /// without one; pages the application faulted meanwhile are skipped. The read is paced as
-    /// the dump's writes are (the medium's time for it or the copy's, whichever is longer).
-    /// Falls back to faulting the pages in through the resolver.
+    /// Install the pages of region bytes `off..end` (a dumped vector) that are not present
+    /// yet, run by run (`mincore` says which: the application's faults installed the others,
+    /// and a sequential application has often taken a whole vector before the completion
+    /// reaches it): each run read into the region's reserved memory and moved in, or one
+    /// `UFFDIO_COPY` (or ZEROPAGE) out of the mapped file without one. Each read is paced as
+    /// the dump's writes are (the medium's time for it or the copy's, whichever is longer),
+    /// so only what is missing costs medium time. Falls back to faulting the pages in through
+    /// the resolver.
     fn install_vector(&self, r: &TargetRegion, f: &LazyFile, off: u64, end: u64) {
+        let n = ((end - off) / 4096) as usize;
+        let mut present = [0u8; (crate::lazyfile::VECTOR_SIZE / 4096) as usize];
+        // SAFETY: `off..end` lies inside the region's live mapping; mincore writes one byte
+        // per page into `present`, which has room for a whole vector.
+        let rc = unsafe {
+            libc::mincore(
+                r.as_ptr().add(off as usize).cast(),
+                (end - off) as usize,
+                present.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            present = [0; (crate::lazyfile::VECTOR_SIZE / 4096) as usize];
+        }
+        let mut p = 0usize;
+        while p < n {
+            if present[p] & 1 != 0 {
+                p += 1;
+                continue;
+            }
+            let q = (p..n).find(|&i| present[i] & 1 != 0).unwrap_or(n);
+            self.install_run(r, f, off + p as u64 * 4096, off + q as u64 * 4096);
+            p = q;
+        }
+    }
+
+    /// [`FamTarget::install_vector`] for one run of missing pages.
+    fn install_run(&self, r: &TargetRegion, f: &LazyFile, off: u64, end: u64) {
         let since = tiermem_media::now_ns();
         let read = |buf: &mut [u8]| f.read_uncharged(off, buf).is_ok();
         let installed = match (r.handle.as_ref(), r.reserved.as_ref()) {
