@@ -111,22 +111,16 @@ fn large_methods() -> Vec<Method> {
         .collect()
 }
 
-/// Memory a case holds at its peak, bytes: the source region, the FAM file or the socket
-/// receive buffer, and the target's region (reserved before the freeze), plus 1 GiB for the
-/// rest of the worker.
-fn case_memory(size: usize) -> u64 {
-    3 * size as u64 + (1 << 30)
-}
-
-/// `MemAvailable` of /proc/meminfo, bytes (None when unreadable).
-fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let l = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    l.split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()
-        .map(|k| k << 10)
+/// Memory a case needs, bytes: the source region and the FAM file or the socket receive
+/// buffer, the target's region, plus 1 GiB for the rest of the worker. FAM post-copy's source
+/// gives its pages back as the dump goes and the target reserves what is left, so the source
+/// and the target share one region's worth there.
+fn case_memory(size: usize, m: &Method) -> u64 {
+    let regions = match m {
+        Method::Fam { .. } | Method::FamHot { .. } => 2,
+        _ => 3,
+    };
+    regions * size as u64 + (1 << 30)
 }
 
 /// The medium's floor for a region of `size` bytes: its time at 2 GB/s (`pcm-fam`), ms.
@@ -671,15 +665,15 @@ pub fn run(o: &Options) -> Result<Report> {
             1,
         ));
     }
-    let avail = mem_available();
+    let avail = tiermem_migrate::targetmem::mem_available();
     cases.retain(|(size, w, m, _)| match avail {
-        Some(a) if case_memory(*size) > a => {
+        Some(a) if case_memory(*size, m) > a => {
             skipped.push(format!(
                 "{} MiB {} {}: needs {:.1} GiB (source, FAM file or receive buffer, target),                  {:.1} GiB available",
                 size >> 20,
                 w.name(),
                 m.label(),
-                case_memory(*size) as f64 / (1u64 << 30) as f64,
+                case_memory(*size, m) as f64 / (1u64 << 30) as f64,
                 a as f64 / (1u64 << 30) as f64
             ));
             false

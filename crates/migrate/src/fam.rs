@@ -155,11 +155,15 @@ impl FamSource {
             .map_err(|e| FamError::Other(format!("creating {}: {e}", dir.display())))?;
         let mut files = Vec::new();
         for (i, &len) in region_lens.iter().enumerate() {
-            // A memory-backed file is populated too: FAM is memory that exists, and on tmpfs
+            // A memory-backed file is populated too (where the machine has room: a populate
+            // past it would wake the OOM killer): FAM is memory that exists, and on tmpfs
             // `fallocate` leaves pages uncleared (on this VM, unbacked by the host), so the
             // dump's first store into each would otherwise pay that inside the busy time.
             let made = LazyFile::create(&dir, &lazy_name(i), len, cfg.delay).and_then(|f| {
-                if f.pool().persist_method() != tiermem_media::PersistMethod::Msync {
+                let fits = crate::mapping::mem_available().map_or(true, |a| {
+                    a.saturating_sub(crate::mapping::POPULATE_HEADROOM) >= len
+                });
+                if f.pool().persist_method() != tiermem_media::PersistMethod::Msync && fits {
                     f.pool().populate()?;
                 }
                 Ok(f)
@@ -295,6 +299,19 @@ impl FamSource {
     ) -> Result<FamSource> {
         // SAFETY: forwarded caller contract.
         unsafe { FamSource::checkpoint_with_hot(cfg, regions, blob, &[]) }
+    }
+
+    /// Discard each region's pages at the source once they are dumped and persisted
+    /// ([`Dumper::set_release_dumped`]): the source gives its memory back as the dump goes.
+    ///
+    /// # Safety
+    /// Nothing but this source may read the regions after the checkpoint (the application
+    /// stays frozen and is never resumed here; its memory reads as zeros once dumped).
+    pub unsafe fn set_release_dumped(&self, on: bool) {
+        for d in &self.dumpers {
+            // SAFETY: forwarded caller contract.
+            unsafe { d.set_release_dumped(on) };
+        }
     }
 
     /// Dump every region in the background and serve the target's page-server requests on

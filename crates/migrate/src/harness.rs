@@ -423,6 +423,8 @@ fn migrate_with(
                 Some(r) => vec![r.take().map_err(|e| format!("hot pages: {e}"))?],
                 None => Vec::new(),
             };
+            // Stop tracking before the freeze: the dump discards the source's pages as it goes.
+            drop(recorder);
             st.start = now_ns();
             app.freeze();
             // SAFETY: the application is frozen and stays so (it resumes on the target's
@@ -430,6 +432,9 @@ fn migrate_with(
             let src =
                 unsafe { FamSource::checkpoint_reserved_with_hot(res, &region, b"workload", &hot) }
                     .map_err(|e| format!("checkpoint: {e}"))?;
+            // SAFETY: the application resumes on the target's copy, and the check reads that
+            // copy: nothing reads the source region after the checkpoint but the dumper.
+            unsafe { src.set_release_dumped(true) };
             std::thread::scope(|s| {
                 let server = s.spawn(|| {
                     let r = src.serve(listener);
@@ -454,8 +459,6 @@ fn migrate_with(
                 // application is stopped (the harness drops the target last).
                 unsafe { app.resume_at(base) };
                 st.resume = now_ns();
-                // Stop tracking the source region (nothing writes it any more).
-                drop(recorder);
                 // The hot vectors need no prefetch of their own: the source dumps them first and
                 // journals them, and the completion installs what the journal shows first.
                 target.complete_following(poll);

@@ -756,6 +756,8 @@ pub struct Dumper {
     next: AtomicUsize,
     /// Skip vectors whose pages were never touched (see [`Dumper::set_skip_untouched`]).
     skip_untouched: AtomicBool,
+    /// Discard the source's pages of each run once it is dumped and persisted.
+    release_dumped: AtomicBool,
     /// Vectors skipped that way.
     skipped: AtomicU64,
     /// Vectors to dump before the ascending sweep (see [`Dumper::set_hot_vectors`]).
@@ -828,6 +830,7 @@ impl Dumper {
             write_nanos: AtomicU64::new(0),
             persist_nanos: AtomicU64::new(0),
             skip_untouched: AtomicBool::new(false),
+            release_dumped: AtomicBool::new(false),
             skipped: AtomicU64::new(0),
             hot: Mutex::new(Vec::new()),
             hot_dumped: AtomicU64::new(0),
@@ -874,6 +877,19 @@ impl Dumper {
     /// uses. Off by default; without a readable pagemap nothing is skipped.
     pub fn set_skip_untouched(&self, on: bool) {
         self.skip_untouched.store(on, Ordering::Relaxed);
+    }
+
+    /// Discard the source region's pages of each run once it is dumped and persisted
+    /// (`MADV_DONTNEED`): FAM holds them from then on, and a source host whose application
+    /// left gets its memory back as the dump goes rather than at the end. Every vector is
+    /// dumped once (the page-server pauses the sweep and checks what is done), so nothing
+    /// reads a discarded page.
+    ///
+    /// # Safety
+    /// Nothing may read the region (given to [`Dumper::new`]) after the checkpoint but this
+    /// dumper: its pages read as zeros once dumped.
+    pub unsafe fn set_release_dumped(&self, on: bool) {
+        self.release_dumped.store(on, Ordering::Relaxed);
     }
 
     /// Vectors skipped as never touched.
@@ -1008,6 +1024,17 @@ impl Dumper {
         let t1 = Instant::now();
         self.file.persist_image(start, total)?;
         let t2 = Instant::now();
+        if self.release_dumped.load(Ordering::Relaxed) {
+            // SAFETY: the run lies in the region given to `new`; `set_release_dumped`'s
+            // caller promised nothing else reads it, and this run is never dumped again.
+            unsafe {
+                libc::madvise(
+                    self.base.add(start as usize) as *mut libc::c_void,
+                    total as usize,
+                    libc::MADV_DONTNEED,
+                )
+            };
+        }
         // The medium's time for the run covers the copy and the persist that stand in for it.
         self.file.pool().charge_write_paced(total, since);
         self.write_nanos

@@ -35,18 +35,27 @@ impl Mapping {
         Ok(Mapping { ptr: p.cast(), len })
     }
 
-    /// Allocate every page now (`MADV_POPULATE_WRITE`; 4 KiB pages, `MADV_NOHUGEPAGE`), so
-    /// that later stores cost a store rather than a page allocation (and, on a VM, no host
-    /// backing of new guest memory). Errors: the populate failing (ENOMEM).
-    pub(crate) fn populate(&self) -> std::io::Result<()> {
+    /// Allocate the first pages now (`MADV_POPULATE_WRITE`; 4 KiB pages, `MADV_NOHUGEPAGE`),
+    /// so that later stores there cost a store rather than a page allocation (and, on a VM, no
+    /// host backing of new guest memory): all of them, or as many as leave
+    /// [`POPULATE_HEADROOM`] of the machine's available memory (a populate past it would
+    /// wake the OOM killer, not fail). Returns the bytes populated (a page multiple). Errors:
+    /// the populate failing.
+    pub(crate) fn populate(&self) -> std::io::Result<usize> {
         const MADV_POPULATE_WRITE: libc::c_int = 23;
-        // SAFETY: our mapping of `len` bytes; advice changes no contents.
+        let fits = mem_available().map_or(self.len as u64, |a| a.saturating_sub(POPULATE_HEADROOM));
+        let len = (self.len as u64).min(fits) as usize / 4096 * 4096;
+        // SAFETY: our mapping of `self.len` bytes; advice changes no contents.
         unsafe { libc::madvise(self.ptr.cast(), self.len, libc::MADV_NOHUGEPAGE) };
-        // SAFETY: as above; populating allocates zero pages and changes no contents.
-        if unsafe { libc::madvise(self.ptr.cast(), self.len, MADV_POPULATE_WRITE) } != 0 {
+        if len == 0 {
+            return Ok(0);
+        }
+        // SAFETY: as above, over its first `len` bytes; populating allocates zero pages and
+        // changes no contents.
+        if unsafe { libc::madvise(self.ptr.cast(), len, MADV_POPULATE_WRITE) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(())
+        Ok(len)
     }
 
     /// Give up ownership: the caller unmaps `(ptr, len)` when done with it.
@@ -63,4 +72,18 @@ impl Drop for Mapping {
         // dropped before it).
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
+}
+
+/// Memory a populate leaves to the rest of the machine, bytes.
+pub const POPULATE_HEADROOM: u64 = 1 << 30;
+
+/// `MemAvailable` of `/proc/meminfo`, bytes (`None` when unreadable).
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let l = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    l.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|k| k << 10)
 }

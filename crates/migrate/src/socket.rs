@@ -744,8 +744,9 @@ impl SocketReservation {
     pub fn new(len: usize) -> io::Result<SocketReservation> {
         let t = std::time::Instant::now();
         let recv = Mapping::new(len)?;
-        recv.populate()?;
         let mem = TargetMemory::reserve(len)?;
+        // The receive buffer gets what memory is left after the region's reservation.
+        recv.populate()?;
         Ok(SocketReservation {
             recv,
             mem,

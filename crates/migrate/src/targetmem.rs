@@ -14,6 +14,7 @@
 //! migration is complete; installs after that copy.
 
 use crate::mapping::Mapping;
+pub use crate::mapping::{mem_available, POPULATE_HEADROOM};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
 use tiermem_fault::{FaultOps, RegionHandle, ResolveError, PAGE_SIZE};
@@ -21,6 +22,9 @@ use tiermem_fault::{FaultOps, RegionHandle, ResolveError, PAGE_SIZE};
 /// A region's reserved target memory (see the module documentation).
 pub struct TargetMemory {
     map: Mapping,
+    /// Bytes populated from the start (all, or what the machine had room for): installs
+    /// beyond it copy.
+    populated: usize,
     /// Set by [`TargetMemory::release`]: installs copy instead.
     released: AtomicBool,
     /// Installs in flight (a release waits for them before freeing pages).
@@ -29,19 +33,28 @@ pub struct TargetMemory {
 }
 
 impl TargetMemory {
-    /// Map and populate `len` bytes (rounded up to pages) of private anonymous memory, 4 KiB
-    /// pages (`MADV_NOHUGEPAGE`: a region's pages move one by one). Errors: the mapping or the
-    /// populate failing (ENOMEM: the target host has no room for the region).
+    /// Map `len` bytes (rounded up to pages) of private anonymous memory, 4 KiB pages
+    /// (`MADV_NOHUGEPAGE`: a region's pages move one by one), and populate them — all, or as
+    /// many as leave 1 GiB of the machine's available memory ([`TargetMemory::populated`]).
+    /// Errors: the mapping or the populate failing.
     pub fn reserve(len: usize) -> std::io::Result<TargetMemory> {
         let t = Instant::now();
         let map = Mapping::new(len.div_ceil(PAGE_SIZE) * PAGE_SIZE)?;
-        map.populate()?;
+        let populated = map.populate()?;
         Ok(TargetMemory {
             map,
+            populated,
             released: AtomicBool::new(false),
             users: AtomicU32::new(0),
             reserve_ns: t.elapsed().as_nanos() as u64,
         })
+    }
+
+    /// Bytes actually reserved (populated) from the start of the region: less than
+    /// [`TargetMemory::len`] when the machine had no room for all of it (installs past it
+    /// copy into new pages).
+    pub fn populated(&self) -> usize {
+        self.populated
     }
 
     /// Bytes reserved.
@@ -65,7 +78,7 @@ impl TargetMemory {
         self.users.fetch_add(1, Ordering::SeqCst);
         if self.released.load(Ordering::SeqCst)
             || off % PAGE_SIZE != 0
-            || off.checked_add(len).map_or(true, |e| e > self.map.len)
+            || off.checked_add(len).map_or(true, |e| e > self.populated)
         {
             self.users.fetch_sub(1, Ordering::SeqCst);
             return None;

@@ -349,3 +349,92 @@ fn precopy_of_a_running_writer_converges_and_restores_every_byte() {
     // SAFETY: our mapping, no longer used.
     unsafe { libc::munmap(p as *mut libc::c_void, len) };
 }
+
+/// The source releasing its pages as the dump goes, the target installing into memory
+/// reserved before the freeze: every byte still arrives (on demand and in the completion),
+/// and the source region holds no page once the dump is over.
+#[test]
+fn a_releasing_source_and_a_reserved_target_move_every_byte() {
+    use tiermem_migrate::targetmem::TargetMemory;
+    let hosts = TwoHosts::create("tmrel").expect("network namespaces (root)");
+    let fam = tempfile::tempdir_in("/dev/shm").unwrap();
+    let len = 32 << 20;
+    let want = region(len, 7);
+    // The source region: a mapping of its own (the dump discards its pages).
+    // SAFETY: a fresh private anonymous mapping; checked.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    } as *mut u8;
+    assert_ne!(base as *mut libc::c_void, libc::MAP_FAILED);
+    // SAFETY: our mapping of `len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(want.as_ptr(), base, len) };
+    let id = 0x5eed_0003;
+    let listener = hosts
+        .run_in(Host::Src, || TcpListener::bind((hosts.src_addr(), 0)))
+        .unwrap()
+        .unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let cfg = FamSourceConfig {
+        fam: fam.path().to_path_buf(),
+        id,
+        batching: Batching::PerVector,
+        delay: "read=1us,write=1us,bw=200MB/s".parse().unwrap(),
+        skip_untouched: false,
+    };
+    let res = FamSource::reserve(cfg, &[len as u64]).unwrap();
+    let mem = TargetMemory::reserve(len).unwrap();
+    assert_eq!(mem.populated(), len);
+    // SAFETY: nothing writes the region from here on, and nothing but the source reads it.
+    let source =
+        unsafe { FamSource::checkpoint_reserved(res, &[(base as *const u8, len as u64)], b"r") }
+            .unwrap();
+    // SAFETY: as above.
+    unsafe { source.set_release_dumped(true) };
+    let server = std::thread::spawn(move || source.serve(listener));
+    let fam_path = fam.path().to_path_buf();
+    let target = hosts
+        .run_in(Host::Dst, move || {
+            FamTarget::restore_reserved(
+                &fam_path,
+                id,
+                Some(addr),
+                DelayModel::NONE,
+                Duration::from_secs(5),
+                vec![mem],
+            )
+        })
+        .unwrap()
+        .unwrap();
+    let r = &target.regions()[0];
+    // SAFETY: the registered region; pages fault in on first touch.
+    let dst = unsafe { std::slice::from_raw_parts(r.as_ptr() as *const u8, len) };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    for _ in 0..200 {
+        let off = len - 1 - rng.gen_range(0..len / 2);
+        assert_eq!(dst[off], want[off], "offset {off}");
+    }
+    target.complete_following(Duration::from_micros(50));
+    server.join().unwrap().unwrap();
+    assert!(dst == &want[..], "every byte arrived");
+    let mut vec = vec![0u8; len / 4096];
+    // SAFETY: mincore reads the page tables of our live mapping.
+    assert_eq!(
+        unsafe { libc::mincore(base.cast(), len, vec.as_mut_ptr()) },
+        0
+    );
+    assert_eq!(
+        vec.iter().filter(|b| **b & 1 != 0).count(),
+        0,
+        "the source kept no page"
+    );
+    drop(target);
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(base.cast(), len) };
+}
