@@ -408,6 +408,8 @@ fn migrate_with(
                 .map_err(|e| format!("reserving FAM: {e}"))?;
             let reserved = TargetMemory::reserve(len)
                 .map_err(|e| format!("reserving the target's memory ({len} bytes): {e}"))?;
+            // Whether the machine had room for the whole target region besides the rest.
+            let reserved_whole = reserved.populated() == reserved.len();
             st.reserve = reserve_t.elapsed().as_nanos() as u64;
             let mut recorder = if with_hot {
                 let r = crate::hot::HotPageRecorder::start(source.ptr, len, HOT_CAP)
@@ -432,9 +434,14 @@ fn migrate_with(
             let src =
                 unsafe { FamSource::checkpoint_reserved_with_hot(res, &region, b"workload", &hot) }
                     .map_err(|e| format!("checkpoint: {e}"))?;
+            // Where this machine cannot hold the source, the FAM file and the target at once
+            // (source and target share it here), the source gives its pages back as the dump
+            // goes. Not otherwise: each release is a TLB shootdown across this process's
+            // threads, the target's application among them, which a real source host does not
+            // share.
             // SAFETY: the application resumes on the target's copy, and the check reads that
             // copy: nothing reads the source region after the checkpoint but the dumper.
-            unsafe { src.set_release_dumped(true) };
+            unsafe { src.set_release_dumped(!reserved_whole) };
             std::thread::scope(|s| {
                 let server = s.spawn(|| {
                     let r = src.serve(listener);
