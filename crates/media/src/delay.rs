@@ -700,6 +700,17 @@ mod tests {
         }
     }
 
+    /// CPU time of the calling thread, ns.
+    fn thread_cpu_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
     #[test]
     fn a_long_delay_sleeps_and_still_ends_on_time() {
         if std::env::var(DELAY_SLEEP_ENV).is_ok_and(|v| v.trim() == "0") {
@@ -709,15 +720,7 @@ mod tests {
         assert!(margin >= 20_000, "margin {margin}");
         let want = 4 * margin;
         // CPU time of this thread over the wait: the sleep leaves the core.
-        let cpu = || {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: a valid out-pointer.
-            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-        };
+        let cpu = thread_cpu_ns;
         let (t0, c0) = (now_ns(), cpu());
         delay_ns(want);
         let (took, burnt) = (now_ns() - t0, cpu() - c0);
@@ -730,15 +733,7 @@ mod tests {
         if std::env::var(DELAY_SLEEP_ENV).is_ok_and(|v| v.trim() == "0") {
             return; // spinning asked for
         }
-        let cpu = || {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: a valid out-pointer.
-            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-        };
+        let cpu = thread_cpu_ns;
         let pacer = Pacer::new();
         let cost = 1_000_000u64;
         let slack = delay_sleep_margin_ns().min(1_000_000);

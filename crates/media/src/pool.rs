@@ -1061,34 +1061,7 @@ impl Pool {
     /// early.
     pub fn pread_uncharged(&self, off: u64, buf: &mut [u8]) -> Result<()> {
         self.check(off, buf.len())?;
-        let mut done = 0usize;
-        while done < buf.len() {
-            // SAFETY: the fd is open; the destination is the rest of `buf`.
-            let n = unsafe {
-                libc::pread(
-                    self.fd.as_raw_fd(),
-                    buf[done..].as_mut_ptr().cast(),
-                    buf.len() - done,
-                    (HEADER_SIZE + off + done as u64) as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let e = last_err();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(MediaError::from_io("pread", &self.path, e));
-            }
-            if n == 0 {
-                return Err(MediaError::from_io(
-                    "pread",
-                    &self.path,
-                    std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
-                ));
-            }
-            done += n as usize;
-        }
-        Ok(())
+        crate::ssd::pread_exact(self.fd.as_raw_fd(), buf, HEADER_SIZE + off, &self.path)
     }
 
     /// Store `data` at data offset `off` with non-temporal stores (the unaligned edges with

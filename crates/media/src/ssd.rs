@@ -506,33 +506,7 @@ impl SsdDevice {
     /// length must be aligned ([`MediaError::Unaligned`]); the range must lie inside the device.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.validate(offset, buf.as_ptr(), buf.len())?;
-        let mut done = 0usize;
-        while done < buf.len() {
-            // SAFETY: writing into the unfilled tail of buf.
-            let n = unsafe {
-                libc::pread(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().add(done) as *mut _,
-                    buf.len() - done,
-                    (offset + done as u64) as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                return Err(MediaError::from_io("pread", &self.path, e));
-            }
-            if n == 0 {
-                return Err(MediaError::from_io(
-                    "pread",
-                    &self.path,
-                    std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
-                ));
-            }
-            done += n as usize;
-        }
+        pread_exact(self.fd.as_raw_fd(), buf, offset, &self.path)?;
         self.charge(false, buf.len() as u64);
         Ok(())
     }
@@ -724,4 +698,42 @@ impl SsdDevice {
             .map(|r| r.unwrap_or_else(|| Err(std::io::Error::from_raw_os_error(libc::EIO))))
             .collect()
     }
+}
+
+/// Read exactly `buf.len()` bytes of `fd` at `offset` with `pread(2)`, retrying short reads
+/// and EINTR; EOF before the end is an error. `path` names the file in errors.
+pub(crate) fn pread_exact(
+    fd: std::os::fd::RawFd,
+    buf: &mut [u8],
+    offset: u64,
+    path: &std::path::Path,
+) -> Result<()> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        // SAFETY: writing into the unfilled tail of buf; fd is the caller's open descriptor.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                buf.as_mut_ptr().add(done) as *mut _,
+                buf.len() - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(MediaError::from_io("pread", path, e));
+        }
+        if n == 0 {
+            return Err(MediaError::from_io(
+                "pread",
+                path,
+                std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
 }
