@@ -669,7 +669,8 @@ pub fn run(o: &Options) -> Result<Report> {
     cases.retain(|(size, w, m, _)| match avail {
         Some(a) if case_memory(*size, m) > a => {
             skipped.push(format!(
-                "{} MiB {} {}: needs {:.1} GiB (source, FAM file or receive buffer, target),                  {:.1} GiB available",
+                "{} MiB {} {}: needs {:.1} GiB (source, FAM file or receive buffer, target), \
+                 {:.1} GiB available",
                 size >> 20,
                 w.name(),
                 m.label(),

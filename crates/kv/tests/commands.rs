@@ -1603,3 +1603,55 @@ fn freeze_stops_every_command_and_closes_connections() {
         );
     }
 }
+
+/// LCS: replies as redis-server 7.0 gave them for the same commands (its documentation's
+/// example, the classic ABCBDAB/BDCABA pair, missing keys, options and their errors).
+#[test]
+fn lcs_as_redis_7_0() {
+    on_each_engine(|svc, s| {
+        let idx = "*4\r\n$7\r\nmatches\r\n*2\r\n*2\r\n*2\r\n:4\r\n:7\r\n*2\r\n:5\r\n:8\r\n*2\r\n*2\r\n:2\r\n:3\r\n*2\r\n:0\r\n:1\r\n$3\r\nlen\r\n:6\r\n";
+        let idx_len = "*4\r\n$7\r\nmatches\r\n*2\r\n*3\r\n*2\r\n:4\r\n:7\r\n*2\r\n:5\r\n:8\r\n:4\r\n*3\r\n*2\r\n:2\r\n:3\r\n*2\r\n:0\r\n:1\r\n:2\r\n$3\r\nlen\r\n:6\r\n";
+        check(svc, s, &[
+            ("SET key1 ohmytext", "+OK\r\n"),
+            ("SET key2 mynewtext", "+OK\r\n"),
+            ("LCS key1 key2", "$6\r\nmytext\r\n"),
+            ("LCS key1 key2 LEN", ":6\r\n"),
+            ("LCS key1 key2 len", ":6\r\n"),
+            ("LCS key1 key2 IDX", idx),
+            ("LCS key1 key2 IDX IDX", idx),
+            ("LCS key1 key2 IDX MINMATCHLEN -5", idx),
+            ("LCS key1 key2 IDX MINMATCHLEN 4", "*4\r\n$7\r\nmatches\r\n*1\r\n*2\r\n*2\r\n:4\r\n:7\r\n*2\r\n:5\r\n:8\r\n$3\r\nlen\r\n:6\r\n"),
+            ("LCS key1 key2 IDX MINMATCHLEN 4 WITHMATCHLEN", "*4\r\n$7\r\nmatches\r\n*1\r\n*3\r\n*2\r\n:4\r\n:7\r\n*2\r\n:5\r\n:8\r\n:4\r\n$3\r\nlen\r\n:6\r\n"),
+            ("LCS key1 key2 IDX WITHMATCHLEN", idx_len),
+            ("LCS key1 key2 idx minmatchlen 2 withmatchlen", idx_len),
+            ("LCS key1 key2 WITHMATCHLEN", "$6\r\nmytext\r\n"),
+            ("LCS key1 key2 MINMATCHLEN 3", "$6\r\nmytext\r\n"),
+            ("LCS key1 key2 LEN MINMATCHLEN 3", ":6\r\n"),
+            ("LCS key1 key2 LEN IDX", "-ERR If you want both the length and indexes, please just use IDX.\r\n"),
+            ("LCS key1 key2 FOO", "-ERR syntax error\r\n"),
+            ("LCS key1 key2 MINMATCHLEN", "-ERR syntax error\r\n"),
+            ("LCS key1 key2 MINMATCHLEN x", "-ERR value is not an integer or out of range\r\n"),
+            ("LCS nokey key2", "$0\r\n\r\n"),
+            ("LCS nokey nokey2", "$0\r\n\r\n"),
+            ("LCS nokey nokey2 LEN", ":0\r\n"),
+            ("LCS nokey nokey2 IDX", "*4\r\n$7\r\nmatches\r\n*0\r\n$3\r\nlen\r\n:0\r\n"),
+            ("RPUSH l a", ":1\r\n"),
+            ("LCS l key1", "-ERR The specified keys must contain string values\r\n"),
+            ("LCS key1 l", "-ERR The specified keys must contain string values\r\n"),
+            ("LCS key1", "-ERR wrong number of arguments for 'lcs' command\r\n"),
+            ("SET a ABCBDAB", "+OK\r\n"),
+            ("SET b BDCABA", "+OK\r\n"),
+            ("LCS a b", "$4\r\nBDAB\r\n"),
+            ("LCS a b IDX WITHMATCHLEN", "*4\r\n$7\r\nmatches\r\n*2\r\n*3\r\n*2\r\n:5\r\n:6\r\n*2\r\n:3\r\n:4\r\n:2\r\n*3\r\n*2\r\n:3\r\n:4\r\n*2\r\n:0\r\n:1\r\n:2\r\n$3\r\nlen\r\n:4\r\n"),
+            ("LCS a a IDX", "*4\r\n$7\r\nmatches\r\n*1\r\n*2\r\n*2\r\n:0\r\n:6\r\n*2\r\n:0\r\n:6\r\n$3\r\nlen\r\n:7\r\n"),
+        ]);
+        // A table past proto-max-bulk-len (11 601² cells of 4 bytes) is refused.
+        let big_a = format!("SET x {}", "a".repeat(11_600));
+        let big_b = format!("SET y {}", "b".repeat(11_600));
+        check(svc, s, &[
+            (big_a.as_str(), "+OK\r\n"),
+            (big_b.as_str(), "+OK\r\n"),
+            ("LCS x y LEN", "-ERR Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len\r\n"),
+        ]);
+    });
+}

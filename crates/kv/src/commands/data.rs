@@ -386,6 +386,111 @@ fn members_reply(out: &mut Vec<u8>, members: &[Vec<u8>]) {
     }
 }
 
+/// LCS's reply for strings `a` and `b` (Redis 7.0's table of LCS lengths and its walk back
+/// from the end): the common subsequence, its length (`getlen`), or with `getidx` the matched
+/// ranges, last first, each as `[[a_start, a_end], [b_start, b_end]]` (plus its length with
+/// `withmatchlen`) when at least `minmatchlen` long, and the length. A table larger than
+/// proto-max-bulk-len (512 MiB of 4-byte cells) is refused, as Redis does.
+fn lcs_reply(
+    out: &mut Vec<u8>,
+    a: &[u8],
+    b: &[u8],
+    getlen: bool,
+    getidx: bool,
+    withmatchlen: bool,
+    minmatchlen: u64,
+) {
+    let (alen, blen) = (a.len(), b.len());
+    let cells = (alen as u64 + 1).saturating_mul(blen as u64 + 1);
+    if cells.saturating_mul(4) > 512 << 20 {
+        return reply::error(
+            out,
+            "ERR Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len",
+        );
+    }
+    let w = blen + 1;
+    let mut dp = vec![0u32; cells as usize];
+    for i in 1..=alen {
+        for j in 1..=blen {
+            dp[i * w + j] = if a[i - 1] == b[j - 1] {
+                dp[(i - 1) * w + j - 1] + 1
+            } else {
+                dp[(i - 1) * w + j].max(dp[i * w + j - 1])
+            };
+        }
+    }
+    let total = dp[alen * w + blen] as usize;
+    if getlen {
+        return int(out, total as i64);
+    }
+    let mut result = vec![0u8; total];
+    let mut ranges: Vec<[u64; 5]> = Vec::new();
+    let (mut i, mut j, mut idx) = (alen, blen, total);
+    let (mut a_start, mut a_end, mut b_start, mut b_end) = (alen, 0usize, 0usize, 0usize);
+    while i > 0 && j > 0 {
+        let mut emit = false;
+        if a[i - 1] == b[j - 1] {
+            result[idx - 1] = a[i - 1];
+            if a_start == alen {
+                (a_start, a_end, b_start, b_end) = (i - 1, i - 1, j - 1, j - 1);
+            } else if a_start == i && b_start == j {
+                a_start -= 1;
+                b_start -= 1;
+            } else {
+                emit = true;
+            }
+            if a_start == 0 || b_start == 0 {
+                emit = true;
+            }
+            idx -= 1;
+            i -= 1;
+            j -= 1;
+        } else {
+            if dp[(i - 1) * w + j] > dp[i * w + j - 1] {
+                i -= 1;
+            } else {
+                j -= 1;
+            }
+            if a_start != alen {
+                emit = true;
+            }
+        }
+        if emit {
+            let len = (a_end - a_start + 1) as u64;
+            if minmatchlen == 0 || len >= minmatchlen {
+                ranges.push([
+                    a_start as u64,
+                    a_end as u64,
+                    b_start as u64,
+                    b_end as u64,
+                    len,
+                ]);
+            }
+            a_start = alen;
+        }
+    }
+    if !getidx {
+        return bulk(out, &result);
+    }
+    array(out, 4);
+    bulk(out, b"matches");
+    array(out, ranges.len());
+    for r in &ranges {
+        array(out, 2 + withmatchlen as usize);
+        array(out, 2);
+        int(out, r[0] as i64);
+        int(out, r[1] as i64);
+        array(out, 2);
+        int(out, r[2] as i64);
+        int(out, r[3] as i64);
+        if withmatchlen {
+            int(out, r[4] as i64);
+        }
+    }
+    bulk(out, b"len");
+    int(out, total as i64);
+}
+
 /// GETRANGE's slice of a `len`-byte string, Redis 7.0's rules: `None` for the empty reply.
 fn getrange_span(start: i64, end: i64, len: usize) -> Option<(usize, usize)> {
     let len = len as i64;
@@ -545,6 +650,52 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                 .filter(|k| ks::lookup(m, st, k).is_some())
                 .count();
             int(out, n as i64);
+        }
+        Id::Lcs => {
+            // Redis 7.0's lcsCommand, step for step: both keys strings (a missing one is
+            // empty), then the options, then the table's size against proto-max-bulk-len.
+            let mut v: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+            for (k, slot) in [a[1], a[2]].into_iter().zip(v.iter_mut()) {
+                match look(m, st, k, T_STRING) {
+                    Look::Wrong => {
+                        return reply::error(
+                            out,
+                            "ERR The specified keys must contain string values",
+                        )
+                    }
+                    Look::Found(e) => *slot = ks::string_value(m, &e).into_owned(),
+                    Look::Missing => {}
+                }
+            }
+            let (mut getlen, mut getidx, mut withmatchlen, mut minmatchlen) =
+                (false, false, false, 0u64);
+            let mut j = 3;
+            while j < a.len() {
+                let opt = a[j];
+                if opt.eq_ignore_ascii_case(b"IDX") {
+                    getidx = true;
+                } else if opt.eq_ignore_ascii_case(b"LEN") {
+                    getlen = true;
+                } else if opt.eq_ignore_ascii_case(b"WITHMATCHLEN") {
+                    withmatchlen = true;
+                } else if opt.eq_ignore_ascii_case(b"MINMATCHLEN") && j + 1 < a.len() {
+                    let Some(n) = parse_i64(a[j + 1]) else {
+                        return not_int(out);
+                    };
+                    minmatchlen = n.max(0) as u64;
+                    j += 1;
+                } else {
+                    return reply::error(out, "ERR syntax error");
+                }
+                j += 1;
+            }
+            if getidx && getlen {
+                return reply::error(
+                    out,
+                    "ERR If you want both the length and indexes, please just use IDX.",
+                );
+            }
+            lcs_reply(out, &v[0], &v[1], getlen, getidx, withmatchlen, minmatchlen);
         }
         Id::Getrange | Id::Substr => {
             let (Some(s), Some(e)) = (parse_i64(a[2]), parse_i64(a[3])) else {

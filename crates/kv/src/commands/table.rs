@@ -121,6 +121,7 @@ commands! {
     Bitcount "bitcount" -2 Read (1, 1, 1);
     Bitpos "bitpos" -3 Read (1, 1, 1);
     Bitop "bitop" -4 Write (2, -1, 1);
+    Lcs "lcs" -3 Read (1, 2, 1);
     // Lists.
     Lpush "lpush" -3 Write (1, 1, 1);
     Rpush "rpush" -3 Write (1, 1, 1);
