@@ -129,9 +129,9 @@ impl TargetMemory {
         fill: impl FnOnce(&mut [u8]) -> bool,
     ) -> Option<tiermem_fault::Result<usize>> {
         let p = self.enter(off, len)?;
-        // SAFETY: `p..p + len` is our mapping (checked in `enter`); the install that fills
-        // an offset is the only writer of its bytes but for concurrent faults, which write the
-        // same bytes.
+        // SAFETY: `p..p + len` is our mapping (checked in `enter`). A fault on the same
+        // offset may copy into it meanwhile (raw copies, never a Rust reference); both write
+        // the dumped image, so the bytes read back are those.
         let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
         if !fill(buf) {
             self.leave();
