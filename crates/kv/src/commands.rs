@@ -23,6 +23,7 @@
 //! once when a command fails for lack of memory while garbage waits.
 
 mod admin;
+mod bitfield;
 mod data;
 pub mod ldfloat;
 pub mod reply;

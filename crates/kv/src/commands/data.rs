@@ -6,6 +6,7 @@
 //! group-commit transaction shared with other commands. Only heap errors (out of memory,
 //! transaction too large) can stop a writer midway; the caller then aborts the transaction.
 
+use super::bitfield;
 use super::reply::{self, array, bulk, int, not_int, null, null_array, syntax, wrongtype};
 use super::table::Id;
 use crate::ds::hash::HashObj;
@@ -587,6 +588,20 @@ fn bit_offset(b: &[u8], out: &mut Vec<u8>) -> Option<u64> {
     }
 }
 
+/// BITFIELD's GET-only replies over string entry `e` (missing: zeros), each op reading only
+/// its own few bytes.
+fn bitfield_reads<M: Mem>(m: &M, e: Option<&Entry>, ops: &[bitfield::Op], out: &mut Vec<u8>) {
+    array(out, ops.len());
+    for op in ops {
+        let (lo, hi) = bitfield::bytes(op);
+        let mut buf = e
+            .map(|e| ks::string_range(m, e, lo, hi + 1 - lo).into_owned())
+            .unwrap_or_default();
+        buf.resize((hi + 1 - lo) as usize, 0);
+        bitfield::apply_one(op, &mut buf, lo, out);
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // Readers.
 
@@ -707,6 +722,20 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                 Some((s, e)) => bulk(out, &v[s..e]),
                 None => bulk(out, b""),
             }
+        }
+        Id::BitfieldRo => {
+            let Ok(ops) = bitfield::parse(&a[2..], out) else {
+                return;
+            };
+            if ops.iter().any(bitfield::Op::writes) {
+                return reply::error(out, "ERR BITFIELD_RO only supports the GET subcommand");
+            }
+            let e = match look(m, st, a[1], T_STRING) {
+                Look::Wrong => return wrongtype(out),
+                Look::Found(e) => Some(e),
+                Look::Missing => None,
+            };
+            bitfield_reads(m, e.as_ref(), &ops, out);
         }
         Id::Getbit => {
             let Some(bit) = bit_offset(a[2], out) else {
@@ -1814,6 +1843,61 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             let (n, s) = set::add(w, st, e.as_ref().map(set_obj), &a[2..])?;
             upsert_obj(w, st, &p, a[1], e, T_SET, s.enc, s.obj)?;
             int(out, n as i64);
+            Ok(())
+        }
+        Id::Bitfield => {
+            let Ok(ops) = bitfield::parse(&a[2..], out) else {
+                return Ok(());
+            };
+            let Ok((p, e)) = probe_typed(w, st, a[1], T_STRING, out) else {
+                return Ok(());
+            };
+            let Some(high) = ops
+                .iter()
+                .filter(|o| o.writes())
+                .map(|o| (o.offset + o.bits - 1) >> 3)
+                .max()
+            else {
+                // GETs only: nothing is created or written.
+                bitfield_reads(w, e.as_ref(), &ops, out);
+                return Ok(());
+            };
+            let len = e.as_ref().map_or(0, |e| ks::string_len(w, e));
+            match e {
+                Some(e) if high < len => {
+                    // Inside the string: each op reads its few bytes and writes back what
+                    // it changed, in order (a later GET sees an earlier SET).
+                    array(out, ops.len());
+                    for op in &ops {
+                        let (lo, hi) = bitfield::bytes(op);
+                        let mut buf = ks::string_range(w, &e, lo, hi + 1 - lo).into_owned();
+                        buf.resize((hi + 1 - lo) as usize, 0);
+                        let before = buf.clone();
+                        bitfield::apply_one(op, &mut buf, lo, out);
+                        if op.writes() && buf != before {
+                            ks::string_overwrite(w, &e, lo, &buf)?;
+                        }
+                    }
+                }
+                e => {
+                    // Past its end: the string grows, zero-padded, as Redis's lookup for bit
+                    // commands does (even when every op then fails).
+                    let mut v = e
+                        .as_ref()
+                        .map(|e| ks::string_value(w, e).into_owned())
+                        .unwrap_or_default();
+                    v.resize(high as usize + 1, 0);
+                    array(out, ops.len());
+                    for op in &ops {
+                        // Bytes past the new end read as zeros; no write reaches them.
+                        bitfield::apply_one(op, &mut v, 0, out);
+                    }
+                    match e {
+                        Some(e) => ks::set_string(w, st, &e, &v)?,
+                        None => ks::insert_string(w, st, &p, a[1], &v)?,
+                    }
+                }
+            }
             Ok(())
         }
         Id::Setbit => {

@@ -122,6 +122,8 @@ commands! {
     Bitpos "bitpos" -3 Read (1, 1, 1);
     Bitop "bitop" -4 Write (2, -1, 1);
     Lcs "lcs" -3 Read (1, 2, 1);
+    Bitfield "bitfield" -2 Write (1, 1, 1);
+    BitfieldRo "bitfield_ro" -2 Read (1, 1, 1);
     // Lists.
     Lpush "lpush" -3 Write (1, 1, 1);
     Rpush "rpush" -3 Write (1, 1, 1);
