@@ -665,7 +665,7 @@ pub fn run(o: &Options) -> Result<Report> {
             1,
         ));
     }
-    let avail = tiermem_migrate::targetmem::mem_available();
+    let avail = tiermem_media::mem_available();
     cases.retain(|(size, w, m, _)| match avail {
         Some(a) if case_memory(*size, m) > a => {
             skipped.push(format!(

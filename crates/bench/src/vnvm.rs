@@ -1020,13 +1020,6 @@ fn parse_small_free(text: &str, movable: bool) -> Option<u64> {
     found.then_some(pages * PAGE as u64)
 }
 
-/// `MemAvailable` of `/proc/meminfo`, in bytes.
-fn mem_available() -> Option<u64> {
-    let t = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = t.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? << 10)
-}
-
 /// The `(start, len)` of every mapping of `path` in this process (`/proc/self/maps`).
 fn mapped_file_ranges(path: &Path) -> Vec<(usize, usize)> {
     let Ok(path) = std::fs::canonicalize(path) else {
@@ -1573,7 +1566,7 @@ pub fn run(o: &Options) -> Result<Report> {
         // Leave room for what the systems map (array, PMDK pool, vnvm's log, cache, DRAM cache
         // and backing file, the read baseline): about 6 arrays.
         let need = 6 * bytes as u64 + (512 << 20);
-        let cap = mem_available().map_or(2 << 30, |a| a.saturating_sub(need) / 2);
+        let cap = tiermem_media::mem_available().map_or(2 << 30, |a| a.saturating_sub(need) / 2);
         Absorber::new(cap.min(8 << 30) as usize)
     });
     let mut fill_absorber = |what: &str| -> Result<()> {

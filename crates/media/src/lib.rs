@@ -51,6 +51,7 @@ pub mod bench;
 pub mod crash;
 pub mod delay;
 pub mod error;
+pub mod memory;
 pub mod persist;
 pub mod pool;
 pub mod ssd;
@@ -62,6 +63,7 @@ pub use delay::{
     DELAY_SLEEP_ENV,
 };
 pub use error::{MediaError, Result};
+pub use memory::{mem_available, populate_write};
 pub use persist::{
     cpu_features, cpu_has_tsc_invariant, fence, flush_lines, flush_slice, nt_copy, nt_copy_slice,
     CpuFeatures, PersistMethod, CACHE_LINE,

@@ -893,7 +893,6 @@ impl Pool {
     /// block-backed file this dirties the page cache: meant for memory-backed pools. Errors:
     /// a read-only pool ([`MediaError::InvalidArgument`]), the `madvise` failing (e.g. ENOMEM).
     pub fn populate(&self) -> Result<()> {
-        const MADV_POPULATE_WRITE: libc::c_int = 23;
         if !self.writable {
             return Err(MediaError::InvalidArgument(format!(
                 "{} is open read-only: it cannot be populated for writing",
@@ -901,22 +900,9 @@ impl Pool {
             )));
         }
         // SAFETY: the data area is a live, writable shared mapping of data_len bytes starting at
-        // a page boundary (after the 4 KiB header); populating does not change its contents.
-        let rc = unsafe {
-            libc::madvise(
-                self.data_ptr() as *mut libc::c_void,
-                self.data_len(),
-                MADV_POPULATE_WRITE,
-            )
-        };
-        if rc != 0 {
-            return Err(MediaError::from_io(
-                "madvise(MADV_POPULATE_WRITE)",
-                &self.path,
-                last_err(),
-            ));
-        }
-        Ok(())
+        // a page boundary (after the 4 KiB header).
+        unsafe { crate::memory::populate_write(self.data_ptr(), self.data_len()) }
+            .map_err(|e| MediaError::from_io("madvise(MADV_POPULATE_WRITE)", &self.path, e))
     }
 
     // ---- accessors ---------------------------------------------------------------------------

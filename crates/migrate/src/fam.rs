@@ -160,7 +160,7 @@ impl FamSource {
             // `fallocate` leaves pages uncleared (on this VM, unbacked by the host), so the
             // dump's first store into each would otherwise pay that inside the busy time.
             let made = LazyFile::create(&dir, &lazy_name(i), len, cfg.delay).and_then(|f| {
-                let fits = crate::mapping::mem_available().map_or(true, |a| {
+                let fits = tiermem_media::mem_available().map_or(true, |a| {
                     a.saturating_sub(crate::mapping::POPULATE_HEADROOM) >= len
                 });
                 if f.pool().persist_method() != tiermem_media::PersistMethod::Msync && fits {
@@ -754,9 +754,10 @@ impl FamTarget {
             while left > 0 {
                 let complete = f.is_complete();
                 let wm = if complete { len } else { f.watermark() };
-                let mut ready: Vec<usize> = (cursor..nvec)
-                    .filter(|&v| !done[v] && ((v as u64 + 1) * VEC).min(len) <= wm)
-                    .collect();
+                // The sweep's prefix: vectors whose end is at or below the watermark.
+                let upto = if wm >= len { nvec } else { (wm / VEC) as usize };
+                let mut ready: Vec<usize> =
+                    (cursor..upto.max(cursor)).filter(|&v| !done[v]).collect();
                 if !complete {
                     for (s, l) in f.journal() {
                         // Vectors are dumped whole: a range holds whole vectors.

@@ -42,18 +42,14 @@ impl Mapping {
     /// wake the OOM killer, not fail). Returns the bytes populated (a page multiple). Errors:
     /// the populate failing.
     pub(crate) fn populate(&self) -> std::io::Result<usize> {
-        const MADV_POPULATE_WRITE: libc::c_int = 23;
-        let fits = mem_available().map_or(self.len as u64, |a| a.saturating_sub(POPULATE_HEADROOM));
+        let fits = tiermem_media::mem_available()
+            .map_or(self.len as u64, |a| a.saturating_sub(POPULATE_HEADROOM));
         let len = (self.len as u64).min(fits) as usize / 4096 * 4096;
         // SAFETY: our mapping of `self.len` bytes; advice changes no contents.
         unsafe { libc::madvise(self.ptr.cast(), self.len, libc::MADV_NOHUGEPAGE) };
-        if len == 0 {
-            return Ok(0);
-        }
-        // SAFETY: as above, over its first `len` bytes; populating allocates zero pages and
-        // changes no contents.
-        if unsafe { libc::madvise(self.ptr.cast(), len, MADV_POPULATE_WRITE) } != 0 {
-            return Err(std::io::Error::last_os_error());
+        if len > 0 {
+            // SAFETY: the first `len` bytes of our page-aligned, writable mapping.
+            unsafe { tiermem_media::populate_write(self.ptr, len) }?;
         }
         Ok(len)
     }
@@ -76,14 +72,3 @@ impl Drop for Mapping {
 
 /// Memory a populate leaves to the rest of the machine, bytes.
 pub const POPULATE_HEADROOM: u64 = 1 << 30;
-
-/// `MemAvailable` of `/proc/meminfo`, bytes (`None` when unreadable).
-pub fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let l = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    l.split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()
-        .map(|k| k << 10)
-}

@@ -14,7 +14,7 @@
 //! migration is complete; installs after that copy.
 
 use crate::mapping::Mapping;
-pub use crate::mapping::{mem_available, POPULATE_HEADROOM};
+pub use crate::mapping::POPULATE_HEADROOM;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
 use tiermem_fault::{FaultOps, RegionHandle, ResolveError, PAGE_SIZE};

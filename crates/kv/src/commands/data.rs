@@ -588,6 +588,49 @@ fn bit_offset(b: &[u8], out: &mut Vec<u8>) -> Option<u64> {
     }
 }
 
+/// The arguments of SRANDMEMBER, HRANDFIELD and ZRANDMEMBER — `key [count [flag]]`, `flag`
+/// (`withvalues`, `withscores`) `None` for SRANDMEMBER, which takes none — checked in Redis
+/// 7.0's order, and the key's entry of type `ty`. `None` after replying: an error, or the
+/// empty reply of a missing key (nil without a count, an empty array with one).
+fn random_args<M: Mem>(
+    m: &M,
+    st: &Store,
+    a: &[&[u8]],
+    ty: u8,
+    flag: Option<&str>,
+    out: &mut Vec<u8>,
+) -> Option<(Entry, Option<i64>, bool)> {
+    if flag.is_none() && a.len() > 3 {
+        syntax(out);
+        return None;
+    }
+    let count = match a.get(2) {
+        Some(c) => match parse_i64(c) {
+            Some(c) => Some(c),
+            None => {
+                not_int(out);
+                return None;
+            }
+        },
+        None => None,
+    };
+    let with = match (a.get(3), flag) {
+        (None, _) => false,
+        (Some(w), Some(f)) if is(w, f) && a.len() == 4 => true,
+        (Some(_), _) => {
+            syntax(out);
+            return None;
+        }
+    };
+    match look(m, st, a[1], ty) {
+        Look::Wrong => wrongtype(out),
+        Look::Missing if count.is_some() => array(out, 0),
+        Look::Missing => null(out),
+        Look::Found(e) => return Some((e, count, with)),
+    }
+    None
+}
+
 /// BITFIELD's GET-only replies over string entry `e` (missing: zeros), each op reading only
 /// its own few bytes.
 fn bitfield_reads<M: Mem>(m: &M, e: Option<&Entry>, ops: &[bitfield::Op], out: &mut Vec<u8>) {
@@ -916,27 +959,10 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
             int(out, n as i64);
         }
         Id::Hrandfield => {
-            let count = match a.get(2) {
-                Some(c) => match parse_i64(c) {
-                    Some(c) => Some(c),
-                    None => return not_int(out),
-                },
-                None => None,
-            };
-            let withvalues = match a.get(3) {
-                None => false,
-                Some(w) if is(w, "withvalues") && a.len() == 4 => true,
-                Some(_) => return syntax(out),
-            };
-            let e = match look(m, st, a[1], T_HASH) {
-                Look::Wrong => return wrongtype(out),
-                Look::Missing => {
-                    return match count {
-                        Some(_) => array(out, 0),
-                        None => null(out),
-                    };
-                }
-                Look::Found(e) => e,
+            let Some((e, count, withvalues)) =
+                random_args(m, st, a, T_HASH, Some("withvalues"), out)
+            else {
+                return;
             };
             let mut all: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
             hash::for_each(m, hash_obj(&e), |f, v| all.push((f.to_vec(), v.to_vec())));
@@ -1145,25 +1171,8 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
             }
         }
         Id::Srandmember => {
-            if a.len() > 3 {
-                return syntax(out);
-            }
-            let count = match a.get(2) {
-                Some(c) => match parse_i64(c) {
-                    Some(c) => Some(c),
-                    None => return not_int(out),
-                },
-                None => None,
-            };
-            let e = match look(m, st, a[1], T_SET) {
-                Look::Wrong => return wrongtype(out),
-                Look::Missing => {
-                    return match count {
-                        Some(_) => array(out, 0),
-                        None => null(out),
-                    };
-                }
-                Look::Found(e) => e,
+            let Some((e, count, _)) = random_args(m, st, a, T_SET, None, out) else {
+                return;
             };
             let s = set_obj(&e);
             let n = set::card(m, s) as usize;
@@ -1261,27 +1270,10 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
             }
         }
         Id::Zrandmember => {
-            let count = match a.get(2) {
-                Some(c) => match parse_i64(c) {
-                    Some(c) => Some(c),
-                    None => return not_int(out),
-                },
-                None => None,
-            };
-            let withscores = match a.get(3) {
-                None => false,
-                Some(w) if is(w, "withscores") && a.len() == 4 => true,
-                Some(_) => return syntax(out),
-            };
-            let e = match look(m, st, a[1], T_ZSET) {
-                Look::Wrong => return wrongtype(out),
-                Look::Missing => {
-                    return match count {
-                        Some(_) => array(out, 0),
-                        None => null(out),
-                    };
-                }
-                Look::Found(e) => e,
+            let Some((e, count, withscores)) =
+                random_args(m, st, a, T_ZSET, Some("withscores"), out)
+            else {
+                return;
             };
             let n = zset::len(m, e.obj());
             let mut all: Vec<(Vec<u8>, f64)> = Vec::with_capacity(n.min(1 << 16) as usize);
