@@ -29,7 +29,7 @@ pub mod ldfloat;
 pub mod reply;
 pub mod table;
 
-use crate::ds::{garbage, Store, View, Wtx};
+use crate::ds::{expire, garbage, Store, View, Wtx};
 use crate::heap::{Heap, HeapError, Result};
 use crate::server::{Control, Executed, Service};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -103,11 +103,19 @@ struct Stats {
     oom: AtomicU64,
     gc_work: AtomicU64,
     changes: AtomicU64,
+    /// Keys deleted because their deadline passed (INFO expired_keys).
+    expired: AtomicU64,
+    /// Redis' estimate of the average time to live of volatile keys (ms; INFO keyspace avg_ttl),
+    /// updated by the active expiry's samples.
+    avg_ttl: AtomicU64,
 }
 
 /// Budget (blocks) of one garbage batch at the end of an event-loop round (it runs before the
 /// round's replies are sent: ~256 frees keep that delay around 0.1 ms).
 pub const GC_ROUND_BUDGET: u64 = 256;
+
+/// Deadlines sampled per active-expiry transaction (Redis: 20 per database and loop).
+pub const EXPIRE_SAMPLES: u32 = 20;
 
 /// The Redis command layer over a [`Heap`].
 pub struct KvService {
@@ -294,6 +302,66 @@ impl KvService {
             return Ok(0);
         };
         self.collect_locked(budget)
+    }
+
+    /// Redis' active expiry (its slow cycle, for a 10 Hz timer): sample keys with a deadline
+    /// at random, [`EXPIRE_SAMPLES`] per transaction, and delete the expired ones; go on while
+    /// more than 10 % of a sample had expired and `budget` allows. Each transaction takes the
+    /// lock on its own, so clients get in between. Returns the keys deleted.
+    pub fn active_expire(&self, budget: std::time::Duration) -> Result<u64> {
+        let t0 = Instant::now();
+        let mut total = 0;
+        loop {
+            let Some(_g) = self.write_unfrozen() else {
+                break;
+            };
+            if self.writes_blocked() || expire::count(&View::of(&self.heap), &self.store) == 0 {
+                break;
+            }
+            expire::tick();
+            crate::ds::take_damage();
+            let mut w = Wtx::new(&self.heap, self.store.root);
+            let res = expire::active_cycle(&mut w, &self.store, EXPIRE_SAMPLES);
+            let res = match res {
+                Ok(c) => w.commit().map(|()| c),
+                Err(e) => {
+                    w.abort();
+                    Err(e)
+                }
+            };
+            let c = match res {
+                Ok(c) => c,
+                Err(e) => {
+                    if let Some(off) = crate::ds::take_damage() {
+                        self.note_damage(off);
+                    }
+                    return Err(e);
+                }
+            };
+            if c.deleted > 0 {
+                self.stats.commits.fetch_add(1, Relaxed);
+                self.stats.changes.fetch_add(c.deleted as u64, Relaxed);
+                self.stats.expired.fetch_add(c.deleted as u64, Relaxed);
+                self.garbage
+                    .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
+            }
+            if c.live > 0 {
+                // Redis' running estimate: 2 % of each new sample's average.
+                let avg = c.ttl_sum_ms / c.live as u64;
+                let old = self.stats.avg_ttl.load(Relaxed);
+                let new = if old == 0 {
+                    avg
+                } else {
+                    old / 50 * 49 + avg / 50
+                };
+                self.stats.avg_ttl.store(new, Relaxed);
+            }
+            total += c.deleted as u64;
+            if c.sampled == 0 || c.deleted * 10 <= c.sampled || t0.elapsed() >= budget {
+                break;
+            }
+        }
+        Ok(total)
     }
 
     /// Freeze for migration: from the return of this call on, no command reads or changes the
@@ -547,7 +615,11 @@ impl KvService {
         loop {
             crate::ds::take_damage();
             let mut w = Wtx::new(&self.heap, self.store.root);
-            let res = data::write(&self.store, &mut w, spec.id, r, out);
+            let mut expired = 0;
+            let res = data::purge_expired(&self.store, &mut w, spec, r).and_then(|n| {
+                expired = n;
+                data::write(&self.store, &mut w, spec.id, r, out)
+            });
             let dirty = w.dirty();
             let res = match res {
                 Ok(()) => w.commit(),
@@ -558,6 +630,10 @@ impl KvService {
             };
             match res {
                 Ok(()) => {
+                    self.stats.expired.fetch_add(expired, Relaxed);
+                    if matches!(spec.id, Id::Flushall | Id::Flushdb) {
+                        self.stats.avg_ttl.store(0, Relaxed);
+                    }
                     if dirty {
                         self.stats.commits.fetch_add(1, Relaxed);
                         self.stats.changes.fetch_add(1, Relaxed);
@@ -623,6 +699,8 @@ impl KvService {
                 return Executed::new(Control::OutputFull, i);
             }
             budget.arm(limit - mark);
+            // The command's time: a key cannot expire halfway through it.
+            crate::ds::expire::tick();
             let Some(spec) = self.check(r, out) else {
                 continue;
             };
@@ -685,6 +763,7 @@ impl KvService {
         let mut held = Held::None; // admin commands of a group need no lock of their own
         let mut failed = None;
         let mut writes = 0u64;
+        let mut expired = 0u64;
         let mut ran = reqs.len();
         let mut full = false;
         let budget = reply::Budget::new();
@@ -695,6 +774,7 @@ impl KvService {
                 break;
             }
             budget.arm(limit - rmark);
+            crate::ds::expire::tick();
             if let Some(spec) = self.check(r, out) {
                 match spec.kind {
                     Kind::Admin => {
@@ -702,9 +782,16 @@ impl KvService {
                     }
                     Kind::Read => self.read(cx, &w, s, spec, r, out),
                     Kind::Write => {
-                        if let Err(e) = data::write(&self.store, &mut w, spec.id, r, out) {
+                        let res = data::purge_expired(&self.store, &mut w, spec, r).and_then(|n| {
+                            expired += n;
+                            data::write(&self.store, &mut w, spec.id, r, out)
+                        });
+                        if let Err(e) = res {
                             failed = Some(e);
                             break;
+                        }
+                        if matches!(spec.id, Id::Flushall | Id::Flushdb) {
+                            self.stats.avg_ttl.store(0, Relaxed);
                         }
                         writes += 1;
                     }
@@ -727,6 +814,7 @@ impl KvService {
         };
         match res {
             Ok(()) => {
+                self.stats.expired.fetch_add(expired, Relaxed);
                 if dirty {
                     self.stats.commits.fetch_add(1, Relaxed);
                     self.stats.changes.fetch_add(writes, Relaxed);

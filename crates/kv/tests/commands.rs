@@ -74,7 +74,7 @@ fn replies_on(svc: &KvService, s: &mut Session) {
         ("SET k v2 XX GET", "$2\r\nv1\r\n"),
         ("SET nx v XX", "$-1\r\n"),
         ("SET k v NX XX", "-ERR syntax error\r\n"),
-        ("SET k v EX 10", "-ERR SET with an expiry (EX/PX/EXAT/PXAT) is not supported by tiermem-kv (keys never expire)\r\n"),
+        ("SET k v EX 10", "+OK\r\n"),
         ("SET k v EX 0", "-ERR invalid expire time in 'set' command\r\n"),
         ("SET k v EX x", "-ERR value is not an integer or out of range\r\n"),
         ("SET k v KEEPTTL", "+OK\r\n"),
@@ -210,7 +210,7 @@ fn replies_on(svc: &KvService, s: &mut Session) {
         // Keyspace.
         ("DBSIZE", ":4\r\n"),
         ("KEYS n*", "*1\r\n$1\r\nn\r\n"),
-        ("EXPIRE k 10", "-ERR key expiry is not supported by tiermem-kv (keys never expire)\r\n"),
+        ("EXPIRE k 10", ":1\r\n"),
         ("FLUSHALL BAD", "-ERR syntax error\r\n"),
         ("FLUSHALL", "+OK\r\n"),
         ("DBSIZE", ":0\r\n"),
@@ -1732,4 +1732,309 @@ fn bitfield_as_redis_7_0() {
             ("STRLEN bf", ":13\r\n"),
         ]);
     });
+}
+
+/// Expiry: replies as redis-server 7.0 gave them for the same commands (EXPIRE's options and
+/// their errors, overflow, SET's EX/PX/EXAT/PXAT/KEEPTTL/GET, SETEX, PSETEX, GETEX, and which
+/// writes keep or drop a time to live). TTLs here are whole seconds a few milliseconds after
+/// they were set, so they read exactly.
+#[test]
+fn expiry_as_redis_7_0() {
+    on_each_engine(|svc, s| {
+        let now = tiermem_kv::ds::expire::wall_ms() / 1000;
+        let far = now + 1000;
+        let far_ms = far * 1000;
+        check(
+            svc,
+            s,
+            &[
+                ("SET k v", "+OK\r\n"),
+                ("TTL k", ":-1\r\n"),
+                ("PTTL k", ":-1\r\n"),
+                ("EXPIRETIME k", ":-1\r\n"),
+                ("TTL nokey", ":-2\r\n"),
+                ("PEXPIRETIME nokey", ":-2\r\n"),
+                ("EXPIRE k 100", ":1\r\n"),
+                ("TTL k", ":100\r\n"),
+                ("EXPIRE k 100 NX", ":0\r\n"),
+                ("EXPIRE k 200 XX", ":1\r\n"),
+                ("TTL k", ":200\r\n"),
+                ("EXPIRE k 50 GT", ":0\r\n"),
+                ("EXPIRE k 500 GT", ":1\r\n"),
+                ("EXPIRE k 600 LT", ":0\r\n"),
+                ("EXPIRE k 60 LT", ":1\r\n"),
+                ("TTL k", ":60\r\n"),
+                (
+                    "EXPIRE k 10 NX XX",
+                    "-ERR NX and XX, GT or LT options at the same time are not compatible\r\n",
+                ),
+                (
+                    "EXPIRE k 10 nx gt",
+                    "-ERR NX and XX, GT or LT options at the same time are not compatible\r\n",
+                ),
+                (
+                    "EXPIRE k 10 GT LT",
+                    "-ERR GT and LT options at the same time are not compatible\r\n",
+                ),
+                ("EXPIRE k 10 foo", "-ERR Unsupported option foo\r\n"),
+                (
+                    "EXPIRE k abc",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                (
+                    "EXPIRE k 9223372036854775807",
+                    "-ERR invalid expire time in 'expire' command\r\n",
+                ),
+                (
+                    "PEXPIRE k 9223372036854775807",
+                    "-ERR invalid expire time in 'pexpire' command\r\n",
+                ),
+                (
+                    "EXPIRE k -9223372036854775807",
+                    "-ERR invalid expire time in 'expire' command\r\n",
+                ),
+                (
+                    "EXPIREAT k 9223372036854775807",
+                    "-ERR invalid expire time in 'expireat' command\r\n",
+                ),
+                ("PERSIST k", ":1\r\n"),
+                ("PERSIST k", ":0\r\n"),
+                ("PERSIST nokey", ":0\r\n"),
+                ("EXPIRE k 10 XX", ":0\r\n"),
+                ("EXPIRE k 10 GT", ":0\r\n"),
+                ("EXPIRE k 10 LT", ":1\r\n"),
+                ("EXPIRE k -1", ":1\r\n"),
+                ("EXISTS k", ":0\r\n"),
+                ("EXPIRE nokey 10", ":0\r\n"),
+                // SET's options.
+                ("SET a 1 EX 100", "+OK\r\n"),
+                ("TTL a", ":100\r\n"),
+                ("SET a 2 KEEPTTL", "+OK\r\n"),
+                ("TTL a", ":100\r\n"),
+                ("SET a 3", "+OK\r\n"),
+                ("TTL a", ":-1\r\n"),
+                (
+                    "SET a 1 EX 0",
+                    "-ERR invalid expire time in 'set' command\r\n",
+                ),
+                (
+                    "SET a 1 EX -5",
+                    "-ERR invalid expire time in 'set' command\r\n",
+                ),
+                (
+                    "SET a 1 EX x",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                ("SET a 1 EX", "-ERR syntax error\r\n"),
+                ("SET a 1 EX 10 PX 100", "-ERR syntax error\r\n"),
+                ("SET a 1 EX 10 KEEPTTL", "-ERR syntax error\r\n"),
+                ("SET a 1 KEEPTTL EX 10", "-ERR syntax error\r\n"),
+                ("SET a 1 EX 10 EX 20", "+OK\r\n"),
+                ("TTL a", ":20\r\n"),
+                (&format!("SET a 1 EXAT {far}"), "+OK\r\n"),
+                ("EXPIRETIME a", &format!(":{far}\r\n")),
+                (&format!("SET a 1 PXAT {far_ms}"), "+OK\r\n"),
+                ("PEXPIRETIME a", &format!(":{far_ms}\r\n")),
+                ("SET a 1 EXAT 1", "+OK\r\n"),
+                ("EXISTS a", ":0\r\n"),
+                ("GET a", "$-1\r\n"),
+                (
+                    "SET a 1 EX 9223372036854775807",
+                    "-ERR invalid expire time in 'set' command\r\n",
+                ),
+                (
+                    "SET a 1 PX 9223372036854775807",
+                    "-ERR invalid expire time in 'set' command\r\n",
+                ),
+                ("SET b x EX 100 GET", "$-1\r\n"),
+                ("SET b y GET NX", "$1\r\nx\r\n"),
+                ("SET b z XX GET PX 5000", "$1\r\nx\r\n"),
+                ("TTL b", ":5\r\n"),
+                // SETEX, PSETEX, GETEX.
+                ("SETEX c 100 v", "+OK\r\n"),
+                ("TTL c", ":100\r\n"),
+                (
+                    "SETEX c 0 v",
+                    "-ERR invalid expire time in 'setex' command\r\n",
+                ),
+                (
+                    "SETEX c x v",
+                    "-ERR value is not an integer or out of range\r\n",
+                ),
+                ("PSETEX c 100000 v", "+OK\r\n"),
+                ("TTL c", ":100\r\n"),
+                (
+                    "PSETEX c 0 v",
+                    "-ERR invalid expire time in 'psetex' command\r\n",
+                ),
+                ("GETEX c", "$1\r\nv\r\n"),
+                ("GETEX c PERSIST", "$1\r\nv\r\n"),
+                ("TTL c", ":-1\r\n"),
+                ("GETEX c EX 100", "$1\r\nv\r\n"),
+                ("TTL c", ":100\r\n"),
+                ("GETEX c PX 100000 PERSIST", "-ERR syntax error\r\n"),
+                ("GETEX c PERSIST EX 10", "-ERR syntax error\r\n"),
+                ("GETEX c KEEPTTL", "-ERR syntax error\r\n"),
+                ("GETEX c NX", "-ERR syntax error\r\n"),
+                (
+                    "GETEX c EX 0",
+                    "-ERR invalid expire time in 'getex' command\r\n",
+                ),
+                ("GETEX nokey EX abc", "$-1\r\n"),
+                ("LPUSH l 1", ":1\r\n"),
+                ("GETEX l EX 10", WRONGTYPE),
+                ("GETEX c EXAT 1", "$1\r\nv\r\n"),
+                ("EXISTS c", ":0\r\n"),
+                // Which writes keep a time to live.
+                ("SET d 1", "+OK\r\n"),
+                ("EXPIRE d 100", ":1\r\n"),
+                ("GETSET d 2", "$1\r\n1\r\n"),
+                ("TTL d", ":-1\r\n"),
+                ("EXPIRE d 100", ":1\r\n"),
+                ("INCR d", ":3\r\n"),
+                ("APPEND d x", ":2\r\n"),
+                ("SETRANGE d 0 z", ":2\r\n"),
+                ("TTL d", ":100\r\n"),
+                ("MSET d 5 e 6", "+OK\r\n"),
+                ("TTL d", ":-1\r\n"),
+                ("EXPIRE d 100", ":1\r\n"),
+                ("RENAME d f", "+OK\r\n"),
+                ("TTL f", ":100\r\n"),
+                ("EXISTS d", ":0\r\n"),
+                ("COPY f g", ":1\r\n"),
+                ("TTL g", ":100\r\n"),
+                ("RPUSH L a b", ":2\r\n"),
+                ("EXPIRE L 100", ":1\r\n"),
+                ("RENAME L M", "+OK\r\n"),
+                ("TTL M", ":100\r\n"),
+                ("LPOP M", "$1\r\na\r\n"),
+                ("TTL M", ":100\r\n"),
+                ("LPOP M", "$1\r\nb\r\n"),
+                ("TTL M", ":-2\r\n"),
+                ("SET bd x EX 100", "+OK\r\n"),
+                ("BITOP NOT bd g", ":1\r\n"),
+                ("TTL bd", ":-1\r\n"),
+                ("GETDEL f", "$1\r\n5\r\n"),
+                ("TTL f", ":-2\r\n"),
+                ("SET h 1", "+OK\r\n"),
+                ("PEXPIREAT h 1", ":1\r\n"),
+                ("EXISTS h", ":0\r\n"),
+            ],
+        );
+        // Deadlines go with FLUSHALL and come back after it.
+        check(
+            svc,
+            s,
+            &[
+                ("FLUSHALL", "+OK\r\n"),
+                ("SET n 1 EX 100", "+OK\r\n"),
+                ("TTL n", ":100\r\n"),
+                ("DBSIZE", ":1\r\n"),
+            ],
+        );
+        assert!(cmd(svc, s, "INFO keyspace").contains("db0:keys=1,expires=1,"));
+    });
+}
+
+/// A key past its deadline reads as absent everywhere at once (lazy expiry), is deleted by the
+/// first write that names it or by the active expiry, and counts in INFO's expired_keys.
+#[test]
+fn expired_keys_vanish() {
+    on_each_engine(|svc, s| {
+        for i in 0..50 {
+            assert_eq!(cmd(svc, s, &format!("SET v{i} x PX 30")), "+OK\r\n");
+        }
+        check(
+            svc,
+            s,
+            &[
+                ("SET p x", "+OK\r\n"),
+                ("RPUSH vl a", ":1\r\n"),
+                ("PEXPIRE vl 30", ":1\r\n"),
+                ("SET w x PX 30", "+OK\r\n"),
+            ],
+        );
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        check(
+            svc,
+            s,
+            &[
+                ("GET v1", "$-1\r\n"),
+                ("EXISTS v1 v2 p", ":1\r\n"),
+                ("TTL v3", ":-2\r\n"),
+                ("TYPE vl", "+none\r\n"),
+                ("LRANGE vl 0 -1", "*0\r\n"),
+                ("KEYS v*", "*0\r\n"),
+                ("SCAN 0 COUNT 1000", "*2\r\n$1\r\n0\r\n*1\r\n$1\r\np\r\n"),
+                ("RANDOMKEY", "$1\r\np\r\n"),
+                // Not yet deleted: DBSIZE counts them, as Redis' does.
+                ("DBSIZE", ":53\r\n"),
+                // A write deletes the expired key it names before it runs.
+                ("SET w y NX", "+OK\r\n"),
+                ("TTL w", ":-1\r\n"),
+                ("RPUSH vl b", ":1\r\n"),
+                ("LRANGE vl 0 -1", "*1\r\n$1\r\nb\r\n"),
+                ("DBSIZE", ":53\r\n"),
+            ],
+        );
+        // The active expiry deletes the rest.
+        let mut deleted = 0;
+        for _ in 0..20 {
+            deleted += svc
+                .active_expire(std::time::Duration::from_millis(50))
+                .unwrap();
+        }
+        assert_eq!(deleted, 50);
+        check(svc, s, &[("DBSIZE", ":3\r\n"), ("GET p", "$1\r\nx\r\n")]);
+        let info = cmd(svc, s, "INFO stats");
+        assert!(info.contains("expired_keys:52\r\n"), "{info}");
+        assert!(cmd(svc, s, "INFO keyspace").contains("db0:keys=3,expires=0,"));
+    });
+}
+
+/// Deadlines are in the heap: after a restart (SHUTDOWN NOSAVE: only the engine's log and
+/// cache), a key whose deadline passed while the server was down is gone and one whose
+/// deadline did not pass is there, with its time to live counted from the same clock.
+#[test]
+fn deadlines_survive_restart() {
+    let mut f = Fixture::new(Eng::Vnvm);
+    let svc = service(&mut f, Durability::Commit);
+    let mut s = svc.open_session("r");
+    check(
+        &svc,
+        &mut s,
+        &[
+            ("SET short x PX 200", "+OK\r\n"),
+            ("SET long y EX 1000", "+OK\r\n"),
+            ("RPUSH list a", ":1\r\n"),
+            ("PEXPIRE list 200", ":1\r\n"),
+            ("SET forever z", "+OK\r\n"),
+        ],
+    );
+    assert_eq!(
+        exec(&svc, &mut s, &[&[b"SHUTDOWN", b"NOSAVE"]]),
+        (String::new(), Control::Shutdown)
+    );
+    svc.shutdown().unwrap();
+    assert!(f.reopen_from(into_heap(svc)));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let svc = service(&mut f, Durability::Commit);
+    let mut s = svc.open_session("r");
+    check(
+        &svc,
+        &mut s,
+        &[
+            ("GET short", "$-1\r\n"),
+            ("LRANGE list 0 -1", "*0\r\n"),
+            ("GET long", "$1\r\ny\r\n"),
+            ("TTL long", ":1000\r\n"),
+            ("TTL forever", ":-1\r\n"),
+        ],
+    );
+    assert_eq!(
+        svc.active_expire(std::time::Duration::from_millis(50))
+            .unwrap(),
+        2
+    );
+    check(&svc, &mut s, &[("DBSIZE", ":2\r\n")]);
 }

@@ -638,7 +638,7 @@ impl KvService {
                         .map_or(0, |p| p.latest_fork_usec())
                         .to_string(),
                 );
-                add("expired_keys", "0".into());
+                add("expired_keys", st.expired.load(Relaxed).to_string());
                 add("evicted_keys", "0".into());
                 add("keyspace_hits", st.hits.load(Relaxed).to_string());
                 add("keyspace_misses", st.misses.load(Relaxed).to_string());
@@ -670,7 +670,9 @@ impl KvService {
             "keyspace" => {
                 let n = keyspace::len(m, &self.store);
                 if n > 0 {
-                    add("db0", format!("keys={n},expires=0,avg_ttl=0"));
+                    let x = crate::ds::expire::count(m, &self.store);
+                    let avg = if x > 0 { st.avg_ttl.load(Relaxed) } else { 0 };
+                    add("db0", format!("keys={n},expires={x},avg_ttl={avg}"));
                 }
             }
             _ => {}

@@ -8,14 +8,14 @@
 
 use super::bitfield;
 use super::reply::{self, array, bulk, int, not_int, null, null_array, syntax, wrongtype};
-use super::table::Id;
+use super::table::{Id, Spec};
 use crate::ds::hash::HashObj;
 use crate::ds::keyspace::{
     self as ks, Entry, ENC_INLINE, ENC_PACK, T_HASH, T_LIST, T_SET, T_STRING, T_ZSET,
 };
 use crate::ds::set::SetObj;
 use crate::ds::zset::{AddFlags, Added, Bound, ScoreRange};
-use crate::ds::{dict, garbage, hash, list, set, zset, Mem, Store, Wtx};
+use crate::ds::{dict, expire, garbage, hash, list, set, zset, Mem, Store, Wtx};
 use crate::heap::HeapError;
 
 type HResult = std::result::Result<(), HeapError>;
@@ -1031,30 +1031,45 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                 }
             }
         }
-        Id::Randomkey => match dict::random(m, st.keyspace()) {
-            Some((e, _)) => bulk(out, &ks::key_of(m, e)),
-            None => null(out),
-        },
+        Id::Randomkey => {
+            // Expired keys not yet deleted are skipped (a reader cannot delete them): up to
+            // 100 draws, as Redis tries when every key is volatile.
+            let live = (0..100)
+                .map_while(|_| dict::random(m, st.keyspace()))
+                .find(|&(e, _)| !expire::expired(m, st, &ks::entry_at(m, e)));
+            match live {
+                Some((e, _)) => bulk(out, &ks::key_of(m, e)),
+                None => null(out),
+            }
+        }
         Id::Type => match ks::lookup(m, st, a[1]) {
             Some(e) => reply::simple(out, ks::type_name(e.ty())),
             None => reply::simple(out, "none"),
         },
-        Id::Ttl | Id::Pttl => {
-            // Keys never expire in tiermem-kv.
-            int(
-                out,
-                if ks::lookup(m, st, a[1]).is_some() {
-                    -1
-                } else {
-                    -2
+        Id::Ttl | Id::Pttl | Id::Expiretime | Id::Pexpiretime => {
+            // Redis' ttlGenericCommand: -2 no key, -1 no deadline; seconds rounded.
+            let v = match ks::lookup(m, st, a[1]) {
+                None => -2,
+                Some(e) => match expire::deadline(m, st, &e) {
+                    None => -1,
+                    Some(t) => {
+                        let abs = matches!(id, Id::Expiretime | Id::Pexpiretime);
+                        let ms = if abs {
+                            t
+                        } else {
+                            t.saturating_sub(expire::now_ms())
+                        }
+                        .min(i64::MAX as u64) as i64;
+                        if matches!(id, Id::Pttl | Id::Pexpiretime) {
+                            ms
+                        } else {
+                            ms.saturating_add(500) / 1000
+                        }
+                    }
                 },
-            );
+            };
+            int(out, v);
         }
-        Id::Persist => int(out, 0),
-        Id::Expire | Id::Pexpire | Id::Expireat | Id::Pexpireat => reply::error(
-            out,
-            "ERR key expiry is not supported by tiermem-kv (keys never expire)",
-        ),
         Id::Object => {
             if is(a[1], "ENCODING") && a.len() == 3 {
                 match ks::lookup(m, st, a[2]) {
@@ -1076,7 +1091,7 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
             let mut n = 0;
             dict::for_each(m, st.keyspace(), |e| {
                 let k = ks::key_of(m, e);
-                if glob(a[1], &k) {
+                if glob(a[1], &k) && !expire::expired(m, st, &ks::entry_at(m, e)) {
                     bulk(&mut tmp, &k);
                     n += 1;
                 }
@@ -1350,18 +1365,29 @@ fn scan<M: Mem>(st: &Store, m: &M, a: &[&[u8]], out: &mut Vec<u8>) {
     let d = st.keyspace();
     let mut keys = Vec::new();
     let mut n = 0;
+    let mut stale = 0;
     let next = dict::scan(m, d, cursor, count, |e| {
         let k = ks::key_of(m, e);
+        let ent = ks::entry_at(m, e);
+        if expire::expired(m, st, &ent) {
+            stale += 1;
+            return;
+        }
         let ok_pat = pat.map_or(true, |p| glob(p, &k));
         let ok_ty = ty.map_or(true, |t| {
-            t.eq_ignore_ascii_case(ks::type_name(ks::entry_at(m, e).ty()).as_bytes())
+            t.eq_ignore_ascii_case(ks::type_name(ent.ty()).as_bytes())
         });
         if ok_pat && ok_ty {
             bulk(&mut keys, &k);
             n += 1;
         }
     });
-    if cursor == 0 && next == 0 && pat.is_none() && ty.is_none() && n != ks::len(m, st) as usize {
+    if cursor == 0
+        && next == 0
+        && pat.is_none()
+        && ty.is_none()
+        && n + stale != ks::len(m, st) as usize
+    {
         // One call walked the whole keyspace: it must have found every key.
         crate::ds::damaged(d);
     }
@@ -1615,6 +1641,72 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             }
             Ok(())
         }
+        Id::Setex | Id::Psetex => {
+            let (unit, name) = if id == Id::Setex {
+                (Ttl::Ex, "setex")
+            } else {
+                (Ttl::Px, "psetex")
+            };
+            let Some(at) = deadline_arg(a[2], unit, name, out) else {
+                return Ok(());
+            };
+            let (p, e) = ks::probe(w, st, a[1]);
+            match e {
+                Some(e) => {
+                    let e = without_ttl(w, st, e)?;
+                    ks::set_string(w, st, &e, a[3])?;
+                }
+                None => ks::insert_string(w, st, &p, a[1], a[3])?,
+            }
+            set_ttl(w, st, a[1], Some(at))?;
+            reply::ok(out);
+            Ok(())
+        }
+        Id::Getex => {
+            // Redis 7.0's getexCommand: options, the key (nil) and its type, the time, then
+            // the value's reply before the key's deadline changes.
+            let Some(o) = set_options(a, 2, false, out) else {
+                return Ok(());
+            };
+            let Some(e) = ks::lookup(w, st, a[1]) else {
+                null(out);
+                return Ok(());
+            };
+            if e.ty() != T_STRING {
+                wrongtype(out);
+                return Ok(());
+            }
+            let at = match o.ttl {
+                Some((unit, arg)) => match deadline_arg(arg, unit, "getex", out) {
+                    Some(t) => Some(t),
+                    None => return Ok(()),
+                },
+                None => None,
+            };
+            bulk(out, &ks::string_value(w, &e));
+            match (o.ttl, at) {
+                (Some((Ttl::Exat | Ttl::Pxat, _)), Some(t)) if t <= expire::now_ms() => {
+                    ks::delete(w, st, &e)?
+                }
+                (_, Some(t)) => {
+                    expire::set(w, st, &e, t)?;
+                }
+                _ if o.persist => {
+                    expire::remove(w, st, &e, true)?;
+                }
+                _ => {}
+            }
+            Ok(())
+        }
+        Id::Persist => {
+            let n = match ks::lookup(w, st, a[1]) {
+                Some(e) => expire::remove(w, st, &e, true)? as i64,
+                None => 0,
+            };
+            int(out, n);
+            Ok(())
+        }
+        Id::Expire | Id::Pexpire | Id::Expireat | Id::Pexpireat => expire_cmd(st, w, id, a, out),
         Id::Getset => {
             let Ok((p, e)) = probe_typed(w, st, a[1], T_STRING, out) else {
                 return Ok(());
@@ -1622,6 +1714,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             match e {
                 Some(e) => {
                     let old = ks::string_value(w, &e).into_owned();
+                    let e = without_ttl(w, st, e)?;
                     ks::set_string(w, st, &e, a[2])?;
                     bulk(out, &old);
                 }
@@ -1668,7 +1761,10 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             for kv in a[1..].chunks(2) {
                 let (p, e) = ks::probe(w, st, kv[0]);
                 match e {
-                    Some(e) => ks::set_string(w, st, &e, kv[1])?,
+                    Some(e) => {
+                        let e = without_ttl(w, st, e)?;
+                        ks::set_string(w, st, &e, kv[1])?
+                    }
                     None => ks::insert_string(w, st, &p, kv[0], kv[1])?,
                 }
             }
@@ -2369,6 +2465,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             // The source's links may have moved with the deletion: look it up again. Its value
             // is copied element by element into a new object of the same type.
             let src = ks::lookup(w, st, a[1]).unwrap_or(src);
+            let ttl = expire::deadline(w, st, &src);
             match src.ty() {
                 T_STRING => {
                     let v = ks::string_value(w, &src).into_owned();
@@ -2419,6 +2516,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 }
                 _ => return Err(HeapError::Damaged(src.off)),
             }
+            set_ttl(w, st, a[2], ttl)?;
             int(out, 1);
             Ok(())
         }
@@ -2443,8 +2541,10 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 }
                 ks::delete(w, st, &d)?;
             }
-            // The source's links may have moved with the deletion (one bucket chain).
+            // The source's links may have moved with the deletion (one bucket chain). Its
+            // deadline goes with it (Redis' RENAME keeps the time to live).
             let src = ks::lookup(w, st, a[1]).unwrap_or(src);
+            let ttl = expire::deadline(w, st, &src);
             if src.ty() == T_STRING {
                 let v = ks::string_value(w, &src).into_owned();
                 ks::delete(w, st, &src)?;
@@ -2452,11 +2552,13 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 ks::insert_string(w, st, &p, a[2], &v)?;
             } else {
                 // The value object moves to a new entry as it is: no copy of the collection.
+                expire::remove(w, st, &src, false)?;
                 dict::unlink(w, st.keyspace(), src.link, src.off)?;
                 ks::free_entry(w, &src)?;
                 let (p, _) = ks::probe(w, st, a[2]);
                 ks::insert_object(w, st, &p, a[2], src.ty(), src.enc(), src.obj())?;
             }
+            set_ttl(w, st, a[2], ttl)?;
             if nx {
                 int(out, 1);
             } else {
@@ -2751,76 +2853,281 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
 }
 
 fn set_cmd(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
-    let (mut nx, mut xx, mut get) = (false, false, false);
-    let mut expiry = false;
-    let mut i = 3;
-    while i < a.len() {
-        let o = a[i];
-        if is(o, "NX") && !xx {
-            nx = true;
-        } else if is(o, "XX") && !nx {
-            xx = true;
-        } else if is(o, "GET") {
-            get = true;
-        } else if is(o, "KEEPTTL") && !expiry {
-            // No key has a time to live: keeping it is a no-op.
-        } else if (is(o, "EX") || is(o, "PX") || is(o, "EXAT") || is(o, "PXAT"))
-            && !expiry
-            && i + 1 < a.len()
-        {
-            expiry = true;
-            match parse_i64(a[i + 1]) {
-                Some(t) if t > 0 => {}
-                Some(_) => {
-                    reply::error(out, "ERR invalid expire time in 'set' command");
-                    return Ok(());
-                }
-                None => {
-                    not_int(out);
-                    return Ok(());
-                }
+    // Redis 7.0's setCommand and setGenericCommand, step for step.
+    let Some(o) = set_options(a, 3, true, out) else {
+        return Ok(());
+    };
+    let at = match o.ttl {
+        Some((unit, arg)) => match deadline_arg(arg, unit, "set", out) {
+            Some(t) => Some(t),
+            None => return Ok(()),
+        },
+        None => None,
+    };
+    let (p, e) = ks::probe(w, st, a[1]);
+    if o.get {
+        match e {
+            Some(e) if e.ty() != T_STRING => {
+                wrongtype(out);
+                return Ok(());
             }
+            Some(e) => bulk(out, &ks::string_value(w, &e)),
+            None => null(out),
+        }
+    }
+    if o.nx && e.is_some() || o.xx && e.is_none() {
+        if !o.get {
+            null(out);
+        }
+        return Ok(());
+    }
+    match e {
+        Some(e) => {
+            let e = if o.keepttl { e } else { without_ttl(w, st, e)? };
+            ks::set_string(w, st, &e, a[2])?
+        }
+        None => ks::insert_string(w, st, &p, a[1], a[2])?,
+    }
+    set_ttl(w, st, a[1], at)?;
+    if !o.get {
+        reply::ok(out);
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Expiry (the deadlines themselves: `crate::ds::expire`).
+
+/// The key arguments of a command, by its table entry's (first, last, step).
+pub fn key_args<'a>(spec: &Spec, a: &'a [&'a [u8]]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    let (first, last, step) = spec.keys;
+    let n = a.len() as i32;
+    let last = if last < 0 { n + last } else { last.min(n - 1) };
+    let range = if first <= 0 || step <= 0 || last < first {
+        0..0
+    } else {
+        first as usize..last as usize + 1
+    };
+    range.step_by(step.max(1) as usize).map(move |i| a[i])
+}
+
+/// Delete the expired keys among write command `spec`'s key arguments, before it runs (Redis'
+/// lookupKeyWrite), so that its own lookups never meet one. Returns how many were deleted.
+pub fn purge_expired(st: &Store, w: &mut Wtx, spec: &Spec, a: &[&[u8]]) -> Result<u64, HeapError> {
+    expire::purge(w, st, key_args(spec, a))
+}
+
+/// How an expiry argument counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ttl {
+    /// Seconds from now.
+    Ex,
+    /// Milliseconds from now.
+    Px,
+    /// Unix time in seconds.
+    Exat,
+    /// Unix time in milliseconds.
+    Pxat,
+}
+
+fn invalid_expire(out: &mut Vec<u8>, cmd: &str) {
+    reply::error(out, &format!("ERR invalid expire time in '{cmd}' command"));
+}
+
+/// Redis' getExpireMillisecondsOrReply: the deadline (ms since the epoch) that `arg` says in
+/// `unit`, or `None` after the error reply (not an integer; not positive; overflow).
+fn deadline_arg(arg: &[u8], unit: Ttl, cmd: &str, out: &mut Vec<u8>) -> Option<u64> {
+    let Some(v) = parse_i64(arg) else {
+        not_int(out);
+        return None;
+    };
+    let secs = matches!(unit, Ttl::Ex | Ttl::Exat);
+    if v <= 0 || secs && v > i64::MAX / 1000 {
+        invalid_expire(out, cmd);
+        return None;
+    }
+    let ms = if secs { v * 1000 } else { v };
+    let ms = if matches!(unit, Ttl::Ex | Ttl::Px) {
+        ms.checked_add(expire::now_ms() as i64)
+    } else {
+        Some(ms)
+    };
+    match ms {
+        Some(ms) if ms > 0 => Some(ms as u64),
+        _ => {
+            invalid_expire(out, cmd);
+            None
+        }
+    }
+}
+
+/// SET's and GETEX's options (Redis 7.0's parseExtendedStringArgumentsOrReply).
+#[derive(Default)]
+struct SetOptions<'a> {
+    nx: bool,
+    xx: bool,
+    get: bool,
+    keepttl: bool,
+    persist: bool,
+    ttl: Option<(Ttl, &'a [u8])>,
+}
+
+/// Parse `a[from..]` as SET's options (`set`) or GETEX's; `None` after a syntax error reply.
+/// As Redis: a repeated EX (PX, EXAT, PXAT) takes the last value; mixing units, or a time with
+/// KEEPTTL or PERSIST, is a syntax error.
+fn set_options<'a>(
+    a: &[&'a [u8]],
+    from: usize,
+    set: bool,
+    out: &mut Vec<u8>,
+) -> Option<SetOptions<'a>> {
+    let mut o = SetOptions::default();
+    let mut i = from;
+    while i < a.len() {
+        let opt = a[i];
+        let next = a.get(i + 1).copied();
+        let unit = [
+            ("EX", Ttl::Ex),
+            ("PX", Ttl::Px),
+            ("EXAT", Ttl::Exat),
+            ("PXAT", Ttl::Pxat),
+        ]
+        .into_iter()
+        .find(|(n, _)| is(opt, n))
+        .map(|(_, u)| u);
+        if set && is(opt, "NX") && !o.xx {
+            o.nx = true;
+        } else if set && is(opt, "XX") && !o.nx {
+            o.xx = true;
+        } else if set && is(opt, "GET") {
+            o.get = true;
+        } else if set && is(opt, "KEEPTTL") && !o.persist && o.ttl.is_none() {
+            o.keepttl = true;
+        } else if !set && is(opt, "PERSIST") && o.ttl.is_none() && !o.keepttl {
+            o.persist = true;
+        } else if let (Some(u), Some(v)) = (unit, next) {
+            if o.keepttl || o.persist || o.ttl.is_some_and(|(t, _)| t != u) {
+                syntax(out);
+                return None;
+            }
+            o.ttl = Some((u, v));
             i += 1;
         } else {
             syntax(out);
-            return Ok(());
+            return None;
         }
         i += 1;
     }
-    if expiry {
+    Some(o)
+}
+
+/// The live entry `e` without its deadline (SET, GETSET, MSET and SETEX give a key a new
+/// value and drop its time to live; most other writes keep it).
+fn without_ttl(w: &mut Wtx, st: &Store, e: Entry) -> Result<Entry, HeapError> {
+    if expire::remove(w, st, &e, true)? {
+        Ok(Entry {
+            meta: e.meta & !expire::F_VOLATILE,
+            ..e
+        })
+    } else {
+        Ok(e)
+    }
+}
+
+/// Give `key` (live, just written) deadline `at`, if any.
+fn set_ttl(w: &mut Wtx, st: &Store, key: &[u8], at: Option<u64>) -> HResult {
+    if let Some(at) = at {
+        match ks::probe_raw(w, st, key).1 {
+            Some(e) => {
+                expire::set(w, st, &e, at)?;
+            }
+            None => return Err(HeapError::Damaged(st.keyspace())),
+        }
+    }
+    Ok(())
+}
+
+/// EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT (Redis 7.0's expireGenericCommand): options first,
+/// then the time (overflow is an error), then the key; NX/XX/GT/LT against its current
+/// deadline (none counts as infinite); a time already past deletes the key.
+fn expire_cmd(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
+    let (name, secs, relative) = match id {
+        Id::Expire => ("expire", true, true),
+        Id::Pexpire => ("pexpire", false, true),
+        Id::Expireat => ("expireat", true, false),
+        _ => ("pexpireat", false, false),
+    };
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for o in &a[3..] {
+        if is(o, "NX") {
+            nx = true;
+        } else if is(o, "XX") {
+            xx = true;
+        } else if is(o, "GT") {
+            gt = true;
+        } else if is(o, "LT") {
+            lt = true;
+        } else {
+            reply::error(
+                out,
+                &format!("ERR Unsupported option {}", String::from_utf8_lossy(o)),
+            );
+            return Ok(());
+        }
+    }
+    if nx && (xx || gt || lt) {
         reply::error(
             out,
-            "ERR SET with an expiry (EX/PX/EXAT/PXAT) is not supported by tiermem-kv (keys never expire)",
+            "ERR NX and XX, GT or LT options at the same time are not compatible",
         );
         return Ok(());
     }
-    let (p, e) = ks::probe(w, st, a[1]);
-    if get && e.is_some_and(|e| e.ty() != T_STRING) {
-        wrongtype(out);
+    if gt && lt {
+        reply::error(
+            out,
+            "ERR GT and LT options at the same time are not compatible",
+        );
         return Ok(());
     }
-    let old = if get {
-        e.map(|e| ks::string_value(w, &e).into_owned())
-    } else {
-        None
+    let Some(mut when) = parse_i64(a[2]) else {
+        not_int(out);
+        return Ok(());
     };
-    let doit = !(nx && e.is_some() || xx && e.is_none());
-    if doit {
-        match e {
-            Some(e) => ks::set_string(w, st, &e, a[2])?,
-            None => ks::insert_string(w, st, &p, a[1], a[2])?,
+    if secs {
+        if !(i64::MIN / 1000..=i64::MAX / 1000).contains(&when) {
+            invalid_expire(out, name);
+            return Ok(());
+        }
+        when *= 1000;
+    }
+    let now = expire::now_ms() as i64;
+    let base = if relative { now } else { 0 };
+    if when > i64::MAX - base {
+        invalid_expire(out, name);
+        return Ok(());
+    }
+    when += base;
+    let Some(e) = ks::lookup(w, st, a[1]) else {
+        int(out, 0);
+        return Ok(());
+    };
+    if nx || xx || gt || lt {
+        let cur = expire::deadline(w, st, &e).map(|t| t.min(i64::MAX as u64) as i64);
+        if nx && cur.is_some()
+            || xx && cur.is_none()
+            || gt && cur.map_or(true, |c| when <= c)
+            || lt && cur.is_some_and(|c| when >= c)
+        {
+            int(out, 0);
+            return Ok(());
         }
     }
-    if get {
-        match old {
-            Some(v) => bulk(out, &v),
-            None => null(out),
-        }
-    } else if doit {
-        reply::ok(out);
+    if when <= now {
+        ks::delete(w, st, &e)?;
     } else {
-        null(out);
+        expire::set(w, st, &e, when as u64)?;
     }
+    int(out, 1);
     Ok(())
 }
 

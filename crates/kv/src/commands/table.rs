@@ -91,11 +91,13 @@ commands! {
     Scan "scan" -2 Read (0, 0, 0);
     Ttl "ttl" 2 Read (1, 1, 1);
     Pttl "pttl" 2 Read (1, 1, 1);
-    Persist "persist" 2 Read (1, 1, 1);
-    Expire "expire" -3 Read (1, 1, 1);
-    Pexpire "pexpire" -3 Read (1, 1, 1);
-    Expireat "expireat" -3 Read (1, 1, 1);
-    Pexpireat "pexpireat" -3 Read (1, 1, 1);
+    Expiretime "expiretime" 2 Read (1, 1, 1);
+    Pexpiretime "pexpiretime" 2 Read (1, 1, 1);
+    Persist "persist" 2 Write (1, 1, 1);
+    Expire "expire" -3 Write (1, 1, 1);
+    Pexpire "pexpire" -3 Write (1, 1, 1);
+    Expireat "expireat" -3 Write (1, 1, 1);
+    Pexpireat "pexpireat" -3 Write (1, 1, 1);
     Object "object" -2 Read (2, 2, 1);
     // Strings.
     Get "get" 2 Read (1, 1, 1);
@@ -103,6 +105,9 @@ commands! {
     Setnx "setnx" 3 Write (1, 1, 1);
     Getset "getset" 3 Write (1, 1, 1);
     Getdel "getdel" 2 Write (1, 1, 1);
+    Getex "getex" -2 Write (1, 1, 1);
+    Setex "setex" 4 Write (1, 1, 1);
+    Psetex "psetex" 4 Write (1, 1, 1);
     Mget "mget" -2 Read (1, -1, 1);
     Mset "mset" -3 Write (1, -1, 2);
     Msetnx "msetnx" -3 Write (1, -1, 2);

@@ -76,8 +76,14 @@ pub fn drop_value(w: &mut Wtx, st: &Store, ty: u8, enc: u8, val: Off) -> Result<
     }
 }
 
-/// FLUSHALL: replace the keyspace by an empty one; the old one goes on the garbage list.
+/// FLUSHALL: replace the keyspace by an empty one; the old one and the expires dict go on the
+/// garbage list.
 pub fn flush(w: &mut Wtx, st: &Store) -> Result<()> {
+    // The deadlines go with the keys: the expires dict (header block and entries, which own
+    // nothing else) is freed as a set's dict would be.
+    if let Some(x) = super::expire::detach(w, st)? {
+        push(w, G_DICT, x, 0, x, dict::DICT_HDR)?;
+    }
     let ks = st.keyspace();
     if dict::len(w, ks) == 0 {
         return Ok(());

@@ -5,6 +5,7 @@
 //! ```text
 //! 0   next (dict chain)          8   hash of the key
 //! 16  meta: key length (u32) | type << 32 | encoding << 40 | size class of this block << 48
+//!     | F_VOLATILE (bit 56: the key has a deadline, see `expire`)
 //! 24  value word: inline string → its length; otherwise the value object's offset
 //! 32  key bytes, then (inline string) the value bytes
 //! ```
@@ -14,6 +15,7 @@
 //! rewrites it in place (one write); otherwise a new entry replaces the old one in its chain.
 
 use super::dict::{self, Kind, Probe, E_META, E_NEXT};
+use super::expire::{self, F_VOLATILE};
 use super::{class_of, class_size, damaged, garbage, Mem, OpError, Store, Wtx, CLASS_LARGE};
 use crate::heap::{Off, Result};
 use std::borrow::Cow;
@@ -96,6 +98,11 @@ impl Entry {
     pub fn klen(&self) -> usize {
         self.meta as u32 as usize
     }
+    /// Whether the key has a deadline (see `expire`).
+    #[inline]
+    pub fn volatile(&self) -> bool {
+        self.meta & F_VOLATILE != 0
+    }
     /// Size class of the entry's block.
     #[inline]
     pub fn class(&self) -> u8 {
@@ -156,16 +163,44 @@ fn entry_of<M: Mem>(m: &M, off: Off, link: Off) -> Entry {
     e
 }
 
-/// Look `key` up (readers and writers).
+/// Look `key` up (readers and writers). A key whose deadline has passed at this command's
+/// time reads as absent.
 pub fn lookup<M: Mem>(m: &M, st: &Store, key: &[u8]) -> Option<Entry> {
     probe(m, st, key).1
 }
 
-/// Look `key` up, keeping where it would be inserted.
+/// Look `key` up, keeping where it would be inserted. An expired key reads as absent (`None`)
+/// while `Probe::found` still holds its entry: [`insert_string`] and [`insert_object`] delete
+/// it before they insert.
 pub fn probe<M: Mem>(m: &M, st: &Store, key: &[u8]) -> (Probe, Option<Entry>) {
+    let (p, e) = probe_raw(m, st, key);
+    let e = e.filter(|e| !expire::expired_hashed(m, st, e, p.hash));
+    (p, e)
+}
+
+/// Look `key` up whether or not it has expired.
+pub fn probe_raw<M: Mem>(m: &M, st: &Store, key: &[u8]) -> (Probe, Option<Entry>) {
     let p = dict::probe::<M, KsKind>(m, st.keyspace(), st.hash(key), key);
     let e = p.found.map(|(off, link)| entry_of(m, off, link));
     (p, e)
+}
+
+/// The entry at `off`, linked from `link` (from a probe's `found`).
+pub fn entry_linked<M: Mem>(m: &M, off: Off, link: Off) -> Entry {
+    entry_of(m, off, link)
+}
+
+/// The probe `p` of `key` with its entry gone: an expired key still in the keyspace is
+/// deleted first (and `key` probed again).
+fn vacate(w: &mut Wtx, st: &Store, p: &Probe, key: &[u8]) -> Result<Probe> {
+    match p.found {
+        None => Ok(*p),
+        Some((off, link)) => {
+            let e = entry_of(w, off, link);
+            delete(w, st, &e)?;
+            Ok(probe_raw(w, st, key).0)
+        }
+    }
 }
 
 /// Number of keys.
@@ -310,6 +345,7 @@ fn new_string(w: &mut Wtx, next: Off, h: u64, key: &[u8], value: &[u8]) -> Resul
 
 /// Add `key` (absent: `p` from [`probe`] with no keyspace change since) with string `value`.
 pub fn insert_string(w: &mut Wtx, st: &Store, p: &Probe, key: &[u8], value: &[u8]) -> Result<()> {
+    let p = &vacate(w, st, p, key)?;
     let e = new_string(w, p.head, p.hash, key, value)?;
     dict::insert(w, st.keyspace(), p, e)
 }
@@ -324,11 +360,13 @@ pub fn insert_object(
     enc: u8,
     obj: Off,
 ) -> Result<()> {
+    let p = &vacate(w, st, p, key)?;
     let e = new_entry(w, p.head, p.hash, key, ty, enc, obj, None)?;
     dict::insert(w, st.keyspace(), p, e)
 }
 
-/// Make the existing key of `e` hold string `value` (whatever it held before).
+/// Make the existing key of `e` hold string `value` (whatever it held before); its deadline,
+/// if any, stays (SET without KEEPTTL removes it itself).
 pub fn set_string(w: &mut Wtx, st: &Store, e: &Entry, value: &[u8]) -> Result<()> {
     let klen = e.klen();
     if e.ty() == T_STRING && e.enc() == ENC_INLINE && inline_fits(klen, value.len()) {
@@ -356,23 +394,29 @@ pub fn set_string(w: &mut Wtx, st: &Store, e: &Entry, value: &[u8]) -> Result<()
     let h = w.u64(e.off + 8);
     let next = w.u64(e.off + E_NEXT);
     let new = new_string(w, next, h, &key, value)?;
+    if e.volatile() {
+        // The deadline is the key's, not the block's: the new entry keeps it.
+        let m = w.u64(new + E_META);
+        w.write_u64(new + E_META, m | F_VOLATILE)?;
+    }
     dict::replace(w, e.link, new)?;
     drop_entry_value(w, st, e)?;
     free_entry(w, e)
 }
 
-/// Set the value word (and type/encoding) of the existing entry `e`.
+/// Set the value word (and type/encoding) of the existing entry `e` (its deadline stays).
 pub fn set_value(w: &mut Wtx, e: &Entry, ty: u8, enc: u8, val: u64) -> Result<()> {
-    let m = meta(e.klen(), ty, enc, e.class());
+    let m = meta(e.klen(), ty, enc, e.class()) | (e.meta & F_VOLATILE);
     let mut b = [0u8; 16];
     b[0..8].copy_from_slice(&m.to_le_bytes());
     b[8..16].copy_from_slice(&val.to_le_bytes());
     w.write(e.off + E_META, &b)
 }
 
-/// Delete the key of `e` (found with no keyspace change since): unlink it, drop its value
-/// (freed now if small, else put on the garbage list), free the entry.
+/// Delete the key of `e` (found with no keyspace change since): unlink it, remove its
+/// deadline, drop its value (freed now if small, else put on the garbage list), free the entry.
 pub fn delete(w: &mut Wtx, st: &Store, e: &Entry) -> Result<()> {
+    expire::remove(w, st, e, false)?;
     dict::unlink(w, st.keyspace(), e.link, e.off)?;
     drop_entry_value(w, st, e)?;
     free_entry(w, e)

@@ -15,7 +15,7 @@
 //! 24   garbage list head        32   garbage records on the list
 //! 40   used bytes: heap blocks (headers included) allocated by this layer, root included
 //! 48   seed check: a function of the hash seed, never 0 (0: a heap made before it existed)
-//! 56   reserved up to 64
+//! 56   the expires dict's header block (0: no deadline was ever set; see `expire`)
 //! 64   the keyspace dict header (DICT_HDR bytes, see `dict`)
 //! ```
 //!
@@ -30,6 +30,7 @@
 //!   bounded, crash-resumable batches.
 
 pub mod dict;
+pub mod expire;
 pub mod garbage;
 pub mod hash;
 pub mod keyspace;
