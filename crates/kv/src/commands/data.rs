@@ -1032,13 +1032,24 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
             }
         }
         Id::Randomkey => {
-            // Expired keys not yet deleted are skipped (a reader cannot delete them): up to
-            // 100 draws, as Redis tries when every key is volatile.
-            let live = (0..100)
+            // Expired keys not yet deleted are skipped (a reader cannot delete them, where
+            // Redis' RANDOMKEY deletes as it draws): a few random draws, then a walk to the
+            // first live key, so that one live key among many expired ones is still found.
+            let is_live = |e: u64| !expire::expired(m, st, &ks::entry_at(m, e));
+            let mut found = (0..16)
                 .map_while(|_| dict::random(m, st.keyspace()))
-                .find(|&(e, _)| !expire::expired(m, st, &ks::entry_at(m, e)));
-            match live {
-                Some((e, _)) => bulk(out, &ks::key_of(m, e)),
+                .map(|(e, _)| e)
+                .find(|&e| is_live(e));
+            if found.is_none() && expire::count(m, st) > 0 {
+                dict::for_each(m, st.keyspace(), |e| {
+                    if is_live(e) {
+                        found = Some(e);
+                    }
+                    found.is_none()
+                });
+            }
+            match found {
+                Some(e) => bulk(out, &ks::key_of(m, e)),
                 None => null(out),
             }
         }
