@@ -2027,10 +2027,12 @@ fn deadlines_survive_restart() {
             ("GET short", "$-1\r\n"),
             ("LRANGE list 0 -1", "*0\r\n"),
             ("GET long", "$1\r\ny\r\n"),
-            ("TTL long", ":1000\r\n"),
             ("TTL forever", ":-1\r\n"),
         ],
     );
+    // Counted from the same clock: 1000 s less the time since it was set (rounded).
+    let ttl = cmd(&svc, &mut s, "TTL long");
+    assert!(ttl == ":1000\r\n" || ttl == ":999\r\n", "{ttl}");
     assert_eq!(
         svc.active_expire(std::time::Duration::from_millis(50))
             .unwrap(),
