@@ -26,6 +26,7 @@ mod admin;
 mod bitfield;
 mod data;
 pub mod ldfloat;
+pub mod multi;
 pub mod reply;
 pub mod table;
 
@@ -81,6 +82,10 @@ pub struct Session {
     name: Option<Vec<u8>>,
     peer: String,
     created: Instant,
+    /// The open transaction (MULTI), if any.
+    multi: Option<multi::Multi>,
+    /// WATCHed keys.
+    watch: multi::WatchState,
 }
 
 impl Session {
@@ -154,6 +159,8 @@ pub struct KvService {
     nosave: AtomicBool,
     /// Snapshots of the heap (the volatile engine; see [`KvService::set_persistence`]).
     persistence: std::sync::OnceLock<Arc<crate::persistence::Persistence>>,
+    /// Who WATCHes which key.
+    watches: multi::Watches,
 }
 
 /// Most damaged heap offsets logged one by one (then one line says that more were found).
@@ -216,6 +223,7 @@ impl KvService {
             writes_refused: AtomicU64::new(0),
             nosave: AtomicBool::new(false),
             persistence: std::sync::OnceLock::new(),
+            watches: multi::Watches::default(),
         })
     }
 
@@ -616,10 +624,14 @@ impl KvService {
             crate::ds::take_damage();
             let mut w = Wtx::new(&self.heap, self.store.root);
             let mut expired = 0;
+            let flushed = self.flush_touches(&w, spec);
+            let mut before = 0;
             let res = data::purge_expired(&self.store, &mut w, spec, r).and_then(|n| {
                 expired = n;
+                before = w.logged_bytes();
                 data::write(&self.store, &mut w, spec.id, r, out)
             });
+            let changed = w.logged_bytes() > before;
             let dirty = w.dirty();
             let res = match res {
                 Ok(()) => w.commit(),
@@ -634,6 +646,10 @@ impl KvService {
                     if matches!(spec.id, Id::Flushall | Id::Flushdb) {
                         self.stats.avg_ttl.store(0, Relaxed);
                     }
+                    if changed {
+                        self.watches.touch(data::key_args(spec, r));
+                    }
+                    self.watches.touch(flushed.iter().map(|k| k.as_slice()));
                     if dirty {
                         self.stats.commits.fetch_add(1, Relaxed);
                         self.stats.changes.fetch_add(1, Relaxed);
@@ -702,8 +718,27 @@ impl KvService {
             // The command's time: a key cannot expire halfway through it.
             crate::ds::expire::tick();
             let Some(spec) = self.check(r, out) else {
+                if let Some(m) = &mut s.multi {
+                    m.failed = true;
+                }
                 continue;
             };
+            if s.multi.is_some() && spec.id != Id::Quit
+                || matches!(
+                    spec.id,
+                    Id::Multi | Id::Exec | Id::Discard | Id::Watch | Id::Unwatch
+                )
+            {
+                let c = self.transaction(s, spec, r, out, cx, &mut held);
+                if c != Control::Continue {
+                    return Executed::new(c, i);
+                }
+                if budget.over() || out.len() > limit {
+                    out.truncate(mark);
+                    return Executed::new(Control::OutputFull, i + 1);
+                }
+                continue;
+            }
             match spec.kind {
                 Kind::Admin => {
                     let c = self.admin(s, spec, r, out, &mut held);
@@ -764,6 +799,7 @@ impl KvService {
         let mut failed = None;
         let mut writes = 0u64;
         let mut expired = 0u64;
+        let mut touched: Vec<Vec<u8>> = Vec::new();
         let mut ran = reqs.len();
         let mut full = false;
         let budget = reply::Budget::new();
@@ -782,13 +818,19 @@ impl KvService {
                     }
                     Kind::Read => self.read(cx, &w, s, spec, r, out),
                     Kind::Write => {
+                        touched.extend(self.flush_touches(&w, spec));
+                        let mut before = 0;
                         let res = data::purge_expired(&self.store, &mut w, spec, r).and_then(|n| {
                             expired += n;
+                            before = w.logged_bytes();
                             data::write(&self.store, &mut w, spec.id, r, out)
                         });
                         if let Err(e) = res {
                             failed = Some(e);
                             break;
+                        }
+                        if self.watches.active() && w.logged_bytes() > before {
+                            touched.extend(data::key_args(spec, r).map(|k| k.to_vec()));
                         }
                         if matches!(spec.id, Id::Flushall | Id::Flushdb) {
                             self.stats.avg_ttl.store(0, Relaxed);
@@ -815,6 +857,7 @@ impl KvService {
         match res {
             Ok(()) => {
                 self.stats.expired.fetch_add(expired, Relaxed);
+                self.watches.touch(touched.iter().map(|k| k.as_slice()));
                 if dirty {
                     self.stats.commits.fetch_add(1, Relaxed);
                     self.stats.changes.fetch_add(writes, Relaxed);
@@ -848,6 +891,215 @@ impl KvService {
     }
 
     /// [`KvService::read`], its whole reply replaced by an error if it met a damaged heap.
+    /// FLUSHALL and FLUSHDB change every key that exists: the watched ones among them, read
+    /// through `m` before the command runs (empty for other commands, or nothing watched).
+    fn flush_touches<M: crate::ds::Mem>(&self, m: &M, spec: &Spec) -> Vec<Vec<u8>> {
+        if !self.watches.active() || !matches!(spec.id, Id::Flushall | Id::Flushdb) {
+            return Vec::new();
+        }
+        let mut keys = self.watches.keys();
+        keys.retain(|k| crate::ds::keyspace::lookup(m, &self.store, k).is_some());
+        keys
+    }
+
+    /// Forget every key `s` watches.
+    fn unwatch_all(&self, s: &mut Session) {
+        let keys = std::mem::take(&mut s.watch.keys);
+        self.watches
+            .unwatch(s.id, keys.iter().map(|(k, _)| k.as_slice()));
+        s.watch.dirty.store(false, Relaxed);
+    }
+
+    /// MULTI, EXEC, DISCARD, WATCH, UNWATCH, and any command of a session inside MULTI (queued).
+    fn transaction<'a>(
+        &'a self,
+        s: &mut Session,
+        spec: &Spec,
+        r: &[&[u8]],
+        out: &mut Vec<u8>,
+        cx: &mut data::Counters,
+        held: &mut Held<'a>,
+    ) -> Control {
+        match (spec.id, s.multi.is_some()) {
+            (Id::Multi, true) => reply::error(out, "ERR MULTI calls can not be nested"),
+            (Id::Multi, false) => {
+                s.multi = Some(multi::Multi::default());
+                reply::ok(out);
+            }
+            (Id::Discard, false) => reply::error(out, "ERR DISCARD without MULTI"),
+            (Id::Discard, true) => {
+                s.multi = None;
+                self.unwatch_all(s);
+                reply::ok(out);
+            }
+            (Id::Exec, false) => reply::error(out, "ERR EXEC without MULTI"),
+            (Id::Exec, true) => return self.exec(s, out, cx, held),
+            (Id::Watch, true) => reply::error(out, "ERR WATCH inside MULTI is not allowed"),
+            (Id::Watch, false) => {
+                if matches!(held, Held::None) {
+                    let Some(g) = self.read_unfrozen() else {
+                        return Control::Close;
+                    };
+                    *held = Held::Read(g);
+                }
+                let v = View::of(&self.heap);
+                for k in &r[1..] {
+                    if self.watches.watch(s.id, &s.watch.dirty, k) {
+                        let live = crate::ds::keyspace::lookup(&v, &self.store, k).is_some();
+                        s.watch.keys.push((k.to_vec(), live));
+                    }
+                }
+                reply::ok(out);
+            }
+            (Id::Unwatch, false) => {
+                self.unwatch_all(s);
+                reply::ok(out);
+            }
+            (_, true) => {
+                // Queue it (UNWATCH too, as Redis does).
+                let Some(m) = s.multi.as_mut() else {
+                    return Control::Continue;
+                };
+                let bytes: usize = r.iter().map(|a| a.len()).sum();
+                if !multi::allowed_in_multi(spec.id) {
+                    m.failed = true;
+                    reply::error(out, "ERR Command not allowed inside a transaction");
+                } else if m.bytes + bytes > multi::MAX_QUEUED_BYTES {
+                    m.failed = true;
+                    reply::error(
+                        out,
+                        &format!(
+                            "ERR transaction too large: more than {} MiB of queued arguments",
+                            multi::MAX_QUEUED_BYTES >> 20
+                        ),
+                    );
+                } else {
+                    m.bytes += bytes;
+                    m.queued.push(r.iter().map(|a| a.to_vec()).collect());
+                    reply::simple(out, "QUEUED");
+                }
+            }
+            (_, false) => reply::error(out, "ERR internal: not a transaction command"),
+        }
+        Control::Continue
+    }
+
+    /// EXEC: the queue in one heap transaction under the write lock (see [`multi`]).
+    fn exec<'a>(
+        &'a self,
+        s: &mut Session,
+        out: &mut Vec<u8>,
+        cx: &mut data::Counters,
+        held: &mut Held<'a>,
+    ) -> Control {
+        let Some(m) = s.multi.take() else {
+            reply::error(out, "ERR EXEC without MULTI");
+            return Control::Continue;
+        };
+        if m.failed {
+            self.unwatch_all(s);
+            reply::error(
+                out,
+                "EXECABORT Transaction discarded because of previous errors.",
+            );
+            return Control::Continue;
+        }
+        if !matches!(held, Held::Write(_)) {
+            drop(std::mem::replace(held, Held::None));
+            let Some(g) = self.write_unfrozen() else {
+                return Control::Close;
+            };
+            *held = Held::Write(g);
+        }
+        let v = View::of(&self.heap);
+        let stale = s.watch.dirty.load(Relaxed)
+            || s.watch.keys.iter().any(|(k, live)| {
+                *live && crate::ds::keyspace::lookup(&v, &self.store, k).is_none()
+            });
+        self.unwatch_all(s);
+        if stale {
+            reply::null_array(out);
+            return Control::Continue;
+        }
+        let specs: Vec<&'static Spec> = m
+            .queued
+            .iter()
+            .filter_map(|q| table::lookup(&q[0]))
+            .collect();
+        if specs.iter().any(|sp| sp.kind == Kind::Write) && self.refuse_write(out) {
+            return Control::Continue;
+        }
+        let mark = out.len();
+        reply::array(out, m.queued.len());
+        crate::ds::take_damage();
+        let mut w = Wtx::new(&self.heap, self.store.root);
+        let mut inner = Held::None; // the EXEC holds the lock
+        let (mut writes, mut expired) = (0u64, 0u64);
+        let mut touched: Vec<Vec<u8>> = Vec::new();
+        let mut failed = None;
+        for (q, spec) in m.queued.iter().zip(&specs) {
+            let r: Vec<&[u8]> = q.iter().map(|a| a.as_slice()).collect();
+            crate::ds::expire::tick();
+            match spec.kind {
+                Kind::Admin => {
+                    self.admin(s, spec, &r, out, &mut inner);
+                }
+                Kind::Read => self.read(cx, &w, s, spec, &r, out),
+                Kind::Write => {
+                    touched.extend(self.flush_touches(&w, spec));
+                    let mut before = 0;
+                    let res = data::purge_expired(&self.store, &mut w, spec, &r).and_then(|n| {
+                        expired += n;
+                        before = w.logged_bytes();
+                        data::write(&self.store, &mut w, spec.id, &r, out)
+                    });
+                    if let Err(e) = res {
+                        failed = Some(e);
+                        break;
+                    }
+                    if w.logged_bytes() > before {
+                        touched.extend(data::key_args(spec, &r).map(|k| k.to_vec()));
+                    }
+                    if matches!(spec.id, Id::Flushall | Id::Flushdb) {
+                        self.stats.avg_ttl.store(0, Relaxed);
+                    }
+                    writes += 1;
+                }
+            }
+        }
+        let dirty = w.dirty();
+        let res = match failed {
+            Some(e) => {
+                w.abort();
+                Err(e)
+            }
+            None => w.commit(),
+        };
+        match res {
+            Ok(()) => {
+                self.stats.expired.fetch_add(expired, Relaxed);
+                self.watches.touch(touched.iter().map(|k| k.as_slice()));
+                if dirty {
+                    self.stats.commits.fetch_add(1, Relaxed);
+                    self.stats.changes.fetch_add(writes, Relaxed);
+                    self.garbage
+                        .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
+                }
+            }
+            Err(e) => {
+                // All or nothing: the EXEC changed nothing and says why.
+                self.stats.aborts.fetch_add(1, Relaxed);
+                out.truncate(mark);
+                let e = match crate::ds::take_damage() {
+                    Some(off) => HeapError::Damaged(off),
+                    None => e,
+                };
+                self.heap_error(out, &e);
+            }
+        }
+        Control::Continue
+    }
+
     fn read_checked<M: crate::ds::Mem>(
         &self,
         cx: &mut data::Counters,
@@ -896,8 +1148,20 @@ fn is_write(r: &[&[u8]]) -> bool {
 }
 
 fn is_end(r: &[&[u8]]) -> bool {
-    table::lookup(r[0])
-        .is_some_and(|s| matches!(s.id, Id::Quit | Id::Shutdown | Id::Save | Id::Bgsave))
+    table::lookup(r[0]).is_some_and(|s| {
+        matches!(
+            s.id,
+            Id::Quit
+                | Id::Shutdown
+                | Id::Save
+                | Id::Bgsave
+                | Id::Multi
+                | Id::Exec
+                | Id::Discard
+                | Id::Watch
+                | Id::Unwatch
+        )
+    })
 }
 
 impl Service for KvService {
@@ -911,6 +1175,8 @@ impl Service for KvService {
             name: None,
             peer: peer.to_string(),
             created: Instant::now(),
+            multi: None,
+            watch: multi::WatchState::default(),
         }
     }
 
@@ -926,6 +1192,7 @@ impl Service for KvService {
         }
         let mut cx = data::Counters::default();
         let group = self.durability == Durability::Async
+            && s.multi.is_none()
             && reqs.iter().filter(|r| is_write(r)).count() > 1
             && !reqs.iter().any(|r| is_end(r));
         let c = if group {
@@ -954,7 +1221,8 @@ impl Service for KvService {
         }
     }
 
-    fn close_session(&self, _s: Session) {
+    fn close_session(&self, mut s: Session) {
+        self.unwatch_all(&mut s);
         self.stats.connected.fetch_sub(1, Relaxed);
     }
 }

@@ -2040,3 +2040,197 @@ fn deadlines_survive_restart() {
     );
     check(&svc, &mut s, &[("DBSIZE", ":2\r\n")]);
 }
+
+/// MULTI/EXEC/DISCARD/WATCH/UNWATCH: replies as redis-server 7.0 gave them for the same
+/// commands from two connections (nesting, errors while queueing, commands not allowed,
+/// runtime errors inside EXEC, WATCH against the other connection's writes, a no-op write, a
+/// key that expires, UNWATCH, FLUSHALL of a watched key that exists and of one that does not).
+#[test]
+fn transactions_as_redis_7_0() {
+    for eng in ENGINES {
+        for d in [Durability::Commit, Durability::Async] {
+            let mut fx = Fixture::new(eng);
+            let svc = service(&mut fx, d);
+            let mut a = svc.open_session("a");
+            let mut b = svc.open_session("b");
+            let nil = "*-1\r\n";
+            let steps: &[(bool, &str, &str)] = &[
+                (true, "MULTI", "+OK\r\n"),
+                (true, "MULTI", "-ERR MULTI calls can not be nested\r\n"),
+                (true, "SET k 1", "+QUEUED\r\n"),
+                (true, "EXEC", "*1\r\n+OK\r\n"),
+                (true, "EXEC", "-ERR EXEC without MULTI\r\n"),
+                (true, "DISCARD", "-ERR DISCARD without MULTI\r\n"),
+                (
+                    true,
+                    "WATCH",
+                    "-ERR wrong number of arguments for 'watch' command\r\n",
+                ),
+                (true, "MULTI", "+OK\r\n"),
+                (
+                    true,
+                    "WATCH x",
+                    "-ERR WATCH inside MULTI is not allowed\r\n",
+                ),
+                (true, "EXEC", "*0\r\n"),
+                (true, "MULTI", "+OK\r\n"),
+                (
+                    true,
+                    "NOSUCH",
+                    "-ERR unknown command 'NOSUCH', with args beginning with: \r\n",
+                ),
+                (
+                    true,
+                    "SET k",
+                    "-ERR wrong number of arguments for 'set' command\r\n",
+                ),
+                (
+                    true,
+                    "EXEC",
+                    "-EXECABORT Transaction discarded because of previous errors.\r\n",
+                ),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "GET k", "+QUEUED\r\n"),
+                (true, "LPUSH k x", "+QUEUED\r\n"),
+                (true, "INCR k", "+QUEUED\r\n"),
+                (true, "EXEC", &format!("*3\r\n$1\r\n1\r\n{WRONGTYPE}:2\r\n")),
+                (true, "MULTI", "+OK\r\n"),
+                (
+                    true,
+                    "SAVE",
+                    "-ERR Command not allowed inside a transaction\r\n",
+                ),
+                (
+                    true,
+                    "EXEC",
+                    "-EXECABORT Transaction discarded because of previous errors.\r\n",
+                ),
+                (true, "MULTI", "+OK\r\n"),
+                (
+                    true,
+                    "SHUTDOWN",
+                    "-ERR Command not allowed inside a transaction\r\n",
+                ),
+                (
+                    true,
+                    "EXEC",
+                    "-EXECABORT Transaction discarded because of previous errors.\r\n",
+                ),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "SELECT 0", "+QUEUED\r\n"),
+                (true, "PING", "+QUEUED\r\n"),
+                (true, "EXEC", "*2\r\n+OK\r\n+PONG\r\n"),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "DISCARD", "+OK\r\n"),
+                (true, "DISCARD", "-ERR DISCARD without MULTI\r\n"),
+                // WATCH.
+                (true, "SET w 1", "+OK\r\n"),
+                (true, "WATCH w", "+OK\r\n"),
+                (false, "SET w 2", "+OK\r\n"),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "GET w", "+QUEUED\r\n"),
+                (true, "EXEC", nil),
+                (true, "WATCH w", "+OK\r\n"),
+                (false, "SETNX w 3", ":0\r\n"),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "GET w", "+QUEUED\r\n"),
+                (true, "EXEC", "*1\r\n$1\r\n2\r\n"),
+                (true, "WATCH nokey2", "+OK\r\n"),
+                (false, "SET nokey2 1", "+OK\r\n"),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "PING", "+QUEUED\r\n"),
+                (true, "EXEC", nil),
+                (true, "WATCH w", "+OK\r\n"),
+                (true, "UNWATCH", "+OK\r\n"),
+                (false, "SET w 9", "+OK\r\n"),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "GET w", "+QUEUED\r\n"),
+                (true, "EXEC", "*1\r\n$1\r\n9\r\n"),
+                (true, "WATCH w", "+OK\r\n"),
+                (true, "SET w 10", "+OK\r\n"),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "GET w", "+QUEUED\r\n"),
+                (true, "EXEC", nil),
+                (true, "WATCH w", "+OK\r\n"),
+                (false, "FLUSHALL", "+OK\r\n"),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "PING", "+QUEUED\r\n"),
+                (true, "EXEC", nil),
+                (true, "WATCH w", "+OK\r\n"),
+                (false, "FLUSHALL", "+OK\r\n"),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "PING", "+QUEUED\r\n"),
+                (true, "EXEC", "*1\r\n+PONG\r\n"),
+                (true, "MULTI", "+OK\r\n"),
+                (true, "WAIT 0 0", "+QUEUED\r\n"),
+                (true, "EXEC", "*1\r\n:0\r\n"),
+                // A watched key that expires fails the EXEC.
+                (true, "SET e 1 PX 30", "+OK\r\n"),
+                (true, "WATCH e", "+OK\r\n"),
+            ];
+            for (on_a, line, want) in steps {
+                let s = if *on_a { &mut a } else { &mut b };
+                assert_eq!(cmd(&svc, s, line), *want, "{line} ({eng:?}, {d:?})");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(60));
+            check(
+                &svc,
+                &mut a,
+                &[("MULTI", "+OK\r\n"), ("PING", "+QUEUED\r\n"), ("EXEC", nil)],
+            );
+            // A pipeline: the writes inside EXEC are one transaction, reads see them.
+            let (out, _) = exec(
+                &svc,
+                &mut a,
+                &[
+                    &[b"MULTI"],
+                    &[b"SET", b"p", b"1"],
+                    &[b"INCR", b"p"],
+                    &[b"GET", b"p"],
+                    &[b"EXEC"],
+                    &[b"GET", b"p"],
+                ],
+            );
+            assert_eq!(
+                out,
+                "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n:2\r\n$1\r\n2\r\n$1\r\n2\r\n"
+            );
+        }
+    }
+}
+
+/// An EXEC that cannot fit the log fails whole: nothing it queued is changed.
+#[test]
+fn an_exec_too_large_changes_nothing() {
+    let mut fx = Fixture::new(Eng::Volatile);
+    let mut heap = fx.take();
+    heap.set_max_tx_bytes(64 << 10);
+    let svc = KvService::new(heap, Durability::Commit).unwrap();
+    let mut s = svc.open_session("t");
+    check(
+        &svc,
+        &mut s,
+        &[
+            ("SET a old", "+OK\r\n"),
+            ("MULTI", "+OK\r\n"),
+            ("SET a new", "+QUEUED\r\n"),
+        ],
+    );
+    let big = "x".repeat(40 << 10);
+    for i in 0..4 {
+        assert_eq!(
+            cmd(&svc, &mut s, &format!("SET big{i} {big}")),
+            "+QUEUED\r\n"
+        );
+    }
+    let r = cmd(&svc, &mut s, "EXEC");
+    assert!(
+        r.starts_with("-ERR command too large for one transaction"),
+        "{r}"
+    );
+    check(
+        &svc,
+        &mut s,
+        &[("GET a", "$3\r\nold\r\n"), ("EXISTS big0", ":0\r\n")],
+    );
+}

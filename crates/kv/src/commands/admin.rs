@@ -290,6 +290,8 @@ impl KvService {
                     .map_or(self.last_save.load(Relaxed), |p| p.last_save()) as i64,
             ),
             Id::Wait => int(out, 0),
+            // Queued inside MULTI (Redis queues it too): EXEC unwatches everything anyway.
+            Id::Unwatch => reply::ok(out),
             Id::Migrate => {
                 // TIERMEM.MIGRATE <fam-dir> <listen ip:port> <migration id, hex>
                 //   [fam|socket [expiration-ms [net-delay]]]

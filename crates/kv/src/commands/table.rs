@@ -73,6 +73,11 @@ commands! {
     Lastsave "lastsave" 1 Admin (0, 0, 0);
     Wait "wait" 3 Admin (0, 0, 0);
     Migrate "tiermem.migrate" -4 Admin (0, 0, 0);
+    Multi "multi" 1 Admin (0, 0, 0);
+    Exec "exec" 1 Admin (0, 0, 0);
+    Discard "discard" 1 Admin (0, 0, 0);
+    Watch "watch" -2 Admin (1, -1, 1);
+    Unwatch "unwatch" 1 Admin (0, 0, 0);
     Info "info" -1 Read (0, 0, 0);
     Dbsize "dbsize" 1 Read (0, 0, 0);
     Flushall "flushall" -1 Write (0, 0, 0);
