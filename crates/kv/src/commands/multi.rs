@@ -45,10 +45,13 @@ pub struct WatchState {
     pub dirty: Arc<AtomicBool>,
 }
 
+/// A watcher: its session id and the dirty flag of its [`WatchState`].
+type Watcher = (u64, Arc<AtomicBool>);
+
 /// The sessions watching each key (shared by all sessions of a service).
 #[derive(Default)]
 pub struct Watches {
-    map: Mutex<HashMap<Vec<u8>, Vec<(u64, Arc<AtomicBool>)>>>,
+    map: Mutex<HashMap<Vec<u8>, Vec<Watcher>>>,
     /// Watched (key, session) pairs: 0 lets writers skip the map.
     n: AtomicUsize,
 }
