@@ -82,6 +82,8 @@ pub struct Session {
     name: Option<Vec<u8>>,
     peer: String,
     created: Instant,
+    /// The selected database (SELECT).
+    db: usize,
     /// The open transaction (MULTI), if any.
     multi: Option<multi::Multi>,
     /// WATCHed keys.
@@ -207,7 +209,7 @@ impl KvService {
                 // The heap is the memory limit (writes past it fail with -OOM).
                 ("maxmemory".into(), heap_bytes.to_string()),
                 ("maxmemory-policy".into(), "noeviction".into()),
-                ("databases".into(), "1".into()),
+                ("databases".into(), crate::ds::DATABASES.to_string()),
             ],
             started: Instant::now(),
             last_save: AtomicU64::new(now),
@@ -319,54 +321,60 @@ impl KvService {
     pub fn active_expire(&self, budget: std::time::Duration) -> Result<u64> {
         let t0 = Instant::now();
         let mut total = 0;
-        loop {
-            let Some(_g) = self.write_unfrozen() else {
-                break;
-            };
-            if self.writes_blocked() || expire::count(&View::of(&self.heap), &self.store) == 0 {
-                break;
-            }
-            expire::tick();
-            crate::ds::take_damage();
-            let mut w = Wtx::new(&self.heap, self.store.root);
-            let res = expire::active_cycle(&mut w, &self.store, EXPIRE_SAMPLES);
-            let res = match res {
-                Ok(c) => w.commit().map(|()| c),
-                Err(e) => {
-                    w.abort();
-                    Err(e)
-                }
-            };
-            let c = match res {
-                Ok(c) => c,
-                Err(e) => {
-                    if let Some(off) = crate::ds::take_damage() {
-                        self.note_damage(off);
-                    }
-                    return Err(e);
-                }
-            };
-            if c.deleted > 0 {
-                self.stats.commits.fetch_add(1, Relaxed);
-                self.stats.changes.fetch_add(c.deleted as u64, Relaxed);
-                self.stats.expired.fetch_add(c.deleted as u64, Relaxed);
-                self.garbage
-                    .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
-            }
-            if c.live > 0 {
-                // Redis' running estimate: 2 % of each new sample's average.
-                let avg = c.ttl_sum_ms / c.live as u64;
-                let old = self.stats.avg_ttl.load(Relaxed);
-                let new = if old == 0 {
-                    avg
-                } else {
-                    old / 50 * 49 + avg / 50
+        for db in 0..crate::ds::DATABASES {
+            loop {
+                let Some(_g) = self.write_unfrozen() else {
+                    return Ok(total);
                 };
-                self.stats.avg_ttl.store(new, Relaxed);
-            }
-            total += c.deleted as u64;
-            if c.sampled == 0 || c.deleted * 10 <= c.sampled || t0.elapsed() >= budget {
-                break;
+                let st = self.store.db(&View::of(&self.heap), db);
+                if self.writes_blocked() || expire::count(&View::of(&self.heap), &st) == 0 {
+                    break;
+                }
+                expire::tick();
+                crate::ds::take_damage();
+                let mut w = Wtx::new(&self.heap, self.store.root);
+                let res = expire::active_cycle(&mut w, &st, EXPIRE_SAMPLES);
+                let res = match res {
+                    Ok(c) => w.commit().map(|()| c),
+                    Err(e) => {
+                        w.abort();
+                        Err(e)
+                    }
+                };
+                let c = match res {
+                    Ok(c) => c,
+                    Err(e) => {
+                        if let Some(off) = crate::ds::take_damage() {
+                            self.note_damage(off);
+                        }
+                        return Err(e);
+                    }
+                };
+                if c.deleted > 0 {
+                    self.stats.commits.fetch_add(1, Relaxed);
+                    self.stats.changes.fetch_add(c.deleted as u64, Relaxed);
+                    self.stats.expired.fetch_add(c.deleted as u64, Relaxed);
+                    self.garbage
+                        .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
+                }
+                if c.live > 0 {
+                    // Redis' running estimate: 2 % of each new sample's average.
+                    let avg = c.ttl_sum_ms / c.live as u64;
+                    let old = self.stats.avg_ttl.load(Relaxed);
+                    let new = if old == 0 {
+                        avg
+                    } else {
+                        old / 50 * 49 + avg / 50
+                    };
+                    self.stats.avg_ttl.store(new, Relaxed);
+                }
+                total += c.deleted as u64;
+                if t0.elapsed() >= budget {
+                    return Ok(total);
+                }
+                if c.sampled == 0 || c.deleted * 10 <= c.sampled {
+                    break;
+                }
             }
         }
         Ok(total)
@@ -614,7 +622,7 @@ impl KvService {
     }
 
     /// One write command in its own transaction (the write lock held by the caller).
-    fn write_one(&self, spec: &Spec, r: &[&[u8]], out: &mut Vec<u8>) {
+    fn write_one(&self, db: usize, spec: &Spec, r: &[&[u8]], out: &mut Vec<u8>) {
         if self.refuse_write(out) {
             return;
         }
@@ -623,13 +631,14 @@ impl KvService {
         loop {
             crate::ds::take_damage();
             let mut w = Wtx::new(&self.heap, self.store.root);
+            let st = self.store.db(&w, db);
             let mut expired = 0;
-            let flushed = self.flush_touches(&w, spec);
+            let flushed = self.flush_touches(&w, db, spec, r);
             let mut before = 0;
-            let res = data::purge_expired(&self.store, &mut w, spec, r).and_then(|n| {
+            let res = data::purge_expired(&st, &mut w, spec, r).and_then(|n| {
                 expired = n;
                 before = w.logged_bytes();
-                data::write(&self.store, &mut w, spec.id, r, out)
+                data::write(&st, &mut w, spec.id, r, out)
             });
             let changed = w.logged_bytes() > before;
             let dirty = w.dirty();
@@ -646,8 +655,11 @@ impl KvService {
                     if matches!(spec.id, Id::Flushall | Id::Flushdb) {
                         self.stats.avg_ttl.store(0, Relaxed);
                     }
-                    if changed {
-                        self.watches.touch(data::key_args(spec, r));
+                    if changed && self.watches.active() {
+                        let keys: Vec<Vec<u8>> = data::key_args(spec, r)
+                            .map(|k| multi::wkey(db, k))
+                            .collect();
+                        self.watches.touch(keys.iter().map(|k| k.as_slice()));
                     }
                     self.watches.touch(flushed.iter().map(|k| k.as_slice()));
                     if dirty {
@@ -764,7 +776,7 @@ impl KvService {
                         };
                         held = Held::Write(g);
                     }
-                    self.write_one(spec, r, out);
+                    self.write_one(s.db, spec, r, out);
                 }
             }
             if budget.over() || out.len() > limit {
@@ -818,19 +830,20 @@ impl KvService {
                     }
                     Kind::Read => self.read(cx, &w, s, spec, r, out),
                     Kind::Write => {
-                        touched.extend(self.flush_touches(&w, spec));
+                        let st = self.store.db(&w, s.db);
+                        touched.extend(self.flush_touches(&w, s.db, spec, r));
                         let mut before = 0;
-                        let res = data::purge_expired(&self.store, &mut w, spec, r).and_then(|n| {
+                        let res = data::purge_expired(&st, &mut w, spec, r).and_then(|n| {
                             expired += n;
                             before = w.logged_bytes();
-                            data::write(&self.store, &mut w, spec.id, r, out)
+                            data::write(&st, &mut w, spec.id, r, out)
                         });
                         if let Err(e) = res {
                             failed = Some(e);
                             break;
                         }
                         if self.watches.active() && w.logged_bytes() > before {
-                            touched.extend(data::key_args(spec, r).map(|k| k.to_vec()));
+                            touched.extend(data::key_args(spec, r).map(|k| multi::wkey(s.db, k)));
                         }
                         if matches!(spec.id, Id::Flushall | Id::Flushdb) {
                             self.stats.avg_ttl.store(0, Relaxed);
@@ -891,14 +904,37 @@ impl KvService {
     }
 
     /// [`KvService::read`], its whole reply replaced by an error if it met a damaged heap.
-    /// FLUSHALL and FLUSHDB change every key that exists: the watched ones among them, read
-    /// through `m` before the command runs (empty for other commands, or nothing watched).
-    fn flush_touches<M: crate::ds::Mem>(&self, m: &M, spec: &Spec) -> Vec<Vec<u8>> {
-        if !self.watches.active() || !matches!(spec.id, Id::Flushall | Id::Flushdb) {
+    /// FLUSHALL, FLUSHDB and SWAPDB change every key that exists in the databases they
+    /// touch: the watched ones among them, read through `m` before the command runs (empty for
+    /// other commands, or when nothing is watched). `db`: the session's database.
+    fn flush_touches<M: crate::ds::Mem>(
+        &self,
+        m: &M,
+        db: usize,
+        spec: &Spec,
+        r: &[&[u8]],
+    ) -> Vec<Vec<u8>> {
+        if !self.watches.active() {
             return Vec::new();
         }
+        let dbs: Vec<usize> = match spec.id {
+            Id::Flushall => (0..crate::ds::DATABASES).collect(),
+            Id::Flushdb => vec![db],
+            Id::Swapdb => r[1..]
+                .iter()
+                .filter_map(|a| data::parse_i64(a))
+                .filter(|&d| (0..crate::ds::DATABASES as i64).contains(&d))
+                .map(|d| d as usize)
+                .collect(),
+            _ => return Vec::new(),
+        };
         let mut keys = self.watches.keys();
-        keys.retain(|k| crate::ds::keyspace::lookup(m, &self.store, k).is_some());
+        keys.retain(|k| {
+            let (kdb, key) = multi::split_wkey(k);
+            dbs.contains(&kdb)
+                && (spec.id == Id::Swapdb
+                    || crate::ds::keyspace::lookup(m, &self.store.db(m, kdb), key).is_some())
+        });
         keys
     }
 
@@ -943,10 +979,12 @@ impl KvService {
                     *held = Held::Read(g);
                 }
                 let v = View::of(&self.heap);
+                let st = self.store.db(&v, s.db);
                 for k in &r[1..] {
-                    if self.watches.watch(s.id, &s.watch.dirty, k) {
-                        let live = crate::ds::keyspace::lookup(&v, &self.store, k).is_some();
-                        s.watch.keys.push((k.to_vec(), live));
+                    let wk = multi::wkey(s.db, k);
+                    if self.watches.watch(s.id, &s.watch.dirty, &wk) {
+                        let live = crate::ds::keyspace::lookup(&v, &st, k).is_some();
+                        s.watch.keys.push((wk, live));
                     }
                 }
                 reply::ok(out);
@@ -1014,7 +1052,8 @@ impl KvService {
         let v = View::of(&self.heap);
         let stale = s.watch.dirty.load(Relaxed)
             || s.watch.keys.iter().any(|(k, live)| {
-                *live && crate::ds::keyspace::lookup(&v, &self.store, k).is_none()
+                let (db, key) = multi::split_wkey(k);
+                *live && crate::ds::keyspace::lookup(&v, &self.store.db(&v, db), key).is_none()
             });
         self.unwatch_all(s);
         if stale {
@@ -1046,19 +1085,20 @@ impl KvService {
                 }
                 Kind::Read => self.read(cx, &w, s, spec, &r, out),
                 Kind::Write => {
-                    touched.extend(self.flush_touches(&w, spec));
+                    let st = self.store.db(&w, s.db);
+                    touched.extend(self.flush_touches(&w, s.db, spec, &r));
                     let mut before = 0;
-                    let res = data::purge_expired(&self.store, &mut w, spec, &r).and_then(|n| {
+                    let res = data::purge_expired(&st, &mut w, spec, &r).and_then(|n| {
                         expired += n;
                         before = w.logged_bytes();
-                        data::write(&self.store, &mut w, spec.id, &r, out)
+                        data::write(&st, &mut w, spec.id, &r, out)
                     });
                     if let Err(e) = res {
                         failed = Some(e);
                         break;
                     }
                     if w.logged_bytes() > before {
-                        touched.extend(data::key_args(spec, &r).map(|k| k.to_vec()));
+                        touched.extend(data::key_args(spec, &r).map(|k| multi::wkey(s.db, k)));
                     }
                     if matches!(spec.id, Id::Flushall | Id::Flushdb) {
                         self.stats.avg_ttl.store(0, Relaxed);
@@ -1129,7 +1169,7 @@ impl KvService {
     ) {
         match spec.id {
             Id::Info => self.info(m, s, r, out),
-            id => data::read(cx, &self.store, m, id, r, out),
+            id => data::read(cx, &self.store.db(m, s.db), m, id, r, out),
         }
     }
 }
@@ -1175,6 +1215,7 @@ impl Service for KvService {
             name: None,
             peer: peer.to_string(),
             created: Instant::now(),
+            db: 0,
             multi: None,
             watch: multi::WatchState::default(),
         }

@@ -64,7 +64,7 @@ fn replies_on(svc: &KvService, s: &mut Session) {
         ("NOSUCH", "-ERR unknown command 'NOSUCH', with args beginning with: \r\n"),
         ("GET", "-ERR wrong number of arguments for 'get' command\r\n"),
         ("SELECT 0", "+OK\r\n"),
-        ("SELECT 1", "-ERR DB index is out of range\r\n"),
+        ("SELECT 16", "-ERR DB index is out of range\r\n"),
         ("SELECT x", "-ERR value is not an integer or out of range\r\n"),
         // Strings.
         ("GET k", "$-1\r\n"),
@@ -218,7 +218,7 @@ fn replies_on(svc: &KvService, s: &mut Session) {
         // Server.
         ("CONFIG GET save", "*2\r\n$4\r\nsave\r\n$0\r\n\r\n"),
         ("CONFIG GET appendonly", "*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n"),
-        ("CONFIG GET databases", "*2\r\n$9\r\ndatabases\r\n$1\r\n1\r\n"),
+        ("CONFIG GET databases", "*2\r\n$9\r\ndatabases\r\n$2\r\n16\r\n"),
         ("CONFIG GET nothing", "*0\r\n"),
         ("COMMAND DOCS", "*0\r\n"),
         ("CLIENT SETNAME me", "+OK\r\n"),
@@ -756,7 +756,7 @@ fn copy_replies() {
                 ("COPY a b", ":0\r\n"),
                 ("COPY a b REPLACE", ":1\r\n"),
                 ("COPY a c DB 0", ":1\r\n"),
-                ("COPY a d DB 1", "-ERR DB index is out of range\r\n"),
+                ("COPY a d DB 16", "-ERR DB index is out of range\r\n"),
                 (
                     "COPY a c DB x",
                     "-ERR value is not an integer or out of range\r\n",
@@ -2233,4 +2233,175 @@ fn an_exec_too_large_changes_nothing() {
         &mut s,
         &[("GET a", "$3\r\nold\r\n"), ("EXISTS big0", ":0\r\n")],
     );
+}
+
+/// SELECT, MOVE, SWAPDB, COPY ... DB, FLUSHDB against FLUSHALL, and WATCH across databases:
+/// replies as redis-server 7.0.15 gave them for the same commands from two connections.
+#[test]
+fn databases_as_redis_7_0() {
+    for eng in ENGINES {
+        let mut fx = Fixture::new(eng);
+        let svc = service(&mut fx, Durability::Commit);
+        let mut a = svc.open_session("a");
+        let mut b = svc.open_session("b");
+        let steps: &[(bool, &str, &str)] = &[
+            (true, "flushall", "+OK\r\n"),
+            (true, "select 1", "+OK\r\n"),
+            (true, "set k one", "+OK\r\n"),
+            (true, "get k", "$3\r\none\r\n"),
+            (true, "select 0", "+OK\r\n"),
+            (true, "get k", "$-1\r\n"),
+            (true, "set k zero", "+OK\r\n"),
+            (true, "select 16", "-ERR DB index is out of range\r\n"),
+            (true, "select -1", "-ERR DB index is out of range\r\n"),
+            (
+                true,
+                "select x",
+                "-ERR value is not an integer or out of range\r\n",
+            ),
+            (true, "select 15", "+OK\r\n"),
+            (true, "dbsize", ":0\r\n"),
+            (true, "select 0", "+OK\r\n"),
+            (true, "move k 1", ":0\r\n"),
+            (true, "move k 2", ":1\r\n"),
+            (true, "get k", "$-1\r\n"),
+            (true, "select 2", "+OK\r\n"),
+            (true, "get k", "$4\r\nzero\r\n"),
+            (true, "select 0", "+OK\r\n"),
+            (
+                true,
+                "move k 0",
+                "-ERR source and destination objects are the same\r\n",
+            ),
+            (true, "move nokey 1", ":0\r\n"),
+            (true, "move k 16", "-ERR DB index is out of range\r\n"),
+            (
+                true,
+                "move k x",
+                "-ERR value is not an integer or out of range\r\n",
+            ),
+            (true, "set m 1 EX 100", "+OK\r\n"),
+            (true, "move m 3", ":1\r\n"),
+            (true, "select 3", "+OK\r\n"),
+            (true, "ttl m", ":100\r\n"),
+            (true, "get m", "$1\r\n1\r\n"),
+            (true, "select 0", "+OK\r\n"),
+            (true, "rpush L a b", ":2\r\n"),
+            (true, "move L 4", ":1\r\n"),
+            (true, "select 4", "+OK\r\n"),
+            (true, "lrange L 0 -1", "*2\r\n$1\r\na\r\n$1\r\nb\r\n"),
+            (true, "select 0", "+OK\r\n"),
+            (true, "exists L", ":0\r\n"),
+            (true, "swapdb 0 1", "+OK\r\n"),
+            (true, "get k", "$3\r\none\r\n"),
+            (true, "select 1", "+OK\r\n"),
+            (true, "get k", "$-1\r\n"),
+            (true, "select 0", "+OK\r\n"),
+            (true, "swapdb 0 16", "-ERR DB index is out of range\r\n"),
+            (true, "swapdb x 1", "-ERR invalid first DB index\r\n"),
+            (true, "swapdb 1 x", "-ERR invalid second DB index\r\n"),
+            (true, "swapdb -1 0", "-ERR DB index is out of range\r\n"),
+            (true, "swapdb 5 5", "+OK\r\n"),
+            (true, "set c v EX 100", "+OK\r\n"),
+            (true, "copy c c db 1", ":1\r\n"),
+            (
+                true,
+                "copy c c",
+                "-ERR source and destination objects are the same\r\n",
+            ),
+            (true, "copy c c2 db 7", ":1\r\n"),
+            (true, "select 7", "+OK\r\n"),
+            (true, "get c2", "$1\r\nv\r\n"),
+            (true, "ttl c2", ":100\r\n"),
+            (true, "select 0", "+OK\r\n"),
+            (true, "copy c c db 1", ":0\r\n"),
+            (true, "copy c c db 1 replace", ":1\r\n"),
+            (true, "copy c x db 16", "-ERR DB index is out of range\r\n"),
+            (
+                true,
+                "copy c x db y",
+                "-ERR value is not an integer or out of range\r\n",
+            ),
+            (true, "select 1", "+OK\r\n"),
+            (true, "flushdb", "+OK\r\n"),
+            (true, "dbsize", ":0\r\n"),
+            (true, "select 0", "+OK\r\n"),
+            (true, "dbsize", ":2\r\n"),
+            (true, "select 2", "+OK\r\n"),
+            (true, "set w 1", "+OK\r\n"),
+            (true, "watch w", "+OK\r\n"),
+            (false, "set w x", "+OK\r\n"),
+            (true, "multi", "+OK\r\n"),
+            (true, "ping", "+QUEUED\r\n"),
+            (true, "exec", "*1\r\n+PONG\r\n"),
+            (true, "watch w", "+OK\r\n"),
+            (false, "select 2", "+OK\r\n"),
+            (false, "set w y", "+OK\r\n"),
+            (true, "multi", "+OK\r\n"),
+            (true, "ping", "+QUEUED\r\n"),
+            (true, "exec", "*-1\r\n"),
+            (true, "watch w", "+OK\r\n"),
+            (false, "swapdb 2 9", "+OK\r\n"),
+            (true, "multi", "+OK\r\n"),
+            (true, "ping", "+QUEUED\r\n"),
+            (true, "exec", "*-1\r\n"),
+            (true, "multi", "+OK\r\n"),
+            (true, "select 5", "+QUEUED\r\n"),
+            (true, "set in5 v", "+QUEUED\r\n"),
+            (true, "exec", "*2\r\n+OK\r\n+OK\r\n"),
+            (true, "get in5", "$1\r\nv\r\n"),
+            (true, "select 5", "+OK\r\n"),
+            (true, "get in5", "$1\r\nv\r\n"),
+            (true, "flushall", "+OK\r\n"),
+            (true, "select 9", "+OK\r\n"),
+            (true, "dbsize", ":0\r\n"),
+        ];
+        for (on_a, line, want) in steps {
+            let s = if *on_a { &mut a } else { &mut b };
+            assert_eq!(cmd(&svc, s, line), *want, "{line} ({eng:?})");
+        }
+    }
+}
+
+/// Databases and their deadlines live in the heap: after a restart each key is back in its
+/// database with its time to live, and SWAPDB's exchange stays made.
+#[test]
+fn databases_survive_restart() {
+    let mut f = Fixture::new(Eng::Vnvm);
+    let svc = service(&mut f, Durability::Commit);
+    let mut s = svc.open_session("r");
+    check(
+        &svc,
+        &mut s,
+        &[
+            ("SELECT 3", "+OK\r\n"),
+            ("SET k three EX 1000", "+OK\r\n"),
+            ("SELECT 4", "+OK\r\n"),
+            ("RPUSH l a b", ":2\r\n"),
+            ("SWAPDB 4 12", "+OK\r\n"),
+        ],
+    );
+    svc.shutdown().unwrap();
+    assert!(f.reopen_from(into_heap(svc)));
+    let svc = service(&mut f, Durability::Commit);
+    let mut s = svc.open_session("r");
+    check(
+        &svc,
+        &mut s,
+        &[
+            ("GET k", "$-1\r\n"),
+            ("SELECT 3", "+OK\r\n"),
+            ("GET k", "$5\r\nthree\r\n"),
+            ("SELECT 4", "+OK\r\n"),
+            ("EXISTS l", ":0\r\n"),
+            ("SELECT 12", "+OK\r\n"),
+            ("LRANGE l 0 -1", "*2\r\n$1\r\na\r\n$1\r\nb\r\n"),
+        ],
+    );
+    let info = cmd(&svc, &mut s, "INFO keyspace");
+    assert!(
+        info.contains("db3:keys=1,expires=1,") && info.contains("db12:keys=1,expires=0,"),
+        "{info}"
+    );
+    assert!(cmd(&svc, &mut s, "TTL k").starts_with(":-2"));
 }

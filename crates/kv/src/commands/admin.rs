@@ -76,7 +76,10 @@ impl KvService {
             Id::Echo => bulk(out, a[1]),
             Id::Select => match parse_i64(a[1]) {
                 None => reply::not_int(out),
-                Some(0) => reply::ok(out),
+                Some(d) if (0..crate::ds::DATABASES as i64).contains(&d) => {
+                    s.db = d as usize;
+                    reply::ok(out)
+                }
                 Some(_) => reply::error(out, "ERR DB index is out of range"),
             },
             Id::Quit => {
@@ -670,11 +673,17 @@ impl KvService {
                 add("used_cpu_user", t(ru.ru_utime));
             }
             "keyspace" => {
-                let n = keyspace::len(m, &self.store);
-                if n > 0 {
-                    let x = crate::ds::expire::count(m, &self.store);
-                    let avg = if x > 0 { st.avg_ttl.load(Relaxed) } else { 0 };
-                    add("db0", format!("keys={n},expires={x},avg_ttl={avg}"));
+                for db in 0..crate::ds::DATABASES {
+                    let store = self.store.db(m, db);
+                    let n = keyspace::len(m, &store);
+                    if n > 0 {
+                        let x = crate::ds::expire::count(m, &store);
+                        let avg = if x > 0 { st.avg_ttl.load(Relaxed) } else { 0 };
+                        add(
+                            &format!("db{db}"),
+                            format!("keys={n},expires={x},avg_ttl={avg}"),
+                        );
+                    }
                 }
             }
             _ => {}

@@ -1864,8 +1864,78 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 syntax(out);
                 return Ok(());
             }
-            garbage::flush(w, st)?;
+            if id == Id::Flushall {
+                for db in 0..crate::ds::DATABASES {
+                    let st = st.db(w, db);
+                    garbage::flush(w, &st)?;
+                }
+            } else {
+                garbage::flush(w, st)?;
+            }
             reply::ok(out);
+            Ok(())
+        }
+        Id::Swapdb => {
+            // Redis 7.0's swapdbCommand.
+            let db_arg = |b: &[u8]| parse_i64(b).and_then(|v| i32::try_from(v).ok());
+            let Some(a1) = db_arg(a[1]) else {
+                reply::error(out, "ERR invalid first DB index");
+                return Ok(());
+            };
+            let Some(a2) = db_arg(a[2]) else {
+                reply::error(out, "ERR invalid second DB index");
+                return Ok(());
+            };
+            let n = crate::ds::DATABASES as i32;
+            if !(0..n).contains(&a1) || !(0..n).contains(&a2) {
+                reply::error(out, "ERR DB index is out of range");
+                return Ok(());
+            }
+            if a1 != a2 {
+                st.swap_dbs(w, a1 as usize, a2 as usize)?;
+            }
+            reply::ok(out);
+            Ok(())
+        }
+        Id::Move => {
+            // Redis 7.0's moveCommand: the database, then the key; the time to live moves too.
+            let Some(db) = parse_i64(a[2]) else {
+                not_int(out);
+                return Ok(());
+            };
+            if !(0..crate::ds::DATABASES as i64).contains(&db) {
+                reply::error(out, "ERR DB index is out of range");
+                return Ok(());
+            }
+            let dst = st.db(w, db as usize);
+            if dst.db == st.db {
+                reply::error(out, "ERR source and destination objects are the same");
+                return Ok(());
+            }
+            let Some(src) = ks::lookup(w, st, a[1]) else {
+                int(out, 0);
+                return Ok(());
+            };
+            let (p, there) = ks::probe(w, &dst, a[1]);
+            if there.is_some() {
+                int(out, 0);
+                return Ok(());
+            }
+            let ttl = expire::deadline(w, st, &src);
+            if src.ty() == T_STRING {
+                let v = ks::string_value(w, &src).into_owned();
+                ks::insert_string(w, &dst, &p, a[1], &v)?;
+                let src = ks::lookup(w, st, a[1]).unwrap_or(src);
+                ks::delete(w, st, &src)?;
+            } else {
+                // The value object moves as it is.
+                expire::remove(w, st, &src, false)?;
+                dict::unlink(w, st.keyspace(), src.link, src.off)?;
+                ks::free_entry(w, &src)?;
+                ks::insert_object(w, &dst, &p, a[1], src.ty(), src.enc(), src.obj())?;
+            }
+            set_ttl(w, &dst, a[1], ttl)?;
+            int(out, 1);
             Ok(())
         }
         Id::Lpush | Id::Rpush | Id::Lpushx | Id::Rpushx => {
@@ -2434,6 +2504,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
         }
         Id::Copy => {
             let mut replace = false;
+            let mut target = st.db;
             let mut i = 3;
             while i < a.len() {
                 if is(a[i], "replace") {
@@ -2441,8 +2512,9 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                     i += 1;
                 } else if is(a[i], "db") && i + 1 < a.len() {
                     match parse_i64(a[i + 1]) {
-                        // One database: 0.
-                        Some(0) => {}
+                        Some(d) if (0..crate::ds::DATABASES as i64).contains(&d) => {
+                            target = d as usize;
+                        }
                         Some(_) => {
                             reply::error(out, "ERR DB index is out of range");
                             return Ok(());
@@ -2458,7 +2530,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                     return Ok(());
                 }
             }
-            if a[1] == a[2] {
+            if a[1] == a[2] && target == st.db {
                 reply::error(out, "ERR source and destination objects are the same");
                 return Ok(());
             }
@@ -2466,12 +2538,13 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 int(out, 0);
                 return Ok(());
             };
-            if let Some(d) = ks::lookup(w, st, a[2]) {
+            let dst = st.db(w, target);
+            if let Some(d) = ks::lookup(w, &dst, a[2]) {
                 if !replace {
                     int(out, 0);
                     return Ok(());
                 }
-                ks::delete(w, st, &d)?;
+                ks::delete(w, &dst, &d)?;
             }
             // The source's links may have moved with the deletion: look it up again. Its value
             // is copied element by element into a new object of the same type.
@@ -2480,16 +2553,16 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             match src.ty() {
                 T_STRING => {
                     let v = ks::string_value(w, &src).into_owned();
-                    let (p, _) = ks::probe(w, st, a[2]);
-                    ks::insert_string(w, st, &p, a[2], &v)?;
+                    let (p, _) = ks::probe(w, &dst, a[2]);
+                    ks::insert_string(w, &dst, &p, a[2], &v)?;
                 }
                 T_SET => {
                     let mut all = Vec::new();
                     set::for_each(w, set_obj(&src), |v| all.push(v.to_vec()));
                     let refs: Vec<&[u8]> = all.iter().map(|v| v.as_slice()).collect();
                     let (_, s) = set::add(w, st, None, &refs)?;
-                    let (p, _) = ks::probe(w, st, a[2]);
-                    ks::insert_object(w, st, &p, a[2], T_SET, s.enc, s.obj)?;
+                    let (p, _) = ks::probe(w, &dst, a[2]);
+                    ks::insert_object(w, &dst, &p, a[2], T_SET, s.enc, s.obj)?;
                 }
                 T_HASH => {
                     let mut all = Vec::new();
@@ -2499,16 +2572,16 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                         .map(|(f, v)| (f.as_slice(), v.as_slice()))
                         .collect();
                     let (_, h) = hash::set(w, st, None, &pairs)?;
-                    let (p, _) = ks::probe(w, st, a[2]);
-                    ks::insert_object(w, st, &p, a[2], T_HASH, h.enc, h.obj)?;
+                    let (p, _) = ks::probe(w, &dst, a[2]);
+                    ks::insert_object(w, &dst, &p, a[2], T_HASH, h.enc, h.obj)?;
                 }
                 T_LIST => {
                     let all = list::to_vec(w, src.obj());
                     let refs: Vec<&[u8]> = all.iter().map(|v| v.as_slice()).collect();
                     let l = list::create(w)?;
                     list::push(w, l, &refs, false)?;
-                    let (p, _) = ks::probe(w, st, a[2]);
-                    ks::insert_object(w, st, &p, a[2], T_LIST, 0, l)?;
+                    let (p, _) = ks::probe(w, &dst, a[2]);
+                    ks::insert_object(w, &dst, &p, a[2], T_LIST, 0, l)?;
                 }
                 T_ZSET => {
                     let mut all = Vec::new();
@@ -2522,12 +2595,12 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                     for (m, sc) in &all {
                         zset::add(w, st, z, *sc, m, AddFlags::default())?;
                     }
-                    let (p, _) = ks::probe(w, st, a[2]);
-                    ks::insert_object(w, st, &p, a[2], T_ZSET, 0, z)?;
+                    let (p, _) = ks::probe(w, &dst, a[2]);
+                    ks::insert_object(w, &dst, &p, a[2], T_ZSET, 0, z)?;
                 }
                 _ => return Err(HeapError::Damaged(src.off)),
             }
-            set_ttl(w, st, a[2], ttl)?;
+            set_ttl(w, &dst, a[2], ttl)?;
             int(out, 1);
             Ok(())
         }

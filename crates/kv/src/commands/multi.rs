@@ -39,7 +39,8 @@ pub struct Multi {
 /// A session's watch state.
 #[derive(Debug, Default)]
 pub struct WatchState {
-    /// Keys watched, and whether each was live (present, not expired) when watched.
+    /// Keys watched ([`wkey`]: database and key), and whether each was live (present, not
+    /// expired) when watched.
     pub keys: Vec<(Vec<u8>, bool)>,
     /// Set by a write to a watched key: the next EXEC fails.
     pub dirty: Arc<AtomicBool>,
@@ -108,6 +109,22 @@ impl Watches {
     /// The watched keys (FLUSHALL checks which of them exist before it empties the keyspace).
     pub fn keys(&self) -> Vec<Vec<u8>> {
         self.map.lock().keys().cloned().collect()
+    }
+}
+
+/// The key of the watch registry for `key` of database `db` (the database is part of it).
+pub fn wkey(db: usize, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + key.len());
+    k.push(db as u8);
+    k.extend_from_slice(key);
+    k
+}
+
+/// The database and key of a watch registry key made by [`wkey`].
+pub fn split_wkey(k: &[u8]) -> (usize, &[u8]) {
+    match k.split_first() {
+        Some((&db, key)) => (db as usize, key),
+        None => (0, k),
     }
 }
 

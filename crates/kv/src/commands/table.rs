@@ -82,6 +82,7 @@ commands! {
     Dbsize "dbsize" 1 Read (0, 0, 0);
     Flushall "flushall" -1 Write (0, 0, 0);
     Flushdb "flushdb" -1 Write (0, 0, 0);
+    Swapdb "swapdb" 3 Write (0, 0, 0);
     // Keys.
     Del "del" -2 Write (1, -1, 1);
     Unlink "unlink" -2 Write (1, -1, 1);
@@ -92,6 +93,7 @@ commands! {
     Rename "rename" 3 Write (1, 2, 1);
     Renamenx "renamenx" 3 Write (1, 2, 1);
     Copy "copy" -3 Write (1, 2, 1);
+    Move "move" 3 Write (1, 1, 1);
     Keys "keys" 2 Read (0, 0, 0);
     Scan "scan" -2 Read (0, 0, 0);
     Ttl "ttl" 2 Read (1, 1, 1);

@@ -4,8 +4,8 @@
 //! As in Redis, the deadlines live in a second dict, the *expires* dict, keyed by the key; the
 //! keyspace entry of a key that has one carries [`F_VOLATILE`] in its meta word, so a lookup
 //! of a key without a time to live costs nothing more. The expires dict is created at the
-//! first deadline; its header block's offset sits in the root object's word 56 (0: none yet;
-//! heaps made before expiry existed read as "no deadlines").
+//! first deadline of its database; its header block's offset sits in the database's entry of
+//! the database directory (`Store`; 0: none yet).
 //!
 //! Expires entry (one block, the keyspace entry's shape):
 //!
@@ -33,9 +33,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Meta bit of a keyspace entry whose key has a deadline in the expires dict.
 pub const F_VOLATILE: u64 = 1 << 56;
-
-/// Root word holding the expires dict's header block (0: none yet).
-pub(crate) const R_EXPIRES: u64 = 56;
 
 const X_DEADLINE: u64 = 24;
 const X_KEY: u64 = 32;
@@ -77,9 +74,12 @@ pub fn now_ms() -> u64 {
 
 /// The expires dict's header, if any deadline was ever set.
 fn dict_of<M: Mem>(m: &M, st: &Store) -> Option<Off> {
-    match m.link(st.root + R_EXPIRES) {
+    match st.expires_slot() {
         0 => None,
-        d => Some(d),
+        slot => match m.link(slot) {
+            0 => None,
+            d => Some(d),
+        },
     }
 }
 
@@ -136,7 +136,7 @@ pub fn set(w: &mut Wtx, st: &Store, e: &Entry, at: u64) -> Result<Entry> {
         None => {
             let (d, _) = w.alloc(dict::DICT_HDR)?;
             dict::init(w, d)?;
-            w.write_u64(st.root + R_EXPIRES, d)?;
+            w.write_u64(st.expires_slot(), d)?;
             d
         }
     };
@@ -192,7 +192,7 @@ pub fn remove(w: &mut Wtx, st: &Store, e: &Entry, clear_bit: bool) -> Result<boo
 pub(crate) fn detach(w: &mut Wtx, st: &Store) -> Result<Option<Off>> {
     let d = dict_of(w, st);
     if d.is_some() {
-        w.write_u64(st.root + R_EXPIRES, 0)?;
+        w.write_u64(st.expires_slot(), 0)?;
     }
     Ok(d)
 }

@@ -15,8 +15,8 @@
 //! 24   garbage list head        32   garbage records on the list
 //! 40   used bytes: heap blocks (headers included) allocated by this layer, root included
 //! 48   seed check: a function of the hash seed, never 0 (0: a heap made before it existed)
-//! 56   the expires dict's header block (0: no deadline was ever set; see `expire`)
-//! 64   the keyspace dict header (DICT_HDR bytes, see `dict`)
+//! 56   the database directory (see [`Store`]; 0 in heaps made before databases existed)
+//! 64   database 0's keyspace dict header (DICT_HDR bytes, see `dict`)
 //! ```
 //!
 //! * [`dict`]: linear hashing (incremental growth one bucket split per insert, no second table,
@@ -414,20 +414,46 @@ impl Mem for Wtx<'_> {
     }
 }
 
-/// The data-structure layer's handle on a heap: where the root is, and the hash seed.
+/// Databases (SELECT 0 to `DATABASES - 1`), as Redis' default `databases 16`.
+pub const DATABASES: usize = 16;
+
+/// Magic of the database directory ("tmkvdbs1").
+const DIR_MAGIC: u64 = u64::from_le_bytes(*b"tmkvdbs1");
+/// Bytes of the database directory: magic, count, then per database its keyspace dict
+/// header and its expires dict header (0: no deadline set yet).
+const DIR_SIZE: u64 = 16 + 16 * DATABASES as u64;
+/// Root word holding the database directory's offset.
+const R_DIR: u64 = 56;
+
+/// The data-structure layer's handle on one database of a heap: where the root is, the hash
+/// seed, and where this database's keyspace and deadlines are.
+///
+/// Databases: the root's word 56 points to the directory (`DIR_SIZE` bytes: magic
+/// "tmkvdbs1", 16, then per database the offsets of its keyspace dict header and of its
+/// expires dict header, see `expire`). Database 0's keyspace header starts inside the root
+/// object (its place before databases existed); the others are blocks of their own, made with
+/// the directory. SWAPDB swaps two databases' entries.
 #[derive(Clone, Copy, Debug)]
 pub struct Store {
     /// The root object.
     pub root: Off,
     /// The hash seed of every dict of this heap.
     pub seed: u64,
+    /// The database this handle reads and writes.
+    pub db: usize,
+    /// Its keyspace dict's header.
+    ks: Off,
+    /// The directory word holding its expires dict's header (0: none yet).
+    xslot: Off,
 }
 
 impl Store {
-    /// Find the root object of `heap`, or create it (an empty keyspace) in a new heap.
+    /// Find the root object of `heap`, or create it (empty databases) in a new heap, and
+    /// return database 0. A heap made before databases existed gets its directory here (one
+    /// transaction).
     ///
     /// Errors: a root that is not ours ([`HeapError::Engine`] naming what was found), a layout
-    /// version this build does not read, allocation or commit errors.
+    /// version this build does not read, a damaged directory, allocation or commit errors.
     pub fn open(heap: &Heap) -> Result<Store> {
         let root = heap.root()?;
         if root != 0 {
@@ -453,7 +479,30 @@ impl Store {
                     root + R_SEED
                 )));
             }
-            return Ok(Store { root, seed });
+            let dir = v.u64(root + R_DIR);
+            if dir == 0 {
+                let mut w = Wtx::new(heap, root);
+                make_directory(&mut w, root)?;
+                w.commit()?;
+            } else if dir < HEAP_HEADER
+                || dir >= v.heap_len()
+                || v.u64(dir) != DIR_MAGIC
+                || v.u64(dir + 8) != DATABASES as u64
+            {
+                return Err(HeapError::Engine(format!(
+                    "damaged heap at offset {}: the database directory is not where the root \
+                     says",
+                    root + R_DIR
+                )));
+            }
+            let st = Store {
+                root,
+                seed,
+                db: 0,
+                ks: 0,
+                xslot: 0,
+            };
+            return Ok(st.db(&View::of(heap), 0));
         }
         // One transaction: a crash leaves either no root or a complete one.
         let seed = CREATION_SEED.with(|c| c.take()).unwrap_or_else(random_u64);
@@ -466,17 +515,55 @@ impl Store {
         hdr[16..24].copy_from_slice(&seed.to_le_bytes());
         hdr[48..56].copy_from_slice(&seed_check(seed).to_le_bytes());
         w.write(r, &hdr)?;
-        let store = Store { root: r, seed };
-        dict::init(&mut w, store.keyspace())?;
+        dict::init(&mut w, r + R_KEYSPACE)?;
+        make_directory(&mut w, r)?;
         w.tx().set_root(r)?;
         w.commit()?;
-        Ok(store)
+        let st = Store {
+            root: r,
+            seed,
+            db: 0,
+            ks: 0,
+            xslot: 0,
+        };
+        Ok(st.db(&View::of(heap), 0))
     }
 
-    /// The keyspace dict's header (inside the root object).
+    /// The handle of database `db` (< [`DATABASES`]) as `m` shows the directory.
+    pub fn db<M: Mem>(&self, m: &M, db: usize) -> Store {
+        let db = db.min(DATABASES - 1);
+        let dir = m.link(self.root + R_DIR);
+        let e = dir + 16 + 16 * db as u64;
+        Store {
+            db,
+            ks: if dir == 0 { 0 } else { m.link(e) },
+            xslot: if dir == 0 { 0 } else { e + 8 },
+            ..*self
+        }
+    }
+
+    /// SWAPDB: exchange databases `a` and `b` (their keyspaces and deadlines).
+    pub fn swap_dbs(&self, w: &mut Wtx, a: usize, b: usize) -> Result<()> {
+        let dir = w.link(self.root + R_DIR);
+        intact()?;
+        let ea = dir + 16 + 16 * a.min(DATABASES - 1) as u64;
+        let eb = dir + 16 + 16 * b.min(DATABASES - 1) as u64;
+        let va = w.bytes(ea, 16).into_owned();
+        let vb = w.bytes(eb, 16).into_owned();
+        w.write(ea, &vb)?;
+        w.write(eb, &va)
+    }
+
+    /// This database's keyspace dict header.
     #[inline]
     pub fn keyspace(&self) -> Off {
-        self.root + R_KEYSPACE
+        self.ks
+    }
+
+    /// The directory word holding this database's expires dict header.
+    #[inline]
+    pub(crate) fn expires_slot(&self) -> Off {
+        self.xslot
     }
 
     /// Heap bytes in use by this layer (blocks allocated, headers included).
@@ -499,6 +586,28 @@ impl Store {
     pub fn hash(&self, key: &[u8]) -> u64 {
         hash(self.seed, key)
     }
+}
+
+/// The database directory of root `root`: database 0's keyspace is the root's own, each other
+/// database gets an empty keyspace dict; no expires dicts yet.
+fn make_directory(w: &mut Wtx, root: Off) -> Result<()> {
+    let (dir, _) = w.alloc(DIR_SIZE)?;
+    let mut b = Vec::with_capacity(DIR_SIZE as usize);
+    b.extend_from_slice(&DIR_MAGIC.to_le_bytes());
+    b.extend_from_slice(&(DATABASES as u64).to_le_bytes());
+    for db in 0..DATABASES {
+        let ks = if db == 0 {
+            root + R_KEYSPACE
+        } else {
+            let (d, _) = w.alloc(dict::DICT_HDR)?;
+            dict::init(w, d)?;
+            d
+        };
+        b.extend_from_slice(&ks.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+    }
+    w.write(dir, &b)?;
+    w.write_u64(root + R_DIR, dir)
 }
 
 /// The root's check word of hash seed `seed` (never 0): the seed decides where every key is,
