@@ -216,6 +216,7 @@ impl KvService {
                         &st.too_large,
                         &st.oom,
                         &st.gc_work,
+                        &st.expired,
                     ] {
                         c.store(0, Relaxed);
                     }

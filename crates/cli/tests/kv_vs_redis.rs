@@ -1,0 +1,442 @@
+//! tiermem-kv against redis-server 7.0, side by side: the same commands from the same number
+//! of connections go to Debian's `redis-server` and to `tiermem kv serve` (the durable vnvm
+//! engine), and every reply must be the same (times to live within the second, or 1.5 ms in
+//! milliseconds, that separates the two sends). Expiry (options, errors, which writes keep a
+//! TTL, lazy and active expiry), MULTI/EXEC/WATCH from two connections, and databases.
+//!
+//! `redis-server` comes from `scripts/setup.sh`; without it the test skips, unless
+//! `TIERMEM_REQUIRE_CLIENTS=1` (set by `scripts/test.sh`).
+
+mod kv_common;
+
+use kv_common::{client, create_server, Conn, Reply};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A redis-server of our own on a free port, nothing persisted; killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start() -> Option<Redis> {
+        let exe = client("redis-server")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(exe)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let r = Redis { child, port };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut c) = Conn::connect(port) {
+                if c.try_cmd(&["PING"]).ok() == Some(Reply::Simple("PONG".into())) {
+                    return Some(r);
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer PING"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Two connections to each server.
+struct Pair {
+    redis: Vec<Conn>,
+    ours: Vec<Conn>,
+    steps: usize,
+}
+
+impl Pair {
+    /// `line` (words split on spaces) on connection `c` of both servers: the same reply.
+    fn same(&mut self, c: usize, line: &str) -> Reply {
+        let args: Vec<&str> = line.split(' ').collect();
+        self.same_args(c, &args)
+    }
+
+    fn same_args(&mut self, c: usize, args: &[&str]) -> Reply {
+        let want = self.redis[c].cmd(args);
+        let got = self.ours[c].cmd(args);
+        self.steps += 1;
+        let cmd = args[0].to_ascii_lowercase();
+        let timed = ["ttl", "pttl", "expiretime", "pexpiretime"].contains(&cmd.as_str());
+        let close = match (&want, &got) {
+            (Reply::Int(a), Reply::Int(b)) if timed => {
+                (a - b).abs() <= if cmd.starts_with('p') { 1500 } else { 1 }
+            }
+            _ => false,
+        };
+        assert!(
+            want == got || close,
+            "{args:?} on connection {c}: redis-server {want:?}, tiermem-kv {got:?}"
+        );
+        got
+    }
+}
+
+#[test]
+fn replies_match_redis_server_7_0() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    let dir = std::path::PathBuf::from("/dev/shm")
+        .join(format!("tiermem-kv-vs-redis-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ours = create_server(&dir, &[]);
+    let mut p = Pair {
+        redis: (0..2).map(|_| Conn::connect(redis.port).unwrap()).collect(),
+        ours: (0..2).map(|_| Conn::connect(ours.port).unwrap()).collect(),
+        steps: 0,
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+
+    // Expiry: EXPIRE's options and errors, SET's, SETEX, PSETEX, GETEX.
+    let far = (now + 1000).to_string();
+    let far_ms = ((now + 1000) * 1000).to_string();
+    for line in [
+        "FLUSHALL",
+        "SET k v",
+        "TTL k",
+        "PTTL k",
+        "EXPIRETIME k",
+        "TTL nokey",
+        "PEXPIRETIME nokey",
+        "EXPIRE k 100",
+        "TTL k",
+        "EXPIRE k 100 NX",
+        "EXPIRE k 200 XX",
+        "TTL k",
+        "EXPIRE k 50 GT",
+        "EXPIRE k 500 GT",
+        "EXPIRE k 600 LT",
+        "EXPIRE k 60 LT",
+        "PTTL k",
+        "EXPIRE k 10 NX XX",
+        "EXPIRE k 10 GT LT",
+        "EXPIRE k 10 foo",
+        "EXPIRE k abc",
+        "EXPIRE k 10 nx gt",
+        "EXPIRE k 9223372036854775807",
+        "PEXPIRE k 9223372036854775807",
+        "EXPIRE k -9223372036854775807",
+        "EXPIREAT k 9223372036854775807",
+        "PERSIST k",
+        "PERSIST k",
+        "TTL k",
+        "EXPIRE k 10 XX",
+        "EXPIRE k 10 GT",
+        "EXPIRE k 10 LT",
+        "EXPIRE k -1",
+        "EXISTS k",
+        "GET k",
+        "EXPIRE nokey 10",
+        "SET a 1 EX 100",
+        "SET a 2 KEEPTTL",
+        "TTL a",
+        "SET a 3",
+        "TTL a",
+        "SET a 1 PX 100000",
+        "PTTL a",
+        "SET a 1 EX 0",
+        "SET a 1 EX -5",
+        "SET a 1 EX x",
+        "SET a 1 EX",
+        "SET a 1 EX 10 PX 100",
+        "SET a 1 EX 10 EX 20",
+        "TTL a",
+        "SET a 1 EX 10 KEEPTTL",
+        "SET a 1 KEEPTTL EX 10",
+        &format!("SET a 1 EXAT {far}"),
+        "EXPIRETIME a",
+        &format!("SET a 1 PXAT {far_ms}"),
+        "PEXPIRETIME a",
+        "SET a 1 EXAT 1",
+        "EXISTS a",
+        "SET a 1 EX 9223372036854775807",
+        "SET a 1 PX 9223372036854775807",
+        "SET a 1 EX 9223372036854775",
+        "SET b x EX 100 GET",
+        "SET b y GET NX",
+        "SET b z XX GET PX 5000",
+        "PTTL b",
+        "GET b",
+        "SETEX c 100 v",
+        "TTL c",
+        "SETEX c 0 v",
+        "SETEX c -1 v",
+        "SETEX c x v",
+        "PSETEX c 100000 v",
+        "PTTL c",
+        "PSETEX c 0 v",
+        "GETEX c",
+        "GETEX c PERSIST",
+        "TTL c",
+        "GETEX c EX 100",
+        "TTL c",
+        "GETEX c PX 100000 PERSIST",
+        "GETEX c PERSIST EX 10",
+        "GETEX c KEEPTTL",
+        "GETEX c NX",
+        "GETEX c EX 0",
+        "GETEX c EX abc",
+        "GETEX nokey EX abc",
+        "LPUSH l 1",
+        "GETEX l EX 10",
+        "GETEX c EXAT 1",
+        "EXISTS c",
+        // Which writes keep a time to live, which drop it, which carry it.
+        "SET d 1",
+        "EXPIRE d 100",
+        "GETSET d 2",
+        "TTL d",
+        "EXPIRE d 100",
+        "INCR d",
+        "TTL d",
+        "APPEND d x",
+        "SETRANGE d 0 z",
+        "TTL d",
+        "MSET d 5 e 6",
+        "TTL d",
+        "EXPIRE d 100",
+        "RENAME d f",
+        "TTL f",
+        "EXISTS d",
+        "COPY f g",
+        "TTL g",
+        "RPUSH L a b",
+        "EXPIRE L 100",
+        "RENAME L M",
+        "TTL M",
+        "LPOP M",
+        "TTL M",
+        "LPOP M",
+        "TTL M",
+        "SADD S a",
+        "PEXPIRE S 100000",
+        "SADD S b",
+        "TTL S",
+        "GETDEL f",
+        "TTL f",
+        "SET bd x EX 100",
+        "BITOP NOT bd g",
+        "TTL bd",
+        "SET h 1",
+        "PEXPIREAT h 1",
+        "EXISTS h",
+        "HSET H f v",
+        "EXPIRE H 100",
+        "HDEL H f",
+        "TTL H",
+        "EXISTS H",
+    ] {
+        p.same(0, line);
+    }
+    // Lazy and active expiry: 200 keys of 100 ms among 100 without.
+    p.same(0, "FLUSHALL");
+    for i in 0..200 {
+        p.same(0, &format!("SET v{i} x PX 100"));
+    }
+    for i in 0..100 {
+        p.same(0, &format!("SET p{i} x"));
+    }
+    p.same(0, "DBSIZE");
+    std::thread::sleep(Duration::from_millis(150));
+    for line in [
+        "EXISTS v1 v2 p1",
+        "GET v3",
+        "TTL v4",
+        "KEYS v*",
+        "SET v5 y NX",
+        "TTL v5",
+    ] {
+        p.same(0, line);
+    }
+    // Both servers' active expiry runs ten times a second: within 2 s only the 101 are left.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let r = p.redis[0].cmd(&["DBSIZE"]);
+        let o = p.ours[0].cmd(&["DBSIZE"]);
+        if r == Reply::Int(101) && o == Reply::Int(101) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "active expiry: redis-server {r:?}, tiermem-kv {o:?} keys after 2 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Transactions from two connections.
+    for (c, line) in [
+        (0, "FLUSHALL"),
+        (0, "MULTI"),
+        (0, "MULTI"),
+        (0, "SET k 1"),
+        (0, "EXEC"),
+        (0, "EXEC"),
+        (0, "DISCARD"),
+        (0, "MULTI"),
+        (0, "WATCH x"),
+        (0, "EXEC"),
+        (0, "MULTI"),
+        (0, "SET k"),
+        (0, "EXEC"),
+        (0, "MULTI"),
+        (0, "GET k"),
+        (0, "LPUSH k x"),
+        (0, "INCR k"),
+        (0, "EXEC"),
+        (0, "MULTI"),
+        (0, "SAVE"),
+        (0, "EXEC"),
+        (0, "MULTI"),
+        (0, "SELECT 0"),
+        (0, "PING"),
+        (0, "EXEC"),
+        (0, "MULTI"),
+        (0, "DISCARD"),
+        (0, "DISCARD"),
+        (0, "SET w 1"),
+        (0, "WATCH w"),
+        (1, "SET w 2"),
+        (0, "MULTI"),
+        (0, "GET w"),
+        (0, "EXEC"),
+        (0, "WATCH w"),
+        (1, "SETNX w 3"),
+        (0, "MULTI"),
+        (0, "GET w"),
+        (0, "EXEC"),
+        (0, "WATCH nokey2"),
+        (1, "SET nokey2 1"),
+        (0, "MULTI"),
+        (0, "PING"),
+        (0, "EXEC"),
+        (0, "WATCH w"),
+        (0, "UNWATCH"),
+        (1, "SET w 9"),
+        (0, "MULTI"),
+        (0, "GET w"),
+        (0, "EXEC"),
+        (0, "WATCH w"),
+        (0, "SET w 10"),
+        (0, "MULTI"),
+        (0, "GET w"),
+        (0, "EXEC"),
+        (0, "WATCH w"),
+        (1, "FLUSHALL"),
+        (0, "MULTI"),
+        (0, "PING"),
+        (0, "EXEC"),
+        (0, "WATCH w"),
+        (1, "FLUSHALL"),
+        (0, "MULTI"),
+        (0, "PING"),
+        (0, "EXEC"),
+        (0, "SET e 1 PX 50"),
+        (0, "WATCH e"),
+    ] {
+        p.same(c, line);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    for line in ["MULTI", "PING", "EXEC"] {
+        p.same(0, line);
+    }
+
+    // Databases.
+    for (c, line) in [
+        (0, "FLUSHALL"),
+        (0, "SELECT 1"),
+        (0, "SET k one"),
+        (0, "SELECT 0"),
+        (0, "GET k"),
+        (0, "SET k zero"),
+        (0, "SELECT 16"),
+        (0, "SELECT -1"),
+        (0, "SELECT x"),
+        (0, "MOVE k 1"),
+        (0, "MOVE k 2"),
+        (0, "SELECT 2"),
+        (0, "GET k"),
+        (0, "SELECT 0"),
+        (0, "MOVE k 0"),
+        (0, "MOVE nokey 1"),
+        (0, "MOVE k 16"),
+        (0, "MOVE k x"),
+        (0, "SET m 1 EX 100"),
+        (0, "MOVE m 3"),
+        (0, "SELECT 3"),
+        (0, "TTL m"),
+        (0, "SELECT 0"),
+        (0, "RPUSH L a b"),
+        (0, "MOVE L 4"),
+        (0, "SELECT 4"),
+        (0, "LRANGE L 0 -1"),
+        (0, "SELECT 0"),
+        (0, "SWAPDB 0 1"),
+        (0, "GET k"),
+        (0, "SWAPDB 0 16"),
+        (0, "SWAPDB x 1"),
+        (0, "SWAPDB 1 x"),
+        (0, "SWAPDB 5 5"),
+        (0, "SET c v EX 100"),
+        (0, "COPY c c DB 1"),
+        (0, "COPY c c"),
+        (0, "COPY c c2 DB 7"),
+        (0, "SELECT 7"),
+        (0, "TTL c2"),
+        (0, "SELECT 0"),
+        (0, "COPY c c DB 1 REPLACE"),
+        (0, "COPY c x DB 16"),
+        (0, "SELECT 1"),
+        (0, "FLUSHDB"),
+        (0, "DBSIZE"),
+        (0, "SELECT 0"),
+        (0, "DBSIZE"),
+        (0, "SELECT 2"),
+        (0, "SET w 1"),
+        (0, "WATCH w"),
+        (1, "SELECT 2"),
+        (1, "SET w y"),
+        (0, "MULTI"),
+        (0, "PING"),
+        (0, "EXEC"),
+        (0, "WATCH w"),
+        (1, "SWAPDB 2 9"),
+        (0, "MULTI"),
+        (0, "PING"),
+        (0, "EXEC"),
+        (0, "MULTI"),
+        (0, "SELECT 5"),
+        (0, "SET in5 v"),
+        (0, "EXEC"),
+        (0, "GET in5"),
+    ] {
+        p.same(c, line);
+    }
+    eprintln!("{} commands, the same replies from both servers", p.steps);
+    drop(ours);
+    let _ = std::fs::remove_dir_all(&dir);
+}
