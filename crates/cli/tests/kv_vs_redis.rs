@@ -58,7 +58,7 @@ impl Drop for Redis {
     }
 }
 
-/// Two connections to each server.
+/// Three connections to each server.
 struct Pair {
     redis: Vec<Conn>,
     ours: Vec<Conn>,
@@ -90,6 +90,14 @@ impl Pair {
         );
         got
     }
+
+    /// The next message pushed to connection `c` of both servers: the same.
+    fn same_push(&mut self, c: usize) {
+        let want = self.redis[c].read().unwrap();
+        let got = self.ours[c].read().unwrap();
+        self.steps += 1;
+        assert_eq!(want, got, "message pushed to connection {c}");
+    }
 }
 
 #[test]
@@ -103,8 +111,8 @@ fn replies_match_redis_server_7_0() {
     std::fs::create_dir_all(&dir).unwrap();
     let ours = create_server(&dir, &[]);
     let mut p = Pair {
-        redis: (0..2).map(|_| Conn::connect(redis.port).unwrap()).collect(),
-        ours: (0..2).map(|_| Conn::connect(ours.port).unwrap()).collect(),
+        redis: (0..3).map(|_| Conn::connect(redis.port).unwrap()).collect(),
+        ours: (0..3).map(|_| Conn::connect(ours.port).unwrap()).collect(),
         steps: 0,
     };
     let now = std::time::SystemTime::now()
@@ -436,6 +444,70 @@ fn replies_match_redis_server_7_0() {
     ] {
         p.same(c, line);
     }
+    // Pub/sub: 0 subscribes to channels, 1 to patterns, 2 publishes.
+    for (c, line) in [
+        (0, "SELECT 0"),
+        (2, "PUBSUB NUMPAT"),
+        (2, "PUBLISH ch1 nobody"),
+        (0, "SUBSCRIBE ch1 ch2"),
+        (0, "SUBSCRIBE ch1"),
+        (1, "PSUBSCRIBE ch* x?"),
+        (2, "PUBSUB CHANNELS *1"),
+        (2, "PUBSUB NUMSUB ch1 ch3"),
+        (2, "PUBSUB NUMPAT"),
+        (2, "PUBLISH ch1 hello"),
+    ] {
+        p.same(c, line);
+    }
+    p.same_push(0);
+    p.same_push(1);
+    p.same(2, "PUBLISH xy m2");
+    p.same_push(1);
+    p.same(2, "PUBLISH ch2 m3");
+    p.same_push(0);
+    p.same_push(1);
+    for (c, line) in [
+        (0, "GET k"),
+        (0, "PING"),
+        (0, "PING x"),
+        (0, "UNSUBSCRIBE ch1"),
+        (0, "UNSUBSCRIBE nosuch"),
+        (2, "PUBLISH ch1 m4"),
+    ] {
+        p.same(c, line);
+    }
+    p.same_push(1);
+    for (c, line) in [
+        (0, "UNSUBSCRIBE"),
+        (0, "UNSUBSCRIBE"),
+        (0, "PING"),
+        (1, "PUNSUBSCRIBE x?"),
+        (1, "PUNSUBSCRIBE"),
+        (1, "PUNSUBSCRIBE"),
+        (2, "PUBSUB NUMPAT"),
+        (2, "PUBSUB CHANNELS"),
+        (2, "PUBSUB FOO"),
+        (2, "PUBSUB NUMPAT x"),
+        (2, "PUBSUB CHANNELS a b"),
+        (2, "PUBLISH ch1 x"),
+    ] {
+        p.same(c, line);
+    }
+    // A message larger than a read, and many in a row, arrive whole and in order.
+    p.same(0, "SUBSCRIBE big");
+    let big = "m".repeat(200_000);
+    for i in 0..50 {
+        p.same_args(2, &["PUBLISH", "big", &format!("{i}{big}")]);
+    }
+    for _ in 0..50 {
+        p.same_push(0);
+    }
+    // A subscriber's connection closes: its subscriptions end with it.
+    p.redis[0] = Conn::connect(redis.port).unwrap();
+    p.ours[0] = Conn::connect(ours.port).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    p.same(2, "PUBSUB NUMSUB big");
+    p.same(2, "PUBLISH big gone");
     eprintln!("{} commands, the same replies from both servers", p.steps);
     drop(ours);
     let _ = std::fs::remove_dir_all(&dir);

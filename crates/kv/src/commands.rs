@@ -27,6 +27,7 @@ mod bitfield;
 mod data;
 pub mod ldfloat;
 pub mod multi;
+pub mod pubsub;
 pub mod reply;
 pub mod table;
 
@@ -84,6 +85,10 @@ pub struct Session {
     created: Instant,
     /// The selected database (SELECT).
     db: usize,
+    /// Where pub/sub messages for this connection go.
+    conn: crate::server::ConnHandle,
+    /// Its subscriptions.
+    subs: pubsub::Subs,
     /// The open transaction (MULTI), if any.
     multi: Option<multi::Multi>,
     /// WATCHed keys.
@@ -163,6 +168,8 @@ pub struct KvService {
     persistence: std::sync::OnceLock<Arc<crate::persistence::Persistence>>,
     /// Who WATCHes which key.
     watches: multi::Watches,
+    /// Pub/sub subscriptions.
+    pubsub: pubsub::Registry,
 }
 
 /// Most damaged heap offsets logged one by one (then one line says that more were found).
@@ -226,6 +233,7 @@ impl KvService {
             nosave: AtomicBool::new(false),
             persistence: std::sync::OnceLock::new(),
             watches: multi::Watches::default(),
+            pubsub: pubsub::Registry::default(),
         })
     }
 
@@ -735,6 +743,26 @@ impl KvService {
                 }
                 continue;
             };
+            if s.subs.count() > 0
+                && !matches!(
+                    spec.id,
+                    Id::Subscribe
+                        | Id::Unsubscribe
+                        | Id::Psubscribe
+                        | Id::Punsubscribe
+                        | Id::Ping
+                        | Id::Quit
+                )
+            {
+                reply::error(
+                    out,
+                    &format!(
+                        "ERR Can't execute '{}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context",
+                        spec.name
+                    ),
+                );
+                continue;
+            }
             if s.multi.is_some() && spec.id != Id::Quit
                 || matches!(
                     spec.id,
@@ -1200,6 +1228,8 @@ fn is_end(r: &[&[u8]]) -> bool {
                 | Id::Discard
                 | Id::Watch
                 | Id::Unwatch
+                | Id::Subscribe
+                | Id::Psubscribe
         )
     })
 }
@@ -1208,6 +1238,10 @@ impl Service for KvService {
     type Session = Session;
 
     fn open_session(&self, peer: &str) -> Session {
+        self.open_session_with(peer, crate::server::ConnHandle::detached())
+    }
+
+    fn open_session_with(&self, peer: &str, conn: crate::server::ConnHandle) -> Session {
         self.stats.connections_total.fetch_add(1, Relaxed);
         self.stats.connected.fetch_add(1, Relaxed);
         Session {
@@ -1216,6 +1250,8 @@ impl Service for KvService {
             peer: peer.to_string(),
             created: Instant::now(),
             db: 0,
+            conn,
+            subs: pubsub::Subs::default(),
             multi: None,
             watch: multi::WatchState::default(),
         }
@@ -1234,6 +1270,7 @@ impl Service for KvService {
         let mut cx = data::Counters::default();
         let group = self.durability == Durability::Async
             && s.multi.is_none()
+            && s.subs.count() == 0
             && reqs.iter().filter(|r| is_write(r)).count() > 1
             && !reqs.iter().any(|r| is_end(r));
         let c = if group {
@@ -1264,6 +1301,7 @@ impl Service for KvService {
 
     fn close_session(&self, mut s: Session) {
         self.unwatch_all(&mut s);
+        self.pubsub.drop_session(s.id, &mut s.subs);
         self.stats.connected.fetch_sub(1, Relaxed);
     }
 }

@@ -124,6 +124,14 @@ pub trait Service: Send + Sync + 'static {
     /// A new connection from `peer` (an address, or the socket path for Unix sockets).
     fn open_session(&self, peer: &str) -> Self::Session;
 
+    /// [`Service::open_session`] for a connection the service may send to at any time
+    /// through `conn` (pub/sub messages). The server calls this one; by default it ignores
+    /// the handle.
+    fn open_session_with(&self, peer: &str, conn: ConnHandle) -> Self::Session {
+        let _ = conn;
+        self.open_session(peer)
+    }
+
     /// Execute the complete requests read from one connection in one go (a pipeline), in order,
     /// appending exactly one RESP2 reply per request to `out`. Each request is its arguments
     /// (command name first, never empty). The server sends `out` only after this returns (and
@@ -153,6 +161,48 @@ pub trait Service: Send + Sync + 'static {
 
     /// The connection is gone (closed by either side).
     fn close_session(&self, _session: Self::Session) {}
+}
+
+/// A way to send bytes to one connection from any thread, outside its requests' replies
+/// (pub/sub messages): [`ConnHandle::push`] queues them in the connection's event-loop thread
+/// and wakes it; that thread appends them to the connection's pending output (after the
+/// replies already there) and sends them. Messages pushed from one thread arrive in the order
+/// pushed. A handle outliving its connection or server pushes into nothing.
+#[derive(Clone, Debug)]
+pub struct ConnHandle {
+    shared: std::sync::Weak<Shared>,
+    thread: usize,
+    token: u64,
+}
+
+impl ConnHandle {
+    /// A handle that reaches no connection (sessions opened outside a server).
+    pub fn detached() -> ConnHandle {
+        ConnHandle {
+            shared: std::sync::Weak::new(),
+            thread: 0,
+            token: u64::MAX,
+        }
+    }
+
+    /// Queue `bytes` for the connection; false if it cannot be reached (no server).
+    pub fn push(&self, bytes: Vec<u8>) -> bool {
+        let Some(sh) = self.shared.upgrade() else {
+            return false;
+        };
+        let Some(q) = sh.pushes.get(self.thread) else {
+            return false;
+        };
+        let first = {
+            let mut q = q.lock();
+            q.push((self.token, bytes));
+            q.len() == 1
+        };
+        if first {
+            sh.wake(self.thread);
+        }
+        true
+    }
 }
 
 /// Counters of the network front end, for `INFO` (all monotonic except `connected_clients`).
@@ -422,6 +472,7 @@ pub fn start<S: Service>(
         _wakers: wakers,
         inboxes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
         evictions: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
+        pushes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
         buffered: AtomicU64::new(0),
         evicting: AtomicU64::new(0),
         big: Mutex::new(HashMap::new()),
@@ -508,6 +559,8 @@ struct Shared {
     inboxes: Vec<Mutex<Vec<NewConn>>>,
     /// Connections (token, bytes) each thread is asked to close for the budget.
     evictions: Vec<Mutex<Vec<(u64, u64)>>>,
+    /// Bytes (token, bytes) to append to each thread's connections' output ([`ConnHandle`]).
+    pushes: Vec<Mutex<Vec<(u64, Vec<u8>)>>>,
     /// All unfinished request bytes held by every connection.
     buffered: AtomicU64,
     /// Bytes of `buffered` whose connections another thread was asked to close (not yet done):
@@ -949,6 +1002,23 @@ impl<S: Service> Worker<S> {
             }
             self.shared.evicting.fetch_sub(bytes, Ordering::Relaxed);
         }
+        let pushes: Vec<(u64, Vec<u8>)> = std::mem::take(&mut *self.shared.pushes[self.id].lock());
+        let limit = self.shared.output_limit;
+        for (tok, bytes) in pushes {
+            let Some(c) = self.conn(tok) else {
+                continue; // closed meanwhile
+            };
+            if c.closing {
+                continue;
+            }
+            c.out.extend_from_slice(&bytes);
+            if limit != 0 && (c.out.len() - c.out_pos) as u64 > limit {
+                // A subscriber that does not read its messages (Redis' pubsub output limit).
+                self.cut(tok, Cut::Output);
+                continue;
+            }
+            self.queue_flush(tok);
+        }
     }
 
     /// Accepts what is pending on listener `i` (thread 0 only).
@@ -1030,17 +1100,23 @@ impl<S: Service> Worker<S> {
             return;
         }
         let service = &self.service;
-        let session = match catch_unwind(AssertUnwindSafe(|| service.open_session(peer))) {
-            Ok(s) => s,
-            Err(_) => {
-                self.stats.service_panics.fetch_add(1, Ordering::Relaxed);
-                eprintln!("tiermem-kv: the service panicked in open_session");
-                self.epoll.delete(fd.as_raw_fd());
-                self.free.push(idx);
-                self.stats.connected_clients.fetch_sub(1, Ordering::Relaxed);
-                return;
-            }
+        let handle = ConnHandle {
+            shared: Arc::downgrade(&self.shared),
+            thread: self.id,
+            token: tok,
         };
+        let session =
+            match catch_unwind(AssertUnwindSafe(|| service.open_session_with(peer, handle))) {
+                Ok(s) => s,
+                Err(_) => {
+                    self.stats.service_panics.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("tiermem-kv: the service panicked in open_session");
+                    self.epoll.delete(fd.as_raw_fd());
+                    self.free.push(idx);
+                    self.stats.connected_clients.fetch_sub(1, Ordering::Relaxed);
+                    return;
+                }
+            };
         self.slots[idx].conn = Some(Conn {
             fd,
             session: Some(session),

@@ -57,6 +57,51 @@ fn command_info(out: &mut Vec<u8>, s: &Spec) {
 }
 
 impl KvService {
+    /// PUBSUB CHANNELS [pattern] | NUMSUB [channel ...] | NUMPAT (Redis 7.0's replies).
+    fn pubsub_cmd(&self, a: &[&[u8]], out: &mut Vec<u8>) {
+        let sub = a[1];
+        if is(sub, "CHANNELS") && a.len() <= 3 {
+            let v = self.pubsub.channels(a.get(2).copied());
+            array(out, v.len());
+            for c in v {
+                bulk(out, &c);
+            }
+        } else if is(sub, "NUMSUB") {
+            array(out, 2 * (a.len() - 2));
+            for c in &a[2..] {
+                bulk(out, c);
+                int(out, self.pubsub.numsub(c) as i64);
+            }
+        } else if is(sub, "NUMPAT") {
+            if a.len() == 2 {
+                int(out, self.pubsub.numpat() as i64);
+            } else {
+                reply::error(
+                    out,
+                    "ERR wrong number of arguments for 'pubsub|numpat' command",
+                );
+            }
+        } else if !is(sub, "CHANNELS") {
+            reply::error(
+                out,
+                &format!(
+                    "ERR unknown subcommand '{}'. Try PUBSUB HELP.",
+                    String::from_utf8_lossy(&sub[..sub.len().min(128)])
+                ),
+            );
+        } else {
+            reply::error(
+                out,
+                &format!(
+                    "ERR unknown subcommand or wrong number of arguments for '{}'. Try PUBSUB HELP.",
+                    String::from_utf8_lossy(sub)
+                ),
+            );
+        }
+    }
+}
+
+impl KvService {
     /// A command that touches no data (`held`: the lock this batch holds, for the few that need
     /// it exclusively).
     pub(super) fn admin<'a>(
@@ -68,11 +113,29 @@ impl KvService {
         held: &mut Held<'a>,
     ) -> Control {
         match spec.id {
+            Id::Ping if s.subs.count() > 0 && a.len() <= 2 => {
+                // Subscribed mode over RESP2: `pong` and the argument (or "") in an array.
+                array(out, 2);
+                bulk(out, b"pong");
+                bulk(out, a.get(1).copied().unwrap_or(b""));
+            }
             Id::Ping => match a.len() {
                 1 => reply::simple(out, "PONG"),
                 2 => bulk(out, a[1]),
                 _ => reply::error(out, "ERR wrong number of arguments for 'ping' command"),
             },
+            Id::Subscribe | Id::Psubscribe => {
+                let pattern = spec.id == Id::Psubscribe;
+                self.pubsub
+                    .subscribe(s.id, &s.conn, &mut s.subs, &a[1..], pattern, out);
+            }
+            Id::Unsubscribe | Id::Punsubscribe => {
+                let pattern = spec.id == Id::Punsubscribe;
+                self.pubsub
+                    .unsubscribe(s.id, &mut s.subs, &a[1..], pattern, Some(out));
+            }
+            Id::Publish => int(out, self.pubsub.publish(a[1], a[2]) as i64),
+            Id::Pubsub => self.pubsub_cmd(a, out),
             Id::Echo => bulk(out, a[1]),
             Id::Select => match parse_i64(a[1]) {
                 None => reply::not_int(out),

@@ -78,6 +78,12 @@ commands! {
     Discard "discard" 1 Admin (0, 0, 0);
     Watch "watch" -2 Admin (1, -1, 1);
     Unwatch "unwatch" 1 Admin (0, 0, 0);
+    Subscribe "subscribe" -2 Admin (0, 0, 0);
+    Unsubscribe "unsubscribe" -1 Admin (0, 0, 0);
+    Psubscribe "psubscribe" -2 Admin (0, 0, 0);
+    Punsubscribe "punsubscribe" -1 Admin (0, 0, 0);
+    Publish "publish" 3 Admin (0, 0, 0);
+    Pubsub "pubsub" -2 Admin (0, 0, 0);
     Info "info" -1 Read (0, 0, 0);
     Dbsize "dbsize" 1 Read (0, 0, 0);
     Flushall "flushall" -1 Write (0, 0, 0);
