@@ -548,6 +548,9 @@ impl Drop for UnlinkOnDrop {
     }
 }
 
+/// A connection's token and bytes pushed to it ([`ConnHandle::push`]).
+type Push = (u64, Vec<u8>);
+
 /// What the event-loop threads share.
 struct Shared {
     shutdown: AtomicBool,
@@ -559,8 +562,8 @@ struct Shared {
     inboxes: Vec<Mutex<Vec<NewConn>>>,
     /// Connections (token, bytes) each thread is asked to close for the budget.
     evictions: Vec<Mutex<Vec<(u64, u64)>>>,
-    /// Bytes (token, bytes) to append to each thread's connections' output ([`ConnHandle`]).
-    pushes: Vec<Mutex<Vec<(u64, Vec<u8>)>>>,
+    /// Bytes to append to each thread's connections' output ([`ConnHandle`]).
+    pushes: Vec<Mutex<Vec<Push>>>,
     /// All unfinished request bytes held by every connection.
     buffered: AtomicU64,
     /// Bytes of `buffered` whose connections another thread was asked to close (not yet done):
@@ -1002,7 +1005,7 @@ impl<S: Service> Worker<S> {
             }
             self.shared.evicting.fetch_sub(bytes, Ordering::Relaxed);
         }
-        let pushes: Vec<(u64, Vec<u8>)> = std::mem::take(&mut *self.shared.pushes[self.id].lock());
+        let pushes: Vec<Push> = std::mem::take(&mut *self.shared.pushes[self.id].lock());
         let limit = self.shared.output_limit;
         for (tok, bytes) in pushes {
             let Some(c) = self.conn(tok) else {
