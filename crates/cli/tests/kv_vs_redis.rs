@@ -88,7 +88,22 @@ impl Pair {
             want == got || close,
             "{args:?} on connection {c}: redis-server {want:?}, tiermem-kv {got:?}"
         );
+        // (P)(UN)SUBSCRIBE confirm each name with a reply of its own.
+        let subs = ["subscribe", "psubscribe", "unsubscribe", "punsubscribe"];
+        if subs.contains(&cmd.as_str()) {
+            for _ in 2..args.len() {
+                self.same_push(c);
+            }
+        }
         got
+    }
+
+    /// Send `line` on connection `c` of both servers without reading a reply (a blocking
+    /// command; [`Pair::same_push`] reads it).
+    fn send(&mut self, c: usize, line: &str) {
+        let args: Vec<&str> = line.split(' ').collect();
+        self.redis[c].send(&args).unwrap();
+        self.ours[c].send(&args).unwrap();
     }
 
     /// The next message pushed to connection `c` of both servers: the same.
@@ -508,6 +523,84 @@ fn replies_match_redis_server_7_0() {
     std::thread::sleep(Duration::from_millis(100));
     p.same(2, "PUBSUB NUMSUB big");
     p.same(2, "PUBLISH big gone");
+
+    // Blocking pops: time-outs, wake-ups from another connection, arrival order, the
+    // non-list twins, errors, MULTI, a pipelined command behind a blocked one.
+    // (Fresh connections: database 0, no subscription.)
+    for c in 0..3 {
+        p.redis[c] = Conn::connect(redis.port).unwrap();
+        p.ours[c] = Conn::connect(ours.port).unwrap();
+    }
+    p.same(2, "FLUSHALL");
+    let t0 = Instant::now();
+    let r = p.same(0, "BLPOP k 0.1");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(180),
+        "both servers wait 100 ms, one after the other: {waited:?} ({r:?})"
+    );
+    let settle = || std::thread::sleep(Duration::from_millis(50));
+    p.send(0, "BLPOP k 0");
+    settle();
+    p.same(2, "RPUSH k x");
+    p.same_push(0);
+    p.send(0, "BLPOP q 0");
+    settle();
+    p.send(1, "BRPOP q 0");
+    settle();
+    p.same(2, "RPUSH q 1 2");
+    p.same_push(0);
+    p.same_push(1);
+    p.send(0, "BLMOVE src dst LEFT RIGHT 0");
+    settle();
+    p.same(2, "RPUSH src m");
+    p.same_push(0);
+    p.same(2, "LRANGE dst 0 -1");
+    p.send(0, "BRPOPLPUSH src dst 0");
+    settle();
+    p.same(2, "LPUSH src n");
+    p.same_push(0);
+    p.send(0, "BZPOPMIN z1 z2 0");
+    settle();
+    p.same(2, "ZADD z2 5 m5 3 m3");
+    p.same_push(0);
+    for line in [
+        "BZPOPMAX z2 0",
+        "BZPOPMIN z2 0.05",
+        "BLPOP k -1",
+        "BLPOP k x",
+        "BLPOP k inf",
+        "BLPOP k 1e30",
+        "BLMOVE a b UP LEFT 0",
+        "BLMOVE a b LEFT LEFT -1",
+        "SET str v",
+        "BLPOP str 0",
+        "BLPOP nothing str 0",
+        "RPUSH lst 1",
+        "BLPOP str lst 0",
+        "MULTI",
+        "BLPOP empty 0",
+        "EXEC",
+    ] {
+        p.same(0, line);
+    }
+    p.send(0, "BLPOP k2 0");
+    p.send(0, "PING");
+    settle();
+    p.same(2, "RPUSH k2 v");
+    p.same_push(0);
+    p.same_push(0);
+    // A blocked client that leaves takes nothing.
+    p.redis[1] = Conn::connect(redis.port).unwrap();
+    p.ours[1] = Conn::connect(ours.port).unwrap();
+    p.send(1, "BLPOP gone 0");
+    settle();
+    p.redis[1] = Conn::connect(redis.port).unwrap();
+    p.ours[1] = Conn::connect(ours.port).unwrap();
+    settle();
+    p.same(2, "RPUSH gone v");
+    p.same(2, "LRANGE gone 0 -1");
+
     eprintln!("{} commands, the same replies from both servers", p.steps);
     drop(ours);
     let _ = std::fs::remove_dir_all(&dir);

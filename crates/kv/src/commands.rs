@@ -24,6 +24,7 @@
 
 mod admin;
 mod bitfield;
+pub mod blocking;
 mod data;
 pub mod ldfloat;
 pub mod multi;
@@ -89,6 +90,8 @@ pub struct Session {
     conn: crate::server::ConnHandle,
     /// Its subscriptions.
     subs: pubsub::Subs,
+    /// What it is blocked on (BLPOP and the like), if it is.
+    block: Option<blocking::BlockState>,
     /// The open transaction (MULTI), if any.
     multi: Option<multi::Multi>,
     /// WATCHed keys.
@@ -170,6 +173,8 @@ pub struct KvService {
     watches: multi::Watches,
     /// Pub/sub subscriptions.
     pubsub: pubsub::Registry,
+    /// Sessions blocked on keys.
+    waiters: blocking::Waiters,
 }
 
 /// Most damaged heap offsets logged one by one (then one line says that more were found).
@@ -234,6 +239,7 @@ impl KvService {
             persistence: std::sync::OnceLock::new(),
             watches: multi::Watches::default(),
             pubsub: pubsub::Registry::default(),
+            waiters: blocking::Waiters::default(),
         })
     }
 
@@ -663,13 +669,13 @@ impl KvService {
                     if matches!(spec.id, Id::Flushall | Id::Flushdb) {
                         self.stats.avg_ttl.store(0, Relaxed);
                     }
-                    if changed && self.watches.active() {
+                    if changed && (self.watches.active() || self.waiters.active()) {
                         let keys: Vec<Vec<u8>> = data::key_args(spec, r)
                             .map(|k| multi::wkey(db, k))
                             .collect();
-                        self.watches.touch(keys.iter().map(|k| k.as_slice()));
+                        self.touch_keys(keys.iter().map(|k| k.as_slice()));
                     }
-                    self.watches.touch(flushed.iter().map(|k| k.as_slice()));
+                    self.touch_keys(flushed.iter().map(|k| k.as_slice()));
                     if dirty {
                         self.stats.commits.fetch_add(1, Relaxed);
                         self.stats.changes.fetch_add(1, Relaxed);
@@ -805,6 +811,11 @@ impl KvService {
                         held = Held::Write(g);
                     }
                     self.write_one(s.db, spec, r, out);
+                    if blocking::is_blocking(spec.id) {
+                        if let Some(c) = self.block_or_serve(s, spec, r, mark, out) {
+                            return Executed::new(c, i);
+                        }
+                    }
                 }
             }
             if budget.over() || out.len() > limit {
@@ -870,7 +881,9 @@ impl KvService {
                             failed = Some(e);
                             break;
                         }
-                        if self.watches.active() && w.logged_bytes() > before {
+                        if (self.watches.active() || self.waiters.active())
+                            && w.logged_bytes() > before
+                        {
                             touched.extend(data::key_args(spec, r).map(|k| multi::wkey(s.db, k)));
                         }
                         if matches!(spec.id, Id::Flushall | Id::Flushdb) {
@@ -898,7 +911,7 @@ impl KvService {
         match res {
             Ok(()) => {
                 self.stats.expired.fetch_add(expired, Relaxed);
-                self.watches.touch(touched.iter().map(|k| k.as_slice()));
+                self.touch_keys(touched.iter().map(|k| k.as_slice()));
                 if dirty {
                     self.stats.commits.fetch_add(1, Relaxed);
                     self.stats.changes.fetch_add(writes, Relaxed);
@@ -964,6 +977,56 @@ impl KvService {
                     || crate::ds::keyspace::lookup(m, &self.store.db(m, kdb), key).is_some())
         });
         keys
+    }
+
+    /// After a blocking command ran as its non-blocking twin (its reply, if any, from
+    /// `mark`): served, it stops waiting; with nothing to serve it times out (a null array) or
+    /// blocks, registered on its keys: `Some(Control::Block)`, the server runs it again when
+    /// woken or at the deadline. Runs under the write lock its attempt held, so no write can
+    /// slip between the attempt and the registration.
+    fn block_or_serve(
+        &self,
+        s: &mut Session,
+        spec: &Spec,
+        r: &[&[u8]],
+        mark: usize,
+        out: &mut Vec<u8>,
+    ) -> Option<Control> {
+        if out.len() > mark {
+            if let Some(b) = s.block.take() {
+                self.waiters.unregister(s.id, &b.keys);
+            }
+            return None;
+        }
+        let now = Instant::now();
+        match &s.block {
+            Some(b) if b.deadline.is_some_and(|d| d <= now) => {
+                if let Some(b) = s.block.take() {
+                    self.waiters.unregister(s.id, &b.keys);
+                }
+                reply::null_array(out);
+                None
+            }
+            Some(b) => Some(Control::Block(b.deadline)),
+            None => {
+                // (The attempt validated the timeout: an invalid one wrote an error.)
+                let deadline = blocking::deadline(r[r.len() - 1], now).ok().flatten();
+                let keys: Vec<Vec<u8>> = blocking::wait_keys(spec.id, r)
+                    .into_iter()
+                    .map(|k| multi::wkey(s.db, k))
+                    .collect();
+                self.waiters.register(s.id, &s.conn, &keys);
+                s.block = Some(blocking::BlockState { keys, deadline });
+                Some(Control::Block(deadline))
+            }
+        }
+    }
+
+    /// Keys (`multi::wkey`) changed: their watchers' next EXEC fails, their first waiter is
+    /// woken.
+    fn touch_keys<'k>(&self, keys: impl Iterator<Item = &'k [u8]> + Clone) {
+        self.watches.touch(keys.clone());
+        self.waiters.wake(keys);
     }
 
     /// Forget every key `s` watches.
@@ -1113,6 +1176,7 @@ impl KvService {
                 }
                 Kind::Read => self.read(cx, &w, s, spec, &r, out),
                 Kind::Write => {
+                    let rmark = out.len();
                     let st = self.store.db(&w, s.db);
                     touched.extend(self.flush_touches(&w, s.db, spec, &r));
                     let mut before = 0;
@@ -1131,6 +1195,10 @@ impl KvService {
                     if matches!(spec.id, Id::Flushall | Id::Flushdb) {
                         self.stats.avg_ttl.store(0, Relaxed);
                     }
+                    if blocking::is_blocking(spec.id) && out.len() == rmark {
+                        // Inside MULTI nothing blocks: empty keys answer a null array.
+                        reply::null_array(out);
+                    }
                     writes += 1;
                 }
             }
@@ -1146,7 +1214,7 @@ impl KvService {
         match res {
             Ok(()) => {
                 self.stats.expired.fetch_add(expired, Relaxed);
-                self.watches.touch(touched.iter().map(|k| k.as_slice()));
+                self.touch_keys(touched.iter().map(|k| k.as_slice()));
                 if dirty {
                     self.stats.commits.fetch_add(1, Relaxed);
                     self.stats.changes.fetch_add(writes, Relaxed);
@@ -1230,6 +1298,12 @@ fn is_end(r: &[&[u8]]) -> bool {
                 | Id::Unwatch
                 | Id::Subscribe
                 | Id::Psubscribe
+                | Id::Blpop
+                | Id::Brpop
+                | Id::Brpoplpush
+                | Id::Blmove
+                | Id::Bzpopmin
+                | Id::Bzpopmax
         )
     })
 }
@@ -1252,6 +1326,7 @@ impl Service for KvService {
             db: 0,
             conn,
             subs: pubsub::Subs::default(),
+            block: None,
             multi: None,
             watch: multi::WatchState::default(),
         }
@@ -1302,6 +1377,9 @@ impl Service for KvService {
     fn close_session(&self, mut s: Session) {
         self.unwatch_all(&mut s);
         self.pubsub.drop_session(s.id, &mut s.subs);
+        if let Some(b) = s.block.take() {
+            self.waiters.unregister(s.id, &b.keys);
+        }
         self.stats.connected.fetch_sub(1, Relaxed);
     }
 }

@@ -97,6 +97,11 @@ pub enum Control {
     /// The output budget ran out (see [`Service::execute`]): close the connection now, sending
     /// nothing (`client-output-buffer-limit`).
     OutputFull,
+    /// The request at index `ran` blocks (BLPOP on empty lists): it wrote no reply. The server
+    /// keeps it and the batch's later requests, reads nothing more from the connection, and
+    /// executes them again when the service calls [`ConnHandle::wake`] or at the deadline
+    /// (`None`: none), whichever comes first.
+    Block(Option<Instant>),
 }
 
 /// What [`Service::execute`] did with a batch.
@@ -182,6 +187,25 @@ impl ConnHandle {
             shared: std::sync::Weak::new(),
             thread: 0,
             token: u64::MAX,
+        }
+    }
+
+    /// Have the connection's blocked requests (see [`Control::Block`]) executed again soon; a
+    /// connection that is not blocked is left alone.
+    pub fn wake(&self) {
+        let Some(sh) = self.shared.upgrade() else {
+            return;
+        };
+        let Some(q) = sh.wakes.get(self.thread) else {
+            return;
+        };
+        let first = {
+            let mut q = q.lock();
+            q.push(self.token);
+            q.len() == 1
+        };
+        if first {
+            sh.wake(self.thread);
         }
     }
 
@@ -473,6 +497,7 @@ pub fn start<S: Service>(
         inboxes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
         evictions: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
         pushes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
+        wakes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
         buffered: AtomicU64::new(0),
         evicting: AtomicU64::new(0),
         big: Mutex::new(HashMap::new()),
@@ -564,6 +589,8 @@ struct Shared {
     evictions: Vec<Mutex<Vec<(u64, u64)>>>,
     /// Bytes to append to each thread's connections' output ([`ConnHandle`]).
     pushes: Vec<Mutex<Vec<Push>>>,
+    /// Blocked connections of each thread to run again ([`ConnHandle::wake`]).
+    wakes: Vec<Mutex<Vec<u64>>>,
     /// All unfinished request bytes held by every connection.
     buffered: AtomicU64,
     /// Bytes of `buffered` whose connections another thread was asked to close (not yet done):
@@ -833,6 +860,11 @@ struct Conn<Sess> {
     want_write: bool,
     /// Queued in the thread's flush list for this round.
     queued: bool,
+    /// Blocked ([`Control::Block`]): the requests to run again, the first one blocked.
+    pending: Vec<Vec<Vec<u8>>>,
+    /// Whether it is blocked, and until when.
+    blocked: bool,
+    deadline: Option<Instant>,
 }
 
 /// A slab entry: a connection and the generation that makes tokens of closed ones stale.
@@ -854,6 +886,20 @@ enum Outcome {
     Keep,
     Close,
     Cut(Cut),
+    /// A request blocked (its requests are in `Conn::pending`).
+    Block(Option<Instant>),
+}
+
+/// Epoll interest of a connection: nothing while closing; only a hang-up while blocked (its
+/// input waits); else input; plus EPOLLOUT while replies are pending.
+fn interest(closing: bool, blocked: bool, want_write: bool) -> u32 {
+    (if closing {
+        0
+    } else if blocked {
+        libc::EPOLLRDHUP as u32
+    } else {
+        libc::EPOLLIN as u32
+    }) | if want_write { libc::EPOLLOUT as u32 } else { 0 }
 }
 
 /// One event-loop thread.
@@ -879,6 +925,8 @@ struct Worker<S: Service> {
     freed: usize,
     /// The earliest time of the next `malloc_trim`.
     next_trim: Instant,
+    /// Deadlines of blocked connections (stale entries are skipped).
+    deadlines: std::collections::BTreeSet<(Instant, u64)>,
 }
 
 impl<S: Service> Worker<S> {
@@ -909,6 +957,7 @@ impl<S: Service> Worker<S> {
             next_tick: Instant::now(),
             freed: 0,
             next_trim: Instant::now(),
+            deadlines: std::collections::BTreeSet::new(),
         })
     }
 
@@ -948,13 +997,29 @@ impl<S: Service> Worker<S> {
                 let d = self.next_trim.saturating_duration_since(now);
                 timeout = Some(timeout.map_or(d, |x| x.min(d)));
             }
+            if let Some(&(t, _)) = self.deadlines.first() {
+                let d = t.saturating_duration_since(now);
+                timeout = Some(timeout.map_or(d, |x| x.min(d)));
+            }
             let n = self.epoll.wait(&mut events, timeout);
             let now = Instant::now();
             let mut executed = false;
+            while let Some(&(t, tok)) = self.deadlines.first() {
+                if t > now {
+                    break;
+                }
+                self.deadlines.pop_first();
+                if self
+                    .conn(tok)
+                    .is_some_and(|c| c.blocked && c.deadline == Some(t))
+                {
+                    executed |= self.resume(tok, now);
+                }
+            }
             for ev in &events[..n] {
                 let (flags, tok) = (ev.events, ev.u64);
                 if tok == WAKE_TOKEN {
-                    self.on_wake(now);
+                    executed |= self.on_wake(now);
                 } else if tok > LISTENER_TOKEN_BASE - MAX_LISTENERS {
                     self.accept((LISTENER_TOKEN_BASE - tok) as usize, now);
                 } else {
@@ -981,8 +1046,9 @@ impl<S: Service> Worker<S> {
         }
     }
 
-    /// The eventfd fired: new connections, eviction requests, or shutdown (checked by `run`).
-    fn on_wake(&mut self, now: Instant) {
+    /// The eventfd fired: new connections, eviction requests, pushes, blocked connections to
+    /// run again, or shutdown (checked by `run`). True if requests were executed.
+    fn on_wake(&mut self, now: Instant) -> bool {
         // Here and below, `self.id` indexes the per-thread vectors of `Shared`, all `threads`
         // long, and `self.id < threads` (see `Worker::new`).
         let mut counter = [0u8; 8];
@@ -1021,6 +1087,113 @@ impl<S: Service> Worker<S> {
                 continue;
             }
             self.queue_flush(tok);
+        }
+        let wakes: Vec<u64> = std::mem::take(&mut *self.shared.wakes[self.id].lock());
+        let mut executed = false;
+        for tok in wakes {
+            executed |= self.resume(tok, now);
+        }
+        executed
+    }
+
+    /// Runs a blocked connection's pending requests again (woken, or at its deadline); then,
+    /// if it no longer blocks, whatever input waits. True if requests were executed.
+    fn resume(&mut self, tok: u64, now: Instant) -> bool {
+        let limit = self.shared.output_limit;
+        let service = Arc::clone(&self.service);
+        let Some(c) = self.conn(tok) else {
+            return false;
+        };
+        if !c.blocked || c.closing {
+            return false;
+        }
+        c.blocked = false;
+        c.deadline = None;
+        let pending = std::mem::take(&mut c.pending);
+        let reqs: Vec<Vec<&[u8]>> = pending
+            .iter()
+            .map(|r| r.iter().map(|a| a.as_slice()).collect())
+            .collect();
+        if c.out_pos > 0 && c.out_pos >= c.out.len() - c.out_pos {
+            c.out.drain(..c.out_pos);
+            c.out_pos = 0;
+        }
+        let out_limit = match limit {
+            0 => usize::MAX,
+            l => c
+                .out_pos
+                .saturating_add(usize::try_from(l).unwrap_or(usize::MAX)),
+        };
+        let (out, session) = (&mut c.out, &mut c.session);
+        let res = match session.as_mut() {
+            None => Ok(Executed::new(Control::Close, 0)),
+            Some(sess) => catch_unwind(AssertUnwindSafe(|| {
+                service.execute(sess, &reqs, out, out_limit)
+            })),
+        };
+        let e = match res {
+            Ok(e) => e,
+            Err(_) => {
+                self.stats.service_panics.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "tiermem-kv: the service panicked executing a request; closing that client"
+                );
+                self.cut(tok, Cut::Panic);
+                return true;
+            }
+        };
+        let ran = e.ran.min(reqs.len());
+        self.stats
+            .total_commands_processed
+            .fetch_add(ran as u64, Ordering::Relaxed);
+        match e.control {
+            Control::OutputFull => {
+                self.cut(tok, Cut::Output);
+                return true;
+            }
+            Control::Block(until) => {
+                if let Some(c) = self.conn(tok) {
+                    c.pending = pending[ran..].to_vec();
+                    c.blocked = true;
+                    c.deadline = until;
+                }
+                if let Some(t) = until {
+                    self.deadlines.insert((t, tok));
+                }
+            }
+            Control::Close => {
+                if let Some(c) = self.conn(tok) {
+                    c.closing = true;
+                }
+            }
+            Control::Shutdown => {
+                if let Some(c) = self.conn(tok) {
+                    c.closing = true;
+                }
+                self.shared.request_shutdown();
+            }
+            Control::Continue => {}
+        }
+        self.set_interest(tok);
+        self.queue_flush(tok);
+        // No longer blocked: the input that waited meanwhile (buffered or in the socket).
+        if self.conn(tok).is_some_and(|c| !c.blocked && !c.closing) {
+            self.serve_input(tok, now);
+        }
+        true
+    }
+
+    /// Registers the connection's epoll interest as its state says (see [`interest`]).
+    fn set_interest(&mut self, tok: u64) {
+        let Some(c) = self.conn(tok) else {
+            return;
+        };
+        let (fd, ev) = (
+            c.fd.as_raw_fd(),
+            interest(c.closing, c.blocked, c.want_write),
+        );
+        if self.epoll.modify(fd, ev, tok).is_err() {
+            self.close(tok);
         }
     }
 
@@ -1132,6 +1305,9 @@ impl<S: Service> Worker<S> {
             closing: false,
             want_write: false,
             queued: false,
+            pending: Vec::new(),
+            blocked: false,
+            deadline: None,
         });
         self.live += 1;
     }
@@ -1158,9 +1334,22 @@ impl<S: Service> Worker<S> {
         let Some(conn) = self.conn(tok) else {
             return false;
         };
+        if conn.blocked {
+            // Only a hang-up is listened for while blocked: the client left.
+            if flags & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+                self.close(tok);
+            }
+            return false;
+        }
         if !readable || conn.closing {
             return false;
         }
+        self.serve_input(tok, now)
+    }
+
+    /// Reads and executes the connection's input (see [`Worker::input`]) and acts on the
+    /// outcome; true if requests were executed.
+    fn serve_input(&mut self, tok: u64, now: Instant) -> bool {
         let (outcome, executed) = self.input(tok, now);
         match outcome {
             Outcome::Keep => {}
@@ -1172,6 +1361,12 @@ impl<S: Service> Worker<S> {
             Outcome::Cut(reason) => {
                 self.cut(tok, reason);
                 return executed;
+            }
+            Outcome::Block(until) => {
+                if let Some(t) = until {
+                    self.deadlines.insert((t, tok));
+                }
+                self.set_interest(tok);
             }
         }
         self.update_accounting(tok);
@@ -1288,7 +1483,16 @@ impl<S: Service> Worker<S> {
                 })) {
                     Ok(e) => {
                         control = e.control;
-                        e.ran.min(reqs.len())
+                        let ran = e.ran.min(reqs.len());
+                        if let Control::Block(until) = control {
+                            conn.pending = reqs[ran..]
+                                .iter()
+                                .map(|r| r.iter().map(|a| a.to_vec()).collect())
+                                .collect();
+                            conn.blocked = true;
+                            conn.deadline = until;
+                        }
+                        ran
                     }
                     Err(_) => {
                         panicked = true;
@@ -1316,7 +1520,7 @@ impl<S: Service> Worker<S> {
             close = true;
         }
         match control {
-            Control::Continue | Control::OutputFull => {}
+            Control::Continue | Control::OutputFull | Control::Block(_) => {}
             Control::Close => close = true,
             Control::Shutdown => {
                 close = true;
@@ -1357,7 +1561,13 @@ impl<S: Service> Worker<S> {
         {
             return (Outcome::Cut(Cut::Output), executed);
         }
-        (if close { Outcome::Close } else { Outcome::Keep }, executed)
+        if close {
+            return (Outcome::Close, executed);
+        }
+        if let Control::Block(until) = control {
+            return (Outcome::Block(until), executed);
+        }
+        (Outcome::Keep, executed)
     }
 
     /// Brings `Shared::buffered`, the big-buffer registry and the partial count in line with the
@@ -1497,8 +1707,7 @@ impl<S: Service> Worker<S> {
         }
         // Interest: EPOLLOUT while replies are pending; EPOLLIN unless closing.
         let want_write = !done;
-        let events = if c.closing { 0 } else { libc::EPOLLIN as u32 }
-            | if want_write { libc::EPOLLOUT as u32 } else { 0 };
+        let events = interest(c.closing, c.blocked, want_write);
         if want_write != c.want_write || c.closing {
             c.want_write = want_write;
             let fd = c.fd.as_raw_fd();

@@ -1956,6 +1956,9 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             int(out, n as i64);
             Ok(())
         }
+        Id::Blpop | Id::Brpop | Id::Brpoplpush | Id::Blmove | Id::Bzpopmin | Id::Bzpopmax => {
+            blocking_try(st, w, id, a, out)
+        }
         Id::Lpop | Id::Rpop => {
             if a.len() > 3 {
                 reply::error(
@@ -2975,6 +2978,66 @@ fn set_cmd(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
     set_ttl(w, st, a[1], at)?;
     if !o.get {
         reply::ok(out);
+    }
+    Ok(())
+}
+
+/// The non-blocking attempt of a blocking command (see `super::blocking`): validates its
+/// arguments (an error reply, as Redis 7.0: BLMOVE's directions, then the timeout), then serves
+/// from the first of its keys that holds something, as its non-blocking twin would; writes
+/// nothing when every key is empty (the caller then blocks or, inside MULTI, answers a null
+/// array). A key of the wrong type met before a served one is WRONGTYPE.
+fn blocking_try(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
+    if id == Id::Blmove && !a[3..5].iter().all(|p| is(p, "LEFT") || is(p, "RIGHT")) {
+        syntax(out);
+        return Ok(());
+    }
+    if let Err(e) = super::blocking::deadline(a[a.len() - 1], std::time::Instant::now()) {
+        reply::error(out, e);
+        return Ok(());
+    }
+    let ty = if matches!(id, Id::Bzpopmin | Id::Bzpopmax) {
+        T_ZSET
+    } else {
+        T_LIST
+    };
+    for k in super::blocking::wait_keys(id, a) {
+        let Some(e) = ks::lookup(w, st, k) else {
+            continue;
+        };
+        if e.ty() != ty {
+            wrongtype(out);
+            return Ok(());
+        }
+        match id {
+            Id::Blpop | Id::Brpop => {
+                let (pid, name): (Id, &[u8]) = if id == Id::Blpop {
+                    (Id::Lpop, b"LPOP")
+                } else {
+                    (Id::Rpop, b"RPOP")
+                };
+                let mut one = Vec::new();
+                write(st, w, pid, &[name, k], &mut one)?;
+                array(out, 2);
+                bulk(out, k);
+                out.extend_from_slice(&one);
+            }
+            Id::Brpoplpush => write(st, w, Id::Rpoplpush, &[b"RPOPLPUSH", a[1], a[2]], out)?,
+            Id::Blmove => write(st, w, Id::Lmove, &[b"LMOVE", a[1], a[2], a[3], a[4]], out)?,
+            _ => {
+                let (pid, name): (Id, &[u8]) = if id == Id::Bzpopmin {
+                    (Id::Zpopmin, b"ZPOPMIN")
+                } else {
+                    (Id::Zpopmax, b"ZPOPMAX")
+                };
+                let mut one = Vec::new();
+                write(st, w, pid, &[name, k], &mut one)?;
+                array(out, 3);
+                bulk(out, k);
+                out.extend_from_slice(one.strip_prefix(b"*2\r\n").unwrap_or(&one));
+            }
+        }
+        return Ok(());
     }
     Ok(())
 }

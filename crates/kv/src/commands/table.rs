@@ -155,6 +155,10 @@ commands! {
     Lpos "lpos" -3 Read (1, 1, 1);
     Lmove "lmove" 5 Write (1, 2, 1);
     Rpoplpush "rpoplpush" 3 Write (1, 2, 1);
+    Blpop "blpop" -3 Write (1, -2, 1);
+    Brpop "brpop" -3 Write (1, -2, 1);
+    Brpoplpush "brpoplpush" 4 Write (1, 2, 1);
+    Blmove "blmove" 6 Write (1, 2, 1);
     Ltrim "ltrim" 4 Write (1, 1, 1);
     Lset "lset" 4 Write (1, 1, 1);
     Linsert "linsert" 5 Write (1, 1, 1);
@@ -212,6 +216,8 @@ commands! {
     Zrevrangebyscore "zrevrangebyscore" -4 Read (1, 1, 1);
     Zpopmin "zpopmin" -2 Write (1, 1, 1);
     Zpopmax "zpopmax" -2 Write (1, 1, 1);
+    Bzpopmin "bzpopmin" -3 Write (1, -2, 1);
+    Bzpopmax "bzpopmax" -3 Write (1, -2, 1);
 }
 
 /// The command called `name` (any case).
