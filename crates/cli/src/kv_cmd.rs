@@ -61,6 +61,13 @@ pub struct ServeArgs {
     /// Event-loop threads (default: the CPU count).
     #[arg(long, value_name = "N")]
     threads: Option<String>,
+    /// The default user's password: clients must AUTH first (default: none).
+    #[arg(long, value_name = "PASSWORD")]
+    requirepass: Option<String>,
+    /// Redis' protected mode: with no password, serve only clients on this host (yes, the
+    /// default, or no).
+    #[arg(long, value_name = "yes|no")]
+    protected_mode: Option<String>,
     /// Any other configuration key: `--set key=value` (repeatable), e.g. maxclients=100.
     #[arg(long, value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -103,6 +110,8 @@ fn config(a: &ServeArgs) -> Result<KvConfig> {
     set("durability", a.durability.clone())?;
     set("heap-size", a.heap_size.clone())?;
     set("threads", a.threads.clone())?;
+    set("requirepass", a.requirepass.clone())?;
+    set("protected-mode", a.protected_mode.clone())?;
     for kv in &a.set {
         let Some((k, v)) = kv.split_once('=') else {
             bail!("--set {kv:?}: expected KEY=VALUE");

@@ -21,6 +21,11 @@ struct Redis {
 
 impl Redis {
     fn start() -> Option<Redis> {
+        Redis::start_with(&[])
+    }
+
+    /// [`Redis::start`] with more arguments; `bind` is 127.0.0.1 unless they say otherwise.
+    fn start_with(extra: &[&str]) -> Option<Redis> {
         let exe = client("redis-server")?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -30,6 +35,7 @@ impl Redis {
         let child = Command::new(exe)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -38,7 +44,7 @@ impl Redis {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(mut c) = Conn::connect(port) {
-                if c.try_cmd(&["PING"]).ok() == Some(Reply::Simple("PONG".into())) {
+                if let Ok(Reply::Simple(_) | Reply::Error(_)) = c.try_cmd(&["PING"]) {
                     return Some(r);
                 }
             }
@@ -602,6 +608,95 @@ fn replies_match_redis_server_7_0() {
     p.same(2, "LRANGE gone 0 -1");
 
     eprintln!("{} commands, the same replies from both servers", p.steps);
+    drop(ours);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `requirepass` and AUTH, and protected mode, side by side with redis-server.
+#[test]
+fn auth_and_protected_mode_match_redis_server_7_0() {
+    let Some(redis) = Redis::start_with(&["--requirepass", "secret"]) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from("/dev/shm")
+        .join(format!("tiermem-kv-vs-redis-auth-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ours = create_server(&dir, &["--requirepass", "secret"]);
+    let mut p = Pair {
+        redis: vec![Conn::connect(redis.port).unwrap()],
+        ours: vec![Conn::connect(ours.port).unwrap()],
+        steps: 0,
+    };
+    for line in [
+        "GET k",
+        "PING",
+        "MULTI",
+        "AUTH wrong",
+        "AUTH default wrong",
+        "AUTH a b c",
+        "AUTH secret",
+        "GET k",
+        "CONFIG GET requirepass",
+        "CONFIG SET requirepass",
+        "CONFIG SET requirepass other",
+        "AUTH secret",
+        "AUTH other",
+    ] {
+        p.same(0, line);
+    }
+    // A connection opened after the password changed must AUTH; one without a password
+    // left needs none.
+    p.redis[0] = Conn::connect(redis.port).unwrap();
+    p.ours[0] = Conn::connect(ours.port).unwrap();
+    for line in ["GET k", "AUTH default other", "SET k v", "GET k"] {
+        p.same(0, line);
+    }
+    p.same_args(0, &["CONFIG", "SET", "requirepass", ""]);
+    p.redis[0] = Conn::connect(redis.port).unwrap();
+    p.ours[0] = Conn::connect(ours.port).unwrap();
+    for line in ["GET k", "AUTH x", "AUTH default x"] {
+        p.same(0, line);
+    }
+    drop(ours);
+    drop(redis);
+
+    // Protected mode: with no password, a client from another address of this host is
+    // refused (the loopback one is served).
+    let ip = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|u| u.connect("192.0.2.1:9").map(|()| u))
+        .and_then(|u| u.local_addr())
+        .map(|a| a.ip());
+    let ip = match ip {
+        Ok(ip) if !ip.is_loopback() && !ip.is_unspecified() => ip,
+        _ => {
+            eprintln!("note: no non-loopback address on this host: protected mode not checked");
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+    };
+    let redis = Redis::start_with(&["--bind", "0.0.0.0"]).expect("redis-server");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ours = create_server(&dir, &["--bind", "0.0.0.0"]);
+    let first = |port: u16| {
+        let s = std::net::TcpStream::connect((ip, port)).unwrap();
+        let mut c =
+            Conn(tiermem_kv::client::Client::new(s, Some(Duration::from_secs(10))).unwrap());
+        let r = c.cmd(&["PING"]);
+        let closed = c.try_cmd(&["PING"]).is_err();
+        (r, closed)
+    };
+    let (want, want_closed) = first(redis.port);
+    let (got, got_closed) = first(ours.port);
+    assert!(
+        matches!(&want, Reply::Error(e) if e.starts_with("DENIED")),
+        "{want:?}"
+    );
+    assert_eq!(want, got, "protected mode's refusal");
+    assert_eq!(want_closed, got_closed, "the refused connection is closed");
+    let mut local = Conn::connect(ours.port).unwrap();
+    assert_eq!(local.cmd(&["PING"]), Reply::Simple("PONG".into()));
     drop(ours);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -92,6 +92,10 @@ pub struct Session {
     subs: pubsub::Subs,
     /// What it is blocked on (BLPOP and the like), if it is.
     block: Option<blocking::BlockState>,
+    /// Authenticated (AUTH, or no password when it connected).
+    authed: bool,
+    /// It came over the loopback interface or the Unix socket (protected mode).
+    local: bool,
     /// The open transaction (MULTI), if any.
     multi: Option<multi::Multi>,
     /// WATCHed keys.
@@ -175,6 +179,10 @@ pub struct KvService {
     pubsub: pubsub::Registry,
     /// Sessions blocked on keys.
     waiters: blocking::Waiters,
+    /// The default user's password (`requirepass`; CONFIG SET); `None`: none.
+    password: parking_lot::RwLock<Option<String>>,
+    /// Protected mode (`protected-mode`; CONFIG SET).
+    protected: AtomicBool,
 }
 
 /// Most damaged heap offsets logged one by one (then one line says that more were found).
@@ -240,6 +248,8 @@ impl KvService {
             watches: multi::Watches::default(),
             pubsub: pubsub::Registry::default(),
             waiters: blocking::Waiters::default(),
+            password: parking_lot::RwLock::new(None),
+            protected: AtomicBool::new(true),
         })
     }
 
@@ -274,6 +284,13 @@ impl KvService {
                 eprintln!("tiermem-kv: background save not started: {e}");
             }
         }
+    }
+
+    /// Set the password (`requirepass`; empty: none) and protected mode.
+    pub fn with_auth(self, requirepass: &str, protected_mode: bool) -> KvService {
+        *self.password.write() = (!requirepass.is_empty()).then(|| requirepass.to_string());
+        self.protected.store(protected_mode, Relaxed);
+        self
     }
 
     /// Add the server's INFO fields.
@@ -743,6 +760,10 @@ impl KvService {
             budget.arm(limit - mark);
             // The command's time: a key cannot expire halfway through it.
             crate::ds::expire::tick();
+            if !s.authed && !self.authed_now(s, r) {
+                reply::error(out, "NOAUTH Authentication required.");
+                continue;
+            }
             let Some(spec) = self.check(r, out) else {
                 if let Some(m) = &mut s.multi {
                     m.failed = true;
@@ -1022,6 +1043,44 @@ impl KvService {
         }
     }
 
+    /// Whether request `r` of a session not yet authenticated may run: AUTH and QUIT may; any
+    /// request may once the password is gone (CONFIG SET requirepass "").
+    fn authed_now(&self, s: &mut Session, r: &[&[u8]]) -> bool {
+        if self.password.read().is_none() {
+            s.authed = true;
+            return true;
+        }
+        data::is(r[0], "AUTH") || data::is(r[0], "QUIT")
+    }
+
+    /// Protected mode, before anything runs: a client from another host while no password is
+    /// set gets Redis' DENIED error and is closed.
+    fn gate(&self, s: &Session, reqs: &[Vec<&[u8]>], out: &mut Vec<u8>) -> Option<Executed> {
+        if s.local || !self.protected.load(Relaxed) || self.password.read().is_some() {
+            return None;
+        }
+        let _ = reqs;
+        // Redis 7.0's words, its "Setup a an" included: clients may compare.
+        reply::error(
+            out,
+            "DENIED Redis is running in protected mode because protected mode is enabled and no \
+             password is set for the default user. In this mode connections are only accepted \
+             from the loopback interface. If you want to connect from external computers to \
+             Redis you may adopt one of the following solutions: 1) Just disable protected mode \
+             sending the command 'CONFIG SET protected-mode no' from the loopback interface by \
+             connecting to Redis from the same host the server is running, however MAKE SURE \
+             Redis is not publicly accessible from internet if you do so. Use CONFIG REWRITE to \
+             make this change permanent. 2) Alternatively you can just disable the protected \
+             mode by editing the Redis configuration file, and setting the protected mode option \
+             to 'no', and then restarting the server. 3) If you started the server manually just \
+             for testing, restart it with the '--protected-mode no' option. 4) Setup a an \
+             authentication password for the default user. NOTE: You only need to do one of the \
+             above things in order for the server to start accepting connections from the \
+             outside.",
+        );
+        Some(Executed::new(Control::Close, 0))
+    }
+
     /// Keys (`multi::wkey`) changed: their watchers' next EXEC fails, their first waiter is
     /// woken.
     fn touch_keys<'k>(&self, keys: impl Iterator<Item = &'k [u8]> + Clone) {
@@ -1279,6 +1338,15 @@ fn misconf(e: &str) -> String {
     )
 }
 
+/// Whether a peer (`ip:port`, `[ip]:port`, or a Unix socket's path) is on this host: the
+/// loopback interface or a Unix socket.
+fn is_local(peer: &str) -> bool {
+    match peer.parse::<std::net::SocketAddr>() {
+        Ok(a) => a.ip().is_loopback(),
+        Err(_) => true, // not an IP address: a Unix socket
+    }
+}
+
 fn is_write(r: &[&[u8]]) -> bool {
     table::lookup(r[0]).is_some_and(|s| s.kind == Kind::Write)
 }
@@ -1327,6 +1395,8 @@ impl Service for KvService {
             conn,
             subs: pubsub::Subs::default(),
             block: None,
+            authed: self.password.read().is_none(),
+            local: is_local(peer),
             multi: None,
             watch: multi::WatchState::default(),
         }
@@ -1342,8 +1412,12 @@ impl Service for KvService {
         if self.frozen.load(SeqCst) {
             return Executed::new(Control::Close, 0);
         }
+        if let Some(c) = self.gate(s, reqs, out) {
+            return c;
+        }
         let mut cx = data::Counters::default();
         let group = self.durability == Durability::Async
+            && s.authed
             && s.multi.is_none()
             && s.subs.count() == 0
             && reqs.iter().filter(|r| is_write(r)).count() > 1

@@ -205,6 +205,12 @@ pub struct KvConfig {
     pub snapshot_staging_slots: usize,
     /// Save points (`save`), Redis's syntax; empty: none.
     pub save: String,
+    /// The default user's password (`requirepass`); empty: none, every client is
+    /// authenticated. Clients must AUTH first otherwise.
+    pub requirepass: String,
+    /// Redis' protected mode (`protected-mode`, default yes): with no password, only clients on
+    /// the loopback interface or the Unix socket are served.
+    pub protected_mode: bool,
 }
 
 impl Default for KvConfig {
@@ -228,6 +234,8 @@ impl Default for KvConfig {
             snapshot_target: "file".to_string(),
             snapshot_staging_slots: 16,
             save: String::new(),
+            requirepass: String::new(),
+            protected_mode: true,
         }
     }
 }
@@ -295,6 +303,8 @@ const KEYS: &[&str] = &[
     "save",
     "appendonly",
     "maxmemory",
+    "requirepass",
+    "protected-mode",
     "databases",
     "timeout",
 ];
@@ -303,7 +313,7 @@ const KEYS: &[&str] = &[
 const FIXED: &[(&str, &str)] = &[
     ("appendonly", "no"),
     ("maxmemory", "0"),
-    ("databases", "1"),
+    ("databases", "16"),
     ("timeout", "0"),
 ];
 
@@ -440,6 +450,14 @@ impl KvConfig {
                 _ => return Err(bad("'vnvm' or 'volatile'")),
             },
             "dir" => self.dir = (!value.is_empty()).then(|| PathBuf::from(value)),
+            "requirepass" => self.requirepass = value.to_string(),
+            "protected-mode" => {
+                self.protected_mode = match value.to_ascii_lowercase().as_str() {
+                    "yes" => true,
+                    "no" => false,
+                    _ => return Err(bad("'yes' or 'no'")),
+                }
+            }
             "new" => {
                 self.new = match value.to_ascii_lowercase().as_str() {
                     "yes" => true,
@@ -569,6 +587,8 @@ impl KvConfig {
             "snapshot-target" => self.snapshot_target.clone(),
             "snapshot-staging-slots" => self.snapshot_staging_slots.to_string(),
             "save" => self.save.clone(),
+            "requirepass" => self.requirepass.clone(),
+            "protected-mode" => (if self.protected_mode { "yes" } else { "no" }).to_string(),
             k => FIXED.iter().find(|(f, _)| *f == k)?.1.to_string(),
         })
     }
@@ -797,7 +817,9 @@ mod tests {
             ("save", ""),
             ("appendonly", "no"),
             ("maxmemory", "0"),
-            ("databases", "1"),
+            ("requirepass", "secret"),
+            ("protected-mode", "no"),
+            ("databases", "16"),
             ("timeout", "0"),
         ] {
             c.set(k, v).unwrap();

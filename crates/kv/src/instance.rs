@@ -163,7 +163,8 @@ impl KvInstance {
             KvService::new(heap, durability)
                 .map_err(storage("opening the keyspace".into()))?
                 .with_info_source(net.clone())
-                .with_config(cfg.get("*")),
+                .with_config(cfg.get("*"))
+                .with_auth(&cfg.requirepass, cfg.protected_mode),
         );
         if let (Some(settings), Some(mem)) = (snapshots, service.heap().engine().snapshot_memory())
         {

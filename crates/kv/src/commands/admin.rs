@@ -203,6 +203,29 @@ impl KvService {
                 return Control::Shutdown;
             }
             Id::Hello => return self.hello(s, a, out),
+            Id::Auth if self.password.read().is_some() => {
+                let ok = {
+                    let pw = self.password.read();
+                    let pw = pw.as_deref().unwrap_or_default().as_bytes();
+                    match a.len() {
+                        2 => a[1] == pw,
+                        3 => a[1] == b"default" && a[2] == pw,
+                        _ => {
+                            reply::syntax(out);
+                            return Control::Continue;
+                        }
+                    }
+                };
+                if ok {
+                    s.authed = true;
+                    reply::ok(out);
+                } else {
+                    reply::error(
+                        out,
+                        "WRONGPASS invalid username-password pair or user is disabled.",
+                    );
+                }
+            }
             Id::Auth => match a.len() {
                 2 => reply::error(
                     out,
@@ -259,7 +282,14 @@ impl KvService {
                     let live = self.persistence.get();
                     for (k, v) in &self.config {
                         if a[2..].iter().any(|p| glob(&p.to_ascii_lowercase(), k.as_bytes())) {
-                            let v = live.and_then(|p| p.get(k)).unwrap_or_else(|| v.clone());
+                            let v = match k.as_str() {
+                                "requirepass" => self.password.read().clone().unwrap_or_default(),
+                                "protected-mode" => {
+                                    (if self.protected.load(Relaxed) { "yes" } else { "no" })
+                                        .to_string()
+                                }
+                                _ => live.and_then(|p| p.get(k)).unwrap_or_else(|| v.clone()),
+                            };
                             pairs.push((k, v));
                         }
                     }
@@ -406,6 +436,37 @@ impl KvService {
                 )
             })
             .collect();
+        // The password and protected mode change here; the rest are snapshot settings.
+        let auth = |k: &str| k == "requirepass" || k == "protected-mode";
+        if pairs.iter().any(|(k, _)| auth(k)) {
+            if !pairs.iter().all(|(k, _)| auth(k)) {
+                return reply::error(
+                    out,
+                    "ERR CONFIG SET failed - requirepass and protected-mode are set apart from \
+                     other parameters",
+                );
+            }
+            for (k, v) in &pairs {
+                if k == "protected-mode"
+                    && !(v.eq_ignore_ascii_case("yes") || v.eq_ignore_ascii_case("no"))
+                {
+                    return reply::error(
+                        out,
+                        &format!(
+                            "ERR CONFIG SET failed (possibly related to argument '{k}') - argument must be 'yes' or 'no'"
+                        ),
+                    );
+                }
+            }
+            for (k, v) in pairs {
+                if k == "requirepass" {
+                    *self.password.write() = (!v.is_empty()).then_some(v);
+                } else {
+                    self.protected.store(v.eq_ignore_ascii_case("yes"), Relaxed);
+                }
+            }
+            return reply::ok(out);
+        }
         for (k, v) in &pairs {
             match crate::persistence::check_setting(k, v) {
                 Ok(Some(())) if self.persistence.get().is_some() => {}
