@@ -116,6 +116,8 @@ pub fn run_kv_case(
         hosts
             .command(Host::Src, exe.to_str().context("tiermem path")?)
             .args(["kv", "serve", "--engine", "volatile", "--heap-size", heap])
+            // Reached from the other namespace, with no password: protected mode off.
+            .args(["--protected-mode", "no"])
             .args([
                 "--port",
                 &SRC_PORT.to_string(),
@@ -281,6 +283,7 @@ pub fn run_kv_case(
     }
     let mut cmd: Command = hosts.command(Host::Dst, exe.to_str().context("tiermem path")?);
     cmd.args(["kv", "serve", "--engine", "volatile", "--heap-size", heap])
+        .args(["--protected-mode", "no"])
         .args([
             "--port",
             &DST_PORT.to_string(),

@@ -289,6 +289,18 @@ fn migrate(a: MigrateArgs) -> Result<()> {
         .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
     let target = std::net::SocketAddr::new(target_ip, target_port);
 
+    // The target serves the source's clients as the source did: the same protected mode.
+    let protected = match resp_command(
+        a.from,
+        &["CONFIG", "GET", "protected-mode"],
+        Duration::from_secs(10),
+    ) {
+        Ok(Reply::Array(Some(v))) => match v.get(1) {
+            Some(Reply::Bulk(Some(b))) => String::from_utf8_lossy(b).into_owned(),
+            _ => "yes".to_string(),
+        },
+        _ => "yes".to_string(),
+    };
     // Progress on stderr while it runs (a terminal only).
     let _progress = tiermem_bench::progress::show("kv migrate");
     // 1. The source: freeze and serve.
@@ -352,6 +364,7 @@ fn migrate(a: MigrateArgs) -> Result<()> {
     };
     cmd.args(["kv", "serve", "--engine", "volatile"])
         .args(["--port", &target_port.to_string(), "--bind", &bind])
+        .args(["--protected-mode", &protected])
         .args(["--heap-size", &heap.to_string()])
         .args(["--set", &format!("migration-id={id:x}")])
         .args(["--set", &format!("migration-source={ps}")])

@@ -1054,6 +1054,8 @@ fn migrate_between_namespaces(method: &str, extra: &[&str]) {
     let mut src = hosts
         .command(Host::Src, exe)
         .args(["kv", "serve", "--engine", "volatile", "--bind", "*"])
+        // Reached from the other namespace, with no password: as Redis, protected mode off.
+        .args(["--protected-mode", "no"])
         .args(["--port", &port.to_string(), "--heap-size", "64mb"])
         .env("TIERMEM_DIR", &dir)
         .stdin(Stdio::null())
