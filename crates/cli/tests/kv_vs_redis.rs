@@ -607,6 +607,24 @@ fn replies_match_redis_server_7_0() {
     p.same(2, "RPUSH gone v");
     p.same(2, "LRANGE gone 0 -1");
 
+    // CLIENT KILL: a subscriber by type, then the errors.
+    p.same(1, "SUBSCRIBE kch");
+    p.same(0, "CLIENT KILL TYPE pubsub");
+    for line in [
+        "CLIENT KILL 1.2.3.4:5",
+        "CLIENT KILL ID 0",
+        "CLIENT KILL TYPE x",
+        "CLIENT KILL foo bar",
+        "CLIENT LIST TYPE x",
+        "CLIENT KILL ID 999999",
+    ] {
+        p.same(0, line);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        p.ours[1].try_cmd(&["PING"]).is_err(),
+        "the killed subscriber is closed"
+    );
     eprintln!("{} commands, the same replies from both servers", p.steps);
     drop(ours);
     let _ = std::fs::remove_dir_all(&dir);

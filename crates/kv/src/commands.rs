@@ -25,6 +25,7 @@
 mod admin;
 mod bitfield;
 pub mod blocking;
+pub mod clients;
 mod data;
 pub mod ldfloat;
 pub mod multi;
@@ -183,6 +184,8 @@ pub struct KvService {
     password: parking_lot::RwLock<Option<String>>,
     /// Protected mode (`protected-mode`; CONFIG SET).
     protected: AtomicBool,
+    /// Connected clients (CLIENT LIST, CLIENT KILL).
+    clients: clients::Clients,
 }
 
 /// Most damaged heap offsets logged one by one (then one line says that more were found).
@@ -250,6 +253,7 @@ impl KvService {
             waiters: blocking::Waiters::default(),
             password: parking_lot::RwLock::new(None),
             protected: AtomicBool::new(true),
+            clients: clients::Clients::default(),
         })
     }
 
@@ -1386,7 +1390,7 @@ impl Service for KvService {
     fn open_session_with(&self, peer: &str, conn: crate::server::ConnHandle) -> Session {
         self.stats.connections_total.fetch_add(1, Relaxed);
         self.stats.connected.fetch_add(1, Relaxed);
-        Session {
+        let s = Session {
             id: self.next_client.fetch_add(1, Relaxed),
             name: None,
             peer: peer.to_string(),
@@ -1399,7 +1403,9 @@ impl Service for KvService {
             local: is_local(peer),
             multi: None,
             watch: multi::WatchState::default(),
-        }
+        };
+        self.clients.add(&s);
+        s
     }
 
     fn execute(
@@ -1428,6 +1434,7 @@ impl Service for KvService {
             self.run_each(s, reqs, out, &mut cx, out_limit)
         };
         self.stats.commands.fetch_add(c.ran as u64, Relaxed);
+        self.clients.sync(s);
         if cx.hits > 0 {
             self.stats.hits.fetch_add(cx.hits, Relaxed);
         }
@@ -1450,6 +1457,7 @@ impl Service for KvService {
 
     fn close_session(&self, mut s: Session) {
         self.unwatch_all(&mut s);
+        self.clients.remove(s.id);
         self.pubsub.drop_session(s.id, &mut s.subs);
         if let Some(b) = s.block.take() {
             self.waiters.unregister(s.id, &b.keys);

@@ -209,6 +209,18 @@ impl ConnHandle {
         }
     }
 
+    /// Close the connection (CLIENT KILL): its pending replies are sent, then it is closed;
+    /// nothing more of its input is read.
+    pub fn close(&self) {
+        let Some(sh) = self.shared.upgrade() else {
+            return;
+        };
+        if let Some(q) = sh.closes.get(self.thread) {
+            q.lock().push(self.token);
+            sh.wake(self.thread);
+        }
+    }
+
     /// Queue `bytes` for the connection; false if it cannot be reached (no server).
     pub fn push(&self, bytes: Vec<u8>) -> bool {
         let Some(sh) = self.shared.upgrade() else {
@@ -498,6 +510,7 @@ pub fn start<S: Service>(
         evictions: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
         pushes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
         wakes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
+        closes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
         buffered: AtomicU64::new(0),
         evicting: AtomicU64::new(0),
         big: Mutex::new(HashMap::new()),
@@ -591,6 +604,8 @@ struct Shared {
     pushes: Vec<Mutex<Vec<Push>>>,
     /// Blocked connections of each thread to run again ([`ConnHandle::wake`]).
     wakes: Vec<Mutex<Vec<u64>>>,
+    /// Connections of each thread to close ([`ConnHandle::close`]).
+    closes: Vec<Mutex<Vec<u64>>>,
     /// All unfinished request bytes held by every connection.
     buffered: AtomicU64,
     /// Bytes of `buffered` whose connections another thread was asked to close (not yet done):
@@ -1087,6 +1102,14 @@ impl<S: Service> Worker<S> {
                 continue;
             }
             self.queue_flush(tok);
+        }
+        let closes: Vec<u64> = std::mem::take(&mut *self.shared.closes[self.id].lock());
+        for tok in closes {
+            if let Some(c) = self.conn(tok) {
+                c.closing = true;
+                self.set_interest(tok);
+                self.queue_flush(tok);
+            }
         }
         let wakes: Vec<u64> = std::mem::take(&mut *self.shared.wakes[self.id].lock());
         let mut executed = false;

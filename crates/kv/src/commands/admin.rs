@@ -238,7 +238,7 @@ impl KvService {
                 ),
                 _ => reply::syntax(out),
             },
-            Id::Client => self.client(s, a, out),
+            Id::Client => return self.client(s, a, out),
             Id::Command => {
                 let sub = a.get(1);
                 match sub {
@@ -572,17 +572,96 @@ impl KvService {
         Control::Continue
     }
 
-    fn client_line(&self, s: &Session) -> String {
-        format!(
-            "id={} addr={} laddr= fd=-1 name={} age={} idle=0 flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=client user=default redir=-1 resp=2\n",
-            s.id,
-            s.peer,
-            s.name.as_deref().map(String::from_utf8_lossy).unwrap_or_default(),
-            s.created.elapsed().as_secs()
-        )
+    /// CLIENT KILL addr:port (old form: +OK or no such client), or filters ID, ADDR, LADDR,
+    /// TYPE, USER, SKIPME, MAXAGE (Redis 7.0: the number killed). Killing this connection
+    /// closes it after the reply.
+    fn client_kill(&self, s: &mut Session, a: &[&[u8]], out: &mut Vec<u8>) -> Control {
+        use super::clients::ClientView;
+        self.clients.sync(s);
+        let me = s.id;
+        if a.len() == 3 {
+            let addr = String::from_utf8_lossy(a[2]).into_owned();
+            let killed = self.clients.kill(|c| c.peer == addr);
+            if killed.is_empty() {
+                reply::error(out, "ERR No such client");
+                return Control::Continue;
+            }
+            reply::ok(out);
+            return if killed.contains(&me) {
+                Control::Close
+            } else {
+                Control::Continue
+            };
+        }
+        if a.len() % 2 != 0 {
+            reply::syntax(out);
+            return Control::Continue;
+        }
+        let mut filters: Vec<Box<dyn Fn(&ClientView) -> bool>> = Vec::new();
+        let mut skipme = true;
+        for pair in a[2..].chunks(2) {
+            let (k, v) = (pair[0], pair[1]);
+            let text = String::from_utf8_lossy(v).into_owned();
+            if is(k, "ID") {
+                match parse_i64(v) {
+                    Some(id) if id > 0 => filters.push(Box::new(move |c| c.id == id as u64)),
+                    _ => {
+                        reply::error(out, "ERR client-id should be greater than 0");
+                        return Control::Continue;
+                    }
+                }
+            } else if is(k, "ADDR") {
+                filters.push(Box::new(move |c| c.peer == text));
+            } else if is(k, "LADDR") {
+                filters.push(Box::new(|_| false));
+            } else if is(k, "TYPE") {
+                match text.to_ascii_lowercase().as_str() {
+                    "normal" => filters.push(Box::new(|c| c.sub + c.psub == 0)),
+                    "pubsub" => filters.push(Box::new(|c| c.sub + c.psub > 0)),
+                    "master" | "replica" | "slave" => filters.push(Box::new(|_| false)),
+                    _ => {
+                        reply::error(out, &format!("ERR Unknown client type '{text}'"));
+                        return Control::Continue;
+                    }
+                }
+            } else if is(k, "USER") {
+                filters.push(Box::new(move |_| text == "default"));
+            } else if is(k, "SKIPME") {
+                if is(v, "YES") {
+                    skipme = true;
+                } else if is(v, "NO") {
+                    skipme = false;
+                } else {
+                    reply::syntax(out);
+                    return Control::Continue;
+                }
+            } else if is(k, "MAXAGE") {
+                match parse_i64(v) {
+                    Some(age) => filters.push(Box::new(move |c| {
+                        c.created.elapsed().as_secs() as i64 >= age
+                    })),
+                    None => {
+                        reply::not_int(out);
+                        return Control::Continue;
+                    }
+                }
+            } else {
+                reply::syntax(out);
+                return Control::Continue;
+            }
+        }
+        let killed = self
+            .clients
+            .kill(|c| !(skipme && c.id == me) && filters.iter().all(|f| f(c)));
+        int(out, killed.len() as i64);
+        if killed.contains(&me) {
+            Control::Close
+        } else {
+            Control::Continue
+        }
     }
 
-    fn client(&self, s: &mut Session, a: &[&[u8]], out: &mut Vec<u8>) {
+    fn client(&self, s: &mut Session, a: &[&[u8]], out: &mut Vec<u8>) -> Control {
         let sub = a[1];
         if is(sub, "ID") && a.len() == 2 {
             int(out, s.id as i64);
@@ -605,9 +684,45 @@ impl KvService {
             || ((is(sub, "NO-EVICT") || is(sub, "NO-TOUCH")) && a.len() == 3)
         {
             reply::ok(out);
-        } else if (is(sub, "LIST") || is(sub, "INFO")) && (a.len() == 2 || is(sub, "LIST")) {
-            // Only this connection: the server keeps the registry of the others.
-            bulk(out, self.client_line(s).as_bytes());
+        } else if is(sub, "INFO") && a.len() == 2 {
+            bulk(out, super::clients::ClientView::of(s).line().as_bytes());
+        } else if is(sub, "LIST") {
+            // Redis 7.0: [TYPE normal|master|replica|pubsub] [ID id ...].
+            self.clients.sync(s);
+            let mut all = self.clients.list();
+            if a.len() > 2 {
+                if is(a[2], "TYPE") && a.len() == 4 {
+                    let t = String::from_utf8_lossy(a[3]).to_ascii_lowercase();
+                    match t.as_str() {
+                        "normal" => all.retain(|c| c.sub + c.psub == 0),
+                        "pubsub" => all.retain(|c| c.sub + c.psub > 0),
+                        "master" | "replica" | "slave" => all.clear(),
+                        _ => {
+                            reply::error(out, &format!("ERR Unknown client type '{t}'"));
+                            return Control::Continue;
+                        }
+                    }
+                } else if is(a[2], "ID") && a.len() >= 4 {
+                    let mut ids = Vec::new();
+                    for x in &a[3..] {
+                        match parse_i64(x) {
+                            Some(v) if v > 0 => ids.push(v as u64),
+                            _ => {
+                                reply::error(out, "ERR Invalid client ID");
+                                return Control::Continue;
+                            }
+                        }
+                    }
+                    all.retain(|c| ids.contains(&c.id));
+                } else {
+                    reply::syntax(out);
+                    return Control::Continue;
+                }
+            }
+            let text: String = all.iter().map(|c| c.line()).collect();
+            bulk(out, text.as_bytes());
+        } else if is(sub, "KILL") && a.len() >= 3 {
+            return self.client_kill(s, a, out);
         } else {
             reply::error(
                 out,
@@ -617,6 +732,7 @@ impl KvService {
                 ),
             );
         }
+        Control::Continue
     }
 
     fn section<M: Mem>(&self, m: &M, name: &str) -> Vec<(String, String)> {
