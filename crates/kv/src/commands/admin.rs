@@ -56,6 +56,9 @@ fn command_info(out: &mut Vec<u8>, s: &Spec) {
     }
 }
 
+/// One CLIENT KILL filter.
+type ClientFilter = Box<dyn Fn(&super::clients::ClientView) -> bool>;
+
 impl KvService {
     /// PUBSUB CHANNELS [pattern] | NUMSUB [channel ...] | NUMPAT (Redis 7.0's replies).
     fn pubsub_cmd(&self, a: &[&[u8]], out: &mut Vec<u8>) {
@@ -597,7 +600,7 @@ impl KvService {
             reply::syntax(out);
             return Control::Continue;
         }
-        let mut filters: Vec<Box<dyn Fn(&ClientView) -> bool>> = Vec::new();
+        let mut filters: Vec<ClientFilter> = Vec::new();
         let mut skipme = true;
         for pair in a[2..].chunks(2) {
             let (k, v) = (pair[0], pair[1]);
