@@ -579,7 +579,6 @@ impl KvService {
     /// TYPE, USER, SKIPME, MAXAGE (Redis 7.0: the number killed). Killing this connection
     /// closes it after the reply.
     fn client_kill(&self, s: &mut Session, a: &[&[u8]], out: &mut Vec<u8>) -> Control {
-        use super::clients::ClientView;
         self.clients.sync(s);
         let me = s.id;
         if a.len() == 3 {
