@@ -1031,6 +1031,34 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
                 }
             }
         }
+        Id::Zunion | Id::Zinter | Id::Zdiff | Id::Zintercard => {
+            let (name, op) = match id {
+                Id::Zunion => ("zunion", ZOp::Union),
+                Id::Zinter => ("zinter", ZOp::Inter),
+                Id::Zdiff => ("zdiff", ZOp::Diff),
+                _ => ("zintercard", ZOp::Inter),
+            };
+            let card = id == Id::Zintercard;
+            let Ok((res, withscores, limit)) = zsetop(st, m, name, a, 1, op, false, card, out)
+            else {
+                return;
+            };
+            if card {
+                let n = if limit > 0 {
+                    res.len().min(limit)
+                } else {
+                    res.len()
+                };
+                return int(out, n as i64);
+            }
+            array(out, if withscores { 2 * res.len() } else { res.len() });
+            for (mem, sc) in &res {
+                bulk(out, mem);
+                if withscores {
+                    reply::double(out, *sc);
+                }
+            }
+        }
         Id::Randomkey => {
             // Expired keys not yet deleted are skipped (a reader cannot delete them, where
             // Redis' RANDOMKEY deletes as it draws): a few random draws, then a walk to the
@@ -1958,6 +1986,30 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
         }
         Id::Blpop | Id::Brpop | Id::Brpoplpush | Id::Blmove | Id::Bzpopmin | Id::Bzpopmax => {
             blocking_try(st, w, id, a, out)
+        }
+        Id::Zunionstore | Id::Zinterstore | Id::Zdiffstore => {
+            let (name, op) = match id {
+                Id::Zunionstore => ("zunionstore", ZOp::Union),
+                Id::Zinterstore => ("zinterstore", ZOp::Inter),
+                _ => ("zdiffstore", ZOp::Diff),
+            };
+            let Ok((res, _, _)) = zsetop(st, &*w, name, a, 2, op, true, false, out) else {
+                return Ok(());
+            };
+            // The destination is replaced whatever it held, and deleted for an empty result.
+            if let Some(e) = ks::lookup(w, st, a[1]) {
+                ks::delete(w, st, &e)?;
+            }
+            if !res.is_empty() {
+                let z = zset::create(w)?;
+                for (mem, sc) in &res {
+                    zset::add(w, st, z, *sc, mem, AddFlags::default())?;
+                }
+                let (p, _) = ks::probe(w, st, a[1]);
+                ks::insert_object(w, st, &p, a[1], T_ZSET, 0, z)?;
+            }
+            int(out, res.len() as i64);
+            Ok(())
         }
         Id::Lpop | Id::Rpop => {
             if a.len() > 3 {
@@ -2980,6 +3032,231 @@ fn set_cmd(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
         reply::ok(out);
     }
     Ok(())
+}
+
+/// How ZUNION/ZINTER/ZDIFF combine.
+#[derive(Clone, Copy, PartialEq)]
+enum ZOp {
+    Union,
+    Inter,
+    Diff,
+}
+
+/// ZUNION, ZINTER, ZDIFF (`dst` None), their STORE forms (`dst` Some) and ZINTERCARD
+/// (`card`): Redis 7.0's zunionInterDiffGenericCommand step for step — numkeys, the keys'
+/// types (zsets, or sets with score 1), then WEIGHTS, AGGREGATE, WITHSCORES or LIMIT. The
+/// result as (member, score) sorted as ZRANGE sorts, or the error reply written (`Err`).
+#[allow(clippy::type_complexity)]
+fn zsetop<M: Mem>(
+    st: &Store,
+    m: &M,
+    name: &str,
+    a: &[&[u8]],
+    nk: usize,
+    op: ZOp,
+    store: bool,
+    card: bool,
+    out: &mut Vec<u8>,
+) -> std::result::Result<(Vec<(Vec<u8>, f64)>, bool, usize), ()> {
+    let Some(n) = parse_i64(a[nk]) else {
+        not_int(out);
+        return Err(());
+    };
+    if n < 1 {
+        reply::error(
+            out,
+            &format!("ERR at least 1 input key is needed for '{name}' command"),
+        );
+        return Err(());
+    }
+    if n as usize > a.len() - (nk + 1) {
+        syntax(out);
+        return Err(());
+    }
+    let n = n as usize;
+    let keys = &a[nk + 1..nk + 1 + n];
+    // The inputs: members with their scores (sets: 1), or None for a missing key.
+    let mut inputs: Vec<Option<Vec<(Vec<u8>, f64)>>> = Vec::with_capacity(n);
+    for k in keys {
+        match ks::lookup(m, st, k) {
+            None => inputs.push(None),
+            Some(e) if e.ty() == T_ZSET => {
+                let mut v = Vec::new();
+                let len = zset::len(m, e.obj());
+                if len > 0 {
+                    zset::range_by_rank(m, e.obj(), 0, len - 1, false, |mem, sc| {
+                        v.push((mem.to_vec(), sc))
+                    });
+                }
+                inputs.push(Some(v));
+            }
+            Some(e) if e.ty() == T_SET => {
+                let mut v = Vec::new();
+                set::for_each(m, set_obj(&e), |mem| v.push((mem.to_vec(), 1.0)));
+                inputs.push(Some(v));
+            }
+            Some(_) => {
+                wrongtype(out);
+                return Err(());
+            }
+        }
+    }
+    let mut weights = vec![1.0f64; n];
+    #[derive(Clone, Copy)]
+    enum Agg {
+        Sum,
+        Min,
+        Max,
+    }
+    let mut agg = Agg::Sum;
+    let (mut withscores, mut limit) = (false, 0usize);
+    let mut j = nk + 1 + n;
+    while j < a.len() {
+        let left = a.len() - j;
+        if op != ZOp::Diff && !card && left > n && is(a[j], "WEIGHTS") {
+            for (i, w) in weights.iter_mut().enumerate() {
+                match parse_f64(a[j + 1 + i]) {
+                    Some(v) if !v.is_nan() => *w = v,
+                    _ => {
+                        reply::error(out, "ERR weight value is not a float");
+                        return Err(());
+                    }
+                }
+            }
+            j += 1 + n;
+        } else if op != ZOp::Diff && !card && left >= 2 && is(a[j], "AGGREGATE") {
+            agg = if is(a[j + 1], "SUM") {
+                Agg::Sum
+            } else if is(a[j + 1], "MIN") {
+                Agg::Min
+            } else if is(a[j + 1], "MAX") {
+                Agg::Max
+            } else {
+                syntax(out);
+                return Err(());
+            };
+            j += 2;
+        } else if !store && !card && is(a[j], "WITHSCORES") {
+            withscores = true;
+            j += 1;
+        } else if card && left >= 2 && is(a[j], "LIMIT") {
+            match parse_i64(a[j + 1]) {
+                Some(l) if l >= 0 => limit = l as usize,
+                _ => {
+                    reply::error(out, "ERR LIMIT can't be negative");
+                    return Err(());
+                }
+            }
+            j += 2;
+        } else {
+            syntax(out);
+            return Err(());
+        }
+    }
+    let aggregate = |t: &mut f64, v: f64| match agg {
+        Agg::Sum => {
+            *t += v;
+            if t.is_nan() {
+                *t = 0.0;
+            }
+        }
+        Agg::Min => *t = t.min(v),
+        Agg::Max => *t = t.max(v),
+    };
+    // A weighted value (NaN, from 0 × inf, counts 0): every value of a union, the first of an
+    // intersection, whose later ones are aggregated raw (SUM zeroes a NaN sum; MIN and MAX
+    // keep what they had), as Redis 7.0 does.
+    let first = |s: f64, w: f64| {
+        let v = s * w;
+        if v.is_nan() {
+            0.0
+        } else {
+            v
+        }
+    };
+    // Redis' order of the inputs: by increasing size (a stable sort, as glibc's qsort of a
+    // few elements), the difference's first kept first; it matters only where infinities
+    // meet.
+    let size = |i: &Option<Vec<(Vec<u8>, f64)>>| i.as_ref().map_or(0, |v| v.len());
+    let mut order: Vec<usize> = (0..n).collect();
+    match op {
+        ZOp::Union | ZOp::Inter => order.sort_by_key(|&i| size(&inputs[i])),
+        ZOp::Diff => {}
+    }
+    let inputs: Vec<Option<Vec<(Vec<u8>, f64)>>> =
+        order.iter().map(|&i| inputs[i].clone()).collect();
+    let weights: Vec<f64> = order.iter().map(|&i| weights[i]).collect();
+    let mut res: Vec<(Vec<u8>, f64)> = match op {
+        ZOp::Union => {
+            let mut acc: std::collections::HashMap<Vec<u8>, f64> = Default::default();
+            for (inp, &w) in inputs.iter().zip(&weights) {
+                for (mem, sc) in inp.iter().flatten() {
+                    match acc.get_mut(mem) {
+                        Some(t) => aggregate(t, first(*sc, w)),
+                        None => {
+                            acc.insert(mem.clone(), first(*sc, w));
+                        }
+                    }
+                }
+            }
+            acc.into_iter().collect()
+        }
+        ZOp::Inter => {
+            if inputs
+                .iter()
+                .any(|i| i.as_ref().map_or(true, |v| v.is_empty()))
+            {
+                Vec::new()
+            } else {
+                let maps: Vec<std::collections::HashMap<&[u8], f64>> = inputs[1..]
+                    .iter()
+                    .flatten()
+                    .map(|v| v.iter().map(|(m, s)| (m.as_slice(), *s)).collect())
+                    .collect();
+                let mut r = Vec::new();
+                for (mem, sc) in inputs[0].iter().flatten() {
+                    let mut t = first(*sc, weights[0]);
+                    let mut all = true;
+                    for (i, mp) in maps.iter().enumerate() {
+                        match mp.get(mem.as_slice()) {
+                            Some(&s2) => aggregate(&mut t, s2 * weights[i + 1]),
+                            None => {
+                                all = false;
+                                break;
+                            }
+                        }
+                    }
+                    if all {
+                        r.push((mem.clone(), t));
+                        if card && limit > 0 && r.len() >= limit {
+                            break;
+                        }
+                    }
+                }
+                r
+            }
+        }
+        ZOp::Diff => {
+            let others: std::collections::HashSet<&[u8]> = inputs[1..]
+                .iter()
+                .flatten()
+                .flat_map(|v| v.iter().map(|(m, _)| m.as_slice()))
+                .collect();
+            inputs[0]
+                .iter()
+                .flatten()
+                .filter(|(m, _)| !others.contains(m.as_slice()))
+                .cloned()
+                .collect()
+        }
+    };
+    // By score, -0 equal to 0 (Redis prints it as -0 but sorts it as 0), then by member.
+    res.sort_by(|x, y| {
+        x.1.partial_cmp(&y.1)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then_with(|| x.0.cmp(&y.0))
+    });
+    Ok((res, withscores, limit))
 }
 
 /// The non-blocking attempt of a blocking command (see `super::blocking`): validates its

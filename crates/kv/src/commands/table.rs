@@ -217,6 +217,13 @@ commands! {
     Zpopmin "zpopmin" -2 Write (1, 1, 1);
     Zpopmax "zpopmax" -2 Write (1, 1, 1);
     Bzpopmin "bzpopmin" -3 Write (1, -2, 1);
+    Zunion "zunion" -3 Read (0, 0, 0);
+    Zinter "zinter" -3 Read (0, 0, 0);
+    Zdiff "zdiff" -3 Read (0, 0, 0);
+    Zintercard "zintercard" -3 Read (0, 0, 0);
+    Zunionstore "zunionstore" -4 Write (1, 1, 1);
+    Zinterstore "zinterstore" -4 Write (1, 1, 1);
+    Zdiffstore "zdiffstore" -4 Write (1, 1, 1);
     Bzpopmax "bzpopmax" -3 Write (1, -2, 1);
 }
 

@@ -281,6 +281,9 @@ pub enum Added {
 
 /// Add or update `member` with `s` under `flags`.
 pub fn add(w: &mut Wtx, st: &Store, z: Off, s: f64, mem: &[u8], flags: AddFlags) -> Result<Added> {
+    // No negative zero: Redis keeps small sorted sets' integral scores as integers, so -0 reads
+    // back as 0.
+    let s = s + 0.0;
     let p = dict::probe::<_, ZKind>(w, z, st.hash(mem), mem);
     match p.found {
         None => {
@@ -304,7 +307,7 @@ pub fn add(w: &mut Wtx, st: &Store, z: Off, s: f64, mem: &[u8], flags: AddFlags)
                 return Ok(Added::Skipped);
             }
             let cur = score(w, n);
-            let new = if flags.incr { cur + s } else { s };
+            let new = if flags.incr { cur + s } else { s } + 0.0;
             if new.is_nan() {
                 return Ok(Added::Nan);
             }
