@@ -3046,7 +3046,7 @@ enum ZOp {
 /// (`card`): Redis 7.0's zunionInterDiffGenericCommand step for step — numkeys, the keys'
 /// types (zsets, or sets with score 1), then WEIGHTS, AGGREGATE, WITHSCORES or LIMIT. The
 /// result as (member, score) sorted as ZRANGE sorts, or the error reply written (`Err`).
-#[allow(clippy::type_complexity)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 fn zsetop<M: Mem>(
     st: &Store,
     m: &M,
