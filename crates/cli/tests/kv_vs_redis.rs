@@ -824,6 +824,42 @@ fn sorted_set_algebra_matches_redis_server_7_0() {
     ] {
         p.same(0, line);
     }
+    // Ranks and lexicographic ranges.
+    p.same(0, "ZADD lz 0 ab 0 ba 0 c 0 cz 0 dd 0 e 0 ea 0 j");
+    let bounds = [
+        "-", "+", "[a", "(a", "[c", "(cz", "[j", "(b", "[", "(", "x", "[dd",
+    ];
+    for i in 0..60 {
+        let (lo, hi) = (bounds[rnd(bounds.len())], bounds[rnd(bounds.len())]);
+        let c = ["ZRANGEBYLEX", "ZREVRANGEBYLEX", "ZLEXCOUNT"][i % 3];
+        p.same(0, &format!("{c} lz {lo} {hi}"));
+        if c != "ZLEXCOUNT" {
+            p.same(
+                0,
+                &format!("{c} lz {lo} {hi} LIMIT {} {}", rnd(3), rnd(4) as i64 - 1),
+            );
+        }
+        p.same(0, &format!("ZRANGE lz {lo} {hi} BYLEX REV LIMIT 0 2"));
+    }
+    for line in [
+        "ZRANGEBYLEX lz - + WITHSCORES",
+        "ZRANGE lz - + BYLEX WITHSCORES",
+        "ZRANGEBYLEX str - +",
+        "ZRANK lz c",
+        "ZREVRANK lz c",
+        "ZRANK lz nosuch",
+        "ZRANK nokey c",
+        "ZRANK str c",
+        "ZRANK z1 m3",
+        "ZREVRANK z1 m5",
+        "ZREMRANGEBYLEX lz [b (dd",
+        "ZRANGE lz 0 -1",
+        "ZREMRANGEBYLEX lz - +",
+        "EXISTS lz",
+        "ZREMRANGEBYLEX lz x +",
+    ] {
+        p.same(0, line);
+    }
     eprintln!("{} commands, the same replies from both servers", p.steps);
     drop(ours);
     let _ = std::fs::remove_dir_all(&dir);

@@ -1349,6 +1349,20 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
             let e = found!(a[1], T_ZSET, int(out, 0));
             int(out, zset::len(m, e.obj()) as i64);
         }
+        Id::Zrank | Id::Zrevrank => {
+            let e = found!(a[1], T_ZSET, null(out));
+            match zrank(m, e.obj(), a[2], id == Id::Zrevrank) {
+                Some(r) => int(out, r as i64),
+                None => null(out),
+            }
+        }
+        Id::Zlexcount => {
+            let (Some(min), Some(max)) = (parse_lex(a[2]), parse_lex(a[3])) else {
+                return reply::error(out, "ERR min or max not valid string range item");
+            };
+            let e = found!(a[1], T_ZSET, int(out, 0));
+            int(out, lex_members(m, e.obj(), &min, &max, false).len() as i64);
+        }
         Id::Zcount => {
             let (Some(min), Some(max)) = (parse_bound(a[2]), parse_bound(a[3])) else {
                 return reply::error(out, "ERR min or max is not a float");
@@ -1365,9 +1379,12 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
             zset::range_by_score(m, e.obj(), r, |_, _| n += 1);
             int(out, n);
         }
-        Id::Zrange | Id::Zrevrange | Id::Zrangebyscore | Id::Zrevrangebyscore => {
-            zrange(cx, st, m, id, a, out)
-        }
+        Id::Zrange
+        | Id::Zrevrange
+        | Id::Zrangebyscore
+        | Id::Zrevrangebyscore
+        | Id::Zrangebylex
+        | Id::Zrevrangebylex => zrange(cx, st, m, id, a, out),
         _ => reply::error(out, "ERR internal: not a read command"),
     }
 }
@@ -1509,16 +1526,91 @@ fn coll_scan<M: Mem>(st: &Store, m: &M, id: Id, a: &[&[u8]], out: &mut Vec<u8>) 
     out.extend_from_slice(&items);
 }
 
+/// One end of a lexicographic range (Redis' zslParseLexRangeItem): `-`, `+`, `[x`, `(x`.
+#[derive(Clone, Debug)]
+enum Lex {
+    Min,
+    Max,
+    Incl(Vec<u8>),
+    Excl(Vec<u8>),
+}
+
+fn parse_lex(b: &[u8]) -> Option<Lex> {
+    match b.first() {
+        Some(b'-') if b.len() == 1 => Some(Lex::Min),
+        Some(b'+') if b.len() == 1 => Some(Lex::Max),
+        Some(b'[') => Some(Lex::Incl(b[1..].to_vec())),
+        Some(b'(') => Some(Lex::Excl(b[1..].to_vec())),
+        _ => None,
+    }
+}
+
+/// Whether `mem` lies in the lexicographic range `min..max`.
+fn in_lex(mem: &[u8], min: &Lex, max: &Lex) -> bool {
+    let above = match min {
+        Lex::Min => true,
+        Lex::Max => false,
+        Lex::Incl(x) => mem >= x.as_slice(),
+        Lex::Excl(x) => mem > x.as_slice(),
+    };
+    let below = match max {
+        Lex::Min => false,
+        Lex::Max => true,
+        Lex::Incl(x) => mem <= x.as_slice(),
+        Lex::Excl(x) => mem < x.as_slice(),
+    };
+    above && below
+}
+
+/// The members of zset `z` in the lexicographic range, in order (`rev`: descending). Lex
+/// ranges mean something only when all scores are equal (Redis' rule); here the elements are
+/// walked in rank order and filtered: O(n).
+fn lex_members<M: Mem>(m: &M, z: u64, min: &Lex, max: &Lex, rev: bool) -> Vec<Vec<u8>> {
+    let n = zset::len(m, z);
+    let mut v = Vec::new();
+    if n > 0 {
+        zset::range_by_rank(m, z, 0, n - 1, rev, |mem, _| {
+            if in_lex(mem, min, max) {
+                v.push(mem.to_vec());
+            }
+        });
+    }
+    v
+}
+
+/// ZRANK / ZREVRANK: the member's rank, walking the sorted set (O(rank): the skip list keeps
+/// no spans).
+fn zrank<M: Mem>(m: &M, z: u64, member: &[u8], rev: bool) -> Option<u64> {
+    let n = zset::len(m, z);
+    let mut found = None;
+    let mut r = 0;
+    if n > 0 {
+        zset::range_by_rank(m, z, 0, n - 1, rev, |mem, _| {
+            if found.is_none() {
+                if mem == member {
+                    found = Some(r);
+                }
+                r += 1;
+            }
+        });
+    }
+    found
+}
+
 fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out: &mut Vec<u8>) {
     let (mut withscores, mut rev, mut byscore, mut bylex) = (false, false, false, false);
     let mut limit: Option<(i64, i64)> = None;
-    rev |= matches!(id, Id::Zrevrange | Id::Zrevrangebyscore);
+    rev |= matches!(
+        id,
+        Id::Zrevrange | Id::Zrevrangebyscore | Id::Zrevrangebylex
+    );
     byscore |= matches!(id, Id::Zrangebyscore | Id::Zrevrangebyscore);
+    bylex |= matches!(id, Id::Zrangebylex | Id::Zrevrangebylex);
     let mut i = 4;
     while i < a.len() {
         if is(a[i], "WITHSCORES") {
             withscores = true;
-        } else if is(a[i], "LIMIT") && id != Id::Zrevrange && i + 2 < a.len() {
+        } else if is(a[i], "LIMIT") && !matches!(id, Id::Zrevrange) && i + 2 < a.len() {
             let (Some(o), Some(c)) = (parse_i64(a[i + 1]), parse_i64(a[i + 2])) else {
                 return not_int(out);
             };
@@ -1535,14 +1627,48 @@ fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out
         }
         i += 1;
     }
-    if bylex {
-        return reply::error(out, "ERR ZRANGE BYLEX is not supported by tiermem-kv");
-    }
-    if limit.is_some() && !byscore {
+    if limit.is_some() && !byscore && !bylex {
         return reply::error(
             out,
             "ERR syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX",
         );
+    }
+    if withscores && bylex {
+        return reply::error(
+            out,
+            "ERR syntax error, WITHSCORES not supported in combination with BYLEX",
+        );
+    }
+    if bylex {
+        let (lo, hi) = if rev { (a[3], a[2]) } else { (a[2], a[3]) };
+        let (Some(min), Some(max)) = (parse_lex(lo), parse_lex(hi)) else {
+            return reply::error(out, "ERR min or max not valid string range item");
+        };
+        let e = match look(m, st, a[1], T_ZSET) {
+            Look::Missing => {
+                cx.misses += 1;
+                return array(out, 0);
+            }
+            Look::Wrong => return wrongtype(out),
+            Look::Found(e) => e,
+        };
+        cx.hits += 1;
+        let (offset, count) = limit.unwrap_or((0, -1));
+        if offset < 0 {
+            return array(out, 0);
+        }
+        let all = lex_members(m, e.obj(), &min, &max, rev);
+        let take = if count < 0 {
+            usize::MAX
+        } else {
+            count as usize
+        };
+        let sel: Vec<&Vec<u8>> = all.iter().skip(offset as usize).take(take).collect();
+        array(out, sel.len());
+        for mem in sel {
+            bulk(out, mem);
+        }
+        return;
     }
     let emit = |out: &mut Vec<u8>, mem: &[u8], s: f64| {
         bulk(out, mem);
@@ -2880,6 +3006,28 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             Ok(())
         }
         Id::Zadd | Id::Zincrby => zadd(st, w, id, a, out),
+        Id::Zremrangebylex => {
+            let (Some(min), Some(max)) = (parse_lex(a[2]), parse_lex(a[3])) else {
+                reply::error(out, "ERR min or max not valid string range item");
+                return Ok(());
+            };
+            let Ok((_, e)) = probe_typed(w, st, a[1], T_ZSET, out) else {
+                return Ok(());
+            };
+            let Some(e) = e else {
+                int(out, 0);
+                return Ok(());
+            };
+            let gone = lex_members(w, e.obj(), &min, &max, false);
+            for mem in &gone {
+                zset::remove(w, st, e.obj(), mem)?;
+            }
+            if zset::len(w, e.obj()) == 0 {
+                ks::delete(w, st, &e)?;
+            }
+            int(out, gone.len() as i64);
+            Ok(())
+        }
         Id::Zremrangebyscore | Id::Zremrangebyrank => {
             // The range first (Redis' errors), then the key.
             let by_score = id == Id::Zremrangebyscore;

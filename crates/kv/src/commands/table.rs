@@ -218,6 +218,12 @@ commands! {
     Zpopmax "zpopmax" -2 Write (1, 1, 1);
     Bzpopmin "bzpopmin" -3 Write (1, -2, 1);
     Zunion "zunion" -3 Read (0, 0, 0);
+    Zrank "zrank" 3 Read (1, 1, 1);
+    Zrevrank "zrevrank" 3 Read (1, 1, 1);
+    Zlexcount "zlexcount" 4 Read (1, 1, 1);
+    Zrangebylex "zrangebylex" -4 Read (1, 1, 1);
+    Zrevrangebylex "zrevrangebylex" -4 Read (1, 1, 1);
+    Zremrangebylex "zremrangebylex" 4 Write (1, 1, 1);
     Zinter "zinter" -3 Read (0, 0, 0);
     Zdiff "zdiff" -3 Read (0, 0, 0);
     Zintercard "zintercard" -3 Read (0, 0, 0);
