@@ -590,6 +590,14 @@ fn replies_match_redis_server_7_0() {
     ] {
         p.same(0, line);
     }
+    p.send(0, "BLMPOP 0 2 q1 q2 LEFT COUNT 2");
+    settle();
+    p.same(2, "RPUSH q2 x y z");
+    p.same_push(0);
+    p.send(0, "BZMPOP 0 1 zq MAX");
+    settle();
+    p.same(2, "ZADD zq 3 c 4 d");
+    p.same_push(0);
     p.send(0, "BLPOP k2 0");
     p.send(0, "PING");
     settle();
@@ -857,6 +865,30 @@ fn sorted_set_algebra_matches_redis_server_7_0() {
         "ZREMRANGEBYLEX lz - +",
         "EXISTS lz",
         "ZREMRANGEBYLEX lz x +",
+    ] {
+        p.same(0, line);
+    }
+    // LMPOP and ZMPOP.
+    for line in [
+        "LMPOP 0 a LEFT",
+        "LMPOP x a LEFT",
+        "LMPOP 2 a LEFT",
+        "LMPOP 1 a UP",
+        "LMPOP 1 a LEFT COUNT 0",
+        "LMPOP 1 a LEFT COUNT 1 COUNT 2",
+        "LMPOP 1 a LEFT COUNT",
+        "ZMPOP 1 a MIN COUNT -1",
+        "LMPOP 1 a left count x",
+        "LMPOP 3 a b LEFT",
+        "LMPOP 1 a LEFT",
+        "RPUSH L 1 2 3",
+        "ZADD Z 1 a 2 b",
+        "LMPOP 2 nokey L RIGHT COUNT 2",
+        "ZMPOP 1 Z MAX COUNT 5",
+        "LMPOP 2 nokey str LEFT",
+        "LMPOP 1 L LEFT COUNT 9",
+        "EXISTS L",
+        "ZMPOP 2 z1 str min COUNT 2",
     ] {
         p.same(0, line);
     }

@@ -1035,7 +1035,9 @@ impl KvService {
             Some(b) => Some(Control::Block(b.deadline)),
             None => {
                 // (The attempt validated the timeout: an invalid one wrote an error.)
-                let deadline = blocking::deadline(r[r.len() - 1], now).ok().flatten();
+                let deadline = blocking::deadline(blocking::timeout_arg(spec.id, r), now)
+                    .ok()
+                    .flatten();
                 let keys: Vec<Vec<u8>> = blocking::wait_keys(spec.id, r)
                     .into_iter()
                     .map(|k| multi::wkey(s.db, k))
@@ -1376,6 +1378,8 @@ fn is_end(r: &[&[u8]]) -> bool {
                 | Id::Blmove
                 | Id::Bzpopmin
                 | Id::Bzpopmax
+                | Id::Blmpop
+                | Id::Bzmpop
         )
     })
 }

@@ -95,8 +95,24 @@ pub fn is_blocking(id: super::table::Id) -> bool {
     use super::table::Id;
     matches!(
         id,
-        Id::Blpop | Id::Brpop | Id::Brpoplpush | Id::Blmove | Id::Bzpopmin | Id::Bzpopmax
+        Id::Blpop
+            | Id::Brpop
+            | Id::Brpoplpush
+            | Id::Blmove
+            | Id::Bzpopmin
+            | Id::Bzpopmax
+            | Id::Blmpop
+            | Id::Bzmpop
     )
+}
+
+/// A blocking command's timeout argument: the last one, or the first of BLMPOP and BZMPOP.
+pub fn timeout_arg<'a>(id: super::table::Id, a: &[&'a [u8]]) -> &'a [u8] {
+    use super::table::Id;
+    match id {
+        Id::Blmpop | Id::Bzmpop => a[1],
+        _ => a[a.len() - 1],
+    }
 }
 
 /// The keys a blocking command waits on: every key of BLPOP, BRPOP, BZPOPMIN, BZPOPMAX (all
@@ -105,6 +121,11 @@ pub fn wait_keys<'a>(id: super::table::Id, a: &[&'a [u8]]) -> Vec<&'a [u8]> {
     use super::table::Id;
     match id {
         Id::Brpoplpush | Id::Blmove => vec![a[1]],
+        // BLMPOP timeout numkeys key ... (validated before anything blocks).
+        Id::Blmpop | Id::Bzmpop => {
+            let n = super::parse_i64(a[2]).unwrap_or(0).max(0) as usize;
+            a[3..(3 + n).min(a.len())].to_vec()
+        }
         _ => a[1..a.len() - 1].to_vec(),
     }
 }

@@ -2110,8 +2110,19 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             int(out, n as i64);
             Ok(())
         }
-        Id::Blpop | Id::Brpop | Id::Brpoplpush | Id::Blmove | Id::Bzpopmin | Id::Bzpopmax => {
-            blocking_try(st, w, id, a, out)
+        Id::Blpop
+        | Id::Brpop
+        | Id::Brpoplpush
+        | Id::Blmove
+        | Id::Bzpopmin
+        | Id::Bzpopmax
+        | Id::Blmpop
+        | Id::Bzmpop => blocking_try(st, w, id, a, out),
+        Id::Lmpop | Id::Zmpop => {
+            if !mpop(st, w, id == Id::Zmpop, a, 1, out)? {
+                null_array(out);
+            }
+            Ok(())
         }
         Id::Zunionstore | Id::Zinterstore | Id::Zdiffstore => {
             let (name, op) = match id {
@@ -3407,6 +3418,121 @@ fn zsetop<M: Mem>(
     Ok((res, withscores, limit))
 }
 
+/// LMPOP / ZMPOP (and the attempt of BLMPOP / BZMPOP): `numkeys key ... LEFT|RIGHT (MIN|MAX)
+/// [COUNT n]` from `a[nk]`, Redis 7.0's checks in its order; pops up to `count` from the first
+/// key that holds something and replies `[key, elements]` (ZMPOP: `[member, score]` pairs).
+/// Returns whether it replied (false: every key empty; nothing written).
+fn mpop(
+    st: &Store,
+    w: &mut Wtx,
+    zset: bool,
+    a: &[&[u8]],
+    nk: usize,
+    out: &mut Vec<u8>,
+) -> Result<bool, HeapError> {
+    let n = match parse_i64(a[nk]) {
+        Some(n) if n > 0 => n as usize,
+        _ => {
+            reply::error(out, "ERR numkeys should be greater than 0");
+            return Ok(true);
+        }
+    };
+    if n > a.len() - nk - 1 {
+        syntax(out);
+        return Ok(true);
+    }
+    let keys = &a[nk + 1..nk + 1 + n];
+    let mut j = nk + 1 + n;
+    let (lo, hi) = if zset {
+        ("MIN", "MAX")
+    } else {
+        ("LEFT", "RIGHT")
+    };
+    let first = match a.get(j) {
+        Some(x) if is(x, lo) => true,
+        Some(x) if is(x, hi) => false,
+        _ => {
+            syntax(out);
+            return Ok(true);
+        }
+    };
+    j += 1;
+    let mut count: Option<i64> = None;
+    while j < a.len() {
+        if is(a[j], "COUNT") && j + 1 < a.len() && count.is_none() {
+            match parse_i64(a[j + 1]) {
+                Some(c) if c > 0 => count = Some(c),
+                _ => {
+                    reply::error(out, "ERR count should be greater than 0");
+                    return Ok(true);
+                }
+            }
+            j += 2;
+        } else {
+            syntax(out);
+            return Ok(true);
+        }
+    }
+    let count = count.unwrap_or(1).to_string();
+    let ty = if zset { T_ZSET } else { T_LIST };
+    for k in keys {
+        let Some(e) = ks::lookup(w, st, k) else {
+            continue;
+        };
+        if e.ty() != ty {
+            wrongtype(out);
+            return Ok(true);
+        }
+        let (pid, name): (Id, &[u8]) = match (zset, first) {
+            (false, true) => (Id::Lpop, b"LPOP"),
+            (false, false) => (Id::Rpop, b"RPOP"),
+            (true, true) => (Id::Zpopmin, b"ZPOPMIN"),
+            (true, false) => (Id::Zpopmax, b"ZPOPMAX"),
+        };
+        let mut popped = Vec::new();
+        write(st, w, pid, &[name, k, count.as_bytes()], &mut popped)?;
+        array(out, 2);
+        bulk(out, k);
+        if !zset {
+            out.extend_from_slice(&popped);
+        } else {
+            // ZPOPMIN's flat member, score, ... as [member, score] pairs.
+            let items = flat_bulks(&popped);
+            array(out, items.len() / 2);
+            for pair in items.chunks(2) {
+                array(out, 2);
+                bulk(out, pair[0]);
+                bulk(out, pair.get(1).copied().unwrap_or_default());
+            }
+        }
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// The bulk strings of a flat RESP array reply (`*n` then `$len` items) this layer wrote.
+fn flat_bulks(b: &[u8]) -> Vec<&[u8]> {
+    let mut v = Vec::new();
+    let mut i = match b.iter().position(|&c| c == b'\n') {
+        Some(p) => p + 1,
+        None => return v,
+    };
+    while i < b.len() && b[i] == b'$' {
+        let Some(nl) = b[i..].iter().position(|&c| c == b'\n') else {
+            break;
+        };
+        let len: usize = std::str::from_utf8(&b[i + 1..i + nl - 1])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let start = i + nl + 1;
+        let end = (start + len).min(b.len());
+        v.push(&b[start..end]);
+        i = end + 2;
+    }
+    v
+}
+
 /// The non-blocking attempt of a blocking command (see `super::blocking`): validates its
 /// arguments (an error reply, as Redis 7.0: BLMOVE's directions, then the timeout), then serves
 /// from the first of its keys that holds something, as its non-blocking twin would; writes
@@ -3417,8 +3543,16 @@ fn blocking_try(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>)
         syntax(out);
         return Ok(());
     }
-    if let Err(e) = super::blocking::deadline(a[a.len() - 1], std::time::Instant::now()) {
+    if let Err(e) = super::blocking::deadline(
+        super::blocking::timeout_arg(id, a),
+        std::time::Instant::now(),
+    ) {
         reply::error(out, e);
+        return Ok(());
+    }
+    if matches!(id, Id::Blmpop | Id::Bzmpop) {
+        // Served, or an error: a reply; nothing to pop: none (the caller blocks).
+        mpop(st, w, id == Id::Bzmpop, a, 2, out)?;
         return Ok(());
     }
     let ty = if matches!(id, Id::Bzpopmin | Id::Bzpopmax) {
@@ -3472,6 +3606,21 @@ fn blocking_try(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>)
 
 /// The key arguments of a command, by its table entry's (first, last, step).
 pub fn key_args<'a>(spec: &Spec, a: &'a [&'a [u8]]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    // Commands whose keys follow a count (Redis' "keynum" key specs).
+    let counted = match spec.id {
+        Id::Lmpop | Id::Zmpop => Some(1),
+        Id::Blmpop | Id::Bzmpop => Some(2),
+        _ => None,
+    };
+    if let Some(nk) = counted {
+        let n = a
+            .get(nk)
+            .and_then(|b| parse_i64(b))
+            .unwrap_or(0)
+            .clamp(0, a.len() as i64) as usize;
+        let end = (nk + 1 + n).min(a.len());
+        return a[(nk + 1).min(end)..end].iter().copied().step_by(1);
+    }
     let (first, last, step) = spec.keys;
     let n = a.len() as i32;
     let last = if last < 0 { n + last } else { last.min(n - 1) };
@@ -3480,7 +3629,7 @@ pub fn key_args<'a>(spec: &Spec, a: &'a [&'a [u8]]) -> impl Iterator<Item = &'a 
     } else {
         first as usize..last as usize + 1
     };
-    range.step_by(step.max(1) as usize).map(move |i| a[i])
+    a[range].iter().copied().step_by(step.max(1) as usize)
 }
 
 /// Delete the expired keys among write command `spec`'s key arguments, before it runs (Redis'

@@ -159,6 +159,10 @@ commands! {
     Brpop "brpop" -3 Write (1, -2, 1);
     Brpoplpush "brpoplpush" 4 Write (1, 2, 1);
     Blmove "blmove" 6 Write (1, 2, 1);
+    Lmpop "lmpop" -4 Write (0, 0, 0);
+    Blmpop "blmpop" -5 Write (0, 0, 0);
+    Zmpop "zmpop" -4 Write (0, 0, 0);
+    Bzmpop "bzmpop" -5 Write (0, 0, 0);
     Ltrim "ltrim" 4 Write (1, 1, 1);
     Lset "lset" 4 Write (1, 1, 1);
     Linsert "linsert" 5 Write (1, 1, 1);
