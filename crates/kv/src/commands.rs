@@ -925,24 +925,8 @@ impl KvService {
             }
         }
         drop(budget);
-        let dirty = w.dirty();
-        let res = match failed {
-            Some(e) => {
-                w.abort();
-                Err(e)
-            }
-            None => w.commit(),
-        };
-        match res {
+        match self.finish_many(w, failed, writes, expired, &touched) {
             Ok(()) => {
-                self.stats.expired.fetch_add(expired, Relaxed);
-                self.touch_keys(touched.iter().map(|k| k.as_slice()));
-                if dirty {
-                    self.stats.commits.fetch_add(1, Relaxed);
-                    self.stats.changes.fetch_add(writes, Relaxed);
-                    self.garbage
-                        .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
-                }
                 let control = if full {
                     Control::OutputFull
                 } else {
@@ -969,7 +953,6 @@ impl KvService {
         }
     }
 
-    /// [`KvService::read`], its whole reply replaced by an error if it met a damaged heap.
     /// FLUSHALL, FLUSHDB and SWAPDB change every key that exists in the databases they
     /// touch: the watched ones among them, read through `m` before the command runs (empty for
     /// other commands, or when nothing is watched). `db`: the session's database.
@@ -1268,39 +1251,50 @@ impl KvService {
                 }
             }
         }
-        let dirty = w.dirty();
-        let res = match failed {
-            Some(e) => {
-                w.abort();
-                Err(e)
-            }
-            None => w.commit(),
-        };
-        match res {
-            Ok(()) => {
-                self.stats.expired.fetch_add(expired, Relaxed);
-                self.touch_keys(touched.iter().map(|k| k.as_slice()));
-                if dirty {
-                    self.stats.commits.fetch_add(1, Relaxed);
-                    self.stats.changes.fetch_add(writes, Relaxed);
-                    self.garbage
-                        .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
-                }
-            }
-            Err(e) => {
-                // All or nothing: the EXEC changed nothing and says why.
-                self.stats.aborts.fetch_add(1, Relaxed);
-                out.truncate(mark);
-                let e = match crate::ds::take_damage() {
-                    Some(off) => HeapError::Damaged(off),
-                    None => e,
-                };
-                self.heap_error(out, &e);
-            }
+        if let Err(e) = self.finish_many(w, failed, writes, expired, &touched) {
+            // All or nothing: the EXEC changed nothing and says why.
+            self.stats.aborts.fetch_add(1, Relaxed);
+            out.truncate(mark);
+            let e = match crate::ds::take_damage() {
+                Some(off) => HeapError::Damaged(off),
+                None => e,
+            };
+            self.heap_error(out, &e);
         }
         Control::Continue
     }
 
+    /// Commit (or abort, after `failed`) the one transaction of several commands (a group
+    /// commit, an EXEC) and account for it once it committed: keys expired on the way, the
+    /// changed keys' watchers and waiters, commits, changes, the garbage flag.
+    fn finish_many(
+        &self,
+        w: Wtx,
+        failed: Option<HeapError>,
+        writes: u64,
+        expired: u64,
+        touched: &[Vec<u8>],
+    ) -> Result<()> {
+        let dirty = w.dirty();
+        match failed {
+            Some(e) => {
+                w.abort();
+                return Err(e);
+            }
+            None => w.commit()?,
+        }
+        self.stats.expired.fetch_add(expired, Relaxed);
+        self.touch_keys(touched.iter().map(|k| k.as_slice()));
+        if dirty {
+            self.stats.commits.fetch_add(1, Relaxed);
+            self.stats.changes.fetch_add(writes, Relaxed);
+            self.garbage
+                .store(self.store.has_garbage(&View::of(&self.heap)), Relaxed);
+        }
+        Ok(())
+    }
+
+    /// [`KvService::read`], its whole reply replaced by an error if it met a damaged heap.
     fn read_checked<M: crate::ds::Mem>(
         &self,
         cx: &mut data::Counters,
