@@ -97,6 +97,8 @@ pub struct Session {
     authed: bool,
     /// It came over the loopback interface or the Unix socket (protected mode).
     local: bool,
+    /// What CLIENT LIST shows of it.
+    view: clients::SharedView,
     /// The open transaction (MULTI), if any.
     multi: Option<multi::Multi>,
     /// WATCHed keys.
@@ -1366,15 +1368,7 @@ fn is_end(r: &[&[u8]]) -> bool {
                 | Id::Unwatch
                 | Id::Subscribe
                 | Id::Psubscribe
-                | Id::Blpop
-                | Id::Brpop
-                | Id::Brpoplpush
-                | Id::Blmove
-                | Id::Bzpopmin
-                | Id::Bzpopmax
-                | Id::Blmpop
-                | Id::Bzmpop
-        )
+        ) || blocking::is_blocking(s.id)
     })
 }
 
@@ -1388,11 +1382,13 @@ impl Service for KvService {
     fn open_session_with(&self, peer: &str, conn: crate::server::ConnHandle) -> Session {
         self.stats.connections_total.fetch_add(1, Relaxed);
         self.stats.connected.fetch_add(1, Relaxed);
+        let (id, created) = (self.next_client.fetch_add(1, Relaxed), Instant::now());
         let s = Session {
-            id: self.next_client.fetch_add(1, Relaxed),
+            id,
             name: None,
             peer: peer.to_string(),
-            created: Instant::now(),
+            created,
+            view: clients::ClientView::new(id, peer, created),
             db: 0,
             conn,
             subs: pubsub::Subs::default(),

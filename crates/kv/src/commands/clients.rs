@@ -1,12 +1,17 @@
 //! The registry of connected clients, for CLIENT LIST and CLIENT KILL: each session's
 //! public state (address, name, database, subscriptions, transaction, blocked), refreshed after
-//! each of its batches ([`Clients::sync`]), and the handle that closes its connection.
+//! each of its batches ([`Clients::sync`], under the session's own lock, not the registry's),
+//! and the handle that closes its connection.
 
 use super::Session;
 use crate::server::ConnHandle;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
+
+/// A session's view, shared by the session (which refreshes it) and the registry.
+pub type SharedView = Arc<Mutex<ClientView>>;
 
 /// One client as CLIENT LIST shows it.
 #[derive(Clone, Debug)]
@@ -32,6 +37,21 @@ pub struct ClientView {
 }
 
 impl ClientView {
+    /// A new connection's view (database 0, nothing subscribed or queued).
+    pub fn new(id: u64, peer: &str, created: Instant) -> SharedView {
+        Arc::new(Mutex::new(ClientView {
+            id,
+            peer: peer.to_string(),
+            name: None,
+            created,
+            db: 0,
+            sub: 0,
+            psub: 0,
+            multi: None,
+            blocked: false,
+        }))
+    }
+
     /// The client's view as of now.
     pub fn of(s: &Session) -> ClientView {
         ClientView {
@@ -84,7 +104,7 @@ impl ClientView {
 /// Every connected client.
 #[derive(Default)]
 pub struct Clients {
-    map: Mutex<BTreeMap<u64, (ClientView, ConnHandle)>>,
+    map: Mutex<BTreeMap<u64, (SharedView, ConnHandle)>>,
 }
 
 impl Clients {
@@ -92,13 +112,14 @@ impl Clients {
     pub fn add(&self, s: &Session) {
         self.map
             .lock()
-            .insert(s.id, (ClientView::of(s), s.conn.clone()));
+            .insert(s.id, (s.view.clone(), s.conn.clone()));
     }
 
-    /// Refresh what CLIENT LIST shows of `s` (after each of its batches: no allocation unless
-    /// its name changed).
+    /// Refresh what CLIENT LIST shows of `s` (after each of its batches: its own lock, no
+    /// allocation unless its name changed).
     pub fn sync(&self, s: &Session) {
-        if let Some((v, _)) = self.map.lock().get_mut(&s.id) {
+        {
+            let mut v = s.view.lock();
             if v.name != s.name {
                 v.name = s.name.clone();
             }
@@ -117,7 +138,11 @@ impl Clients {
 
     /// Every client, in id order.
     pub fn list(&self) -> Vec<ClientView> {
-        self.map.lock().values().map(|(v, _)| v.clone()).collect()
+        self.map
+            .lock()
+            .values()
+            .map(|(v, _)| v.lock().clone())
+            .collect()
     }
 
     /// Close the connections of the clients `pick` selects; their ids.
@@ -125,7 +150,8 @@ impl Clients {
         let m = self.map.lock();
         let mut ids = Vec::new();
         for (v, c) in m.values() {
-            if pick(v) {
+            let v = v.lock();
+            if pick(&v) {
                 c.close();
                 ids.push(v.id);
             }

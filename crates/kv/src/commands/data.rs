@@ -1597,6 +1597,32 @@ fn zrank<M: Mem>(m: &M, z: u64, member: &[u8], rev: bool) -> Option<u64> {
     found
 }
 
+/// ZRANGE's key: the sorted set, or `None` after its reply (an empty array for a missing key,
+/// WRONGTYPE), counted as a hit or a miss.
+fn zset_or_reply<M: Mem>(
+    cx: &mut Counters,
+    st: &Store,
+    m: &M,
+    key: &[u8],
+    out: &mut Vec<u8>,
+) -> Option<Entry> {
+    match look(m, st, key, T_ZSET) {
+        Look::Missing => {
+            cx.misses += 1;
+            array(out, 0);
+            None
+        }
+        Look::Wrong => {
+            wrongtype(out);
+            None
+        }
+        Look::Found(e) => {
+            cx.hits += 1;
+            Some(e)
+        }
+    }
+}
+
 fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out: &mut Vec<u8>) {
     let (mut withscores, mut rev, mut byscore, mut bylex) = (false, false, false, false);
     let mut limit: Option<(i64, i64)> = None;
@@ -1644,15 +1670,9 @@ fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out
         let (Some(min), Some(max)) = (parse_lex(lo), parse_lex(hi)) else {
             return reply::error(out, "ERR min or max not valid string range item");
         };
-        let e = match look(m, st, a[1], T_ZSET) {
-            Look::Missing => {
-                cx.misses += 1;
-                return array(out, 0);
-            }
-            Look::Wrong => return wrongtype(out),
-            Look::Found(e) => e,
+        let Some(e) = zset_or_reply(cx, st, m, a[1], out) else {
+            return;
         };
-        cx.hits += 1;
         let (offset, count) = limit.unwrap_or((0, -1));
         if offset < 0 {
             return array(out, 0);
@@ -1683,15 +1703,9 @@ fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out
             return reply::error(out, "ERR min or max is not a float");
         };
         let (offset, count) = limit.unwrap_or((0, -1));
-        let e = match look(m, st, a[1], T_ZSET) {
-            Look::Missing => {
-                cx.misses += 1;
-                return array(out, 0);
-            }
-            Look::Wrong => return wrongtype(out),
-            Look::Found(e) => e,
+        let Some(e) = zset_or_reply(cx, st, m, a[1], out) else {
+            return;
         };
-        cx.hits += 1;
         if offset < 0 {
             return array(out, 0);
         }
@@ -1715,15 +1729,9 @@ fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out
     let (Some(s), Some(t)) = (parse_i64(a[2]), parse_i64(a[3])) else {
         return not_int(out);
     };
-    let e = match look(m, st, a[1], T_ZSET) {
-        Look::Missing => {
-            cx.misses += 1;
-            return array(out, 0);
-        }
-        Look::Wrong => return wrongtype(out),
-        Look::Found(e) => e,
+    let Some(e) = zset_or_reply(cx, st, m, a[1], out) else {
+        return;
     };
-    cx.hits += 1;
     match resolve(s, t, zset::len(m, e.obj())) {
         None => array(out, 0),
         Some((s, t)) => {
