@@ -8,14 +8,23 @@
 //! once the transaction is durable. Consecutive commands of one pipeline keep the lock they
 //! already hold (a write lock serves reads too: no transaction is open between commands).
 //!
-//! * [`Durability::Commit`]: one transaction per write command.
-//! * [`Durability::Async`]: group commit per pipeline — the write commands of one
+//! Commits are *staged* (`Wtx::commit_staged`, vnvm's `nv_commit_staged`): visible at once,
+//! durable at the next durability barrier. [`Service::round_end`] — after an event-loop thread
+//! executed every ready connection of its wake-up, before it sends any reply — runs one barrier
+//! for everything staged so far, by any connection or thread: group commit across connections,
+//! one log write-back and one list-word persist per round where a commit used to pay each
+//! (on a disk file system, fdatasyncs). A reply is therefore sent only once every write it
+//! reports or read is durable. A barrier that fails sends none of the round's replies (the
+//! server closes those connections). Sessions opened outside a server sync at the end of each
+//! `execute`.
+//!
+//! * [`Durability::Commit`]: one transaction per write command (each all or nothing).
+//! * [`Durability::Async`]: one transaction per pipeline — the write commands of one
 //!   [`Service::execute`] batch share one transaction (reads in the batch see the batch's
-//!   writes), committed before `execute` returns, so before any of the batch's replies can
-//!   leave. If a heap error (out of memory, transaction too large) stops the group midway, the
-//!   group is aborted and the batch re-executed one transaction per command (nothing was
-//!   committed or sent, so the clients cannot tell). TODO: groups spanning the connections of
-//!   one event-loop round (`round_end`) would need a transaction held across `execute` calls.
+//!   writes), committed before `execute` returns, and durable before any of the batch's
+//!   replies leave (the round's barrier). If a heap error (out of memory, transaction too
+//!   large) stops the group midway, the group is aborted and the batch re-executed one
+//!   transaction per command (nothing was committed or sent, so the clients cannot tell).
 //!
 //! Big deletions (DEL of a big value, FLUSHALL) unlink in O(1) and leave the rest to the
 //! garbage list ([`crate::ds::garbage`]), freed in bounded batches at each
@@ -103,6 +112,10 @@ pub struct Session {
     multi: Option<multi::Multi>,
     /// WATCHed keys.
     watch: multi::WatchState,
+    /// A server connection: its replies are sent only after the event-loop round's
+    /// [`Service::round_end`], which makes the writes they report durable. Otherwise
+    /// `execute` does that before it returns.
+    round_managed: bool,
 }
 
 impl Session {
@@ -371,8 +384,10 @@ impl KvService {
                 crate::ds::take_damage();
                 let mut w = Wtx::new(&self.heap, self.store.root);
                 let res = expire::active_cycle(&mut w, &st, EXPIRE_SAMPLES);
+                // Staged: no reply waits for it; a read that sees it syncs it at its round's
+                // end, and vnvm links a staged commit left alone for a poll by itself.
                 let res = match res {
-                    Ok(c) => w.commit().map(|()| c),
+                    Ok(c) => w.commit_staged().map(|_| c),
                     Err(e) => {
                         w.abort();
                         Err(e)
@@ -554,7 +569,7 @@ impl KvService {
             }
         };
         let dirty = w.dirty();
-        if let Err(e) = w.commit() {
+        if let Err(e) = w.commit_staged() {
             if let Some(off) = crate::ds::take_damage() {
                 self.note_damage(off);
             }
@@ -680,7 +695,7 @@ impl KvService {
             let changed = w.logged_bytes() > before;
             let dirty = w.dirty();
             let res = match res {
-                Ok(()) => w.commit(),
+                Ok(()) => w.commit_staged().map(|_| ()),
                 Err(e) => {
                     w.abort();
                     Err(e)
@@ -1283,7 +1298,9 @@ impl KvService {
                 w.abort();
                 return Err(e);
             }
-            None => w.commit()?,
+            None => {
+                w.commit_staged()?;
+            }
         }
         self.stats.expired.fetch_add(expired, Relaxed);
         self.touch_keys(touched.iter().map(|k| k.as_slice()));
@@ -1372,14 +1389,10 @@ fn is_end(r: &[&[u8]]) -> bool {
     })
 }
 
-impl Service for KvService {
-    type Session = Session;
-
-    fn open_session(&self, peer: &str) -> Session {
-        self.open_session_with(peer, crate::server::ConnHandle::detached())
-    }
-
-    fn open_session_with(&self, peer: &str, conn: crate::server::ConnHandle) -> Session {
+impl KvService {
+    /// A new session (counted, listed in CLIENT LIST). Not round-managed: [`Service::execute`]
+    /// syncs its writes before returning (see `Session::round_managed`).
+    fn new_session(&self, peer: &str, conn: crate::server::ConnHandle) -> Session {
         self.stats.connections_total.fetch_add(1, Relaxed);
         self.stats.connected.fetch_add(1, Relaxed);
         let (id, created) = (self.next_client.fetch_add(1, Relaxed), Instant::now());
@@ -1397,8 +1410,31 @@ impl Service for KvService {
             local: is_local(peer),
             multi: None,
             watch: multi::WatchState::default(),
+            round_managed: false,
         };
         self.clients.add(&s);
+        s
+    }
+
+    /// A durability barrier failed: the writes it covered are visible but not durable. Logged;
+    /// the engine's own error state (`persist_error`) refuses later writes.
+    fn note_sync_failure(&self, e: &HeapError) {
+        eprintln!("tiermem-kv: cannot make the round's writes durable: {e}");
+    }
+}
+
+impl Service for KvService {
+    type Session = Session;
+
+    fn open_session(&self, peer: &str) -> Session {
+        self.new_session(peer, crate::server::ConnHandle::detached())
+    }
+
+    /// The server's sessions: their replies wait for the round's durability barrier
+    /// ([`Service::round_end`]).
+    fn open_session_with(&self, peer: &str, conn: crate::server::ConnHandle) -> Session {
+        let mut s = self.new_session(peer, conn);
+        s.round_managed = true;
         s
     }
 
@@ -1416,6 +1452,7 @@ impl Service for KvService {
             return c;
         }
         let mut cx = data::Counters::default();
+        let mark = out.len();
         let group = self.durability == Durability::Async
             && s.authed
             && s.multi.is_none()
@@ -1427,6 +1464,14 @@ impl Service for KvService {
         } else {
             self.run_each(s, reqs, out, &mut cx, out_limit)
         };
+        if !s.round_managed {
+            // No event-loop round to sync at: make what the replies report durable now.
+            if let Err(e) = self.heap.sync_to(self.heap.staged_ticket()) {
+                self.note_sync_failure(&e);
+                out.truncate(mark);
+                return Executed::new(Control::Close, c.ran);
+            }
+        }
         self.stats.commands.fetch_add(c.ran as u64, Relaxed);
         self.clients.sync(s);
         if cx.hits > 0 {
@@ -1438,13 +1483,22 @@ impl Service for KvService {
         c
     }
 
-    fn round_end(&self) {
+    fn round_end(&self) -> bool {
         if self.garbage.load(Relaxed) && !self.writes_blocked() {
             if let Some(_g) = self.lock.try_write() {
-                if self.frozen.load(SeqCst) {
-                    return;
+                if !self.frozen.load(SeqCst) {
+                    let _ = self.collect_locked(GC_ROUND_BUDGET);
                 }
-                let _ = self.collect_locked(GC_ROUND_BUDGET);
+            }
+        }
+        // Group commit: one durability barrier for every write this round's replies report or
+        // read, whichever connection or thread committed it (the last staged ticket covers
+        // them all; when it is durable already this is one atomic load).
+        match self.heap.sync_to(self.heap.staged_ticket()) {
+            Ok(()) => true,
+            Err(e) => {
+                self.note_sync_failure(&e);
+                false
             }
         }
     }

@@ -161,8 +161,13 @@ pub trait Service: Send + Sync + 'static {
     ) -> Executed;
 
     /// Called by an event-loop thread after it has executed the requests of every ready
-    /// connection of one wake-up and before it sends their replies (a place for group commit).
-    fn round_end(&self) {}
+    /// connection of one wake-up and before it sends their replies: the place for group
+    /// commit (one durability barrier for every write of the round). `false`: the round's
+    /// replies must not be sent (their writes could not be made durable); the server then
+    /// closes every connection with replies of the round pending, without sending them.
+    fn round_end(&self) -> bool {
+        true
+    }
 
     /// The connection is gone (closed by either side).
     fn close_session(&self, _session: Self::Session) {}
@@ -1043,9 +1048,20 @@ impl<S: Service> Worker<S> {
             }
             if executed {
                 let service = &self.service;
-                if catch_unwind(AssertUnwindSafe(|| service.round_end())).is_err() {
-                    self.stats.service_panics.fetch_add(1, Ordering::Relaxed);
-                    eprintln!("tiermem-kv: the service panicked in round_end");
+                let send = match catch_unwind(AssertUnwindSafe(|| service.round_end())) {
+                    Ok(send) => send,
+                    Err(_) => {
+                        self.stats.service_panics.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("tiermem-kv: the service panicked in round_end");
+                        false
+                    }
+                };
+                if !send {
+                    // Replies that would report writes the service could not make durable:
+                    // the clients see their connections close instead.
+                    for tok in std::mem::take(&mut self.flush) {
+                        self.close(tok);
+                    }
                 }
             }
             self.flush_round();

@@ -20,6 +20,8 @@ struct TestService {
     map: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
     sessions: AtomicI64,
     rounds: AtomicU64,
+    /// Rounds whose replies must not be sent (a failed durability barrier), counted down.
+    fail_rounds: AtomicU64,
 }
 
 impl Service for TestService {
@@ -65,8 +67,11 @@ impl Service for TestService {
         Executed::new(Control::Continue, n)
     }
 
-    fn round_end(&self) {
+    fn round_end(&self) -> bool {
         self.rounds.fetch_add(1, Ordering::Relaxed);
+        self.fail_rounds
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_err()
     }
 
     fn close_session(&self, _: ()) {
@@ -534,6 +539,28 @@ fn service_panic_closes_only_that_client() {
     let mut w = s;
     w.write_all(b"PING\r\n").unwrap();
     assert_eq!(read_reply(&mut r).unwrap(), Reply::Simple("PONG".into()));
+}
+
+/// A round whose `round_end` says its replies must not go out (the service could not make its
+/// writes durable): the server closes the connection without sending them; later rounds work.
+#[test]
+fn a_failed_round_end_closes_without_replies() {
+    let srv = serve_with(test_config());
+    let s = connect(srv.addr);
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut w = s;
+    w.write_all(b"PING\r\n").unwrap();
+    assert_eq!(read_reply(&mut r).unwrap(), Reply::Simple("PONG".into()));
+    srv.service.fail_rounds.store(1, Ordering::SeqCst);
+    w.write_all(b"SET k v\r\n").unwrap();
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "a reply left: {rest:?}");
+    let s = connect(srv.addr);
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut w = s;
+    w.write_all(b"GET k\r\n").unwrap();
+    assert_eq!(read_reply(&mut r).unwrap(), bulk("v"));
 }
 
 #[test]

@@ -474,6 +474,10 @@ pub struct Pool {
     write_pacer: crate::Pacer,
     stats: DeviceStats,
     domain: Option<(PowerDomain, u64, u64)>,
+    /// Deferred flushes of an msync-backed pool wait for [`Pool::sync_deferred`]; the mutex
+    /// makes a concurrent caller wait for an fdatasync in progress rather than return early.
+    deferred: parking_lot::Mutex<()>,
+    pending: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the raw mapping pointer is owned by the Pool for its whole life and only unmapped in
@@ -735,6 +739,8 @@ impl Pool {
             read_pacer: crate::Pacer::new(),
             write_pacer: crate::Pacer::new(),
             stats: DeviceStats::new(),
+            deferred: parking_lot::Mutex::new(()),
+            pending: std::sync::atomic::AtomicBool::new(false),
             domain: None,
         };
         if let Some(d) = &opts.domain {
@@ -849,6 +855,8 @@ impl Pool {
             read_pacer: crate::Pacer::new(),
             write_pacer: crate::Pacer::new(),
             stats: DeviceStats::new(),
+            deferred: parking_lot::Mutex::new(()),
+            pending: std::sync::atomic::AtomicBool::new(false),
             domain: None,
         };
         if let Some(d) = &opts.domain {
@@ -1101,6 +1109,125 @@ impl Pool {
         // SAFETY: bounds-checked range of the live mapping.
         unsafe { persist::flush_lines(self.map.add(file_off as usize), len) };
         self.note_stores(file_off, len as u64);
+        Ok(())
+    }
+
+    /// Like [`Pool::flush`], but an msync-backed pool only notes that its file has unsynced
+    /// stores; a later [`Pool::sync_deferred`] makes them durable with one `fdatasync` of the
+    /// file, however many ranges were flushed this way (one device flush where one msync per
+    /// range would cost one each). On cache-flush pools this is [`Pool::flush`]: the lines
+    /// are written back now and the caller's own [`Pool::fence`] makes them durable (a fence
+    /// orders only the flushes of the CPU that runs it).
+    #[track_caller]
+    pub fn flush_deferred(&self, off: u64, len: usize) -> Result<()> {
+        if self.method != PersistMethod::Msync {
+            return self.flush(off, len);
+        }
+        self.check_writable()?;
+        self.check(off, len)?;
+        self.pending
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.note_stores(HEADER_SIZE + off, len as u64);
+        Ok(())
+    }
+
+    /// Make every range given to [`Pool::flush_deferred`] before this call durable: one
+    /// `fdatasync` of the file if any is pending (msync-backed pools; a caller that arrives
+    /// while another one syncs waits for it), a [`Pool::fence`] otherwise. On an fdatasync
+    /// failure the ranges stay pending (a retry syncs again) and the error names the file.
+    #[track_caller]
+    pub fn sync_deferred(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.method != PersistMethod::Msync {
+            self.fence();
+            return Ok(());
+        }
+        let caller = Location::caller();
+        let _g = self.deferred.lock();
+        if !self.pending.swap(false, SeqCst) {
+            return Ok(());
+        }
+        // SAFETY: fdatasync on our own open descriptor.
+        if unsafe { libc::fdatasync(self.fd.as_raw_fd()) } != 0 {
+            let e = std::io::Error::last_os_error();
+            self.pending.store(true, SeqCst);
+            return Err(MediaError::from_io("fdatasync", &self.path, e));
+        }
+        self.stats.record_persist();
+        if let Some((d, id, _)) = &self.domain {
+            d.note_fence(*id, caller);
+        }
+        Ok(())
+    }
+
+    /// [`Pool::sync_deferred`] of several pools with one device cache flush where they can
+    /// share it: the pending msync-backed pools that live on the same device as the last
+    /// pending one get their dirty pages written and waited for (`sync_file_range`), then one
+    /// `fdatasync` of that last pool flushes the device's write cache for all of them (a cache
+    /// flush makes every write completed before it durable). Pools on other devices, or where
+    /// `sync_file_range` fails, get their own `fdatasync`. Cache-flush pools get one fence.
+    /// On a failure every pool involved stays pending.
+    #[track_caller]
+    pub fn sync_deferred_all(pools: &[&Pool]) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let caller = Location::caller();
+        if let Some(p) = pools.iter().find(|p| p.method != PersistMethod::Msync) {
+            p.fence();
+        }
+        let msync: Vec<&Pool> = pools
+            .iter()
+            .copied()
+            .filter(|p| p.method == PersistMethod::Msync)
+            .collect();
+        // Fixed order (the slice's): no two callers lock these in opposite orders.
+        let _guards: Vec<_> = msync.iter().map(|p| p.deferred.lock()).collect();
+        let pending: Vec<&Pool> = msync
+            .into_iter()
+            .filter(|p| p.pending.swap(false, SeqCst))
+            .collect();
+        let Some((last, rest)) = pending.split_last() else {
+            return Ok(());
+        };
+        let dev = |p: &Pool| {
+            // SAFETY: fstat into a zeroed stat of our own descriptor.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            (unsafe { libc::fstat(p.fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_dev)
+        };
+        let last_dev = dev(last);
+        let res = (|| {
+            for p in rest {
+                let written = last_dev.is_some() && dev(p) == last_dev && {
+                    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                        | libc::SYNC_FILE_RANGE_WRITE
+                        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+                    // SAFETY: sync_file_range of the whole file on our own descriptor.
+                    unsafe { libc::sync_file_range(p.fd.as_raw_fd(), 0, 0, flags) == 0 }
+                };
+                // SAFETY: fdatasync on our own descriptor.
+                if !written && unsafe { libc::fdatasync(p.fd.as_raw_fd()) } != 0 {
+                    let e = std::io::Error::last_os_error();
+                    return Err(MediaError::from_io("fdatasync", &p.path, e));
+                }
+            }
+            // SAFETY: fdatasync on our own descriptor.
+            if unsafe { libc::fdatasync(last.fd.as_raw_fd()) } != 0 {
+                let e = std::io::Error::last_os_error();
+                return Err(MediaError::from_io("fdatasync", &last.path, e));
+            }
+            Ok(())
+        })();
+        if res.is_err() {
+            for p in &pending {
+                p.pending.store(true, SeqCst);
+            }
+            return res;
+        }
+        for p in &pending {
+            p.stats.record_persist();
+            if let Some((d, id, _)) = &p.domain {
+                d.note_fence(*id, caller);
+            }
+        }
         Ok(())
     }
 

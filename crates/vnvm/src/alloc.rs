@@ -324,8 +324,22 @@ pub trait TxMemory {
     fn write(&self, tid: Tid, off: u64, src: &[u8]) -> std::result::Result<usize, VnvmError>;
     /// Wait up to `timeout` for log space; `false` if none came.
     fn wait_space(&self, timeout: Duration) -> bool;
-    /// Commit `tid`: its writes become visible.
+    /// Commit `tid`: its writes become visible (and durable, on a durable memory).
     fn commit(&self, tid: Tid) -> std::result::Result<(), VnvmError>;
+    /// Commit `tid` visible now, durable at [`TxMemory::sync_to`] of the returned ticket (see
+    /// [`Vnvm::nv_commit_staged`]). Default: [`TxMemory::commit`], ticket 0 (durable already).
+    fn commit_staged(&self, tid: Tid) -> std::result::Result<u64, VnvmError> {
+        self.commit(tid).map(|()| 0)
+    }
+    /// Make every commit staged up to `ticket` durable (see [`Vnvm::nv_sync`]). Default:
+    /// nothing to do.
+    fn sync_to(&self, _ticket: u64) -> std::result::Result<(), VnvmError> {
+        Ok(())
+    }
+    /// The last ticket staged so far (0: none). Default: 0.
+    fn staged_ticket(&self) -> u64 {
+        0
+    }
     /// Abort `tid`: its writes are dropped.
     fn abort(&self, tid: Tid) -> std::result::Result<(), VnvmError>;
 }
@@ -362,6 +376,15 @@ impl TxMemory for VnvmMemory<'_> {
     }
     fn commit(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
         self.vn.nv_commit(tid)
+    }
+    fn commit_staged(&self, tid: Tid) -> std::result::Result<u64, VnvmError> {
+        self.vn.nv_commit_staged(tid)
+    }
+    fn sync_to(&self, ticket: u64) -> std::result::Result<(), VnvmError> {
+        self.vn.nv_sync(ticket)
+    }
+    fn staged_ticket(&self) -> u64 {
+        self.vn.nv_staged_ticket()
     }
     fn abort(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
         self.vn.nv_abort(tid)
@@ -958,7 +981,14 @@ impl TxAlloc {
 
     /// [`TxAlloc::commit`] in any [`TxMemory`].
     pub fn commit_in(&self, m: &dyn TxMemory, tid: Tid) -> AllocResult<()> {
-        let r = m.commit(tid);
+        let t = self.commit_staged_in(m, tid)?;
+        Ok(m.sync_to(t)?)
+    }
+
+    /// [`TxAlloc::commit_in`] without waiting for durability ([`TxMemory::commit_staged`]):
+    /// returns the ticket to [`TxMemory::sync_to`] before reporting the outcome.
+    pub fn commit_staged_in(&self, m: &dyn TxMemory, tid: Tid) -> AllocResult<u64> {
+        let r = m.commit_staged(tid);
         if let Err(VnvmError::NoLogObject { .. }) = r {
             // The commit left the transaction open (no log object in time): abort it, so that
             // a failed commit here always ends the transaction (its pages are given back).

@@ -22,6 +22,13 @@ pub(crate) struct Inner {
     pub(crate) flush_req: AtomicBool,
     pub(crate) open: Vec<Mutex<OpenList>>,
     pub(crate) domains: Vec<Mutex<CommitDomain>>,
+    /// The last ticket handed out by a staged commit, and the last one made durable.
+    pub(crate) staged_seq: AtomicU64,
+    pub(crate) durable_seq: AtomicU64,
+    /// One `sync_to` at a time.
+    pub(crate) sync_lock: Mutex<()>,
+    /// A `drain` waits: the redo worker takes batches at once, however small.
+    pub(crate) drain_wanted: AtomicBool,
     /// Signalled when a committed transaction has been applied (drain waiters).
     pub(crate) applied_cv: Condvar,
     /// Applied transactions unlinked from the queue whose log pages and objects are still
@@ -230,7 +237,14 @@ pub(crate) fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
             head: 0,
             tail: 0,
             queue: VecDeque::new(),
+            staged: Vec::new(),
+            staged_tail: 0,
+            staged_ticket: 0,
         })],
+        staged_seq: AtomicU64::new(0),
+        durable_seq: AtomicU64::new(0),
+        sync_lock: Mutex::new(()),
+        drain_wanted: AtomicBool::new(false),
         applied_cv: Condvar::new(),
         freeing: std::sync::atomic::AtomicUsize::new(0),
         regions: RwLock::new(vec![None; geo.max_files as usize]),

@@ -33,6 +33,12 @@
 //! * **Ordering.** Transactions are replayed in commit order; the transaction that writes an
 //!   object first must commit first (the thesis' rule). Commits of one instance are serialized
 //!   on their log domain.
+//! * **Group commit.** `nv_commit_staged` commits without waiting for durability (visible at
+//!   once, logs written) and returns a ticket; `nv_sync(ticket)` links every transaction
+//!   staged so far into the committed list with one log write-back and one persisted store.
+//!   `nv_commit` is the two in a row. A crash loses a suffix of the unsynced transactions,
+//!   never part of one. On msync-backed pools (a disk file system) the write-backs of staged
+//!   commits are one fdatasync per sync, not one msync per page and log object.
 //! * **Durability.** When `nv_commit` returns the transaction survives a crash (kill -9 or
 //!   power failure, as far as the pools' persistence domain goes): [`recover`] (automatic in
 //!   [`nv_init`] after an unclean shutdown) writes dirty cache pages back, replays the committed
@@ -133,7 +139,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -150,6 +156,14 @@ pub const MAX_SHARED_REGIONS: usize = shm::MAX_SHARED;
 /// Committed transactions the redo worker applies at most per batch (one publish, one pop);
 /// a commit that finds this many waiting wakes the worker at once.
 pub const REDO_BATCH: usize = 64;
+
+/// [`REDO_BATCH`] on msync-backed pools (a disk file system): a batch there costs a few device
+/// cache flushes (fdatasync of the cache and meta pools, the list word's msync), so the worker
+/// takes many more transactions per batch, and polls every [`REDO_POLL_MSYNC`].
+pub const REDO_BATCH_MSYNC: usize = 1024;
+
+/// [`REDO_POLL`] on msync-backed pools.
+pub const REDO_POLL_MSYNC: Duration = Duration::from_millis(10);
 
 /// How often the redo worker looks for committed work while commits keep coming.
 pub const REDO_POLL: Duration = Duration::from_millis(1);
@@ -613,6 +627,10 @@ impl Vnvm {
             if i.log_page_available() {
                 return true;
             }
+            // Staged commits hold log pages the redo worker cannot free until they are linked.
+            if i.sync_all().is_err() {
+                return false;
+            }
             if i.worker_error.lock().is_some() || i.wb_failing.load(Ordering::SeqCst) {
                 return false;
             }
@@ -640,6 +658,41 @@ impl Vnvm {
     /// the transaction is committed and applied).
     pub fn nv_commit(&self, tid: Tid) -> Result<()> {
         self.inner.commit(tid)
+    }
+
+    /// Group commit, first half: commit `tid` as [`Vnvm::nv_commit`] does — its writes are
+    /// visible on return, in commit order with every other commit — but **not yet durable**:
+    /// it is linked into the persistent committed list by [`Vnvm::nv_sync`] of the returned
+    /// ticket (or of a later one), which links every transaction staged before it with one
+    /// log write-back and one persisted store. So N commits followed by one `nv_sync` pay one
+    /// durability barrier (on a disk-backed instance one fdatasync of the log files and one of
+    /// the list word, where N `nv_commit`s pay N of each). A crash before the sync loses the
+    /// transaction and every one staged after it, never a part of one. Whoever reports the
+    /// transaction's outcome (or anything read after it) must `nv_sync` first. Staged
+    /// transactions are synced anyway when log space runs short, by [`Vnvm::drain`] and
+    /// release, and by the redo worker once they have waited a poll ([`REDO_POLL`]) unsynced.
+    /// Returns the ticket; 0 means durable already (nothing logged, or a shared region's
+    /// commit, which is always synchronous).
+    ///
+    /// Errors: those of [`Vnvm::nv_commit`] before the link.
+    pub fn nv_commit_staged(&self, tid: Tid) -> Result<u64> {
+        self.inner.commit_staged(tid)
+    }
+
+    /// Group commit, second half: make every transaction staged up to `ticket` durable (see
+    /// [`Vnvm::nv_commit_staged`]). A caller whose ticket is durable already returns at once;
+    /// one that a sync in progress covers waits for it.
+    ///
+    /// Errors: the write-back or the list word's persist failing ([`VnvmError::Media`]); the
+    /// transactions then stay staged (visible, not durable) and a later call retries.
+    pub fn nv_sync(&self, ticket: u64) -> Result<()> {
+        self.inner.sync_to(ticket)
+    }
+
+    /// The ticket of the last transaction staged so far by this handle (0: none): `nv_sync`
+    /// of it makes everything committed so far durable.
+    pub fn nv_staged_ticket(&self) -> u64 {
+        self.inner.staged_ticket()
     }
 
     /// Abort transaction `tid` (the thesis' `nv_abort`): its logs are discarded and its log
@@ -707,6 +760,8 @@ impl Vnvm {
                 i.discard(t);
             }
         }
+        // Staged commits become durable (and then applied) like every other one.
+        let synced = i.sync_all();
         i.stop_redo.store(true, Ordering::SeqCst);
         if let Some(t) = i.redo_thread.get() {
             t.unpark();
@@ -725,7 +780,12 @@ impl Vnvm {
         if let Some(e) = i.worker_error.lock().clone() {
             return Err(VnvmError::CacheFull(format!("a worker failed: {e}")));
         }
-        if !i.domains.iter().all(|d| d.lock().queue.is_empty()) {
+        synced?;
+        if !i
+            .domains
+            .iter()
+            .all(|d| d.lock().queue.is_empty() && d.lock().staged.is_empty())
+        {
             return Err(VnvmError::CacheFull(
                 "redo worker stopped before applying every committed log".into(),
             ));

@@ -16,6 +16,15 @@ struct Dst {
 
 impl Inner {
     pub(crate) fn drain(&self) -> Result<()> {
+        // Staged commits first: they reach the queue when linked.
+        self.sync_all()?;
+        self.drain_wanted.store(true, Ordering::SeqCst);
+        let r = self.drain_queues();
+        self.drain_wanted.store(false, Ordering::SeqCst);
+        r
+    }
+
+    fn drain_queues(&self) -> Result<()> {
         for d in &self.domains {
             let mut g = d.lock();
             // Until every applied transaction's log pages are back (`pop` frees them after it
@@ -95,7 +104,9 @@ impl Inner {
             );
         }
         note(0, head);
-        if self.cache.domain_id().is_some() {
+        // Streamed lines need no write-back on a cache-flush pool, only the fence; on an
+        // msync-backed one they are dirty file pages like the rest, for its fdatasync.
+        if self.cache.domain_id().is_some() || self.cache.persist_method().is_msync() {
             note(head, head + body);
         }
         note(head + body, len);
@@ -129,11 +140,44 @@ impl Inner {
         let idle_after_ns = REDO_IDLE_AFTER.as_nanos() as u64;
         let mut entries = Vec::new();
         let mut jobs: Vec<(u32, Vec<u32>)> = Vec::new();
+        // The last staged ticket seen and since when; the last batch's start.
+        let mut staged_seen = (0, 0);
+        let mut last_batch = 0;
+        let msync = self.cache.persist_method().is_msync();
+        let poll = if msync { REDO_POLL_MSYNC } else { REDO_POLL };
+        let poll_ns = poll.as_nanos() as u64;
         loop {
             if self.kill.load(Ordering::SeqCst) {
                 return;
             }
-            // A batch: every committed transaction queued now (up to REDO_BATCH), applied
+            // Commits staged and left unsynced for a whole poll (their committer syncs them
+            // at once as a rule): link them, so that they become durable and their log space
+            // comes back. A failure leaves them staged; the next committer's sync reports it.
+            let staged = self.staged_ticket();
+            let now = tiermem_media::now_ns();
+            if staged != staged_seen.0 {
+                staged_seen = (staged, now);
+            } else if now.saturating_sub(staged_seen.1) >= poll_ns
+                && staged > self.durable_seq.load(Ordering::SeqCst)
+                && !self.cfg.redo_paused
+            {
+                let _ = self.sync_to(staged);
+            }
+            // On msync-backed pools a batch costs a few device flushes whatever its size: take
+            // one only when it is full, a poll after the last, or when someone waits (log
+            // space, drain, release).
+            if msync && !self.cfg.redo_paused {
+                let queued = self.domains[0].lock().queue.len();
+                let since = now.saturating_sub(last_batch);
+                let urgent = self.flush_req.load(Ordering::SeqCst)
+                    || self.stop_redo.load(Ordering::SeqCst)
+                    || self.drain_wanted.load(Ordering::SeqCst);
+                if queued > 0 && queued < self.redo_batch() && since < poll_ns && !urgent {
+                    std::thread::park_timeout(Duration::from_nanos(poll_ns - since));
+                    continue;
+                }
+            }
+            // A batch: every committed transaction queued now (up to the batch size), applied
             // with one publish (fence, masks, dirty words) and unlinked with one store.
             jobs.clear();
             if !self.cfg.redo_paused {
@@ -141,12 +185,13 @@ impl Inner {
                 jobs.extend(
                     d.queue
                         .iter()
-                        .take(REDO_BATCH)
+                        .take(self.redo_batch())
                         .map(|c| (c.idx, c.pages.clone())),
                 );
             }
             if !jobs.is_empty() {
                 last_work = tiermem_media::now_ns();
+                last_batch = last_work;
                 entries.clear();
                 // Checked at commit (entries of the transaction's regions); parsed again here.
                 let any = |_: u32, _: u64, _: u32| Ok(());
@@ -186,7 +231,7 @@ impl Inner {
                 }
                 if tiermem_media::now_ns().saturating_sub(last_work) < idle_after_ns {
                     // Commits are coming: poll, so that they need not wake us.
-                    std::thread::park_timeout(REDO_POLL.min(period));
+                    std::thread::park_timeout(poll.min(period));
                 } else {
                     // Idle: the long sleep (a full batch, a writer short of log space, drain
                     // or release wake it).
@@ -590,7 +635,7 @@ impl Inner {
             add_run(&mut runs, self.geo.cache_word_off(p), CACHE_OBJ_SIZE);
         }
         self.flush_meta_runs(&mut runs)?;
-        self.meta.fence();
+        self.meta.sync_deferred()?;
         for (b, &(p, have)) in c.stage.pages.iter().enumerate() {
             for (ch, n) in mask_runs(have) {
                 let (from, len) = (ch as u64 * cs, n as u64 * cs);
@@ -602,10 +647,11 @@ impl Inner {
         Ok(())
     }
 
-    /// Write back the lines of the collected cache-pool ranges `(start, end)` (no fence).
+    /// Write back the lines of the collected cache-pool ranges `(start, end)` (no fence; on
+    /// an msync-backed pool they wait for the `sync_deferred` that stands for the fence).
     pub(crate) fn flush_ranges(&self, ranges: &mut Vec<(u64, u64)>) -> Result<()> {
         for (start, end) in ranges.drain(..) {
-            self.cache.flush(start, (end - start) as usize)?;
+            self.cache.flush_deferred(start, (end - start) as usize)?;
         }
         Ok(())
     }
@@ -624,7 +670,7 @@ impl Inner {
         touched: &mut Vec<u32>,
         grown: &mut Vec<u32>,
     ) -> Result<()> {
-        self.cache.fence();
+        self.cache.sync_deferred()?;
         if touched.is_empty() && grown.is_empty() {
             return Ok(());
         }
@@ -647,7 +693,7 @@ impl Inner {
             add_run(&mut runs, off, CACHE_OBJ_SIZE);
         }
         self.flush_meta_runs(&mut runs)?;
-        self.meta.fence();
+        self.meta.sync_deferred()?;
         for p in touched.drain(..) {
             c.push_head(p, PState::Dirty);
             c.ndirty += 1;
@@ -655,10 +701,11 @@ impl Inner {
         Ok(())
     }
 
-    /// Write back the meta-pool runs `(start, end)` (no fence).
+    /// Write back the meta-pool runs `(start, end)` (no fence: the caller's
+    /// `meta.sync_deferred()` stands for it, one fdatasync on an msync-backed pool).
     pub(crate) fn flush_meta_runs(&self, runs: &mut Vec<(u64, u64)>) -> Result<()> {
         for (start, end) in runs.drain(..) {
-            self.meta.flush(start, (end - start) as usize)?;
+            self.meta.flush_deferred(start, (end - start) as usize)?;
         }
         Ok(())
     }

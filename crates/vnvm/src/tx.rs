@@ -69,9 +69,19 @@ pub(crate) enum CommitFail {
 /// shared region).
 pub(crate) struct CommitDomain {
     pub(crate) id: u32,
+    /// The persistent list's head and tail (log object index + 1; 0: empty), as stored.
     pub(crate) head: u32,
     pub(crate) tail: u32,
+    /// Linked (durable) transactions waiting for the redo worker, in commit order.
     pub(crate) queue: VecDeque<Committed>,
+    /// Staged transactions: committed and visible, their logs written, not yet linked into
+    /// the persistent list (`Inner::sync_to` links them), in commit order.
+    pub(crate) staged: Vec<Committed>,
+    /// The last staged transaction's log object + 1 while one is staged or being linked (the
+    /// `prev` of the next one); 0 when every staged transaction is linked.
+    pub(crate) staged_tail: u32,
+    /// The ticket of the last staged transaction.
+    pub(crate) staged_ticket: u64,
 }
 
 impl Inner {
@@ -289,6 +299,8 @@ impl Inner {
                     waited_ms: waited.as_millis() as u64,
                 });
             }
+            // Our own staged commits hold log objects until they are linked and applied.
+            self.sync_all()?;
             // Ask every user's workers to apply and flush (as a writer short of log space).
             self.flush_req.store(true, Ordering::SeqCst);
             if let Some(t) = self.redo_thread.get() {
@@ -309,7 +321,22 @@ impl Inner {
         self.discard(tx);
     }
 
+    /// Commit `tid`, durable on return: [`Inner::commit_staged`] then [`Inner::sync_to`] its
+    /// ticket (which links every transaction staged before it too).
     pub(crate) fn commit(&self, tid: Tid) -> Result<()> {
+        let t = self.commit_staged(tid)?;
+        self.sync_to(t)
+    }
+
+    /// Commit `tid` without waiting for durability: its log pages and log object are written
+    /// (written back and fenced on cache-flush pools; noted for one fdatasync on msync-backed
+    /// ones) and its data is visible in the DRAM views on return, but it is linked into the
+    /// persistent committed list only by the [`Inner::sync_to`] of the returned ticket or a
+    /// later one, which links every transaction staged so far with one store (group commit).
+    /// A crash before that loses it, and every transaction staged after it; never a part of
+    /// one. Tickets grow with commit order; 0 means durable already (a shared region's commit,
+    /// or one with nothing logged).
+    pub(crate) fn commit_staged(&self, tid: Tid) -> Result<u64> {
         let ps = self.geo.page_size as u64;
         // A transaction with logs needs a log object: take one first (waiting if need be), so
         // that a commit that cannot get one leaves the transaction open.
@@ -351,7 +378,7 @@ impl Inner {
                 self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &[i]);
             }
             self.discard(tx);
-            return Ok(());
+            return Ok(0);
         };
         self.log_store(last as u64 * ps, &log_hdr(tx.used, 0, tid));
         let mut logged = 0u64;
@@ -361,7 +388,7 @@ impl Inner {
             } else {
                 u32_at(pool_slice(&self.log, p as u64 * ps, LOG_HDR), 0)
             };
-            if let Err(e) = self.log.flush(p as u64 * ps, used as usize) {
+            if let Err(e) = self.log.flush_deferred(p as u64 * ps, used as usize) {
                 self.unwind_commit(tid, tx, idx);
                 return Err(e.into());
             }
@@ -385,7 +412,7 @@ impl Inner {
             return Err(e);
         }
         let mut bytes = 0u64;
-        let mut queued = REDO_BATCH;
+        let mut ticket = 0;
         let mut linked_err = None;
         if tx.regions.first().is_some_and(|r| r.shared.is_some()) {
             match self.commit_shared(&tx, tid, idx, &entries) {
@@ -400,7 +427,11 @@ impl Inner {
             let mut d = self.domains[0].lock();
             let obj = LogObj {
                 tid,
-                prev: d.tail,
+                prev: if d.staged_tail != 0 {
+                    d.staged_tail
+                } else {
+                    d.tail
+                },
                 first_page: tx.pages[0],
                 npages: tx.pages.len() as u32,
                 domain: d.id,
@@ -418,21 +449,17 @@ impl Inner {
                     ob.len(),
                 )
             };
-            if let Err(e) = self.meta.flush(ooff, ob.len()) {
+            if let Err(e) = self.meta.flush_deferred(ooff, ob.len()) {
                 drop(d);
                 self.unwind_commit(tid, tx, idx);
                 return Err(e.into());
             }
-            // (1)+(2): every log entry and the log object are durable after this fence.
+            // (1)+(2): on cache-flush pools every log entry and the log object are durable
+            // after this fence (ours: a fence orders only this CPU's write-backs); on
+            // msync-backed pools after `sync_to`'s fdatasyncs. (3), the link, is `sync_to`'s.
             self.meta.fence();
-            // (3): link with one 8-byte atomic store, persisted. The store links it even if
-            // the persist fails: then it is committed as far as this process is concerned.
-            let head = if d.head == 0 { idx + 1 } else { d.head };
-            linked_err =
-                store_domain_persist(&self.meta, &self.geo, d.id, domain_word(head, idx + 1)).err();
-            d.head = head;
-            d.tail = idx + 1;
-            // (4): only now is the data visible in DRAM.
+            // (4): the data is visible in DRAM now; a reply that depends on it must wait for
+            // `sync_to` (see the contract of `commit_staged`).
             for e in &entries {
                 // cannot fail: `check` accepted only entries of the transaction's regions.
                 let Some(r) = tx.regions.iter().find(|r| r.file_id == e.file_id) else {
@@ -449,11 +476,13 @@ impl Inner {
                 };
                 bytes += e.len as u64;
             }
-            d.queue.push_back(Committed {
+            d.staged.push(Committed {
                 idx,
                 pages: tx.pages,
             });
-            queued = d.queue.len();
+            d.staged_tail = idx + 1;
+            ticket = self.staged_seq.fetch_add(1, Ordering::SeqCst) + 1;
+            d.staged_ticket = ticket;
         }
         self.log.charge_write(logged);
         self.log.charge_read(bytes);
@@ -461,17 +490,90 @@ impl Inner {
         for r in &tx.regions {
             r.open_writers.fetch_sub(1, Ordering::SeqCst);
         }
+        match linked_err {
+            Some(e) => Err(e),
+            None => Ok(ticket),
+        }
+    }
+
+    /// The most transactions the redo worker applies in one batch: [`REDO_BATCH`], or
+    /// [`REDO_BATCH_MSYNC`] when the pools are msync-backed (a disk file system), where each
+    /// batch pays a few fdatasyncs whatever its size.
+    pub(crate) fn redo_batch(&self) -> usize {
+        if self.cache.persist_method().is_msync() {
+            REDO_BATCH_MSYNC
+        } else {
+            REDO_BATCH
+        }
+    }
+
+    /// The ticket of the last transaction staged so far (0: none yet).
+    pub(crate) fn staged_ticket(&self) -> u64 {
+        self.staged_seq.load(Ordering::SeqCst)
+    }
+
+    /// Make every transaction staged up to `ticket` durable (and every one staged before this
+    /// call, which it links too): one write-back of the logs (an fdatasync of the log and meta
+    /// files when they are msync-backed, nothing more on cache-flush pools, whose committers
+    /// fenced), then one persisted store of the committed-list word linking all of them,
+    /// then they go to the redo worker's queue. One caller at a time does that work; a caller
+    /// whose ticket a sync in progress covers waits for it and does none.
+    ///
+    /// Errors: the write-back or the link's persist failing ([`VnvmError::Media`], naming the
+    /// file). The transactions stay staged (visible, not durable) and a later call retries.
+    pub(crate) fn sync_to(&self, ticket: u64) -> Result<()> {
+        if ticket == 0 || self.durable_seq.load(Ordering::SeqCst) >= ticket {
+            return Ok(());
+        }
+        let _one = self.sync_lock.lock();
+        if self.durable_seq.load(Ordering::SeqCst) >= ticket {
+            return Ok(());
+        }
+        let (n, last, last_ticket) = {
+            let d = self.domains[0].lock();
+            match d.staged.last() {
+                Some(c) => (d.staged.len(), c.idx, d.staged_ticket),
+                None => return Ok(()),
+            }
+        };
+        // (1)+(2) for everything staged so far: commits staged meanwhile may ride along,
+        // harmless (they stay staged until a later call links them).
+        Pool::sync_deferred_all(&[&self.log, &self.meta])?;
+        let queued = {
+            let mut d = self.domains[0].lock();
+            // cannot fail: only this function (under `sync_lock`) removes staged entries.
+            debug_assert!(d.staged.len() >= n && d.staged[n - 1].idx == last);
+            let first = d.staged[0].idx;
+            let head = if d.head == 0 { first + 1 } else { d.head };
+            let tail = last + 1;
+            // (3): link the whole batch with one 8-byte atomic store, persisted. If the
+            // persist fails the batch stays staged (a retry stores the word again, or a
+            // longer one): the callers hear of the failure, nothing claims it durable.
+            let r = store_domain_persist(&self.meta, &self.geo, d.id, domain_word(head, tail));
+            d.head = head;
+            d.tail = tail;
+            r?;
+            let batch: Vec<Committed> = d.staged.drain(..n).collect();
+            d.queue.extend(batch);
+            if d.staged.is_empty() {
+                d.staged_tail = 0;
+            }
+            d.queue.len()
+        };
+        self.durable_seq.store(last_ticket, Ordering::SeqCst);
         // Wake the redo worker only for a full batch: while commits keep coming it polls and
-        // finds this transaction within REDO_POLL; after an idle spell, within its periodic
-        // interval. Nothing waits for it: the log is durable already.
-        if queued >= REDO_BATCH {
+        // finds these within REDO_POLL; after an idle spell, within its periodic interval.
+        // Nothing waits for it: the logs are durable already.
+        if queued >= self.redo_batch() {
             if let Some(t) = self.redo_thread.get() {
                 t.unpark();
             }
         }
-        match linked_err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        Ok(())
+    }
+
+    /// [`Inner::sync_to`] of everything staged so far.
+    pub(crate) fn sync_all(&self) -> Result<()> {
+        self.sync_to(self.staged_ticket())
     }
 }

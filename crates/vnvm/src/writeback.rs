@@ -249,7 +249,7 @@ impl Inner {
             }
             self.flush_meta_runs(&mut runs)?;
             if cleaned > 0 {
-                self.meta.fence();
+                self.meta.sync_deferred()?;
             }
             for &(p, _, gen) in &batch {
                 if res.is_ok() && c.gen[p as usize] == gen {

@@ -360,3 +360,72 @@ fn files_are_the_owners_unless_group_sharing_is_asked() {
         vn.nv_release().unwrap();
     }
 }
+
+/// Group commit: staged commits are visible at once, tickets grow, one `nv_sync` links every
+/// transaction staged so far, and a crash loses exactly the ones staged after the last sync —
+/// on tmpfs pools (cache flushes) and on a disk file system (msync-backed pools, fdatasync).
+#[test]
+fn staged_commits_are_visible_at_once_and_durable_at_sync() {
+    for base in ["/dev/shm", "/var/tmp"] {
+        let d = tempfile::Builder::new()
+            .prefix("tiermem-vnvm-staged")
+            .tempdir_in(base)
+            .unwrap();
+        let file = d.path().join("data");
+        let mut cfg = small_cfg(d.path(), 64, 64);
+        // The redo worker would link staged commits left alone for a poll by itself.
+        cfg.redo_paused = true;
+        let vn = nv_init(&cfg).unwrap();
+        let r = vn.nv_allocate(&file, 1 << 16, Mode::Private).unwrap();
+        let mut tickets = Vec::new();
+        for (i, b) in [b'a', b'b', b'c'].into_iter().enumerate() {
+            let t = vn.nv_txbegin();
+            // SAFETY: offsets within the 64 KiB region.
+            vn.nv_write(t, unsafe { r.as_ptr().add(i * 4096) }, &[b; 100])
+                .unwrap();
+            tickets.push(vn.nv_commit_staged(t).unwrap());
+            // Visible before any sync.
+            assert_eq!(
+                region_bytes(&r)[i * 4096..i * 4096 + 100],
+                [b; 100],
+                "{base}"
+            );
+            if i == 1 {
+                // Syncing the first ticket links the second too.
+                vn.nv_sync(tickets[0]).unwrap();
+            }
+        }
+        assert!(
+            tickets.windows(2).all(|w| w[0] < w[1]),
+            "{base}: {tickets:?}"
+        );
+        assert_eq!(vn.nv_staged_ticket(), tickets[2]);
+        // Nothing logged: durable already.
+        assert_eq!(vn.nv_commit_staged(vn.nv_txbegin()).unwrap(), 0);
+        vn.nv_sync(0).unwrap();
+        drop(r);
+        vn.abandon();
+
+        cfg.redo_paused = false;
+        let vn = nv_init(&cfg).unwrap();
+        let r = vn.nv_allocate(&file, 1 << 16, Mode::Private).unwrap();
+        let got = region_bytes(&r);
+        assert_eq!(got[..100], [b'a'; 100], "{base}");
+        assert_eq!(got[4096..4196], [b'b'; 100], "{base}");
+        assert_eq!(
+            got[8192..8292],
+            [0; 100],
+            "{base}: the unsynced commit survived"
+        );
+        // A staged commit reaches the redo worker and the file at release.
+        let t = vn.nv_txbegin();
+        // SAFETY: within the region.
+        vn.nv_write(t, unsafe { r.as_ptr().add(8192) }, &[b'd'; 100])
+            .unwrap();
+        vn.nv_commit_staged(t).unwrap();
+        drop(r);
+        vn.nv_release().unwrap();
+        let f = std::fs::read(&file).unwrap();
+        assert_eq!(f[8192..8292], [b'd'; 100], "{base}");
+    }
+}

@@ -7,7 +7,10 @@
 //! number of crash points (default 50), `TIERMEM_VNVM_CRASH_SEED` the base seed. Crash point `k`
 //! uses, by `k % 8`:
 //!
-//! * 0, 4: a private region, killed with SIGKILL at a random time;
+//! * 0, 4: a private region, killed with SIGKILL at a random time; at 4 the victim commits in
+//!   staged groups of 4 (`nv_commit_staged` ×4, then one `nv_sync`: group commit), and
+//!   recovery must find each thread at a transaction boundary between its acknowledged ones
+//!   and the last one of the group in flight;
 //! * 2: a private region, killed inside a commit: after a random delay, the victim SIGKILLs
 //!   itself from a signal handler that interrupted a worker inside `nv_commit` (a timer each
 //!   worker sets for a few microseconds later as it enters a commit);
@@ -209,6 +212,8 @@ fn crash_child() {
         "out" => false,
         a => panic!("aim {a}"),
     };
+    // Transactions per staged group (1: plain nv_commit).
+    let group: u64 = it.next().unwrap().parse().unwrap();
     let ack = std::fs::OpenOptions::new()
         .write(true)
         .open(dir.join("ack"))
@@ -229,7 +234,7 @@ fn crash_child() {
         }
         for t in 0..threads {
             let (vn, r, ack) = (&vn, &r, &ack);
-            sc.spawn(move || worker(vn, r, ack, seed, t, threads));
+            sc.spawn(move || worker(vn, r, ack, seed, t, threads, group));
         }
     });
 }
@@ -306,13 +311,18 @@ fn worker(
     seed: u64,
     t: usize,
     threads: usize,
+    group: u64,
 ) {
     let per = SLOTS / threads;
     let tseed = seed ^ ((t as u64) << 40);
     // SAFETY: gettid(2) has no arguments.
     WORKER_TIDS[t].store(unsafe { libc::gettid() }, Ordering::SeqCst);
     let mut timer = None;
+    // With `group > 1`, transactions go in groups of `group`: staged (`nv_commit_staged`) one
+    // by one, then one `nv_sync` of the last ticket; the ack's "entering" word names the
+    // group's last transaction before the first is staged, "left" after the sync.
     for i in 0u64.. {
+        let (first, last) = (i % group == 0, i % group == group - 1);
         let tid = vn.nv_txbegin();
         for s in tx_slots(tseed, i, per, 0) {
             let rec = record(tseed, i, s);
@@ -331,9 +341,11 @@ fn worker(
                 }
             }
         }
-        COMMITTING.fetch_add(1, Ordering::SeqCst);
-        ack.write_all_at(&(i + 1).to_le_bytes(), ack_off(threads, t, true))
-            .unwrap();
+        if first {
+            COMMITTING.fetch_add(1, Ordering::SeqCst);
+            ack.write_all_at(&(i + group).to_le_bytes(), ack_off(threads, t, true))
+                .unwrap();
+        }
         IN_COMMIT.with(|c| c.set(true));
         if AIM_ARMED.load(Ordering::SeqCst) && AIM_IN_COMMIT.load(Ordering::SeqCst) {
             // 2 to 30 µs into the commit (a private one takes about 15 µs, a shared one 30).
@@ -341,7 +353,15 @@ fn worker(
                 .get_or_insert_with(ThreadTimer::new)
                 .fire_in(2_000 + (mix(i) % 29) as i64 * 1_000);
         }
-        vn.nv_commit(tid).unwrap();
+        if group == 1 {
+            vn.nv_commit(tid).unwrap();
+        } else {
+            let ticket = vn.nv_commit_staged(tid).unwrap();
+            if !last {
+                continue;
+            }
+            vn.nv_sync(ticket).unwrap();
+        }
         IN_COMMIT.with(|c| c.set(false));
         ack.write_all_at(&(i + 1).to_le_bytes(), ack_off(threads, t, false))
             .unwrap();
@@ -383,7 +403,7 @@ struct Stats {
     top_up: u64,
 }
 
-fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, st: &mut Stats) {
+fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, group: u64, st: &mut Stats) {
     let d = tmp();
     let dir = d.path();
     let init = init_content(seed);
@@ -392,7 +412,7 @@ fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, st: &mut Stats) 
     let delay_us = 500 + mix(seed) % 150_000;
     let aimed = matches!(kill, Kill::InCommit | Kill::OutsideCommit);
     let spec = format!(
-        "{};{seed};{threads};{};{};{};{}",
+        "{};{seed};{threads};{};{};{};{};{}",
         dir.display(),
         if mode == Mode::Shared {
             "shared"
@@ -401,7 +421,8 @@ fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, st: &mut Stats) 
         },
         if kill == Kill::AtFlush { delay_us } else { 0 },
         if aimed { delay_us } else { 0 },
-        if kill == Kill::InCommit { "in" } else { "out" }
+        if kill == Kill::InCommit { "in" } else { "out" },
+        group
     );
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -494,7 +515,10 @@ fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, st: &mut Stats) 
         let tseed = seed ^ ((t as u64) << 40);
         let range = t * per * SLOT..(t + 1) * per * SLOT;
         let (init_t, got_t) = (&init[range.clone()], &got[range]);
-        match matching_prefix(init_t, got_t, tseed, acked_t, acked_t + 1, per, 0) {
+        // Any prefix from the acknowledged transactions to the last one entered (one more
+        // with plain commits, up to a whole staged group): never a part of a transaction.
+        let upto = entered[t].max(acked_t + 1);
+        match matching_prefix(init_t, got_t, tseed, acked_t, upto, per, 0) {
             Some(n) => st.in_flight_present += (n > acked_t) as u64,
             None => {
                 let near = matching_prefix(init_t, got_t, tseed, 0, acked_t + 50, per, 0);
@@ -529,6 +553,8 @@ fn kill9_at_random_points_then_recover() {
     let mut shared = Stats::default();
     for k in 0..iters {
         let threads = 1 + (k % 3) as usize;
+        // k % 8 == 4: staged commits synced in groups of 4 (group commit).
+        let group = if k % 8 == 4 { 4 } else { 1 };
         let (mode, kill, st) = match k % 8 {
             0 | 4 => (Mode::Private, Kill::Random, &mut private),
             2 => (Mode::Private, Kill::InCommit, &mut private),
@@ -537,7 +563,7 @@ fn kill9_at_random_points_then_recover() {
             6 => (Mode::Shared, Kill::OutsideCommit, &mut shared),
             _ => (Mode::Shared, Kill::AtFlush, &mut shared),
         };
-        one_crash(mix(base + k), threads, mode, kill, st);
+        one_crash(mix(base + k), threads, mode, kill, group, st);
     }
     // Each crash category must have been hit in each mode (a flush only in shared mode). The
     // schedule above normally hits them all; a category it missed (an unlucky timing) gets up
@@ -562,7 +588,7 @@ fn kill9_at_random_points_then_recover() {
                     break;
                 }
                 eprintln!("{mode:?}: no crash point hit by {kill:?} yet: one more");
-                one_crash(mix(base + k), 1 + (k % 3) as usize, mode, kill, st);
+                one_crash(mix(base + k), 1 + (k % 3) as usize, mode, kill, 1, st);
                 st.top_up += 1;
                 k += 1;
             }

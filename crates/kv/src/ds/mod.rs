@@ -355,7 +355,15 @@ impl<'h> Wtx<'h> {
     ///
     /// Errors: [`HeapError::Damaged`] (nothing committed) when this thread met a damaged heap
     /// since the command began (see [`Mem`]): a write must never build on damaged data.
-    pub fn commit(mut self) -> Result<()> {
+    pub fn commit(self) -> Result<()> {
+        let heap = self.heap;
+        let t = self.commit_staged()?;
+        heap.sync_to(t)
+    }
+
+    /// [`Wtx::commit`] without waiting for durability ([`crate::heap::Tx::commit_staged`]):
+    /// the caller syncs before it replies.
+    pub fn commit_staged(mut self) -> Result<u64> {
         self.flush_counters()?;
         if let Some(off) = take_damage() {
             damaged(off);
@@ -363,8 +371,8 @@ impl<'h> Wtx<'h> {
             return Err(HeapError::Damaged(off));
         }
         match self.tx.take() {
-            Some(tx) => tx.commit(),
-            None => Ok(()),
+            Some(tx) => tx.commit_staged(),
+            None => Ok(0),
         }
     }
 

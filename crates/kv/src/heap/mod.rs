@@ -178,6 +178,19 @@ impl Heap {
         })
     }
 
+    /// The ticket of the last commit staged so far ([`Tx::commit_staged`]; 0: none, or an
+    /// engine whose commits are durable at once).
+    pub fn staged_ticket(&self) -> u64 {
+        self.engine.memory().staged_ticket()
+    }
+
+    /// Make every commit staged up to `ticket` durable: one durability barrier for all of
+    /// them (vnvm's group commit). Errors: the engine's persist failing; the commits stay
+    /// visible but not durable, and a later call retries.
+    pub fn sync_to(&self, ticket: u64) -> Result<()> {
+        Ok(self.engine.memory().sync_to(ticket)?)
+    }
+
     /// The committed bytes (read-only). See the module's concurrency contract.
     #[inline]
     pub fn view(&self) -> &[u8] {
@@ -463,6 +476,15 @@ impl Tx<'_> {
     pub fn commit(mut self) -> Result<()> {
         self.done = true;
         Ok(self.heap.alloc.commit_in(self.mem(), self.tid)?)
+    }
+
+    /// Commit without waiting for durability: every write is visible on return, durable once
+    /// [`Heap::sync_to`] of the returned ticket (or of [`Heap::staged_ticket`] read later)
+    /// returns. A reply that reports the outcome, or anything read after it, must wait for
+    /// that sync (the command layer does it once per event-loop round).
+    pub fn commit_staged(mut self) -> Result<u64> {
+        self.done = true;
+        Ok(self.heap.alloc.commit_staged_in(self.mem(), self.tid)?)
     }
 
     /// Abort: no write of this transaction ever becomes visible.

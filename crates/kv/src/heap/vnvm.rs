@@ -379,6 +379,15 @@ impl TxMemory for VnvmEngine {
     fn commit(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
         self.mem().commit(tid)
     }
+    fn commit_staged(&self, tid: Tid) -> std::result::Result<u64, VnvmError> {
+        self.mem().commit_staged(tid)
+    }
+    fn sync_to(&self, ticket: u64) -> std::result::Result<(), VnvmError> {
+        self.mem().sync_to(ticket)
+    }
+    fn staged_ticket(&self) -> u64 {
+        self.mem().staged_ticket()
+    }
     fn abort(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
         self.mem().abort(tid)
     }
