@@ -3,7 +3,7 @@
 //! storage directory.
 //!
 //! Systems (each started fresh, on an empty storage directory, for every measurement):
-//! * **tiermem-kv-vnvm** — `tiermem kv serve --engine vnvm --new --dir D --port P --durability commit`
+//! * **tiermem-kv-vnvm** — `tiermem kv serve --engine vnvm --new --dir D --port P --durability pipeline`
 //!   (this same binary, `current_exe`): every acknowledged write is durable;
 //! * **tiermem-kv-volatile** — `tiermem kv serve --engine volatile --dir D --port P`;
 //! * **redis-aof-always** — `redis-server` 7 with `appendonly yes`, `appendfsync always`,
@@ -15,10 +15,15 @@
 //! command lines (e.g. a heap size). tiermem-kv is stopped with SIGTERM, redis with
 //! `SHUTDOWN NOSAVE`; a server still running 10 s later is killed and a warning reported.
 //!
-//! Workloads, per system and repetition:
+//! Workloads, per system and repetition (the redis-benchmark ones at least 3 times, so the
+//! durable ratios are medians of at least 3 interleaved runs even with `--quick`):
 //! * **redis-benchmark-set / -get** — `redis-benchmark -t set,get -P 16 -n N -q --csv` (50
 //!   clients, 3-byte values, one key: redis-benchmark's defaults); ops/s is its requests/s,
 //!   p99 its `p99_latency_ms` (per request, pipelined) in µs; one server for both tests;
+//! * **disk-set-c50 / disk-set-p16** — the durable systems only (tiermem-kv-vnvm,
+//!   redis-aof-always), their data under `--disk-dir` (default /var/tmp, a disk file system
+//!   here): `redis-benchmark -t set -c 50` without pipelining (`--disk-requests`, 200 000;
+//!   50 000 with `--quick`), then with -P 16. A durable write there costs a device flush.
 //! * **ycsb-a / ycsb-b** — YCSB core workloads A (50 % read, 50 % update) and B (95 % read, 5 %
 //!   update), zipfian, 1 KB records (10 fields × 100 bytes); a fresh server is loaded once
 //!   (`ycsb.sh load`, not reported in `results` but in `ycsb_load`), then A runs, then B runs on
@@ -62,17 +67,27 @@ pub const SYSTEMS: [&str; 4] = [
     "redis-aof-always",
     "redis-aof-everysec",
 ];
-/// The workloads, in the order of the table.
-pub const WORKLOADS: [&str; 4] = [
+/// The workloads, in the order of the table. The two `disk-` ones run only the durable
+/// systems (tiermem-kv-vnvm, redis-aof-always), with their data under `--disk-dir`.
+pub const WORKLOADS: [&str; 6] = [
     "redis-benchmark-set",
     "redis-benchmark-get",
     "ycsb-a",
     "ycsb-b",
+    "disk-set-c50",
+    "disk-set-p16",
 ];
+/// Runs behind each redis-benchmark median (tmpfs and disk) whatever `--repetitions` says: the
+/// durable ratios are medians of at least this many interleaved runs.
+const RATIO_RUNS: usize = 3;
+/// The systems the disk workloads run.
+const DURABLE: [&str; 2] = ["tiermem-kv-vnvm", "redis-aof-always"];
 /// Environment variable: extra arguments for `tiermem kv serve`.
 const SERVE_ARGS_ENV: &str = "TIERMEM_BENCH_KV_SERVE_ARGS";
 /// Environment variable: the storage directory (the `--dir` flag wins).
 const DIR_ENV: &str = "TIERMEM_BENCH_KV_DIR";
+/// `--disk-dir`'s default: on the root file system (a disk), not tmpfs.
+const DEFAULT_DISK_DIR: &str = "/var/tmp/tiermem-kv-bench-disk";
 /// How long a server may take to answer PING after it is spawned.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a server may take to exit once asked to.
@@ -106,8 +121,18 @@ pub struct KvOpts {
     #[arg(long, value_name = "N")]
     pub threads: Option<u32>,
     /// Repetitions, systems in rotating order, medians reported (default 3; 1 with --quick).
+    /// The redis-benchmark workloads (tmpfs and disk) run at least 3 times regardless.
     #[arg(long, value_name = "N")]
     pub repetitions: Option<usize>,
+    /// Directory on a disk file system for the disk workloads (`disk-set-c50`: redis-benchmark
+    /// SET with 50 clients, no pipelining; `disk-set-p16`: with -P 16), both durable systems'
+    /// data there. Default: /var/tmp/tiermem-kv-bench-disk (created and removed).
+    #[arg(long, value_name = "DIR")]
+    pub disk_dir: Option<PathBuf>,
+    /// redis-benchmark requests per disk run without pipelining (default 200000; 50000 with
+    /// --quick); with -P 16 the tmpfs runs' count.
+    #[arg(long, value_name = "N")]
+    pub disk_requests: Option<u64>,
 }
 
 /// How a system's server is run.
@@ -132,7 +157,7 @@ fn system(name: &str) -> Option<System> {
     let kind = match name {
         "tiermem-kv-vnvm" => Kind::Tiermem {
             engine: "vnvm",
-            durability: Some("commit"),
+            durability: Some("pipeline"),
         },
         "tiermem-kv-volatile" => Kind::Tiermem {
             engine: "volatile",
@@ -210,16 +235,19 @@ fn serve_args() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Everything one measurement of one system produced (one repetition).
-struct Sample {
-    set: BenchRow,
-    get: BenchRow,
-    load: YcsbReport,
-    a: YcsbReport,
-    b: YcsbReport,
-    /// Server CPU seconds (user + system, all its threads) during each of SET, GET, the YCSB
-    /// load, ycsb-a and ycsb-b; NaN where it could not be read.
-    cpu: [f64; 5],
+/// One client run of one workload on one system: what the medians are taken over.
+struct Run {
+    system: &'static str,
+    workload: &'static str,
+    rep: usize,
+    ops_per_s: f64,
+    p99_us: f64,
+    /// The server's CPU seconds during the run (NaN if unreadable).
+    cpu_s: f64,
+    /// The operations the run did (for operations per CPU-second).
+    ops: f64,
+    redis_benchmark: Option<BenchRow>,
+    ycsb: Option<YcsbReport>,
 }
 
 /// A result row: the JSON `results` entries.
@@ -304,6 +332,9 @@ pub struct Storage {
     pub dir: String,
     pub filesystem: String,
     pub note: &'static str,
+    /// The disk workloads' directory and its file system.
+    pub disk_dir: String,
+    pub disk_filesystem: String,
 }
 
 /// The versions of everything measured.
@@ -321,6 +352,15 @@ pub struct Versions {
 #[derive(Serialize)]
 pub struct Report {
     pub results: Vec<Row>,
+    /// tiermem-kv-vnvm over redis-aof-always, redis-benchmark -P 16 SET ops/s on the storage
+    /// directory (tmpfs by default): medians of at least 3 interleaved runs each.
+    pub durable_over_redis_always_set_p16: Option<f64>,
+    /// The same for GET.
+    pub durable_over_redis_always_get_p16: Option<f64>,
+    /// tiermem-kv-vnvm over redis-aof-always, SET ops/s with both servers' data on the disk
+    /// file system of `--disk-dir`: 50 clients without pipelining, and with -P 16.
+    pub disk_durable_over_redis_always_set_c50: Option<f64>,
+    pub disk_durable_over_redis_always_set_p16: Option<f64>,
     /// tiermem-kv-vnvm ycsb-b ops/s over tiermem-kv-volatile's.
     pub durable_over_volatile_ycsb_b: Option<f64>,
     /// tiermem-kv-vnvm ycsb-a ops/s over redis-aof-always'.
@@ -440,10 +480,82 @@ struct Config {
     ops: u64,
     threads: u32,
     json: bool,
+    /// Requests of a disk run without pipelining.
+    disk_requests: u64,
 }
 
-/// One repetition of every workload on `sys`.
-fn measure(
+/// The server's CPU seconds so far (NaN if it cannot be read).
+fn cpu_of(server: &Server) -> f64 {
+    server
+        .pid()
+        .and_then(cpu::process_cpu_s)
+        .unwrap_or(f64::NAN)
+}
+
+/// A client's error, with the end of the server's log (which may say why).
+fn with_log(e: anyhow::Error, s: &Server) -> anyhow::Error {
+    anyhow!("{e:#} (server log: {})", h::log_tail(s.log(), 5))
+}
+
+/// redis-benchmark on a fresh server of `sys` in `data`: one client run per `(workload, test,
+/// pipeline, requests)`, so that each run's server CPU is its own.
+#[allow(clippy::too_many_arguments)]
+fn measure_rb(
+    sys: &System,
+    cfg: &Config,
+    runs: &[(&'static str, &str, u32, u64)],
+    data: &Path,
+    logs: &Path,
+    rep: usize,
+    tag: &str,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Run>> {
+    let say = |m: &str| progress(cfg.json, &format!("[{}] {}: {m}", rep + 1, sys.name));
+    let server = start(sys, data, logs, &format!("r{rep}-{tag}"))?;
+    let mut out = Vec::new();
+    for &(workload, test, pipeline, requests) in runs {
+        let one = RedisBenchmark {
+            tests: vec![test.to_string()],
+            pipeline,
+            requests,
+        };
+        say(&format!(
+            "{workload}: redis-benchmark -t {test} -P {pipeline} -n {requests} ({})",
+            data.display()
+        ));
+        let c0 = cpu_of(&server);
+        let rows = one
+            .run(server.port(), logs, Duration::from_secs(300))
+            .map_err(|e| with_log(e, &server))?;
+        let cpu_s = cpu_of(&server) - c0;
+        let row = rows
+            .into_iter()
+            .find(|r| r.test.eq_ignore_ascii_case(test))
+            .ok_or_else(|| anyhow!("redis-benchmark printed no {test} row"))?;
+        say(&format!(
+            "{workload}: {:.0}/s (p99 {} µs)",
+            row.rps, row.p99_us
+        ));
+        out.push(Run {
+            system: sys.name,
+            workload,
+            rep,
+            ops_per_s: row.rps,
+            p99_us: row.p99_us,
+            cpu_s,
+            ops: requests as f64,
+            redis_benchmark: Some(row),
+            ycsb: None,
+        });
+    }
+    stop(sys, server, warnings)?;
+    fresh_dir(data)?;
+    Ok(out)
+}
+
+/// YCSB on a fresh server of `sys`: load, workload a, workload b on the same data. Returns the
+/// load (as a run of workload `ycsb-load`) and the two workload runs.
+fn measure_ycsb(
     sys: &System,
     cfg: &Config,
     ycsb: &Ycsb,
@@ -451,61 +563,8 @@ fn measure(
     logs: &Path,
     rep: usize,
     warnings: &mut Vec<String>,
-) -> Result<Sample> {
+) -> Result<(Run, Vec<Run>)> {
     let say = |m: &str| progress(cfg.json, &format!("[{}] {}: {m}", rep + 1, sys.name));
-    // A client's error, with the end of the server's log (which may say why).
-    let with_log =
-        |e: anyhow::Error, s: &Server| anyhow!("{e:#} (server log: {})", h::log_tail(s.log(), 5));
-    let client_timeout = Duration::from_secs(300);
-
-    say(&format!(
-        "redis-benchmark -t {} -P {} -n {}",
-        cfg.rb.tests.join(","),
-        cfg.rb.pipeline,
-        cfg.rb.requests
-    ));
-    let server = start(sys, data, logs, &format!("r{rep}-rb"))?;
-    // The server's CPU around a client run (NaN if it cannot be read).
-    let cpu_of = |server: &Server| {
-        server
-            .pid()
-            .and_then(cpu::process_cpu_s)
-            .unwrap_or(f64::NAN)
-    };
-    // One redis-benchmark run per test, so that each test's server CPU is its own.
-    let mut rows = Vec::new();
-    let mut rb_cpu = Vec::new();
-    for t in &cfg.rb.tests {
-        let one = RedisBenchmark {
-            tests: vec![t.clone()],
-            ..cfg.rb.clone()
-        };
-        let c0 = cpu_of(&server);
-        rows.extend(
-            one.run(server.port(), logs, client_timeout)
-                .map_err(|e| with_log(e, &server))?,
-        );
-        rb_cpu.push((t.to_ascii_uppercase(), cpu_of(&server) - c0));
-    }
-    stop(sys, server, warnings)?;
-    let rb_cpu_of = |t: &str| {
-        rb_cpu
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(t))
-            .map_or(f64::NAN, |x| x.1)
-    };
-    let find = |t: &str| {
-        rows.iter()
-            .find(|r| r.test.eq_ignore_ascii_case(t))
-            .cloned()
-            .ok_or_else(|| anyhow!("redis-benchmark printed no {t} row: {rows:?}"))
-    };
-    let (set, get) = (find("SET")?, find("GET")?);
-    say(&format!(
-        "SET {:.0}/s (p99 {} µs), GET {:.0}/s (p99 {} µs)",
-        set.rps, set.p99_us, get.rps, get.p99_us
-    ));
-
     let server = start(sys, data, logs, &format!("r{rep}-ycsb"))?;
     let mut w = YcsbWorkload {
         port: server.port(),
@@ -540,20 +599,28 @@ fn measure(
     ));
     stop(sys, server, warnings)?;
     fresh_dir(data)?;
-    Ok(Sample {
-        cpu: [
-            rb_cpu_of("SET"),
-            rb_cpu_of("GET"),
-            c1 - c0,
-            c2 - c1,
-            c3 - c2,
+    let run = |workload, r: YcsbReport, cpu_s, ops| Run {
+        system: sys.name,
+        workload,
+        rep,
+        ops_per_s: r.throughput,
+        p99_us: if workload == "ycsb-load" {
+            r.max_op_p99_us().unwrap_or(f64::NAN)
+        } else {
+            r.merged_p99_us.unwrap_or(f64::NAN)
+        },
+        cpu_s,
+        ops,
+        redis_benchmark: None,
+        ycsb: Some(r),
+    };
+    Ok((
+        run("ycsb-load", load, c1 - c0, cfg.records as f64),
+        vec![
+            run("ycsb-a", a, c2 - c1, cfg.ops as f64),
+            run("ycsb-b", b, c3 - c2, cfg.ops as f64),
         ],
-        set,
-        get,
-        load,
-        a,
-        b,
-    })
+    ))
 }
 
 fn first_line_of(cmd: &str, args: &[&str]) -> String {
@@ -660,9 +727,17 @@ pub fn run(o: &Options) -> Result<Report> {
         ops: o.ops.unwrap_or(if quick { 100_000 } else { 200_000 }),
         threads: o.threads.unwrap_or(2),
         json,
+        disk_requests: o
+            .disk_requests
+            .unwrap_or(if quick { 50_000 } else { 200_000 }),
     };
-    if cfg.records == 0 || cfg.ops == 0 || cfg.rb.requests == 0 || cfg.threads == 0 {
-        bail!("--records, --ops, --requests and --threads must be at least 1");
+    if cfg.records == 0
+        || cfg.ops == 0
+        || cfg.rb.requests == 0
+        || cfg.threads == 0
+        || cfg.disk_requests == 0
+    {
+        bail!("--records, --ops, --requests, --disk-requests and --threads must be at least 1");
     }
 
     // The clients every system needs: fail early, before any server starts.
@@ -692,100 +767,137 @@ pub fn run(o: &Options) -> Result<Report> {
         root_created,
     };
     let (data, logs) = (work.join("data"), work.join("logs"));
+    // The disk runs' directory, on its own file system (removed at the end like `work`).
+    let disk_root = o
+        .disk_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DISK_DIR));
+    let disk_root_created = (!disk_root.exists()).then(|| disk_root.clone());
+    std::fs::create_dir_all(&disk_root)
+        .with_context(|| format!("creating {}", disk_root.display()))?;
+    let disk_work = disk_root.join(format!("run-{}", std::process::id()));
+    let _disk_cleanup = Cleanup {
+        work: disk_work.clone(),
+        root_created: disk_root_created,
+    };
+    let disk_data = disk_work.join("data");
     fresh_dir(&logs)?;
     h::catch_interrupts();
 
     let mut errors: BTreeMap<&'static str, String> = BTreeMap::new();
     let mut warnings = Vec::new();
-    let mut samples: BTreeMap<&'static str, Vec<(usize, Sample)>> = BTreeMap::new();
-    for rep in 0..reps {
+    let mut runs: Vec<Run> = Vec::new();
+    let mut loads: Vec<Run> = Vec::new();
+    let rb = &cfg.rb;
+    let tmpfs_runs = [
+        ("redis-benchmark-set", "set", rb.pipeline, rb.requests),
+        ("redis-benchmark-get", "get", rb.pipeline, rb.requests),
+    ];
+    let disk_runs = [
+        ("disk-set-c50", "set", 1, cfg.disk_requests),
+        ("disk-set-p16", "set", rb.pipeline, rb.requests),
+    ];
+    // Every round runs each system in rotating order: redis-benchmark on tmpfs, YCSB (the
+    // first `reps` rounds), then the disk runs (durable systems only).
+    let rounds = reps.max(RATIO_RUNS);
+    for rep in 0..rounds {
         let n = systems.len();
         for i in 0..n {
             let sys = &systems[(i + rep) % n];
             if errors.contains_key(sys.name) {
                 continue;
             }
-            match measure(sys, &cfg, &ycsb, &data, &logs, rep, &mut warnings) {
-                Ok(s) => samples.entry(sys.name).or_default().push((rep, s)),
-                Err(e) => {
-                    if h::interrupted() {
-                        bail!("interrupted: servers stopped, {} removed", work.display());
-                    }
-                    let msg = format!("{e:#}");
-                    let prefix = format!("{}: ", sys.name);
-                    let msg = msg.strip_prefix(&prefix).unwrap_or(&msg).to_string();
-                    progress(json, &format!("{}: FAILED: {msg}", sys.name));
-                    errors.insert(sys.name, msg);
+            let mut one = || -> Result<()> {
+                runs.extend(measure_rb(
+                    sys,
+                    &cfg,
+                    &tmpfs_runs,
+                    &data,
+                    &logs,
+                    rep,
+                    "rb",
+                    &mut warnings,
+                )?);
+                if rep < reps {
+                    let (load, rs) =
+                        measure_ycsb(sys, &cfg, &ycsb, &data, &logs, rep, &mut warnings)?;
+                    loads.push(load);
+                    runs.extend(rs);
                 }
+                if DURABLE.contains(&sys.name) {
+                    runs.extend(measure_rb(
+                        sys,
+                        &cfg,
+                        &disk_runs,
+                        &disk_data,
+                        &logs,
+                        rep,
+                        "disk",
+                        &mut warnings,
+                    )?);
+                }
+                Ok(())
+            };
+            if let Err(e) = one() {
+                if h::interrupted() {
+                    bail!("interrupted: servers stopped, {} removed", work.display());
+                }
+                let msg = format!("{e:#}");
+                let prefix = format!("{}: ", sys.name);
+                let msg = msg.strip_prefix(&prefix).unwrap_or(&msg).to_string();
+                progress(json, &format!("{}: FAILED: {msg}", sys.name));
+                errors.insert(sys.name, msg);
             }
             let _ = fresh_dir(&data);
+            let _ = fresh_dir(&disk_data);
         }
     }
 
-    // Medians; failed systems' partial samples are dropped.
+    // Medians; failed systems' partial runs are dropped.
     let mut results = Vec::new();
     let mut details = Vec::new();
-    let mut ycsb_load = Vec::new();
+    let detail = |r: &Run| Detail {
+        system: r.system,
+        workload: r.workload,
+        repetition: r.rep + 1,
+        ops_per_s: round1(r.ops_per_s),
+        p99_us: r.p99_us,
+        server_cpu_s: round3(r.cpu_s),
+        redis_benchmark: r.redis_benchmark.clone(),
+        ycsb: r.ycsb.clone(),
+    };
+    let med = |v: &[f64]| {
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            percentile(v, 50.0)
+        }
+    };
     for sys in &systems {
         if errors.contains_key(sys.name) {
             continue;
         }
-        let Some(ss) = samples.get(sys.name) else {
-            continue;
-        };
         for wl in WORKLOADS {
-            let mut ops = Vec::new();
-            let mut p99 = Vec::new();
-            let mut cpus = Vec::new();
-            let mut per_cpu = Vec::new();
-            for (rep, s) in ss {
-                // The operations a run did, for its operations per CPU-second.
-                let (n_ops, c) = match wl {
-                    "redis-benchmark-set" => (cfg.rb.requests as f64, s.cpu[0]),
-                    "redis-benchmark-get" => (cfg.rb.requests as f64, s.cpu[1]),
-                    "ycsb-a" => (cfg.ops as f64, s.cpu[3]),
-                    _ => (cfg.ops as f64, s.cpu[4]),
-                };
-                if c.is_finite() {
-                    cpus.push(c);
-                    if let Some(v) = cpu::per_cpu(n_ops, c) {
-                        per_cpu.push(v);
-                    }
-                }
-                let (x, y, d) = match wl {
-                    "redis-benchmark-set" => (s.set.rps, s.set.p99_us, (Some(s.set.clone()), None)),
-                    "redis-benchmark-get" => (s.get.rps, s.get.p99_us, (Some(s.get.clone()), None)),
-                    "ycsb-a" => (
-                        s.a.throughput,
-                        s.a.merged_p99_us.unwrap_or(f64::NAN),
-                        (None, Some(s.a.clone())),
-                    ),
-                    _ => (
-                        s.b.throughput,
-                        s.b.merged_p99_us.unwrap_or(f64::NAN),
-                        (None, Some(s.b.clone())),
-                    ),
-                };
-                ops.push(x);
-                p99.push(y);
-                details.push(Detail {
-                    system: sys.name,
-                    workload: wl,
-                    repetition: rep + 1,
-                    ops_per_s: round1(x),
-                    p99_us: y,
-                    server_cpu_s: round3(c),
-                    redis_benchmark: d.0,
-                    ycsb: d.1,
-                });
+            let mine: Vec<&Run> = runs
+                .iter()
+                .filter(|r| r.system == sys.name && r.workload == wl)
+                .collect();
+            if mine.is_empty() {
+                continue;
             }
-            let med = |v: &[f64]| {
-                if v.is_empty() {
-                    f64::NAN
-                } else {
-                    percentile(v, 50.0)
-                }
-            };
+            let ops: Vec<f64> = mine.iter().map(|r| r.ops_per_s).collect();
+            let p99: Vec<f64> = mine.iter().map(|r| r.p99_us).collect();
+            let cpus: Vec<f64> = mine
+                .iter()
+                .map(|r| r.cpu_s)
+                .filter(|c| c.is_finite())
+                .collect();
+            let per_cpu: Vec<f64> = mine
+                .iter()
+                .filter(|r| r.cpu_s.is_finite())
+                .filter_map(|r| cpu::per_cpu(r.ops, r.cpu_s))
+                .collect();
+            details.extend(mine.iter().map(|r| detail(r)));
             results.push(Row {
                 system: sys.name,
                 workload: wl,
@@ -795,19 +907,12 @@ pub fn run(o: &Options) -> Result<Report> {
                 ops_per_cpu_s: round1(med(&per_cpu)),
             });
         }
-        for (rep, s) in ss {
-            ycsb_load.push(Detail {
-                system: sys.name,
-                workload: "ycsb-load",
-                repetition: rep + 1,
-                ops_per_s: round1(s.load.throughput),
-                p99_us: s.load.max_op_p99_us().unwrap_or(f64::NAN),
-                server_cpu_s: round3(s.cpu[2]),
-                redis_benchmark: None,
-                ycsb: Some(s.load.clone()),
-            });
-        }
     }
+    let ycsb_load: Vec<Detail> = loads
+        .iter()
+        .filter(|r| !errors.contains_key(r.system))
+        .map(detail)
+        .collect();
     let ops_of = |s: &str, w: &str| {
         results
             .iter()
@@ -827,7 +932,24 @@ pub fn run(o: &Options) -> Result<Report> {
     };
     let vnvm = "tiermem-kv-vnvm";
     let lib = ycsb.dir.join("target/lib");
+    let always = "redis-aof-always";
     let report = Report {
+        durable_over_redis_always_set_p16: ratio(
+            ops_of(vnvm, "redis-benchmark-set"),
+            ops_of(always, "redis-benchmark-set"),
+        ),
+        durable_over_redis_always_get_p16: ratio(
+            ops_of(vnvm, "redis-benchmark-get"),
+            ops_of(always, "redis-benchmark-get"),
+        ),
+        disk_durable_over_redis_always_set_c50: ratio(
+            ops_of(vnvm, "disk-set-c50"),
+            ops_of(always, "disk-set-c50"),
+        ),
+        disk_durable_over_redis_always_set_p16: ratio(
+            ops_of(vnvm, "disk-set-p16"),
+            ops_of(always, "disk-set-p16"),
+        ),
         durable_over_volatile_ycsb_b: ratio(
             ops_of(vnvm, "ycsb-b"),
             ops_of("tiermem-kv-volatile", "ycsb-b"),
@@ -881,11 +1003,16 @@ pub fn run(o: &Options) -> Result<Report> {
                      µs; YCSB: 99th percentile (nearest rank) of every operation of the run \
                      phase, all operation types merged, from YCSB's raw per-operation samples \
                      (measurementtype=hdrhistogram+raw); per-type HdrHistogram p99s in details",
-            statistic: "median over the repetitions, ops/s and p99 each taken separately",
+            statistic: "median over the repetitions, ops/s and p99 each taken separately; the \
+                        redis-benchmark workloads (tmpfs and disk) run max(repetitions, 3) \
+                        times, so every durable_over_redis_always ratio is a ratio of medians \
+                        of at least 3 interleaved runs",
             order: "systems in rotating order each repetition",
             servers: "each server started fresh on an empty storage directory for \
-                      redis-benchmark (set, then get), and again for YCSB (load once, run \
-                      workload a, then workload b on the same data); stopped after each",
+                      redis-benchmark (set, then get), again for YCSB (load once, run \
+                      workload a, then workload b on the same data), and for the durable \
+                      systems again in the disk directory (set without pipelining, then set \
+                      -P 16); stopped after each",
         },
         parameters: Params {
             quick,
@@ -912,6 +1039,8 @@ pub fn run(o: &Options) -> Result<Report> {
             note: "every system keeps its data, log or append-only file here; on tmpfs an \
                    fsync costs almost nothing, so redis-aof-always pays for its write(2)s, not \
                    for a device flush",
+            disk_dir: disk_root.display().to_string(),
+            disk_filesystem: filesystem(&disk_root),
         },
         versions: Versions {
             tiermem: env!("CARGO_PKG_VERSION"),
@@ -1055,7 +1184,27 @@ fn print_table(r: &Report, systems: &[System]) {
     }
     let f = |x: Option<f64>| x.map_or_else(|| "—".to_string(), |x| format!("{x:.3}"));
     println!(
-        "\ndurable_over_volatile_ycsb_b (vnvm / volatile, ycsb-b ops/s): {}",
+        "\ndisk runs: {} ({}): redis-benchmark -t set -c 50 (no pipelining), and -P {}",
+        r.storage.disk_dir, r.storage.disk_filesystem, p.redis_benchmark.pipeline
+    );
+    println!(
+        "durable_over_redis_always_set_p16 (vnvm / redis-aof-always, SET -P 16): {}",
+        f(r.durable_over_redis_always_set_p16)
+    );
+    println!(
+        "durable_over_redis_always_get_p16 (vnvm / redis-aof-always, GET -P 16): {}",
+        f(r.durable_over_redis_always_get_p16)
+    );
+    println!(
+        "disk_durable_over_redis_always_set_c50 (on disk, SET, 50 clients): {}",
+        f(r.disk_durable_over_redis_always_set_c50)
+    );
+    println!(
+        "disk_durable_over_redis_always_set_p16 (on disk, SET -P 16): {}",
+        f(r.disk_durable_over_redis_always_set_p16)
+    );
+    println!(
+        "durable_over_volatile_ycsb_b (vnvm / volatile, ycsb-b ops/s): {}",
         f(r.durable_over_volatile_ycsb_b)
     );
     println!(

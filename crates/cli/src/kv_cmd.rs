@@ -52,8 +52,10 @@ pub struct ServeArgs {
     /// Also listen on this Unix socket.
     #[arg(long, value_name = "PATH")]
     unixsocket: Option<String>,
-    /// commit: every write command is durable before its reply (default); async: see docs/kv.md.
-    #[arg(long, value_name = "commit|async")]
+    /// Every write is durable before its reply either way: pipeline (default): the writes of
+    /// one pipeline share one transaction; commit: one transaction per write command. One
+    /// durability barrier per event-loop round serves every connection (docs/kv.md).
+    #[arg(long, value_name = "pipeline|commit")]
     durability: Option<String>,
     /// Heap size (e.g. 1gb) — the most data the server can hold.
     #[arg(long, value_name = "SIZE")]

@@ -19,7 +19,7 @@
 //! `execute`.
 //!
 //! * [`Durability::Commit`]: one transaction per write command (each all or nothing).
-//! * [`Durability::Async`]: one transaction per pipeline — the write commands of one
+//! * [`Durability::Pipeline`]: one transaction per pipeline — the write commands of one
 //!   [`Service::execute`] batch share one transaction (reads in the batch see the batch's
 //!   writes), committed before `execute` returns, and durable before any of the batch's
 //!   replies leave (the round's barrier). If a heap error (out of memory, transaction too
@@ -59,12 +59,14 @@ pub use data::{glob, parse_f64, parse_i64};
 /// When a write command's transaction commits relative to its reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Durability {
-    /// One transaction per write command, committed before its reply.
-    #[default]
+    /// One transaction per write command, durable before its reply.
     Commit,
-    /// Group commit: the write commands of one pipeline share one transaction, committed
-    /// before any of their replies is sent (acknowledged writes stay durable; fewer commits).
-    Async,
+    /// The write commands of one pipeline share one transaction, durable before any of their
+    /// replies is sent (acknowledged writes stay durable; fewer commits). The default: what
+    /// a crash can lose is the same (writes not yet acknowledged), and a pipeline of N writes
+    /// costs one transaction instead of N. `async` is accepted as its former name.
+    #[default]
+    Pipeline,
 }
 
 impl Durability {
@@ -72,7 +74,7 @@ impl Durability {
     pub fn name(self) -> &'static str {
         match self {
             Durability::Commit => "commit",
-            Durability::Async => "async",
+            Durability::Pipeline => "pipeline",
         }
     }
 }
@@ -1453,7 +1455,7 @@ impl Service for KvService {
         }
         let mut cx = data::Counters::default();
         let mark = out.len();
-        let group = self.durability == Durability::Async
+        let group = self.durability == Durability::Pipeline
             && s.authed
             && s.multi.is_none()
             && s.subs.count() == 0

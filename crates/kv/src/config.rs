@@ -26,7 +26,7 @@
 //! | `engine` | `vnvm` | `vnvm` (durable) or `volatile` |
 //! | `dir` | none | the engine's directory (the caller picks one when unset) |
 //! | `new` | `no` | `yes`: create a new instance (vnvm), only in an empty or nonexistent `dir`; `no`: open the instance in `dir`, refusing a directory that holds none or only part of one |
-//! | `durability` | `commit` | `commit` (durable before the reply) or `async` |
+//! | `durability` | `pipeline` | `pipeline` (one transaction per pipeline) or `commit` (one per write command); durable before the reply either way |
 //! | `heap-size` | `1gb` | the heap's size |
 //! | `log-size`, `cache-size` | engine default | vnvm's log and NVM-cache sizes; empty = engine default |
 //! | `dbfilename` | `dump.tmsnap` | the `volatile` engine's snapshot file in `dir` (SAVE, BGSAVE, loaded at start) |
@@ -175,7 +175,7 @@ pub struct KvConfig {
     /// Create a new instance (`new yes`; `--new`), only in an empty or nonexistent directory;
     /// otherwise open the existing one. Ignored by the volatile engine.
     pub new: bool,
-    /// `commit` or `async` (`durability`).
+    /// `pipeline` or `commit` (`durability`).
     pub durability: String,
     /// The heap's size in bytes (`heap-size`).
     pub heap_size: u64,
@@ -221,7 +221,7 @@ impl Default for KvConfig {
             engine: "vnvm".to_string(),
             dir: None,
             new: false,
-            durability: "commit".to_string(),
+            durability: "pipeline".to_string(),
             heap_size: 1 << 30,
             log_size: None,
             cache_size: None,
@@ -466,8 +466,10 @@ impl KvConfig {
                 }
             }
             "durability" => match value {
-                "commit" | "async" => self.durability = value.to_string(),
-                _ => return Err(bad("'commit' or 'async'")),
+                "commit" | "pipeline" => self.durability = value.to_string(),
+                // The former name of `pipeline`.
+                "async" => self.durability = "pipeline".to_string(),
+                _ => return Err(bad("'pipeline' or 'commit'")),
             },
             "heap-size" => {
                 self.heap_size = parse_size(value)
@@ -810,7 +812,7 @@ mod tests {
             ("client-output-buffer-limit", "1048576"),
             ("engine", "volatile"),
             ("dir", "/tmp/x"),
-            ("durability", "async"),
+            ("durability", "commit"),
             ("heap-size", "1073741824"),
             ("log-size", "67108864"),
             ("cache-size", ""),

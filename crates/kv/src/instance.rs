@@ -121,10 +121,10 @@ impl KvInstance {
         };
         let durability = match cfg.durability.as_str() {
             "commit" => Durability::Commit,
-            "async" => Durability::Async,
+            "pipeline" | "async" => Durability::Pipeline,
             other => {
                 return Err(KvError::Config(format!(
-                    "unknown durability {other:?} (commit or async)"
+                    "unknown durability {other:?} (pipeline or commit)"
                 )))
             }
         };

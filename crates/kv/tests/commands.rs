@@ -45,7 +45,7 @@ const WRONGTYPE: &str = "-WRONGTYPE Operation against a key holding the wrong ki
 #[test]
 fn replies() {
     for eng in ENGINES {
-        for d in [Durability::Commit, Durability::Async] {
+        for d in [Durability::Commit, Durability::Pipeline] {
             let mut f = Fixture::new(eng);
             let svc = service(&mut f, d);
             let mut s = svc.open_session("test");
@@ -1118,7 +1118,7 @@ fn collection_scans() {
 fn pipelines_and_group_commit() {
     for eng in ENGINES {
         let mut outs = Vec::new();
-        for d in [Durability::Commit, Durability::Async] {
+        for d in [Durability::Commit, Durability::Pipeline] {
             let mut f = Fixture::new(eng);
             let svc = service(&mut f, d);
             let mut s = svc.open_session("p");
@@ -1150,7 +1150,7 @@ fn pipelines_and_group_commit() {
                 .unwrap();
             match d {
                 Durability::Commit => assert_eq!(commits, 5),
-                Durability::Async => assert_eq!(commits, 1, "one group commit"),
+                Durability::Pipeline => assert_eq!(commits, 1, "one group commit"),
             }
         }
         assert_eq!(outs[0], outs[1]);
@@ -1173,7 +1173,7 @@ fn restart_keeps_the_keyspace() {
         let svc = service(
             &mut f,
             if round == 1 {
-                Durability::Async
+                Durability::Pipeline
             } else {
                 Durability::Commit
             },
@@ -1226,7 +1226,7 @@ fn into_heap(svc: KvService) -> tiermem_kv::heap::Heap {
 fn too_large_for_the_log_changes_nothing() {
     // 8 MiB log: transactions up to 4 MiB.
     let mut f = Fixture::sized(Eng::Vnvm, 64 << 20, 8 << 20);
-    for d in [Durability::Commit, Durability::Async] {
+    for d in [Durability::Commit, Durability::Pipeline] {
         let svc = service(&mut f, d);
         let mut s = svc.open_session("t");
         assert_eq!(cmd(&svc, &mut s, "SET keep old"), "+OK\r\n");
@@ -1345,7 +1345,7 @@ fn full_heap_is_oom_and_recovers() {
 #[ignore]
 fn per_command_cost() {
     for eng in ENGINES {
-        for d in [Durability::Commit, Durability::Async] {
+        for d in [Durability::Commit, Durability::Pipeline] {
             let mut f = Fixture::sized(eng, 512 << 20, 64 << 20);
             let svc = service(&mut f, d);
             let mut s = svc.open_session("b");
@@ -1475,7 +1475,7 @@ fn per_command_cost() {
 #[test]
 fn concurrent_readers_and_writers() {
     for eng in ENGINES {
-        for d in [Durability::Commit, Durability::Async] {
+        for d in [Durability::Commit, Durability::Pipeline] {
             let mut f = Fixture::new(eng);
             let svc = std::sync::Arc::new(service(&mut f, d));
             let w = {
@@ -1509,7 +1509,7 @@ fn concurrent_readers_and_writers() {
                 }
                 let v: i64 = r.split("\r\n").nth(1).unwrap().parse().unwrap();
                 assert!(v >= last, "{v} after {last}");
-                if d == Durability::Async {
+                if d == Durability::Pipeline {
                     assert_eq!(v % 4, 0, "a group commits whole");
                 }
                 last = v;
@@ -2048,7 +2048,7 @@ fn deadlines_survive_restart() {
 #[test]
 fn transactions_as_redis_7_0() {
     for eng in ENGINES {
-        for d in [Durability::Commit, Durability::Async] {
+        for d in [Durability::Commit, Durability::Pipeline] {
             let mut fx = Fixture::new(eng);
             let svc = service(&mut fx, d);
             let mut a = svc.open_session("a");

@@ -475,7 +475,7 @@ fn writes_over_a_flipped_heap_never_panic() {
         // Odd cases: group commit, the writes as one pipeline (one transaction).
         let group = case % 2 == 1;
         let d = if group {
-            Durability::Async
+            Durability::Pipeline
         } else {
             Durability::Commit
         };

@@ -189,7 +189,7 @@ fn pipelined_gets_never_read_cost_at_most_the_output_limit() {
 #[test]
 fn output_limit_stops_a_pipeline_exactly_where_the_replies_stop_fitting() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for durability in ["commit", "async"] {
+    for durability in ["commit", "pipeline"] {
         let (kv, addr) = server(&[
             ("client-output-buffer-limit", "1mb"),
             ("durability", durability),
