@@ -19,7 +19,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = PathBuf::from("/dev/shm").join(format!("tiermem-kvtest-{name}-{}", std::process::id()));
+    scratch_in("/dev/shm", name)
+}
+
+/// A fresh scratch directory under `base` (a disk file system for /var/tmp).
+fn scratch_in(base: &str, name: &str) -> PathBuf {
+    let d = PathBuf::from(base).join(format!("tiermem-kvtest-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -464,11 +469,22 @@ fn verify(c: &mut Conn, a: &Acked) {
 
 #[test]
 fn kill9_under_write_load_loses_no_acknowledged_write() {
+    kill9_under_write_load(&scratch("kill9"));
+}
+
+/// The same with the data on a disk file system: msync-backed pools, group commit through the
+/// commit journal, replayed at each restart.
+#[test]
+fn kill9_under_write_load_on_disk_loses_no_acknowledged_write() {
+    kill9_under_write_load(&scratch_in("/var/tmp", "kill9disk"));
+}
+
+fn kill9_under_write_load(dir: &Path) {
     let rounds: usize = std::env::var("TIERMEM_KV_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let dir = scratch("kill9");
+    let dir = dir.to_path_buf();
     let mut acked: Vec<Acked> = Vec::new();
     for round in 0..rounds {
         let mut s = if round == 0 {

@@ -27,6 +27,8 @@ pub(crate) struct Inner {
     pub(crate) durable_seq: AtomicU64,
     /// One `sync_to` at a time.
     pub(crate) sync_lock: Mutex<()>,
+    /// The commit journal (msync-backed pools only; see `journal`).
+    pub(crate) journal: Option<Mutex<crate::journal::Journal>>,
     /// A `drain` waits: the redo worker takes batches at once, however small.
     pub(crate) drain_wanted: AtomicBool,
     /// Signalled when a committed transaction has been applied (drain waiters).
@@ -166,7 +168,12 @@ pub(crate) fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
     let live = live_geo.is_some();
     let (pools, shm) = if let Some(geo) = live_geo {
         let shm = shm::Shm::open(dir, &geo)?.ok_or_else(|| VnvmError::Busy(dir.to_path_buf()))?;
-        (open_pools(dir, cfg.domain.as_ref())?, shm)
+        let pools = open_pools(dir, cfg.domain.as_ref())?;
+        if pools.log.persist_method().is_msync() {
+            // The live user's commit journal orders its pools' writes on its own.
+            return Err(VnvmError::Busy(dir.to_path_buf()));
+        }
+        (pools, shm)
     } else {
         // First user: recover what the last run left, then start from empty structures.
         let geo = cfg.geometry()?;
@@ -214,10 +221,18 @@ pub(crate) fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
     // Map the log and cache pages now, so that no page fault lands on a commit or a redo.
     populate(&pools.log);
     populate(&pools.cache);
+    // Disk-backed pools: group commit writes a commit journal (see `journal`), started over
+    // here (recovery replayed the last one). Its records assume a single user.
+    let journal = if pools.log.persist_method().is_msync() {
+        Some(Mutex::new(crate::journal::Journal::create(dir)?))
+    } else {
+        None
+    };
     let Pools {
         meta, log, cache, ..
     } = pools;
     let inner = Arc::new(Inner {
+        journal,
         dir: dir.to_path_buf(),
         cfg: cfg.clone(),
         geo,
@@ -240,6 +255,8 @@ pub(crate) fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
             staged: Vec::new(),
             staged_tail: 0,
             staged_ticket: 0,
+            pending_free: Vec::new(),
+            barriers: 0,
         })],
         staged_seq: AtomicU64::new(0),
         durable_seq: AtomicU64::new(0),

@@ -37,8 +37,10 @@
 //!   once, logs written) and returns a ticket; `nv_sync(ticket)` links every transaction
 //!   staged so far into the committed list with one log write-back and one persisted store.
 //!   `nv_commit` is the two in a row. A crash loses a suffix of the unsynced transactions,
-//!   never part of one. On msync-backed pools (a disk file system) the write-backs of staged
-//!   commits are one fdatasync per sync, not one msync per page and log object.
+//!   never part of one. On msync-backed pools (a disk file system) a sync appends one record
+//!   to the commit journal (`journal`: the staged log bytes, log objects and the new list
+//!   word) with one fdatasync; the pools themselves are made durable only at checkpoints,
+//!   and recovery replays the journal first. Such an instance takes one process at a time.
 //! * **Durability.** When `nv_commit` returns the transaction survives a crash (kill -9 or
 //!   power failure, as far as the pools' persistence domain goes): [`recover`] (automatic in
 //!   [`nv_init`] after an unclean shutdown) writes dirty cache pages back, replays the committed
@@ -105,6 +107,7 @@ mod dram;
 mod error;
 pub mod inspect;
 mod instance;
+mod journal;
 mod layout;
 mod members;
 mod recovery;
@@ -789,6 +792,15 @@ impl Vnvm {
             return Err(VnvmError::CacheFull(
                 "redo worker stopped before applying every committed log".into(),
             ));
+        }
+        if let Some(j) = &i.journal {
+            // Journal mode: release the last unlinked log space, then a checkpoint, so that
+            // the pools are durable before the instance is marked clean (a clean instance's
+            // journal is not replayed).
+            i.sync_all()?;
+            i.log.persist(0, i.log.data_len())?;
+            i.meta.persist(0, i.meta.data_len())?;
+            j.lock().restart()?;
         }
         flock_exclusive(&i.lockf, true);
         let r = i.leave();

@@ -258,6 +258,27 @@ pub(crate) fn store_domain_persist(meta: &Pool, geo: &Geometry, d: u32, word: u6
     Ok(())
 }
 
+/// The 32 bytes [`store_domain_persist`] stores for `word` (copy A, CRC, copy B, CRC), at
+/// [`Geometry::domain_off`]: what a commit-journal record carries.
+pub(crate) fn domain_word_bytes(d: u32, word: u64) -> [u8; 32] {
+    let c = domain_crc(d, word) as u64;
+    let mut b = [0u8; 32];
+    for (i, v) in [word, c, word, c].into_iter().enumerate() {
+        b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+/// [`store_domain_persist`] without the persist (journal mode: the journal holds it).
+pub(crate) fn store_domain(meta: &Pool, geo: &Geometry, d: u32, word: u64) {
+    let off = geo.domain_off(d);
+    let c = domain_crc(d, word) as u64;
+    store_word(meta, off, word);
+    store_word(meta, off + 8, c);
+    store_word(meta, off + 16, word);
+    store_word(meta, off + 24, c);
+}
+
 /// The committed-list word of domain `d` from its two copies, with a note when one fails its
 /// check; both failing is [`VnvmError::Damaged`].
 pub(crate) fn load_domain_noted(
@@ -629,6 +650,21 @@ fn plan(p: &Pools) -> Result<Plan> {
 
 /// Recover the instance whose pools the caller has exclusive use of.
 pub(crate) fn recover_locked(dir: &Path) -> Result<RecoveryReport> {
+    let p = open_pools(dir, None)?;
+    // A disk-backed instance's commit journal first: it holds what the pools may lack.
+    crate::journal::replay(dir, &p.log, &p.meta)?;
+    drop(p);
+    let report = recover_pools(dir)?;
+    // The pools are durable and recovered: the journal's records must never be replayed over
+    // them again (a new epoch invalidates them all).
+    if dir.join(crate::journal::JOURNAL).exists() {
+        crate::journal::Journal::create(dir)?;
+    }
+    Ok(report)
+}
+
+/// [`recover_locked`] after the journal's replay.
+fn recover_pools(dir: &Path) -> Result<RecoveryReport> {
     let p = open_pools(dir, None)?;
     let clean = read_clean(&p)?;
     let plan = plan(&p)?;

@@ -21,7 +21,12 @@ impl Inner {
         self.drain_wanted.store(true, Ordering::SeqCst);
         let r = self.drain_queues();
         self.drain_wanted.store(false, Ordering::SeqCst);
-        r
+        r?;
+        // Journal mode: the applied transactions' log space comes back with a barrier.
+        if self.journal.is_some() {
+            self.sync_all()?;
+        }
+        Ok(())
     }
 
     fn drain_queues(&self) -> Result<()> {
@@ -162,6 +167,13 @@ impl Inner {
                 && !self.cfg.redo_paused
             {
                 let _ = self.sync_to(staged);
+            }
+            // Journal mode: log space unlinked a poll ago and not released by a barrier since.
+            if self.journal.is_some()
+                && now.saturating_sub(last_batch) >= poll_ns
+                && !self.domains[0].lock().pending_free.is_empty()
+            {
+                let _ = self.sync_all();
             }
             // On msync-backed pools a batch costs a few device flushes whatever its size: take
             // one only when it is full, a poll after the last, or when someone waits (log
@@ -723,7 +735,9 @@ impl Inner {
             } else {
                 (d.queue[n].idx + 1, d.tail)
             };
-            store_domain_persist(&self.meta, &self.geo, d.id, domain_word(head, tail))?;
+            if self.journal.is_none() {
+                store_domain_persist(&self.meta, &self.geo, d.id, domain_word(head, tail))?;
+            }
             d.head = head;
             d.tail = tail;
             for c in d.queue.drain(..n) {
@@ -731,6 +745,16 @@ impl Inner {
                 pages.extend_from_slice(&c.pages);
             }
             self.me().applied.fetch_add(n as u64, Ordering::Relaxed);
+            if self.journal.is_some() {
+                // Journal mode: the last journaled word still reaches these; the unlink (and
+                // the reuse of their log space) waits for the next barrier's record.
+                let tag = d.barriers;
+                d.pending_free.push((tag, idxs, pages));
+                drop(d);
+                let _g = self.domains[0].lock();
+                self.applied_cv.notify_all();
+                return Ok(());
+            }
             // Drain waiters are woken once the pages are back, below.
             self.freeing.fetch_add(1, Ordering::SeqCst);
         }

@@ -82,6 +82,11 @@ pub(crate) struct CommitDomain {
     pub(crate) staged_tail: u32,
     /// The ticket of the last staged transaction.
     pub(crate) staged_ticket: u64,
+    /// Journal mode: log objects and pages the redo worker unlinked, not yet reusable (a
+    /// journaled word may still reach them), each tagged with `barriers` at the unlink.
+    pub(crate) pending_free: Vec<(u64, Vec<u32>, Vec<u32>)>,
+    /// Journal mode: barrier snapshots taken so far.
+    pub(crate) barriers: u64,
 }
 
 impl Inner {
@@ -529,6 +534,9 @@ impl Inner {
         if self.durable_seq.load(Ordering::SeqCst) >= ticket {
             return Ok(());
         }
+        if let Some(j) = &self.journal {
+            return self.barrier_journal(j);
+        }
         let (n, last, last_ticket) = {
             let d = self.domains[0].lock();
             match d.staged.last() {
@@ -572,8 +580,108 @@ impl Inner {
         Ok(())
     }
 
-    /// [`Inner::sync_to`] of everything staged so far.
+    /// [`Inner::sync_to`] of everything staged so far; in journal mode also a barrier that
+    /// only carries the word when unlinked log space waits for one (see `pop`).
     pub(crate) fn sync_all(&self) -> Result<()> {
-        self.sync_to(self.staged_ticket())
+        self.sync_to(self.staged_ticket())?;
+        if let Some(j) = &self.journal {
+            if !self.domains[0].lock().pending_free.is_empty() {
+                let _one = self.sync_lock.lock();
+                return self.barrier_journal(j);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Inner::sync_to`] in journal mode (caller holds `sync_lock`): one journal record with
+    /// every staged transaction's used log bytes and log object and the new committed-list
+    /// word, appended and fdatasynced; then the word is stored into the meta pool's mapping
+    /// (not persisted: the journal holds it), the batch goes to the redo worker, and the log
+    /// space the redo worker unlinked before this barrier's snapshot becomes reusable. A
+    /// checkpoint (the pools fdatasynced, the journal started over) comes first when the
+    /// record does not fit. Errors: the journal's or a checkpoint's I/O; the batch then stays
+    /// staged.
+    fn barrier_journal(&self, j: &Mutex<crate::journal::Journal>) -> Result<()> {
+        use crate::journal::{Journal, Target};
+        let ps = self.geo.page_size as u64;
+        let (n, last_ticket, head, tail, tag, items, domain) = {
+            let mut d = self.domains[0].lock();
+            d.barriers += 1;
+            let (head, tail) = match (d.staged.first(), d.staged.last()) {
+                (Some(f), Some(l)) => (if d.head == 0 { f.idx + 1 } else { d.head }, l.idx + 1),
+                _ => (d.head, d.tail),
+            };
+            let items: Vec<(u32, Vec<u32>)> =
+                d.staged.iter().map(|c| (c.idx, c.pages.clone())).collect();
+            (
+                d.staged.len(),
+                d.staged_ticket,
+                head,
+                tail,
+                d.barriers,
+                items,
+                d.id,
+            )
+        };
+        let word = domain_word_bytes(domain, domain_word(head, tail));
+        let mut ranges: Vec<(Target, u64, &[u8])> = Vec::with_capacity(items.len() * 2 + 1);
+        for (idx, pages) in &items {
+            for &p in pages {
+                let at = p as u64 * ps;
+                // A page's used bytes, header included (the last page's header was written at
+                // commit); cannot exceed the page: `nv_write` fills pages up to their size.
+                let used = (u32_at(pool_slice(&self.log, at, LOG_HDR), 0) as u64).min(ps);
+                ranges.push((Target::Log, at, pool_slice(&self.log, at, used as usize)));
+            }
+            let ooff = self.geo.logobj_off(*idx);
+            ranges.push((
+                Target::Meta,
+                ooff,
+                pool_slice(&self.meta, ooff, LOGOBJ_SIZE as usize),
+            ));
+        }
+        ranges.push((Target::Meta, self.geo.domain_off(domain), &word));
+        {
+            let mut jg = j.lock();
+            let len = Journal::record_len(ranges.iter().map(|r| r.2.len()));
+            if !jg.fits(len) {
+                // Checkpoint: the pools as mapped now hold everything journaled so far.
+                self.log.persist(0, self.log.data_len())?;
+                self.meta.persist(0, self.meta.data_len())?;
+                jg.restart()?;
+            }
+            jg.append(&ranges)?;
+        }
+        let (released, queued) = {
+            let mut d = self.domains[0].lock();
+            store_domain(&self.meta, &self.geo, domain, domain_word(head, tail));
+            if n > 0 {
+                if d.head == 0 {
+                    d.head = head;
+                }
+                d.tail = tail;
+                let batch: Vec<Committed> = d.staged.drain(..n).collect();
+                d.queue.extend(batch);
+                if d.staged.is_empty() {
+                    d.staged_tail = 0;
+                }
+            }
+            let (free, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut d.pending_free)
+                .into_iter()
+                .partition(|e| e.0 < tag);
+            d.pending_free = keep;
+            (free, d.queue.len())
+        };
+        self.durable_seq.fetch_max(last_ticket, Ordering::SeqCst);
+        for (_, idxs, pages) in released {
+            self.shm.free(shm::Res::Obj, self.slot as u8 + 1, &idxs);
+            self.free_log_pages(&pages);
+        }
+        if queued >= self.redo_batch() {
+            if let Some(t) = self.redo_thread.get() {
+                t.unpark();
+            }
+        }
+        Ok(())
     }
 }

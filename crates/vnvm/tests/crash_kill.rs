@@ -8,7 +8,8 @@
 //! uses, by `k % 8`:
 //!
 //! * 0, 4: a private region, killed with SIGKILL at a random time; at 4 the victim commits in
-//!   staged groups of 4 (`nv_commit_staged` ×4, then one `nv_sync`: group commit), and
+//!   staged groups of 4 (`nv_commit_staged` ×4, then one `nv_sync`: group commit) on a disk
+//!   file system (/var/tmp: msync-backed pools, so the commit journal and its replay), and
 //!   recovery must find each thread at a transaction boundary between its acknowledged ones
 //!   and the last one of the group in flight;
 //! * 2: a private region, killed inside a commit: after a random delay, the victim SIGKILLs
@@ -404,7 +405,15 @@ struct Stats {
 }
 
 fn one_crash(seed: u64, threads: usize, mode: Mode, kill: Kill, group: u64, st: &mut Stats) {
-    let d = tmp();
+    // Staged groups run on a disk file system: msync-backed pools, the commit journal.
+    let d = if group > 1 {
+        tempfile::Builder::new()
+            .prefix("tiermem-vnvm-test")
+            .tempdir_in("/var/tmp")
+            .unwrap()
+    } else {
+        tmp()
+    };
     let dir = d.path();
     let init = init_content(seed);
     std::fs::write(dir.join("data"), &init).unwrap();
