@@ -60,7 +60,7 @@ pub struct ServeArgs {
     /// Heap size (e.g. 1gb) — the most data the server can hold.
     #[arg(long, value_name = "SIZE")]
     heap_size: Option<String>,
-    /// Event-loop threads (default: the CPU count).
+    /// Event-loop threads (default: the CPU count minus one, at least one).
     #[arg(long, value_name = "N")]
     threads: Option<String>,
     /// The default user's password: clients must AUTH first (default: none).

@@ -163,10 +163,10 @@ pub const REDO_BATCH: usize = 64;
 /// [`REDO_BATCH`] on msync-backed pools (a disk file system): a batch there costs a few device
 /// cache flushes (fdatasync of the cache and meta pools, the list word's msync), so the worker
 /// takes many more transactions per batch, and polls every [`REDO_POLL_MSYNC`].
-pub const REDO_BATCH_MSYNC: usize = 1024;
+pub const REDO_BATCH_MSYNC: usize = 4096;
 
 /// [`REDO_POLL`] on msync-backed pools.
-pub const REDO_POLL_MSYNC: Duration = Duration::from_millis(10);
+pub const REDO_POLL_MSYNC: Duration = Duration::from_millis(50);
 
 /// How often the redo worker looks for committed work while commits keep coming.
 pub const REDO_POLL: Duration = Duration::from_millis(1);

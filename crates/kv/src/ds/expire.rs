@@ -48,8 +48,9 @@ impl Kind for XKind {
 }
 
 thread_local! {
-    /// This thread's command time (ms since the epoch; 0: read the clock).
-    static NOW: Cell<u64> = const { Cell::new(0) };
+    /// This thread's command time (ms since the epoch; 0: not read yet in this command;
+    /// `NEVER`: the thread runs no commands).
+    static NOW: Cell<u64> = const { Cell::new(NEVER) };
 }
 
 /// The wall clock, ms since the Unix epoch.
@@ -59,18 +60,29 @@ pub fn wall_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Take this thread's command time from the clock (once per command).
+/// Start a command: its time is read from the clock at its first [`now_ms`] (and kept for the
+/// rest of the command), so a command that needs no time reads no clock (a clock read was 5 %
+/// of a pipelined GET's server CPU).
 pub fn tick() {
-    NOW.with(|n| n.set(wall_ms()));
+    NOW.with(|n| n.set(0));
 }
 
-/// This thread's command time ([`tick`]'s reading; the clock if it never ticked).
+/// This thread's command time: the clock's reading at the first call since [`tick`].
+/// A thread that never ticked reads the clock at every call.
 pub fn now_ms() -> u64 {
-    match NOW.with(|n| n.get()) {
-        0 => wall_ms(),
+    NOW.with(|n| match n.get() {
+        NEVER => wall_ms(),
+        0 => {
+            let t = wall_ms().max(1);
+            n.set(t);
+            t
+        }
         t => t,
-    }
+    })
 }
+
+/// [`NOW`] of a thread that never called [`tick`].
+const NEVER: u64 = u64::MAX;
 
 /// The expires dict's header, if any deadline was ever set.
 fn dict_of<M: Mem>(m: &M, st: &Store) -> Option<Off> {
