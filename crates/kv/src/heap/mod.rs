@@ -338,9 +338,30 @@ impl Tx<'_> {
             return std::borrow::Cow::Borrowed(&view[o..o + len]);
         }
         let (first, last) = (o / LINE, (o + len - 1) / LINE);
+        if first == last {
+            // Within one line (most reads: entry headers, words): borrowed from the shadow
+            // line when the transaction wrote it, else from the view; no copy either way.
+            return match self.shadow.get(&(first as u64)) {
+                Some(l) => {
+                    let a = o - first * LINE;
+                    std::borrow::Cow::Borrowed(&l[a..a + len])
+                }
+                None => std::borrow::Cow::Borrowed(&view[o..o + len]),
+            };
+        }
         if (first..=last).any(|l| self.shadow.contains_key(&(l as u64))) {
-            let mut v = vec![0u8; len];
-            self.read(off, &mut v);
+            // Assembled line by line, without zero-filling first.
+            let mut v = Vec::with_capacity(len);
+            let mut pos = o;
+            while pos < o + len {
+                let line = pos / LINE;
+                let end = ((line + 1) * LINE).min(o + len);
+                match self.shadow.get(&(line as u64)) {
+                    Some(l) => v.extend_from_slice(&l[pos - line * LINE..end - line * LINE]),
+                    None => v.extend_from_slice(&view[pos..end]),
+                }
+                pos = end;
+            }
             std::borrow::Cow::Owned(v)
         } else {
             std::borrow::Cow::Borrowed(&view[o..o + len])
