@@ -1116,8 +1116,8 @@ fn plot(r: &Report, path: &Path) -> Result<()> {
     crate::plot::bars(
         path,
         &format!(
-            "tiermem bench kv: throughput (median of {}, {})",
-            r.parameters.repetitions, r.storage.filesystem
+            "tiermem bench kv: throughput (median of {}+, {}; disk-*: {})",
+            r.parameters.repetitions, r.storage.filesystem, r.storage.disk_filesystem
         ),
         "operations/s (log scale)",
         &WORKLOADS,
