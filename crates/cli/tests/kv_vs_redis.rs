@@ -849,6 +849,53 @@ fn sorted_set_algebra_matches_redis_server_7_0() {
         }
         p.same(0, &format!("ZRANGE lz {lo} {hi} BYLEX REV LIMIT 0 2"));
     }
+    // ZRANGESTORE: ZRANGE's selections (rank, BYSCORE, BYLEX, REV, LIMIT) stored, over
+    // missing and wrong-typed sources and destinations, and its errors.
+    p.same(0, "SET str2 y");
+    let ranks = ["0", "-1", "1", "-2", "5", "x"];
+    let scores = ["-inf", "+inf", "1", "(1", "2.5", "(0", "7", "x"];
+    for i in 0..60 {
+        let src = pick(&mut rnd, &["z1", "z2", "z3", "lz", "nokey", "str"]);
+        let dst = pick(&mut rnd, &["dst", "dst", "z3", "str2"]);
+        let mut line = format!("ZRANGESTORE {dst} {src}");
+        match i % 4 {
+            0 => line += &format!(" {} {}", pick(&mut rnd, &ranks), pick(&mut rnd, &ranks)),
+            1 => {
+                let (lo, hi) = (pick(&mut rnd, &scores), pick(&mut rnd, &scores));
+                line += &format!(" {lo} {hi} BYSCORE");
+            }
+            2 => {
+                line += &format!(
+                    " {} {} BYLEX",
+                    pick(&mut rnd, &bounds),
+                    pick(&mut rnd, &bounds)
+                )
+            }
+            _ => {
+                line += &format!(" 0 -1");
+                line += pick(
+                    &mut rnd,
+                    &[" WITHSCORES", " LIMIT 0 1", " BYSCORE LIMIT x 1", ""],
+                );
+            }
+        }
+        if rnd(3) == 0 {
+            line += " REV";
+        }
+        if i % 4 != 0 && rnd(3) == 0 {
+            line += &format!(" LIMIT {} {}", rnd(3), rnd(4) as i64 - 1);
+        }
+        p.same(0, &line);
+        p.same(0, &format!("ZRANGE {dst} 0 -1 WITHSCORES"));
+        p.same(0, &format!("TYPE {dst}"));
+    }
+    for line in [
+        "ZRANGESTORE dst z1",
+        "ZRANGESTORE dst z1 0",
+        "ZRANGESTORE dst",
+    ] {
+        p.same(0, line);
+    }
     for line in [
         "ZRANGEBYLEX lz - + WITHSCORES",
         "ZRANGE lz - + BYLEX WITHSCORES",

@@ -1565,13 +1565,13 @@ fn in_lex(mem: &[u8], min: &Lex, max: &Lex) -> bool {
 /// The members of zset `z` in the lexicographic range, in order (`rev`: descending). Lex
 /// ranges mean something only when all scores are equal (Redis' rule); here the elements are
 /// walked in rank order and filtered: O(n).
-fn lex_members<M: Mem>(m: &M, z: u64, min: &Lex, max: &Lex, rev: bool) -> Vec<Vec<u8>> {
+fn lex_members<M: Mem>(m: &M, z: u64, min: &Lex, max: &Lex, rev: bool) -> Vec<(Vec<u8>, f64)> {
     let n = zset::len(m, z);
     let mut v = Vec::new();
     if n > 0 {
-        zset::range_by_rank(m, z, 0, n - 1, rev, |mem, _| {
+        zset::range_by_rank(m, z, 0, n - 1, rev, |mem, s| {
             if in_lex(mem, min, max) {
-                v.push(mem.to_vec());
+                v.push((mem.to_vec(), s));
             }
         });
     }
@@ -1597,33 +1597,35 @@ fn zrank<M: Mem>(m: &M, z: u64, member: &[u8], rev: bool) -> Option<u64> {
     found
 }
 
-/// ZRANGE's key: the sorted set, or `None` after its reply (an empty array for a missing key,
-/// WRONGTYPE), counted as a hit or a miss.
-fn zset_or_reply<M: Mem>(
-    cx: &mut Counters,
-    st: &Store,
-    m: &M,
-    key: &[u8],
-    out: &mut Vec<u8>,
-) -> Option<Entry> {
-    match look(m, st, key, T_ZSET) {
-        Look::Missing => {
-            cx.misses += 1;
-            array(out, 0);
-            None
-        }
-        Look::Wrong => {
-            wrongtype(out);
-            None
-        }
-        Look::Found(e) => {
-            cx.hits += 1;
-            Some(e)
+/// Members with their scores, in order.
+type Scored = Vec<(Vec<u8>, f64)>;
+
+fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out: &mut Vec<u8>) {
+    let Some((sel, withscores)) = zrange_select(cx, st, m, id, a, false, out) else {
+        return;
+    };
+    array(out, if withscores { 2 * sel.len() } else { sel.len() });
+    for (mem, s) in &sel {
+        bulk(out, mem);
+        if withscores {
+            reply::double(out, *s);
         }
     }
 }
 
-fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out: &mut Vec<u8>) {
+/// What ZRANGE (and ZREVRANGE, Z(REV)RANGEBYSCORE, Z(REV)RANGEBYLEX; `a` as theirs: the key at
+/// 1, the range at 2 and 3, options after) selects: the members with their scores in reply
+/// order, and whether WITHSCORES was given. `None` after replying an error. `store`
+/// (ZRANGESTORE): WITHSCORES is a syntax error, as in Redis.
+fn zrange_select<M: Mem>(
+    cx: &mut Counters,
+    st: &Store,
+    m: &M,
+    id: Id,
+    a: &[&[u8]],
+    store: bool,
+    out: &mut Vec<u8>,
+) -> Option<(Scored, bool)> {
     let (mut withscores, mut rev, mut byscore, mut bylex) = (false, false, false, false);
     let mut limit: Option<(i64, i64)> = None;
     rev |= matches!(
@@ -1634,11 +1636,12 @@ fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out
     bylex |= matches!(id, Id::Zrangebylex | Id::Zrevrangebylex);
     let mut i = 4;
     while i < a.len() {
-        if is(a[i], "WITHSCORES") {
+        if is(a[i], "WITHSCORES") && !store {
             withscores = true;
         } else if is(a[i], "LIMIT") && !matches!(id, Id::Zrevrange) && i + 2 < a.len() {
             let (Some(o), Some(c)) = (parse_i64(a[i + 1]), parse_i64(a[i + 2])) else {
-                return not_int(out);
+                not_int(out);
+                return None;
             };
             limit = Some((o, c));
             i += 2;
@@ -1649,68 +1652,82 @@ fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out
         } else if id == Id::Zrange && is(a[i], "BYLEX") {
             bylex = true;
         } else {
-            return syntax(out);
+            syntax(out);
+            return None;
         }
         i += 1;
     }
-    if limit.is_some() && !byscore && !bylex {
-        return reply::error(
+    // As Redis: a LIMIT that selects everything (0 -1) is no LIMIT.
+    if limit.is_some_and(|l| l != (0, -1)) && !byscore && !bylex {
+        reply::error(
             out,
             "ERR syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX",
         );
+        return None;
     }
     if withscores && bylex {
-        return reply::error(
+        reply::error(
             out,
             "ERR syntax error, WITHSCORES not supported in combination with BYLEX",
         );
+        return None;
     }
+    let mut sel: Scored = Vec::new();
+    // The source: a missing key selects nothing (ZRANGE replies an empty array, ZRANGESTORE
+    // stores nothing); another type is WRONGTYPE. Checked after the arguments, as Redis does.
+    let source = |cx: &mut Counters, out: &mut Vec<u8>| match look(m, st, a[1], T_ZSET) {
+        Look::Missing => {
+            cx.misses += 1;
+            Ok(None)
+        }
+        Look::Wrong => {
+            wrongtype(out);
+            Err(())
+        }
+        Look::Found(e) => {
+            cx.hits += 1;
+            Ok(Some(e))
+        }
+    };
     if bylex {
         let (lo, hi) = if rev { (a[3], a[2]) } else { (a[2], a[3]) };
         let (Some(min), Some(max)) = (parse_lex(lo), parse_lex(hi)) else {
-            return reply::error(out, "ERR min or max not valid string range item");
+            reply::error(out, "ERR min or max not valid string range item");
+            return None;
         };
-        let Some(e) = zset_or_reply(cx, st, m, a[1], out) else {
-            return;
+        let Some(e) = source(cx, out).ok()? else {
+            return Some((sel, withscores));
         };
         let (offset, count) = limit.unwrap_or((0, -1));
         if offset < 0 {
-            return array(out, 0);
+            return Some((sel, withscores));
         }
-        let all = lex_members(m, e.obj(), &min, &max, rev);
         let take = if count < 0 {
             usize::MAX
         } else {
             count as usize
         };
-        let sel: Vec<&Vec<u8>> = all.iter().skip(offset as usize).take(take).collect();
-        array(out, sel.len());
-        for mem in sel {
-            bulk(out, mem);
-        }
-        return;
+        sel = lex_members(m, e.obj(), &min, &max, rev)
+            .into_iter()
+            .skip(offset as usize)
+            .take(take)
+            .collect();
+        return Some((sel, withscores));
     }
-    let emit = |out: &mut Vec<u8>, mem: &[u8], s: f64| {
-        bulk(out, mem);
-        if withscores {
-            reply::double(out, s);
-        }
-    };
     if byscore {
         // ZRANGEBYSCORE min max / ZREVRANGEBYSCORE max min / ZRANGE BYSCORE (REV: max min).
         let (lo, hi) = if rev { (a[3], a[2]) } else { (a[2], a[3]) };
         let (Some(min), Some(max)) = (parse_bound(lo), parse_bound(hi)) else {
-            return reply::error(out, "ERR min or max is not a float");
+            reply::error(out, "ERR min or max is not a float");
+            return None;
         };
         let (offset, count) = limit.unwrap_or((0, -1));
-        let Some(e) = zset_or_reply(cx, st, m, a[1], out) else {
-            return;
+        let Some(e) = source(cx, out).ok()? else {
+            return Some((sel, withscores));
         };
         if offset < 0 {
-            return array(out, 0);
+            return Some((sel, withscores));
         }
-        let mut tmp = Vec::new();
-        let mut n = 0;
         let r = ScoreRange {
             min,
             max,
@@ -1718,28 +1735,22 @@ fn zrange<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], out
             offset: offset as u64,
             limit: count,
         };
-        zset::range_by_score(m, e.obj(), r, |mem, s| {
-            emit(&mut tmp, mem, s);
-            n += 1;
-        });
-        array(out, if withscores { 2 * n } else { n });
-        out.extend_from_slice(&tmp);
-        return;
+        zset::range_by_score(m, e.obj(), r, |mem, s| sel.push((mem.to_vec(), s)));
+        return Some((sel, withscores));
     }
     let (Some(s), Some(t)) = (parse_i64(a[2]), parse_i64(a[3])) else {
-        return not_int(out);
+        not_int(out);
+        return None;
     };
-    let Some(e) = zset_or_reply(cx, st, m, a[1], out) else {
-        return;
+    let Some(e) = source(cx, out).ok()? else {
+        return Some((sel, withscores));
     };
-    match resolve(s, t, zset::len(m, e.obj())) {
-        None => array(out, 0),
-        Some((s, t)) => {
-            let n = (t - s + 1) as usize;
-            array(out, if withscores { 2 * n } else { n });
-            zset::range_by_rank(m, e.obj(), s, t, rev, |mem, sc| emit(out, mem, sc));
-        }
+    if let Some((s, t)) = resolve(s, t, zset::len(m, e.obj())) {
+        zset::range_by_rank(m, e.obj(), s, t, rev, |mem, sc| {
+            sel.push((mem.to_vec(), sc))
+        });
     }
+    Some((sel, withscores))
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1761,6 +1772,23 @@ fn probe_typed(
         }
         _ => Ok((p, e)),
     }
+}
+
+/// The STORE of a sorted-set command: `key` becomes the sorted set of `members` whatever it
+/// held, and is deleted when `members` is empty (Redis keeps no empty sets).
+fn store_zset(w: &mut Wtx, st: &Store, key: &[u8], members: &[(Vec<u8>, f64)]) -> HResult {
+    if let Some(e) = ks::lookup(w, st, key) {
+        ks::delete(w, st, &e)?;
+    }
+    if !members.is_empty() {
+        let z = zset::create(w)?;
+        for (mem, sc) in members {
+            zset::add(w, st, z, *sc, mem, AddFlags::default())?;
+        }
+        let (p, _) = ks::probe(w, st, key);
+        ks::insert_object(w, st, &p, key, T_ZSET, 0, z)?;
+    }
+    Ok(())
 }
 
 /// Store a (possibly moved or re-encoded) value object in its entry, if it changed.
@@ -2141,19 +2169,20 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             let Ok((res, _, _)) = zsetop(st, &*w, name, a, 2, op, true, false, out) else {
                 return Ok(());
             };
-            // The destination is replaced whatever it held, and deleted for an empty result.
-            if let Some(e) = ks::lookup(w, st, a[1]) {
-                ks::delete(w, st, &e)?;
-            }
-            if !res.is_empty() {
-                let z = zset::create(w)?;
-                for (mem, sc) in &res {
-                    zset::add(w, st, z, *sc, mem, AddFlags::default())?;
-                }
-                let (p, _) = ks::probe(w, st, a[1]);
-                ks::insert_object(w, st, &p, a[1], T_ZSET, 0, z)?;
-            }
+            store_zset(w, st, a[1], &res)?;
             int(out, res.len() as i64);
+            Ok(())
+        }
+        Id::Zrangestore => {
+            // ZRANGESTORE dst src min max [BYSCORE|BYLEX] [REV] [LIMIT offset count]: ZRANGE's
+            // selection of src (its arguments shifted by one), stored as dst.
+            let mut cx = Counters::default();
+            let Some((sel, _)) = zrange_select(&mut cx, st, &*w, Id::Zrange, &a[1..], true, out)
+            else {
+                return Ok(());
+            };
+            store_zset(w, st, a[1], &sel)?;
+            int(out, sel.len() as i64);
             Ok(())
         }
         Id::Lpop | Id::Rpop => {
@@ -3038,7 +3067,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
                 return Ok(());
             };
             let gone = lex_members(w, e.obj(), &min, &max, false);
-            for mem in &gone {
+            for (mem, _) in &gone {
                 zset::remove(w, st, e.obj(), mem)?;
             }
             if zset::len(w, e.obj()) == 0 {

@@ -233,6 +233,7 @@ commands! {
     Zunionstore "zunionstore" -4 Write (1, 1, 1);
     Zinterstore "zinterstore" -4 Write (1, 1, 1);
     Zdiffstore "zdiffstore" -4 Write (1, 1, 1);
+    Zrangestore "zrangestore" -5 Write (1, 2, 1);
     Bzpopmax "bzpopmax" -3 Write (1, -2, 1);
 }
 
