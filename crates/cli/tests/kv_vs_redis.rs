@@ -872,7 +872,7 @@ fn sorted_set_algebra_matches_redis_server_7_0() {
                 )
             }
             _ => {
-                line += &format!(" 0 -1");
+                line += " 0 -1";
                 line += pick(
                     &mut rnd,
                     &[" WITHSCORES", " LIMIT 0 1", " BYSCORE LIMIT x 1", ""],
