@@ -939,6 +939,40 @@ fn sorted_set_algebra_matches_redis_server_7_0() {
     ] {
         p.same(0, line);
     }
+    // OBJECT: encodings (integers included), refcounts (shared integers), FREQ, HELP, errors.
+    for line in [
+        "SET n 5",
+        "SET n2 10000",
+        "SET n3 -1",
+        "SET n4 05",
+        "SET n5 9223372036854775807",
+        "SET n6 9223372036854775808",
+        "SET s abc",
+        "RPUSH l a",
+        "OBJECT ENCODING n",
+        "OBJECT ENCODING n3",
+        "OBJECT ENCODING n4",
+        "OBJECT ENCODING n5",
+        "OBJECT ENCODING n6",
+        "OBJECT ENCODING s",
+        "OBJECT ENCODING nokey",
+        "OBJECT REFCOUNT n",
+        "OBJECT REFCOUNT n2",
+        "OBJECT REFCOUNT n3",
+        "OBJECT REFCOUNT s",
+        "OBJECT REFCOUNT l",
+        "OBJECT REFCOUNT nokey",
+        "OBJECT FREQ l",
+        "OBJECT FREQ nokey",
+        "OBJECT HELP",
+        "OBJECT help x",
+        "OBJECT FREQ",
+        "OBJECT refcount k extra",
+        "OBJECT foo k",
+        "OBJECT",
+    ] {
+        p.same(0, line);
+    }
     eprintln!("{} commands, the same replies from both servers", p.steps);
     drop(ours);
     let _ = std::fs::remove_dir_all(&dir);

@@ -103,7 +103,7 @@ fn replies_on(svc: &KvService, s: &mut Session) {
         ("TYPE nope", "+none\r\n"),
         ("TTL a", ":-1\r\n"),
         ("TTL nope", ":-2\r\n"),
-        ("OBJECT ENCODING a", "$6\r\nembstr\r\n"),
+        ("OBJECT ENCODING a", "$3\r\nint\r\n"),
         ("DEL a b nope", ":2\r\n"),
         // Lists.
         ("RPUSH l a b c", ":3\r\n"),

@@ -207,6 +207,97 @@ fn hash_obj(e: &Entry) -> HashObj {
     }
 }
 
+/// OBJECT ENCODING|FREQ|IDLETIME|REFCOUNT|HELP, with Redis 7.0's replies and errors.
+fn object<M: Mem>(st: &Store, m: &M, a: &[&[u8]], out: &mut Vec<u8>) {
+    const HELP: [&str; 15] = [
+        "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+        "ENCODING <key>",
+        "    Return the kind of internal representation used in order to store the value",
+        "    associated with a <key>.",
+        "FREQ <key>",
+        "    Return the access frequency index of the <key>. The returned integer is",
+        "    proportional to the logarithm of the recent access frequency of the key.",
+        "IDLETIME <key>",
+        "    Return the idle time of the <key>, that is the approximated number of",
+        "    seconds elapsed since the last access to the key.",
+        "REFCOUNT <key>",
+        "    Return the number of references of the value associated with the specified",
+        "    <key>.",
+        "HELP",
+        "    Prints this help.",
+    ];
+    let sub = a[1].to_ascii_lowercase();
+    let want = match sub.as_slice() {
+        b"help" => 2,
+        b"encoding" | b"freq" | b"idletime" | b"refcount" => 3,
+        _ => {
+            return reply::error(
+                out,
+                &format!(
+                    "ERR unknown subcommand '{}'. Try OBJECT HELP.",
+                    String::from_utf8_lossy(a[1])
+                ),
+            )
+        }
+    };
+    if a.len() != want {
+        return reply::error(
+            out,
+            &format!(
+                "ERR wrong number of arguments for 'object|{}' command",
+                String::from_utf8_lossy(&sub)
+            ),
+        );
+    }
+    if want == 2 {
+        array(out, HELP.len());
+        for l in HELP {
+            crate::resp::simple_string(out, l.as_bytes());
+        }
+        return;
+    }
+    let Some(e) = ks::lookup(m, st, a[2]) else {
+        return null(out);
+    };
+    match sub.as_slice() {
+        b"encoding" => {
+            // A string that is a canonical 64-bit integer is "int" to Redis (stored as one).
+            if e.ty() == T_STRING && parse_canonical_i64(&ks::string_value(m, &e)).is_some() {
+                return bulk(out, b"int");
+            }
+            bulk(out, encoding_name(&e).as_bytes())
+        }
+        // What Redis replies under its default maxmemory-policy (the only one here).
+        b"freq" => reply::error(
+            out,
+            "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please \
+             note that when switching between policies at runtime LRU and LFU data will take \
+             some time to adjust.",
+        ),
+        b"idletime" => reply::error(
+            out,
+            "ERR OBJECT IDLETIME is not supported: tiermem-kv does not track access times",
+        ),
+        _ => {
+            // Redis shares the objects of the integers 0..9999: their refcount is INT_MAX.
+            let shared = e.ty() == T_STRING
+                && parse_canonical_i64(&ks::string_value(m, &e))
+                    .is_some_and(|v| (0..10_000).contains(&v));
+            int(out, if shared { i32::MAX as i64 } else { 1 })
+        }
+    }
+}
+
+/// `b` as Redis's string2ll accepts it for an integer encoding: a canonical decimal i64 (no
+/// sign on 0, no leading zeros or blanks, at most 20 characters).
+fn parse_canonical_i64(b: &[u8]) -> Option<i64> {
+    if b.is_empty() || b.len() > 20 {
+        return None;
+    }
+    let v: i64 = std::str::from_utf8(b).ok()?.parse().ok()?;
+    (v.to_string().as_bytes() == b).then_some(v)
+}
+
 fn encoding_name(e: &Entry) -> &'static str {
     match (e.ty(), e.enc()) {
         (T_STRING, ENC_INLINE) => "embstr",
@@ -1109,22 +1200,7 @@ pub fn read<M: Mem>(cx: &mut Counters, st: &Store, m: &M, id: Id, a: &[&[u8]], o
             };
             int(out, v);
         }
-        Id::Object => {
-            if is(a[1], "ENCODING") && a.len() == 3 {
-                match ks::lookup(m, st, a[2]) {
-                    Some(e) => bulk(out, encoding_name(&e).as_bytes()),
-                    None => null(out),
-                }
-            } else {
-                reply::error(
-                    out,
-                    &format!(
-                        "ERR unknown subcommand or wrong number of arguments for '{}'. Try OBJECT HELP.",
-                        String::from_utf8_lossy(a[1])
-                    ),
-                );
-            }
-        }
+        Id::Object => object(st, m, a, out),
         Id::Keys => {
             let mut tmp = Vec::new();
             let mut n = 0;
