@@ -324,15 +324,9 @@ mod tests {
                 dir: d.path().join("inst"),
                 log_size: 16 * 4096,
                 cache_size: 16 * 4096,
-                page_size: 4096,
-                writeback_start_pct: 30,
-                writeback_stop_pct: 10,
                 max_tx_age: Duration::from_secs(600),
-                max_files: 16,
-                domain: None,
-                group_shared: false,
                 redo_paused: paused,
-                writeback_fault: None,
+                ..VnvmConfig::default()
             };
             let file = d.path().join("data");
             let vn = nv_init(&cfg).unwrap();

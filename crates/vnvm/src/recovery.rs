@@ -248,13 +248,8 @@ pub(crate) fn cache_page_sum(cache: &Pool, geo: &Geometry, page: u32, mask: u64)
 /// line, persisted with one fence (see the layout docs on two-copy words).
 #[track_caller]
 pub(crate) fn store_domain_persist(meta: &Pool, geo: &Geometry, d: u32, word: u64) -> Result<()> {
-    let off = geo.domain_off(d);
-    let c = domain_crc(d, word) as u64;
-    store_word(meta, off, word);
-    store_word(meta, off + 8, c);
-    store_word(meta, off + 16, word);
-    store_word(meta, off + 24, c);
-    meta.persist(off, 32)?;
+    store_domain(meta, geo, d, word);
+    meta.persist(geo.domain_off(d), 32)?;
     Ok(())
 }
 
