@@ -55,7 +55,7 @@ fn vnvm_errno(e: &VnvmError) -> i32 {
         VnvmError::LogFull { .. } | VnvmError::NoLogObject { .. } => libc::ENOSPC,
         VnvmError::CacheFull(_) => libc::ENOBUFS,
         VnvmError::Damaged { .. } => libc::EBADMSG,
-        VnvmError::Busy(_) | VnvmError::RegionBusy(_) => libc::EBUSY,
+        VnvmError::Busy(_) | VnvmError::RegionBusy(_) | VnvmError::SingleProcess(_) => libc::EBUSY,
         VnvmError::RegionFreed(_) => libc::EBADF,
         VnvmError::CrossRegion { .. } => libc::EXDEV,
         VnvmError::Allocate { reason, .. } => {

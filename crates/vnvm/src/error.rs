@@ -103,6 +103,15 @@ pub enum VnvmError {
     #[error("vnvm instance {} is in use by live processes (or all user slots are taken)", .0.display())]
     Busy(PathBuf),
 
+    /// The instance lives on a disk file system (its pools are msync-backed, and its commit
+    /// journal orders one process's writes) and another process uses it.
+    #[error(
+        "vnvm instance {} is on a disk file system and in use by another process: such an \
+         instance (its commit journal) takes one process at a time",
+        .0.display()
+    )]
+    SingleProcess(PathBuf),
+
     /// One transaction wrote into a shared region and into another region: the writes of a
     /// transaction that touches a shared region must all lie in that one region (thesis
     /// §2.4.4: each shared region has its own committed list).

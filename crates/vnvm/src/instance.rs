@@ -171,7 +171,7 @@ pub(crate) fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
         let pools = open_pools(dir, cfg.domain.as_ref())?;
         if pools.log.persist_method().is_msync() {
             // The live user's commit journal orders its pools' writes on its own.
-            return Err(VnvmError::Busy(dir.to_path_buf()));
+            return Err(VnvmError::SingleProcess(dir.to_path_buf()));
         }
         (pools, shm)
     } else {

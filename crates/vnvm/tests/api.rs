@@ -417,6 +417,12 @@ fn staged_commits_are_visible_at_once_and_durable_at_sync() {
             [0; 100],
             "{base}: the unsynced commit survived"
         );
+        if base == "/var/tmp" {
+            // A disk-backed instance takes one user at a time (its commit journal).
+            let e = nv_init(&cfg).unwrap_err();
+            assert!(matches!(e, VnvmError::SingleProcess(_)), "{e}");
+            assert!(e.to_string().contains("one process at a time"), "{e}");
+        }
         // A staged commit reaches the redo worker and the file at release.
         let t = vn.nv_txbegin();
         // SAFETY: within the region.
