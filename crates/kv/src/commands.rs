@@ -39,6 +39,7 @@ mod data;
 pub mod ldfloat;
 pub mod multi;
 pub mod pubsub;
+mod registry;
 pub mod reply;
 pub mod table;
 

@@ -101,9 +101,14 @@ impl Journal {
     /// earlier record of the file has: preallocated, zero-filled, durable on return.
     pub(crate) fn create(dir: &Path) -> Result<Journal> {
         let path = dir.join(JOURNAL);
-        let old_epoch = std::fs::read(&path)
+        // The old header only (the file is 64 MiB).
+        let old_epoch = File::open(&path)
             .ok()
-            .and_then(|b| parse_header(&b).map(|h| h.0))
+            .and_then(|f| {
+                let mut h = vec![0u8; HDR as usize];
+                f.read_exact_at(&mut h, 0).ok()?;
+                parse_header(&h).map(|h| h.0)
+            })
             .unwrap_or(0);
         let file = std::fs::OpenOptions::new()
             .read(true)

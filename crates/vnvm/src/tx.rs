@@ -544,9 +544,12 @@ impl Inner {
                 None => return Ok(()),
             }
         };
-        // (1)+(2) for everything staged so far: commits staged meanwhile may ride along,
-        // harmless (they stay staged until a later call links them).
-        Pool::sync_deferred_all(&[&self.log, &self.meta])?;
+        // (1)+(2) for everything staged so far (cache-flush pools: the committers fenced
+        // their own write-backs; msync-backed pools take the journal path above): commits
+        // staged meanwhile may ride along, harmless (they stay staged until a later call
+        // links them).
+        self.log.sync_deferred()?;
+        self.meta.sync_deferred()?;
         let queued = {
             let mut d = self.domains[0].lock();
             // cannot fail: only this function (under `sync_lock`) removes staged entries.

@@ -11,10 +11,8 @@
 //! one whose connection closes leaves the queue and passes the turn on. Inside MULTI a
 //! blocking command does not block: it answers a null array, as Redis does.
 
+use super::registry::Registry;
 use crate::server::ConnHandle;
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
 /// A blocked session's state.
@@ -26,67 +24,36 @@ pub struct BlockState {
     pub deadline: Option<Instant>,
 }
 
-/// A waiter: session id and how to wake it.
-type Waiter = (u64, ConnHandle);
-
-/// The sessions waiting on each key, in arrival order.
+/// The sessions waiting on each key, in arrival order, with the handle that wakes each.
 #[derive(Default)]
-pub struct Waiters {
-    map: Mutex<HashMap<Vec<u8>, Vec<Waiter>>>,
-    /// Registered (key, session) pairs: 0 lets writers skip the map.
-    n: AtomicUsize,
-}
+pub struct Waiters(Registry<ConnHandle>);
 
 impl Waiters {
     /// Whether anyone waits.
     #[inline]
     pub fn active(&self) -> bool {
-        self.n.load(Relaxed) > 0
+        self.0.active()
     }
 
     /// Session `id` waits on `keys` (behind those already waiting).
     pub fn register(&self, id: u64, conn: &ConnHandle, keys: &[Vec<u8>]) {
-        let mut m = self.map.lock();
-        for k in keys {
-            let v = m.entry(k.clone()).or_default();
-            if !v.iter().any(|(s, _)| *s == id) {
-                v.push((id, conn.clone()));
-                self.n.fetch_add(1, Relaxed);
-            }
-        }
+        self.0.add(id, conn, keys.iter().map(|k| k.as_slice()));
     }
 
     /// Session `id` stops waiting on `keys` (served, timed out, or gone); the next waiter on
     /// each of them is woken, since what is there may be its turn now.
     pub fn unregister(&self, id: u64, keys: &[Vec<u8>]) {
-        let mut m = self.map.lock();
-        for k in keys {
-            if let Some(v) = m.get_mut(k) {
-                let before = v.len();
-                v.retain(|(s, _)| *s != id);
-                self.n.fetch_sub(before - v.len(), Relaxed);
-                match v.first() {
-                    None => {
-                        m.remove(k);
-                    }
-                    Some((_, c)) if before != v.len() => c.wake(),
-                    Some(_) => {}
-                }
-            }
-        }
+        self.0
+            .remove(id, keys.iter().map(|k| k.as_slice()), ConnHandle::wake);
     }
 
     /// `keys` changed: wake the first waiter on each.
     pub fn wake<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) {
-        if !self.active() {
-            return;
-        }
-        let m = self.map.lock();
-        for k in keys {
-            if let Some((_, c)) = m.get(k).and_then(|v| v.first()) {
+        self.0.each(keys, |v| {
+            if let Some((_, c)) = v.first() {
                 c.wake();
             }
-        }
+        });
     }
 }
 

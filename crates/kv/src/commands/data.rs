@@ -2222,14 +2222,7 @@ pub fn write(st: &Store, w: &mut Wtx, id: Id, a: &[&[u8]], out: &mut Vec<u8>) ->
             int(out, n as i64);
             Ok(())
         }
-        Id::Blpop
-        | Id::Brpop
-        | Id::Brpoplpush
-        | Id::Blmove
-        | Id::Bzpopmin
-        | Id::Bzpopmax
-        | Id::Blmpop
-        | Id::Bzmpop => blocking_try(st, w, id, a, out),
+        id if super::blocking::is_blocking(id) => blocking_try(st, w, id, a, out),
         Id::Lmpop | Id::Zmpop => {
             if !mpop(st, w, id == Id::Zmpop, a, 1, out)? {
                 null_array(out);

@@ -16,9 +16,8 @@
 //! marked session, or of one whose watched key was live at WATCH and has expired since, replies
 //! a null array and runs nothing. EXEC, DISCARD, UNWATCH and closing the connection unwatch.
 
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use super::registry::Registry;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Most bytes of arguments one transaction may queue (beyond: an error, and the transaction
@@ -46,69 +45,40 @@ pub struct WatchState {
     pub dirty: Arc<AtomicBool>,
 }
 
-/// A watcher: its session id and the dirty flag of its [`WatchState`].
-type Watcher = (u64, Arc<AtomicBool>);
-
-/// The sessions watching each key (shared by all sessions of a service).
+/// The sessions watching each key (shared by all sessions of a service), each with the dirty
+/// flag of its [`WatchState`].
 #[derive(Default)]
-pub struct Watches {
-    map: Mutex<HashMap<Vec<u8>, Vec<Watcher>>>,
-    /// Watched (key, session) pairs: 0 lets writers skip the map.
-    n: AtomicUsize,
-}
+pub struct Watches(Registry<Arc<AtomicBool>>);
 
 impl Watches {
     /// Whether any key is watched.
     #[inline]
     pub fn active(&self) -> bool {
-        self.n.load(Relaxed) > 0
+        self.0.active()
     }
 
     /// Session `id` (whose dirty flag is `dirty`) watches `key`; false if it already did.
     pub fn watch(&self, id: u64, dirty: &Arc<AtomicBool>, key: &[u8]) -> bool {
-        let mut m = self.map.lock();
-        let v = m.entry(key.to_vec()).or_default();
-        if v.iter().any(|(s, _)| *s == id) {
-            return false;
-        }
-        v.push((id, dirty.clone()));
-        self.n.fetch_add(1, Relaxed);
-        true
+        self.0.add(id, dirty, std::iter::once(key)) == 1
     }
 
     /// Session `id` stops watching `keys`.
     pub fn unwatch<'k>(&self, id: u64, keys: impl Iterator<Item = &'k [u8]>) {
-        let mut m = self.map.lock();
-        for k in keys {
-            if let Some(v) = m.get_mut(k) {
-                let before = v.len();
-                v.retain(|(s, _)| *s != id);
-                self.n.fetch_sub(before - v.len(), Relaxed);
-                if v.is_empty() {
-                    m.remove(k);
-                }
-            }
-        }
+        self.0.remove(id, keys, |_| {});
     }
 
     /// Keys were changed: their watchers' next EXEC fails.
     pub fn touch<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) {
-        if !self.active() {
-            return;
-        }
-        let m = self.map.lock();
-        for k in keys {
-            if let Some(v) = m.get(k) {
-                for (_, d) in v {
-                    d.store(true, Relaxed);
-                }
+        self.0.each(keys, |v| {
+            for (_, d) in v {
+                d.store(true, Relaxed);
             }
-        }
+        });
     }
 
     /// The watched keys (FLUSHALL checks which of them exist before it empties the keyspace).
     pub fn keys(&self) -> Vec<Vec<u8>> {
-        self.map.lock().keys().cloned().collect()
+        self.0.keys()
     }
 }
 

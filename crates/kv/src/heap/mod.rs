@@ -311,14 +311,25 @@ impl Tx<'_> {
             buf.copy_from_slice(&view[o..o + n]);
             return;
         }
+        let mut at = 0;
+        self.segments(o, n, |p| {
+            buf[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        });
+    }
+
+    /// `f` with the pieces of the `n` bytes at view offset `o` (in bounds) as this transaction
+    /// sees them, in order: one per 64-byte line, from its shadow line if it wrote the line,
+    /// else from the view.
+    fn segments(&self, o: usize, n: usize, mut f: impl FnMut(&[u8])) {
+        let view = self.heap.view();
         let mut pos = o;
         while pos < o + n {
             let line = pos / LINE;
             let end = ((line + 1) * LINE).min(o + n);
-            let dst = &mut buf[pos - o..end - o];
             match self.shadow.get(&(line as u64)) {
-                Some(l) => dst.copy_from_slice(&l[pos - line * LINE..end - line * LINE]),
-                None => dst.copy_from_slice(&view[pos..end]),
+                Some(l) => f(&l[pos - line * LINE..end - line * LINE]),
+                None => f(&view[pos..end]),
             }
             pos = end;
         }
@@ -352,16 +363,7 @@ impl Tx<'_> {
         if (first..=last).any(|l| self.shadow.contains_key(&(l as u64))) {
             // Assembled line by line, without zero-filling first.
             let mut v = Vec::with_capacity(len);
-            let mut pos = o;
-            while pos < o + len {
-                let line = pos / LINE;
-                let end = ((line + 1) * LINE).min(o + len);
-                match self.shadow.get(&(line as u64)) {
-                    Some(l) => v.extend_from_slice(&l[pos - line * LINE..end - line * LINE]),
-                    None => v.extend_from_slice(&view[pos..end]),
-                }
-                pos = end;
-            }
+            self.segments(o, len, |p| v.extend_from_slice(p));
             std::borrow::Cow::Owned(v)
         } else {
             std::borrow::Cow::Borrowed(&view[o..o + len])
