@@ -55,7 +55,15 @@ pub(crate) struct Inner {
     /// it once a writeback succeeds; `wb_failing` mirrors `is_some()` for cheap checks.
     pub(crate) wb_error: Mutex<Option<String>>,
     pub(crate) wb_failing: AtomicBool,
+    /// Tests only: run by a journal barrier between its append and taking the domain lock
+    /// again (where the redo worker may pop), to make that interleaving happen on purpose.
+    #[cfg(test)]
+    pub(crate) after_journal_append: Mutex<Option<AfterAppend>>,
 }
+
+/// See [`Inner::after_journal_append`].
+#[cfg(test)]
+pub(crate) type AfterAppend = Box<dyn Fn(&Inner) + Send + Sync>;
 
 pub(crate) fn create_pools(
     dir: &Path,
@@ -273,6 +281,8 @@ pub(crate) fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
         stop_redo: AtomicBool::new(false),
         stop_wb: AtomicBool::new(false),
         kill: AtomicBool::new(false),
+        #[cfg(test)]
+        after_journal_append: Mutex::new(None),
         worker_error: Mutex::new(None),
         wb_error: Mutex::new(None),
         wb_failing: AtomicBool::new(false),

@@ -417,4 +417,64 @@ mod tests {
             vn.nv_release().unwrap();
         }
     }
+
+    /// The redo worker emptying the queue while a barrier appends its record (made to happen
+    /// here by a hook that waits for it): the list must then start at the barrier's batch, not
+    /// at the popped transaction the barrier's snapshot named, whose log object the next
+    /// barrier frees for reuse while a durable word would still reach it (found by CI: a
+    /// recovery replayed a reused log object and brought back an older value).
+    #[test]
+    fn a_queue_emptied_during_an_append_restarts_the_list_at_the_batch() {
+        use std::sync::atomic::Ordering;
+        use std::time::Instant;
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let cfg = VnvmConfig {
+            dir: d.path().join("inst"),
+            log_size: 16 * 4096,
+            cache_size: 16 * 4096,
+            ..VnvmConfig::default()
+        };
+        let vn = nv_init(&cfg).unwrap();
+        assert!(vn.inner.journal.is_some());
+        let r = vn
+            .nv_allocate(d.path().join("data"), 1 << 16, Mode::Private)
+            .unwrap();
+        let commit = |k: u8| {
+            let t = vn.nv_txbegin();
+            // SAFETY: 4096 * k + 8 lies in the 64 KiB region.
+            vn.nv_write(t, unsafe { r.as_ptr().add(4096 * k as usize) }, &[k; 8])
+                .unwrap();
+            vn.nv_commit(t).unwrap();
+        };
+        commit(1);
+        assert_eq!(vn.inner.domains[0].lock().queue.len(), 1);
+        *vn.inner.after_journal_append.lock() = Some(Box::new(|i| {
+            i.drain_wanted.store(true, Ordering::SeqCst);
+            let until = Instant::now() + Duration::from_secs(10);
+            while !i.domains[0].lock().queue.is_empty() && Instant::now() < until {
+                if let Some(t) = i.redo_thread.get() {
+                    t.unpark();
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            i.drain_wanted.store(false, Ordering::SeqCst);
+        }));
+        commit(2);
+        *vn.inner.after_journal_append.lock() = None;
+        {
+            let dom = vn.inner.domains[0].lock();
+            // The redo worker waits a poll (50 ms) before the next small batch: the second
+            // transaction is still queued, alone.
+            if let Some(first) = dom.queue.front() {
+                assert_eq!(
+                    dom.head,
+                    first.idx + 1,
+                    "the list starts at the queued batch"
+                );
+            }
+        }
+        commit(3);
+        drop(r);
+        vn.nv_release().unwrap();
+    }
 }

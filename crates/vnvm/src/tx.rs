@@ -655,12 +655,19 @@ impl Inner {
             }
             jg.append(&ranges)?;
         }
+        #[cfg(test)]
+        if let Some(hook) = &*self.after_journal_append.lock() {
+            hook(self);
+        }
         let (released, queued) = {
             let mut d = self.domains[0].lock();
             store_domain(&self.meta, &self.geo, domain, domain_word(head, tail));
             if n > 0 {
                 if d.head == 0 {
-                    d.head = head;
+                    // The queue was empty at the snapshot, or the redo worker emptied it
+                    // during the append (then the snapshot's head names a popped entry): the
+                    // list now starts at this batch.
+                    d.head = items[0].0 + 1;
                 }
                 d.tail = tail;
                 let batch: Vec<Committed> = d.staged.drain(..n).collect();
