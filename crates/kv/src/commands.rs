@@ -33,15 +33,23 @@
 
 mod admin;
 mod bitfield;
+mod bitmaps;
 pub mod blocking;
 pub mod clients;
 mod data;
+mod hashes;
+mod keys;
 pub mod ldfloat;
+mod lists;
 pub mod multi;
+mod pops;
 pub mod pubsub;
 mod registry;
 pub mod reply;
+mod sets;
+mod strings;
 pub mod table;
+mod zsets;
 
 use crate::ds::{expire, garbage, Store, View, Wtx};
 use crate::heap::{Heap, HeapError, Result};
@@ -693,7 +701,7 @@ impl KvService {
             let res = data::purge_expired(&st, &mut w, spec, r).and_then(|n| {
                 expired = n;
                 before = w.logged_bytes();
-                data::write(&st, &mut w, spec.id, r, out)
+                data::write(&st, &mut w, spec, r, out)
             });
             let changed = w.logged_bytes() > before;
             let dirty = w.dirty();
@@ -830,7 +838,7 @@ impl KvService {
                 }
                 continue;
             }
-            match spec.kind {
+            match spec.kind() {
                 Kind::Admin => {
                     let c = self.admin(s, spec, r, out, &mut held);
                     if c != Control::Continue {
@@ -908,7 +916,7 @@ impl KvService {
             budget.arm(limit - rmark);
             crate::ds::expire::tick();
             if let Some(spec) = self.check(r, out) {
-                match spec.kind {
+                match spec.kind() {
                     Kind::Admin => {
                         self.admin(s, spec, r, out, &mut held);
                     }
@@ -920,7 +928,7 @@ impl KvService {
                         let res = data::purge_expired(&st, &mut w, spec, r).and_then(|n| {
                             expired += n;
                             before = w.logged_bytes();
-                            data::write(&st, &mut w, spec.id, r, out)
+                            data::write(&st, &mut w, spec, r, out)
                         });
                         if let Err(e) = res {
                             failed = Some(e);
@@ -1224,7 +1232,7 @@ impl KvService {
             .iter()
             .filter_map(|q| table::lookup(&q[0]))
             .collect();
-        if specs.iter().any(|sp| sp.kind == Kind::Write) && self.refuse_write(out) {
+        if specs.iter().any(|sp| sp.kind() == Kind::Write) && self.refuse_write(out) {
             return Control::Continue;
         }
         let mark = out.len();
@@ -1238,7 +1246,7 @@ impl KvService {
         for (q, spec) in m.queued.iter().zip(&specs) {
             let r: Vec<&[u8]> = q.iter().map(|a| a.as_slice()).collect();
             crate::ds::expire::tick();
-            match spec.kind {
+            match spec.kind() {
                 Kind::Admin => {
                     self.admin(s, spec, &r, out, &mut inner);
                 }
@@ -1251,7 +1259,7 @@ impl KvService {
                     let res = data::purge_expired(&st, &mut w, spec, &r).and_then(|n| {
                         expired += n;
                         before = w.logged_bytes();
-                        data::write(&st, &mut w, spec.id, &r, out)
+                        data::write(&st, &mut w, spec, &r, out)
                     });
                     if let Err(e) = res {
                         failed = Some(e);
@@ -1317,7 +1325,7 @@ impl KvService {
     }
 
     /// [`KvService::read`], its whole reply replaced by an error if it met a damaged heap.
-    fn read_checked<M: crate::ds::Mem>(
+    fn read_checked<M: table::ReadMem>(
         &self,
         cx: &mut data::Counters,
         m: &M,
@@ -1335,7 +1343,7 @@ impl KvService {
         }
     }
 
-    fn read<M: crate::ds::Mem>(
+    fn read<M: table::ReadMem>(
         &self,
         cx: &mut data::Counters,
         m: &M,
@@ -1346,7 +1354,7 @@ impl KvService {
     ) {
         match spec.id {
             Id::Info => self.info(m, s, r, out),
-            id => data::read(cx, &self.store.db(m, s.db), m, id, r, out),
+            _ => data::read(cx, &self.store.db(m, s.db), m, spec, r, out),
         }
     }
 }
@@ -1370,7 +1378,7 @@ fn is_local(peer: &str) -> bool {
 }
 
 fn is_write(r: &[&[u8]]) -> bool {
-    table::lookup(r[0]).is_some_and(|s| s.kind == Kind::Write)
+    table::lookup(r[0]).is_some_and(|s| s.kind() == Kind::Write)
 }
 
 fn is_end(r: &[&[u8]]) -> bool {

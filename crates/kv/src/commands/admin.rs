@@ -3,7 +3,7 @@
 
 use super::data::{glob, is, parse_i64};
 use super::reply::{self, array, bulk, int, null};
-use super::table::{self, Id, Kind, Spec};
+use super::table::{self, Id, Spec};
 use super::{Held, KvService, Session};
 use crate::ds::{keyspace, Mem};
 use crate::server::Control;
@@ -39,11 +39,7 @@ fn command_info(out: &mut Vec<u8>, s: &Spec) {
     array(out, 10);
     bulk(out, s.name.as_bytes());
     int(out, s.arity as i64);
-    let flags: &[&str] = match s.kind {
-        Kind::Write => &["write"],
-        Kind::Read => &["readonly"],
-        Kind::Admin => &[],
-    };
+    let flags = s.info_flags();
     array(out, flags.len());
     for f in flags {
         reply::simple(out, f);

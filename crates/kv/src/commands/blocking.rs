@@ -57,20 +57,10 @@ impl Waiters {
     }
 }
 
-/// Whether `id` is a blocking command.
+/// Whether `id` is a blocking command (its table entry's `blocking` flag).
 pub fn is_blocking(id: super::table::Id) -> bool {
-    use super::table::Id;
-    matches!(
-        id,
-        Id::Blpop
-            | Id::Brpop
-            | Id::Brpoplpush
-            | Id::Blmove
-            | Id::Bzpopmin
-            | Id::Bzpopmax
-            | Id::Blmpop
-            | Id::Bzmpop
-    )
+    use super::table::{spec, Flags};
+    spec(id).flags.contains(Flags::BLOCKING)
 }
 
 /// A blocking command's timeout argument: the last one, or the first of BLMPOP and BZMPOP.

@@ -98,9 +98,9 @@ pub fn split_wkey(k: &[u8]) -> (usize, &[u8]) {
     }
 }
 
-/// Whether a command may be queued inside MULTI (Redis' `no-multi` commands may not; neither
-/// may this server's commands that take the engine lock themselves).
+/// Whether a command may be queued inside MULTI: not when its table entry has `no-multi`
+/// (Redis's, and this server's commands that take the engine lock themselves).
 pub fn allowed_in_multi(id: super::table::Id) -> bool {
-    use super::table::Id;
-    !matches!(id, Id::Save | Id::Bgsave | Id::Shutdown | Id::Migrate)
+    use super::table::{spec, Flags};
+    !spec(id).flags.contains(Flags::NO_MULTI)
 }
