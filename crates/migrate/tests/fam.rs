@@ -168,11 +168,12 @@ fn child_target_with_a_dead_source() {
         Ok("dead-source"),
         "helper only"
     );
-    let fam = tempfile::tempdir_in("/dev/shm").unwrap();
+    // The parent's directory: this process dies of the fault, the parent removes it.
+    let fam = std::path::PathBuf::from(std::env::var("TIERMEM_MIG_FAM").unwrap());
     let len = 8 << 20;
     let src = region(len, 5);
     let cfg = FamSourceConfig {
-        fam: fam.path().to_path_buf(),
+        fam: fam.clone(),
         id: 13,
         batching: Batching::PerVector,
         delay: DelayModel::NONE,
@@ -190,7 +191,7 @@ fn child_target_with_a_dead_source() {
         drop(source);
     });
     let t = FamTarget::restore(
-        fam.path(),
+        &fam,
         13,
         Some(addr),
         DelayModel::NONE,
@@ -205,6 +206,7 @@ fn child_target_with_a_dead_source() {
 
 #[test]
 fn a_dead_source_fails_the_target_promptly() {
+    let fam = tempfile::tempdir_in("/dev/shm").unwrap();
     let t0 = Instant::now();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
@@ -214,6 +216,7 @@ fn a_dead_source_fails_the_target_promptly() {
             "--nocapture",
         ])
         .env("TIERMEM_MIG_CHILD", "dead-source")
+        .env("TIERMEM_MIG_FAM", fam.path())
         .output()
         .unwrap();
     let took = t0.elapsed();

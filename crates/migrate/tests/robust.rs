@@ -149,11 +149,12 @@ fn child_role() {
         }
         // A target whose source (a grandchild) is killed before its dump completes.
         "target-of-a-killed-source" => {
-            let fam = tempfile::tempdir_in("/dev/shm").unwrap();
+            // The parent's directory: this process dies of the fault, the parent removes it.
+            let fam = std::path::PathBuf::from(std::env::var("ROBUST_FAM").unwrap());
             let mut src = spawn_child(
                 "slow-source",
                 &[
-                    ("ROBUST_FAM", fam.path().display().to_string()),
+                    ("ROBUST_FAM", fam.display().to_string()),
                     ("ROBUST_ID", "41".into()),
                     // 32 MiB at 8 MB/s: four seconds of dump, killed well before the end.
                     ("ROBUST_BPS", (8u64 << 20).to_string()),
@@ -161,14 +162,14 @@ fn child_role() {
             );
             let mut out = BufReader::new(src.stdout.take().unwrap());
             let addr: SocketAddr = wait_line(&mut out, "ADDR").parse().unwrap();
-            let t = FamTarget::restore(fam.path(), 41, Some(addr), DelayModel::NONE, HANG).unwrap();
+            let t = FamTarget::restore(&fam, 41, Some(addr), DelayModel::NONE, HANG).unwrap();
             let b = target_bytes(&t, 0);
             let want = region(CHILD_LEN, CHILD_SEED);
             assert_eq!(b[CHILD_LEN / 2], want[CHILD_LEN / 2], "a page on demand");
             kill9(&mut src);
             // A new target is refused at once: the dump is incomplete and the source is gone.
             let t0 = Instant::now();
-            let e = FamTarget::restore(fam.path(), 41, Some(addr), DelayModel::NONE, HANG)
+            let e = FamTarget::restore(&fam, 41, Some(addr), DelayModel::NONE, HANG)
                 .err()
                 .expect("no restore without the source and an incomplete dump");
             say(&format!("REFUSED {:?} {e}", t0.elapsed()));
@@ -415,7 +416,11 @@ fn a_source_killed_after_its_dump_leaves_the_target_complete() {
 #[test]
 fn a_source_killed_before_its_dump_fails_the_target_promptly() {
     let t0 = Instant::now();
-    let child = spawn_child("target-of-a-killed-source", &[]);
+    let fam = tempfile::tempdir_in("/dev/shm").unwrap();
+    let child = spawn_child(
+        "target-of-a-killed-source",
+        &[("ROBUST_FAM", fam.path().display().to_string())],
+    );
     // The hang guard: wait at most HANG for the child.
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();

@@ -586,7 +586,23 @@ pub fn key_args<'a>(spec: &Spec, a: &'a [&'a [u8]]) -> impl Iterator<Item = &'a 
             .unwrap_or(0)
             .clamp(0, a.len() as i64) as usize;
         let end = (nk + 1 + n).min(a.len());
-        return a[(nk + 1).min(end)..end].iter().copied().step_by(1);
+        return a[(nk + 1).min(end)..end]
+            .iter()
+            .copied()
+            .step_by(1)
+            .chain(None);
+    }
+    // Keys found by keyword: SORT's STORE destination, MIGRATE's KEYS.
+    match spec.id {
+        Id::Sort => return a[1..2].iter().copied().step_by(1).chain(sort_store(a)),
+        Id::MigrateKeys => {
+            let at = (a.len() > 3 && a[3].is_empty())
+                .then(|| a.iter().skip(6).position(|x| is(x, "keys")))
+                .flatten()
+                .map_or(3..4.min(a.len()), |k| 6 + k + 1..a.len());
+            return a[at].iter().copied().step_by(1).chain(None);
+        }
+        _ => {}
     }
     let (first, last, step) = spec.keys;
     let n = a.len() as i32;
@@ -596,7 +612,30 @@ pub fn key_args<'a>(spec: &Spec, a: &'a [&'a [u8]]) -> impl Iterator<Item = &'a 
     } else {
         first as usize..last as usize + 1
     };
-    a[range].iter().copied().step_by(step.max(1) as usize)
+    a[range]
+        .iter()
+        .copied()
+        .step_by(step.max(1) as usize)
+        .chain(None)
+}
+
+/// SORT's STORE destination (the last one), skipping the arguments of LIMIT, GET and BY as
+/// Redis's sortGetKeys does.
+fn sort_store<'a>(a: &[&'a [u8]]) -> Option<&'a [u8]> {
+    let mut dst = None;
+    let mut j = 2;
+    while j < a.len() {
+        if is(a[j], "limit") {
+            j += 2;
+        } else if is(a[j], "get") || is(a[j], "by") {
+            j += 1;
+        } else if is(a[j], "store") && j + 1 < a.len() {
+            dst = Some(a[j + 1]);
+            j += 1;
+        }
+        j += 1;
+    }
+    dst
 }
 
 /// Delete the expired keys among write command `spec`'s key arguments, before it runs (Redis'

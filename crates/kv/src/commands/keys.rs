@@ -2,17 +2,14 @@
 //! RANDOMKEY, KEYS, SCAN, RENAME, RENAMENX, COPY, MOVE, OBJECT, the EXPIRE and TTL families and
 //! PERSIST; and the commands over whole databases: DBSIZE, FLUSHALL, FLUSHDB, SWAPDB.
 
-use super::data::{
-    glob, hash_obj, invalid_expire, is, parse_i64, set_obj, set_ttl, Counters, HResult,
-};
+use super::data::{glob, invalid_expire, is, parse_i64, set_ttl, Counters, HResult};
 use super::reply::{self, array, bulk, int, not_int, null, syntax};
 use super::table::Id;
-use crate::ds::keyspace::{
-    self as ks, Entry, ENC_INLINE, ENC_PACK, T_HASH, T_LIST, T_SET, T_STRING, T_ZSET,
-};
-use crate::ds::zset::AddFlags;
-use crate::ds::{dict, expire, garbage, hash, list, set, zset, Mem, Store, Wtx};
-use crate::heap::HeapError;
+use super::value;
+use crate::ds::hash::HashObj;
+use crate::ds::keyspace::{self as ks, Entry, T_HASH, T_LIST, T_SET, T_STRING, T_ZSET};
+use crate::ds::set::SetObj;
+use crate::ds::{dict, expire, garbage, hash, set, zset, Mem, Store, Wtx};
 
 /// OBJECT ENCODING|FREQ|IDLETIME|REFCOUNT|HELP, with Redis 7.0's replies and errors.
 pub(super) fn object<M: Mem>(
@@ -73,13 +70,7 @@ pub(super) fn object<M: Mem>(
         return null(out);
     };
     match sub.as_slice() {
-        b"encoding" => {
-            // A string that is a canonical 64-bit integer is "int" to Redis (stored as one).
-            if e.ty() == T_STRING && parse_canonical_i64(&ks::string_value(m, &e)).is_some() {
-                return bulk(out, b"int");
-            }
-            bulk(out, encoding_name(&e).as_bytes())
-        }
+        b"encoding" => bulk(out, encoding_name(m, &e).as_bytes()),
         // What Redis replies under its default maxmemory-policy (the only one here).
         b"freq" => reply::error(
             out,
@@ -111,14 +102,75 @@ fn parse_canonical_i64(b: &[u8]) -> Option<i64> {
     (v.to_string().as_bytes() == b).then_some(v)
 }
 
-fn encoding_name(e: &Entry) -> &'static str {
-    match (e.ty(), e.enc()) {
-        (T_STRING, ENC_INLINE) => "embstr",
-        (T_STRING, _) => "raw",
-        (T_LIST, _) => "quicklist",
-        (T_SET | T_HASH, ENC_PACK) => "listpack",
-        (T_SET | T_HASH, _) => "hashtable",
-        (T_ZSET, _) => "skiplist",
+/// What Redis 7.0 with its default thresholds would call a value like `e`'s: strings `int`
+/// (a canonical integer), `embstr` (up to 44 bytes) or `raw`; lists `quicklist`; sets
+/// `intset` (at most 512 integer members) or `hashtable`; hashes `listpack` (at most 512
+/// fields, each field and value at most 64 bytes) or `hashtable`; sorted sets `listpack` (at
+/// most 128 members of at most 64 bytes) or `skiplist`. Judged from the value as it is now:
+/// unlike Redis, a value that shrinks back under a threshold reads as compact again.
+fn encoding_name<M: Mem>(m: &M, e: &Entry) -> &'static str {
+    const INTSET: u64 = 512;
+    const HASH_PACK: u64 = 512;
+    const ZSET_PACK: u64 = 128;
+    const PACK_VALUE: usize = 64;
+    match e.ty() {
+        T_STRING => {
+            let v = ks::string_value(m, e);
+            if parse_canonical_i64(&v).is_some() {
+                "int"
+            } else if v.len() <= 44 {
+                "embstr"
+            } else {
+                "raw"
+            }
+        }
+        T_LIST => "quicklist",
+        T_SET => {
+            let s = SetObj {
+                enc: e.enc(),
+                obj: e.obj(),
+            };
+            let mut ints = set::card(m, s) <= INTSET;
+            if ints {
+                set::for_each(m, s, |x| ints &= parse_canonical_i64(x).is_some());
+            }
+            if ints {
+                "intset"
+            } else {
+                "hashtable"
+            }
+        }
+        T_HASH => {
+            let h = HashObj {
+                enc: e.enc(),
+                obj: e.obj(),
+            };
+            let mut small = hash::len(m, h) <= HASH_PACK;
+            if small {
+                hash::for_each(m, h, |f, v| {
+                    small &= f.len() <= PACK_VALUE && v.len() <= PACK_VALUE
+                });
+            }
+            if small {
+                "listpack"
+            } else {
+                "hashtable"
+            }
+        }
+        T_ZSET => {
+            let n = zset::len(m, e.obj());
+            let mut small = n <= ZSET_PACK;
+            if small && n > 0 {
+                zset::range_by_rank(m, e.obj(), 0, n - 1, false, |x, _| {
+                    small &= x.len() <= PACK_VALUE
+                });
+            }
+            if small {
+                "listpack"
+            } else {
+                "skiplist"
+            }
+        }
         _ => "unknown",
     }
 }
@@ -533,56 +585,8 @@ pub(super) fn copy(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8>) -> H
     // is copied element by element into a new object of the same type.
     let src = ks::lookup(w, st, a[1]).unwrap_or(src);
     let ttl = expire::deadline(w, st, &src);
-    match src.ty() {
-        T_STRING => {
-            let v = ks::string_value(w, &src).into_owned();
-            let (p, _) = ks::probe(w, &dst, a[2]);
-            ks::insert_string(w, &dst, &p, a[2], &v)?;
-        }
-        T_SET => {
-            let mut all = Vec::new();
-            set::for_each(w, set_obj(&src), |v| all.push(v.to_vec()));
-            let refs: Vec<&[u8]> = all.iter().map(|v| v.as_slice()).collect();
-            let (_, s) = set::add(w, st, None, &refs)?;
-            let (p, _) = ks::probe(w, &dst, a[2]);
-            ks::insert_object(w, &dst, &p, a[2], T_SET, s.enc, s.obj)?;
-        }
-        T_HASH => {
-            let mut all = Vec::new();
-            hash::for_each(w, hash_obj(&src), |f, v| all.push((f.to_vec(), v.to_vec())));
-            let pairs: Vec<(&[u8], &[u8])> = all
-                .iter()
-                .map(|(f, v)| (f.as_slice(), v.as_slice()))
-                .collect();
-            let (_, h) = hash::set(w, st, None, &pairs)?;
-            let (p, _) = ks::probe(w, &dst, a[2]);
-            ks::insert_object(w, &dst, &p, a[2], T_HASH, h.enc, h.obj)?;
-        }
-        T_LIST => {
-            let all = list::to_vec(w, src.obj());
-            let refs: Vec<&[u8]> = all.iter().map(|v| v.as_slice()).collect();
-            let l = list::create(w)?;
-            list::push(w, l, &refs, false)?;
-            let (p, _) = ks::probe(w, &dst, a[2]);
-            ks::insert_object(w, &dst, &p, a[2], T_LIST, 0, l)?;
-        }
-        T_ZSET => {
-            let mut all = Vec::new();
-            let n = zset::len(w, src.obj());
-            if n > 0 {
-                zset::range_by_rank(w, src.obj(), 0, n - 1, false, |m, sc| {
-                    all.push((m.to_vec(), sc))
-                });
-            }
-            let z = zset::create(w)?;
-            for (m, sc) in &all {
-                zset::add(w, st, z, *sc, m, AddFlags::default())?;
-            }
-            let (p, _) = ks::probe(w, &dst, a[2]);
-            ks::insert_object(w, &dst, &p, a[2], T_ZSET, 0, z)?;
-        }
-        _ => return Err(HeapError::Damaged(src.off)),
-    }
+    let v = value::read(w, &src)?;
+    value::insert(w, &dst, a[2], &v)?;
     set_ttl(w, &dst, a[2], ttl)?;
     int(out, 1);
     Ok(())

@@ -6,7 +6,7 @@
 //! transaction and pub/sub code of `commands`).
 
 use super::data::{self, Counters, HResult};
-use super::{bitmaps, hashes, keys, lists, pops, sets, strings, zsets};
+use super::{bitmaps, dump, hashes, keys, lists, migrate, pops, sets, sort, strings, zsets};
 use crate::ds::{Mem, Store, View, Wtx};
 use std::sync::OnceLock;
 
@@ -267,6 +267,11 @@ commands! {
     Expireat "expireat" -3 (1, 1, 1) write(keys::expire; id);
     Pexpireat "pexpireat" -3 (1, 1, 1) write(keys::expire; id);
     Object "object" -2 (2, 2, 1) read(keys::object);
+    Dump "dump" 2 (1, 1, 1) read(dump::dump);
+    Restore "restore" -4 (1, 1, 1) write(dump::restore);
+    Sort "sort" -2 (1, 1, 1) write(sort::sort);
+    SortRo "sort_ro" -2 (1, 1, 1) read(sort::sort_ro);
+    MigrateKeys "migrate" -6 (3, 3, 1) write(migrate::migrate);
     // Strings.
     Get "get" 2 (1, 1, 1) read(strings::get);
     Set "set" -3 (1, 1, 1) write(strings::set);
