@@ -1211,10 +1211,30 @@ fn sort_dump_restore_and_migrate_match_redis_server_7_0() {
         "PTTL t1",
         "EXISTS t2",
         "EXISTS d_s2",
-        "LRANGE t3 0 -1",
+        "OBJECT IDLETIME nokey",
     ] {
         p.same(0, line);
     }
+    // OBJECT IDLETIME: RESTORE's IDLETIME, then a use (TYPE and OBJECT are not uses), within
+    // the second the two sends may straddle.
+    let idle = |p: &mut Pair, k: &str| -> (i64, i64) {
+        let get = |c: &mut Conn| match c.cmd(&["OBJECT", "IDLETIME", k]) {
+            Reply::Int(i) => i,
+            r => panic!("OBJECT IDLETIME {k}: {r:?}"),
+        };
+        (get(&mut p.redis[0]), get(&mut p.ours[0]))
+    };
+    let (r, o) = idle(&mut p, "t3");
+    assert!(
+        (9..=11).contains(&r) && (r - o).abs() <= 1,
+        "after IDLETIME 10: {r} {o}"
+    );
+    p.same(0, "TYPE t3");
+    let (r, o) = idle(&mut p, "t3");
+    assert!(r >= 9 && (r - o).abs() <= 1, "TYPE is no use: {r} {o}");
+    p.same(0, "LRANGE t3 0 -1");
+    let (r, o) = idle(&mut p, "t3");
+    assert!(r <= 1 && o <= 1, "LRANGE is a use: {r} {o}");
     // MIGRATE: the errors side by side, then each server's keys into the other's database 3.
     for line in [
         "MIGRATE 127.0.0.1 1 nokey 0 100",

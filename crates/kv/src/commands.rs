@@ -31,6 +31,7 @@
 //! [`Service::round_end`] (or by [`KvService::collect_garbage`] from an idle timer), and at
 //! once when a command fails for lack of memory while garbage waits.
 
+mod access;
 mod admin;
 mod bitfield;
 mod bitmaps;

@@ -11,7 +11,7 @@
 //! transaction too large) can stop a writer midway; the caller then aborts the transaction.
 
 use super::reply::{self, array, bulk, not_int, null, syntax, wrongtype};
-use super::table::{Handler, Id, ReadMem, Spec};
+use super::table::{Flags, Handler, Id, ReadMem, Spec};
 use crate::ds::hash::HashObj;
 use crate::ds::keyspace::{self as ks, Entry, T_HASH, T_SET, T_ZSET};
 use crate::ds::set::SetObj;
@@ -553,6 +553,7 @@ pub fn read<M: ReadMem>(
     a: &[&[u8]],
     out: &mut Vec<u8>,
 ) {
+    touch(st, spec, a);
     match &spec.handler {
         Handler::Read(f) => M::reader(f)(cx, st, m, a, out),
         _ => reply::error(out, "ERR internal: not a read command"),
@@ -562,11 +563,22 @@ pub fn read<M: ReadMem>(
 /// Execute write command `spec` in `w`: its handler in the command table.
 #[inline]
 pub fn write(st: &Store, w: &mut Wtx, spec: &Spec, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
+    touch(st, spec, a);
     match spec.handler {
         Handler::Write(f) => f(st, w, a, out),
         _ => {
             reply::error(out, "ERR internal: not a write command");
             Ok(())
+        }
+    }
+}
+
+/// A command's use of its keys, for OBJECT IDLETIME (not for NO_TOUCH commands).
+#[inline]
+fn touch(st: &Store, spec: &Spec, a: &[&[u8]]) {
+    if !spec.flags.contains(Flags::NO_TOUCH) {
+        for k in key_args(spec, a) {
+            super::access::touch(st.db, k);
         }
     }
 }

@@ -23,12 +23,12 @@ pub fn dump<M: Mem>(_: &mut Counters, st: &Store, m: &M, a: &[&[u8]], out: &mut 
 
 /// RESTORE key ttl payload [REPLACE] [ABSTTL] [IDLETIME s] [FREQ f], checked in Redis 7.0's
 /// order: options, an existing key (BUSYKEY), the TTL, the payload's version and checksum,
-/// its format. IDLETIME and FREQ are validated and then ignored: no access clock or
-/// frequency is kept per key. A deadline already past creates nothing (and REPLACE still
+/// its format. IDLETIME sets the key's access clock (`access`); FREQ is validated and
+/// ignored (no LFU policy, no frequency kept). A deadline already past creates nothing (and REPLACE still
 /// deleted the old key), as in Redis.
 pub fn restore(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8>) -> Result<(), HeapError> {
     let (mut replace, mut absttl) = (false, false);
-    let (mut idle, mut freq) = (false, false);
+    let (mut idle, mut freq) = (None, false);
     let mut j = 4;
     while j < a.len() {
         let more = a.len() - j - 1;
@@ -46,10 +46,10 @@ pub fn restore(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8>) -> Resul
                     reply::error(out, "ERR Invalid IDLETIME value, must be >= 0");
                     return Ok(());
                 }
-                Some(_) => idle = true,
+                Some(v) => idle = Some(v as u64),
             }
             j += 1;
-        } else if is(a[j], "freq") && more >= 1 && !idle {
+        } else if is(a[j], "freq") && more >= 1 && idle.is_none() {
             match parse_i64(a[j + 1]) {
                 None => {
                     not_int(out);
@@ -104,6 +104,9 @@ pub fn restore(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8>) -> Resul
         return Ok(());
     }
     value::insert(w, st, a[1], &v)?;
+    if let Some(secs) = idle {
+        super::access::set_idle(st.db, a[1], secs);
+    }
     if let Some(t) = at {
         if let Some(e) = ks::lookup(w, st, a[1]) {
             expire::set(w, st, &e, t)?;

@@ -78,10 +78,7 @@ pub(super) fn object<M: Mem>(
              note that when switching between policies at runtime LRU and LFU data will take \
              some time to adjust.",
         ),
-        b"idletime" => reply::error(
-            out,
-            "ERR OBJECT IDLETIME is not supported: tiermem-kv does not track access times",
-        ),
+        b"idletime" => int(out, super::access::idle_seconds(st.db, a[2]) as i64),
         _ => {
             // Redis shares the objects of the integers 0..9999: their refcount is INT_MAX.
             let shared = e.ty() == T_STRING

@@ -89,6 +89,9 @@ impl Flags {
     pub const BLOCKING: Flags = Flags(1);
     /// `no-multi`: may not be queued inside MULTI (`super::multi::allowed_in_multi`).
     pub const NO_MULTI: Flags = Flags(2);
+    /// Redis's `LOOKUP_NOTOUCH` lookups: the command does not count as a use of its keys
+    /// (`super::access`: OBJECT IDLETIME).
+    pub const NO_TOUCH: Flags = Flags(4);
 
     /// These flags and `f`.
     pub const fn with(self, f: Flags) -> Flags {
@@ -247,8 +250,8 @@ commands! {
     // Keys.
     Del "del" -2 (1, -1, 1) write(keys::del);
     Unlink "unlink" -2 (1, -1, 1) write(keys::del);
-    Exists "exists" -2 (1, -1, 1) read(keys::exists);
-    Type "type" 2 (1, 1, 1) read(keys::key_type);
+    Exists "exists" -2 (1, -1, 1) read(keys::exists) [NO_TOUCH];
+    Type "type" 2 (1, 1, 1) read(keys::key_type) [NO_TOUCH];
     Touch "touch" -2 (1, -1, 1) read(keys::touch);
     Randomkey "randomkey" 1 (0, 0, 0) read(keys::randomkey);
     Rename "rename" 3 (1, 2, 1) write(keys::rename; id);
@@ -257,16 +260,16 @@ commands! {
     Move "move" 3 (1, 1, 1) write(keys::move_key);
     Keys "keys" 2 (0, 0, 0) read(keys::keys);
     Scan "scan" -2 (0, 0, 0) read(keys::scan);
-    Ttl "ttl" 2 (1, 1, 1) read(keys::ttl; id);
-    Pttl "pttl" 2 (1, 1, 1) read(keys::ttl; id);
-    Expiretime "expiretime" 2 (1, 1, 1) read(keys::ttl; id);
-    Pexpiretime "pexpiretime" 2 (1, 1, 1) read(keys::ttl; id);
+    Ttl "ttl" 2 (1, 1, 1) read(keys::ttl; id) [NO_TOUCH];
+    Pttl "pttl" 2 (1, 1, 1) read(keys::ttl; id) [NO_TOUCH];
+    Expiretime "expiretime" 2 (1, 1, 1) read(keys::ttl; id) [NO_TOUCH];
+    Pexpiretime "pexpiretime" 2 (1, 1, 1) read(keys::ttl; id) [NO_TOUCH];
     Persist "persist" 2 (1, 1, 1) write(keys::persist);
     Expire "expire" -3 (1, 1, 1) write(keys::expire; id);
     Pexpire "pexpire" -3 (1, 1, 1) write(keys::expire; id);
     Expireat "expireat" -3 (1, 1, 1) write(keys::expire; id);
     Pexpireat "pexpireat" -3 (1, 1, 1) write(keys::expire; id);
-    Object "object" -2 (2, 2, 1) read(keys::object);
+    Object "object" -2 (2, 2, 1) read(keys::object) [NO_TOUCH];
     Dump "dump" 2 (1, 1, 1) read(dump::dump);
     Restore "restore" -4 (1, 1, 1) write(dump::restore);
     Sort "sort" -2 (1, 1, 1) write(sort::sort);
