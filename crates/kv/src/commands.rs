@@ -627,8 +627,15 @@ impl KvService {
         self.heap.engine().close()
     }
 
-    fn check<'r>(&self, r: &'r [&'r [u8]], out: &mut Vec<u8>) -> Option<&'static Spec> {
-        let Some(spec) = table::lookup(r[0]) else {
+    /// `spec`, the table entry [`table::lookup`] found for `r` (looked up once per request by
+    /// `execute`), when the command exists and its arity fits; else the error reply.
+    fn check<'r>(
+        &self,
+        r: &'r [&'r [u8]],
+        spec: Option<&'static Spec>,
+        out: &mut Vec<u8>,
+    ) -> Option<&'static Spec> {
+        let Some(spec) = spec else {
             let mut args = String::new();
             for a in &r[1..] {
                 if args.len() >= 128 {
@@ -784,6 +791,7 @@ impl KvService {
         &self,
         s: &mut Session,
         reqs: &[Vec<&[u8]>],
+        specs: &[Option<&'static Spec>],
         out: &mut Vec<u8>,
         cx: &mut data::Counters,
         limit: usize,
@@ -802,7 +810,7 @@ impl KvService {
                 reply::error(out, "NOAUTH Authentication required.");
                 continue;
             }
-            let Some(spec) = self.check(r, out) else {
+            let Some(spec) = self.check(r, specs[i], out) else {
                 if let Some(m) = &mut s.multi {
                     m.failed = true;
                 }
@@ -891,13 +899,14 @@ impl KvService {
         &self,
         s: &mut Session,
         reqs: &[Vec<&[u8]>],
+        specs: &[Option<&'static Spec>],
         out: &mut Vec<u8>,
         cx: &mut data::Counters,
         limit: usize,
     ) -> Executed {
         if self.writes_blocked() {
             // Each write gets its refusal; reads go on.
-            return self.run_each(s, reqs, out, cx, limit);
+            return self.run_each(s, reqs, specs, out, cx, limit);
         }
         let Some(g) = self.write_unfrozen() else {
             return Executed::new(Control::Close, 0);
@@ -921,7 +930,7 @@ impl KvService {
             }
             budget.arm(limit - rmark);
             crate::ds::expire::tick();
-            if let Some(spec) = self.check(r, out) {
+            if let Some(spec) = self.check(r, specs[i], out) {
                 match spec.kind() {
                     Kind::Admin => {
                         self.admin(s, spec, r, out, &mut held);
@@ -977,7 +986,7 @@ impl KvService {
                 out.truncate(mark);
                 drop(g);
                 *cx = data::Counters::default();
-                let e = self.run_each(s, &reqs[..ran], out, cx, limit);
+                let e = self.run_each(s, &reqs[..ran], &specs[..ran], out, cx, limit);
                 if full && e.control == Control::Continue {
                     Executed::new(Control::OutputFull, e.ran)
                 } else {
@@ -1383,12 +1392,12 @@ fn is_local(peer: &str) -> bool {
     }
 }
 
-fn is_write(r: &[&[u8]]) -> bool {
-    table::lookup(r[0]).is_some_and(|s| s.kind() == Kind::Write)
+fn is_write(spec: Option<&Spec>) -> bool {
+    spec.is_some_and(|s| s.kind() == Kind::Write)
 }
 
-fn is_end(r: &[&[u8]]) -> bool {
-    table::lookup(r[0]).is_some_and(|s| {
+fn is_end(spec: Option<&Spec>) -> bool {
+    spec.is_some_and(|s| {
         matches!(
             s.id,
             Id::Quit
@@ -1470,16 +1479,19 @@ impl Service for KvService {
         }
         let mut cx = data::Counters::default();
         let mark = out.len();
+        // Each request's table entry, looked up once.
+        let specs: smallvec::SmallVec<[Option<&'static Spec>; 64]> =
+            reqs.iter().map(|r| table::lookup(r[0])).collect();
         let group = self.durability == Durability::Pipeline
             && s.authed
             && s.multi.is_none()
             && s.subs.count() == 0
-            && reqs.iter().filter(|r| is_write(r)).count() > 1
-            && !reqs.iter().any(|r| is_end(r));
+            && specs.iter().filter(|sp| is_write(**sp)).count() > 1
+            && !specs.iter().any(|sp| is_end(*sp));
         let c = if group {
-            self.run_group(s, reqs, out, &mut cx, out_limit)
+            self.run_group(s, reqs, &specs, out, &mut cx, out_limit)
         } else {
-            self.run_each(s, reqs, out, &mut cx, out_limit)
+            self.run_each(s, reqs, &specs, out, &mut cx, out_limit)
         };
         if !s.round_managed {
             // No event-loop round to sync at: make what the replies report durable now.

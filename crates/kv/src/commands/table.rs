@@ -412,12 +412,13 @@ fn pack(name: &[u8]) -> Option<Packed> {
     if name.len() > 24 {
         return None;
     }
-    let mut buf = [0u8; 24];
-    buf[..name.len()].copy_from_slice(name);
+    // Byte by byte: a command name is short, and a variable-length memcpy cost more.
     let mut w = [0u64; 3];
-    for (i, c) in buf.chunks_exact(8).enumerate() {
-        // cannot fail: chunks of exactly 8 bytes.
-        w[i] = lower(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])));
+    for (i, &c) in name.iter().enumerate() {
+        w[i / 8] |= (c as u64) << (8 * (i % 8));
+    }
+    for x in w.iter_mut().take(name.len().div_ceil(8)) {
+        *x = lower(*x);
     }
     Some(Packed(w, name.len()))
 }
