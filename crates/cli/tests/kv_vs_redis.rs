@@ -1235,6 +1235,27 @@ fn sort_dump_restore_and_migrate_match_redis_server_7_0() {
     p.same(0, "LRANGE t3 0 -1");
     let (r, o) = idle(&mut p, "t3");
     assert!(r <= 1 && o <= 1, "LRANGE is a use: {r} {o}");
+    // WATCH sees only the keys a command changes: the sources of COPY, SINTERSTORE, BITOP and
+    // SORT ... STORE stay watched; their destinations do not.
+    p.redis.push(Conn::connect(redis.port).unwrap());
+    p.ours.push(Conn::connect(ours.port).unwrap());
+    for (write, watched) in [
+        ("COPY l3 copy_dst REPLACE", "l3"),
+        ("COPY l3 copy_dst REPLACE", "copy_dst"),
+        ("SINTERSTORE inter_dst s s", "s"),
+        ("SINTERSTORE inter_dst s s", "inter_dst"),
+        ("BITOP OR bit_dst d_s1 d_s1", "d_s1"),
+        ("BITOP OR bit_dst d_s1 d_s1", "bit_dst"),
+        ("SORT l3 STORE sort_dst", "l3"),
+        ("SORT l3 DESC STORE sort_dst", "sort_dst"),
+        ("ZRANGESTORE zr_dst d_z1 0 1", "d_z1"),
+    ] {
+        p.same(0, &format!("WATCH {watched}"));
+        p.same(0, "MULTI");
+        p.same(0, "PING");
+        p.same(1, write);
+        p.same(0, "EXEC");
+    }
     // MIGRATE: the errors side by side, then each server's keys into the other's database 3.
     for line in [
         "MIGRATE 127.0.0.1 1 nokey 0 100",

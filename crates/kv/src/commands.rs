@@ -732,7 +732,7 @@ impl KvService {
                         self.stats.avg_ttl.store(0, Relaxed);
                     }
                     if changed && (self.watches.active() || self.waiters.active()) {
-                        let keys: Vec<Vec<u8>> = data::key_args(spec, r)
+                        let keys: Vec<Vec<u8>> = data::written_keys(spec, r)
                             .map(|k| multi::wkey(db, k))
                             .collect();
                         self.touch_keys(keys.iter().map(|k| k.as_slice()));
@@ -952,7 +952,8 @@ impl KvService {
                         if (self.watches.active() || self.waiters.active())
                             && w.logged_bytes() > before
                         {
-                            touched.extend(data::key_args(spec, r).map(|k| multi::wkey(s.db, k)));
+                            touched
+                                .extend(data::written_keys(spec, r).map(|k| multi::wkey(s.db, k)));
                         }
                         if matches!(spec.id, Id::Flushall | Id::Flushdb) {
                             self.stats.avg_ttl.store(0, Relaxed);
@@ -1281,7 +1282,7 @@ impl KvService {
                         break;
                     }
                     if w.logged_bytes() > before {
-                        touched.extend(data::key_args(spec, &r).map(|k| multi::wkey(s.db, k)));
+                        touched.extend(data::written_keys(spec, &r).map(|k| multi::wkey(s.db, k)));
                     }
                     if matches!(spec.id, Id::Flushall | Id::Flushdb) {
                         self.stats.avg_ttl.store(0, Relaxed);

@@ -631,6 +631,26 @@ pub fn key_args<'a>(spec: &Spec, a: &'a [&'a [u8]]) -> impl Iterator<Item = &'a 
         .chain(None)
 }
 
+/// The keys write command `spec` may change: [`key_args`] but for the commands that only
+/// read some of theirs (the sources of COPY, BITOP, the set STOREs, ZRANGESTORE and SORT).
+/// What a change signals to WATCH and to blocked clients: reading a key must not fail
+/// another client's WATCH of it.
+pub fn written_keys<'a>(spec: &Spec, a: &'a [&'a [u8]]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    let only = match spec.id {
+        Id::Copy | Id::Bitop => Some(a.get(2).copied()),
+        Id::Sinterstore | Id::Sunionstore | Id::Sdiffstore | Id::Zrangestore => {
+            Some(a.get(1).copied())
+        }
+        Id::Sort => Some(sort_store(a)),
+        _ => None,
+    };
+    let (all, one) = match only {
+        Some(k) => (None, k),
+        None => (Some(key_args(spec, a)), None),
+    };
+    all.into_iter().flatten().chain(one)
+}
+
 /// SORT's STORE destination (the last one), skipping the arguments of LIMIT, GET and BY as
 /// Redis's sortGetKeys does.
 fn sort_store<'a>(a: &[&'a [u8]]) -> Option<&'a [u8]> {
