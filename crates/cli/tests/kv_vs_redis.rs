@@ -1235,6 +1235,17 @@ fn sort_dump_restore_and_migrate_match_redis_server_7_0() {
     p.same(0, "LRANGE t3 0 -1");
     let (r, o) = idle(&mut p, "t3");
     assert!(r <= 1 && o <= 1, "LRANGE is a use: {r} {o}");
+    // OBJECT ENCODING follows the thresholds CONFIG SET changes.
+    for line in [
+        "CONFIG SET zset-max-listpack-entries 2 set-max-intset-entries 2",
+        "ZADD cfg_z 1 a 2 b 3 c",
+        "SADD cfg_s 1 2 3",
+        "OBJECT ENCODING cfg_z",
+        "OBJECT ENCODING cfg_s",
+        "CONFIG SET zset-max-listpack-entries 128 set-max-intset-entries 512",
+    ] {
+        p.same(0, line);
+    }
     // WATCH sees only the keys a command changes: the sources of COPY, SINTERSTORE, BITOP and
     // SORT ... STORE stay watched; their destinations do not.
     p.redis.push(Conn::connect(redis.port).unwrap());
@@ -1327,6 +1338,203 @@ fn sort_dump_restore_and_migrate_match_redis_server_7_0() {
     assert_eq!(p.redis[0].cmd(&["EXISTS", "mig_r"]), Reply::Int(1));
     assert_eq!(p.ours[0].cmd(&["EXISTS", "d_h1", "d_z1"]), Reply::Int(2));
     eprintln!("{} commands, the same replies from both servers", p.steps);
+    drop(ours);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// CONFIG side by side (issue #14): SET's errors for the keys that change at run time (Redis's
+/// integer and memory syntax, bounds, unknown, immutable and duplicate keys, all or nothing),
+/// GET after SET, the encoding thresholds and their aliases, the other subcommands' replies;
+/// then what the settings do: `maxclients 1` refuses a second connection with Redis's error,
+/// `timeout 1` closes an idle connection within about two seconds but neither a subscriber nor
+/// a blocked client.
+#[test]
+fn config_set_and_get_match_redis_server_7_0() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    let dir = std::path::PathBuf::from("/dev/shm")
+        .join(format!("tiermem-kv-vs-redis-config-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let _cleanup = RemoveOnDrop(dir.clone());
+    let ours = create_server(&dir, &["--heap-size", "64mb"]);
+    let mut p = Pair {
+        redis: vec![Conn::connect(redis.port).unwrap()],
+        ours: vec![Conn::connect(ours.port).unwrap()],
+        steps: 0,
+    };
+    for line in [
+        // Syntax, bounds and unknown keys.
+        "CONFIG SET maxclients abc",
+        "CONFIG SET maxclients 0",
+        "CONFIG SET maxclients -1",
+        "CONFIG SET maxclients 1k",
+        "CONFIG SET maxclients 99999999999999999999",
+        "CONFIG SET timeout abc",
+        "CONFIG SET timeout -1",
+        "CONFIG SET timeout 2147483648",
+        "CONFIG SET proto-max-bulk-len abc",
+        "CONFIG SET proto-max-bulk-len -1",
+        "CONFIG SET proto-max-bulk-len 0",
+        "CONFIG SET proto-max-bulk-len 1k",
+        "CONFIG SET proto-max-bulk-len 99999999999999999999",
+        "CONFIG SET client-query-buffer-limit 1",
+        "CONFIG SET client-query-buffer-limit 1.5mb",
+        "CONFIG SET hash-max-listpack-entries x",
+        "CONFIG SET hash-max-listpack-entries -1",
+        "CONFIG SET hash-max-ziplist-entries 1k",
+        "CONFIG SET hash-max-listpack-value -1",
+        "CONFIG SET hash-max-listpack-value 18446744073709551615",
+        "CONFIG SET zset-max-listpack-entries -5",
+        "CONFIG SET zset-max-ziplist-value abc",
+        "CONFIG SET set-max-intset-entries -1",
+        "CONFIG SET list-max-listpack-size 2147483648",
+        "CONFIG SET list-max-ziplist-size 1mb",
+        "CONFIG SET list-compress-depth -1",
+        "CONFIG SET protected-mode maybe",
+        "CONFIG SET nosuchkey 1",
+        "CONFIG SET NoSuch 1 maxclients 5",
+        "CONFIG SET databases 16",
+        "CONFIG SET unixsocket /tmp/x",
+        "CONFIG SET maxclients 5 MAXCLIENTS 6",
+        "CONFIG SET maxclients 5 maxclients",
+        "CONFIG SET maxclients",
+        "CONFIG SET MAXCLIENTS x",
+        "CONFIG SET maxclients x databases 16",
+        // All or nothing: the first pair is not applied when the second fails.
+        "CONFIG SET maxclients 50 timeout x",
+        "CONFIG GET maxclients",
+        "CONFIG GET timeout",
+        // Values set, then read back.
+        "CONFIG SET maxclients 100 TIMEOUT 7",
+        "CONFIG GET maxclients",
+        "CONFIG GET timeout",
+        "CONFIG SET proto-max-bulk-len 2mb",
+        "CONFIG GET proto-max-bulk-len",
+        "CONFIG SET client-query-buffer-limit 4mb",
+        "CONFIG GET client-query-buffer-limit",
+        "CONFIG GET hash-max-listpack-entries",
+        "CONFIG GET hash-max-ziplist-value",
+        "CONFIG GET zset-max-listpack-entries",
+        "CONFIG GET set-max-intset-entries",
+        "CONFIG GET list-max-ziplist-size",
+        "CONFIG GET list-compress-depth",
+        "CONFIG SET hash-max-ziplist-entries 100",
+        "CONFIG GET hash-max-listpack-entries",
+        "CONFIG GET hash-max-ziplist-entries",
+        "CONFIG SET hash-max-listpack-value 1k zset-max-listpack-value 1kb",
+        "CONFIG GET hash-max-ziplist-value",
+        "CONFIG GET zset-max-ziplist-value",
+        "CONFIG SET zset-max-listpack-entries 64 set-max-intset-entries 1000",
+        "CONFIG GET zset-max-ziplist-entries",
+        "CONFIG GET set-max-intset-entries",
+        "CONFIG SET list-max-listpack-size -3 list-compress-depth 2",
+        "CONFIG GET list-max-ziplist-size",
+        "CONFIG GET list-compress-depth",
+        "CONFIG SET protected-mode YES",
+        "CONFIG GET protected-mode",
+        // The other subcommands.
+        "CONFIG HELP",
+        "CONFIG HELP x",
+        "CONFIG GET",
+        "CONFIG FOO",
+        "CONFIG RESETSTAT x",
+        "CONFIG REWRITE x",
+        "CONFIG REWRITE",
+        "CONFIG RESETSTAT",
+        "CONFIG SET timeout 0",
+    ] {
+        p.same(0, line);
+    }
+    // Values of several words: Redis's class groups of client-output-buffer-limit.
+    for value in [
+        "1mb 0",
+        "foo 1mb 0 0",
+        "normal x 0 0",
+        "normal 1mb 0 -1",
+        "normal 1mb 0 0",
+        "normal 1mb 0 0 pubsub 32mb 8mb 60",
+        "",
+        "normal 0 0 0",
+    ] {
+        p.same_args(0, &["CONFIG", "SET", "client-output-buffer-limit", value]);
+    }
+
+    // maxclients 1: this connection is the one; a second gets Redis's error and is closed.
+    p.same(0, "CONFIG SET maxclients 1");
+    for port in [redis.port, ours.port] {
+        let mut c = Conn::connect(port).unwrap();
+        assert_eq!(
+            c.read().unwrap(),
+            Reply::Error("ERR max number of clients reached".into()),
+            "port {port}"
+        );
+        assert!(c.read().is_err(), "closed after the error");
+    }
+    p.same(0, "CONFIG SET maxclients 10000");
+    let info = p.ours[0].info("stats");
+    assert!(info.contains("rejected_connections:1\r\n"), "{info}");
+
+    // timeout 1: an idle connection is closed; a subscriber and a blocked client are not.
+    p.same(0, "CONFIG SET timeout 1");
+    for (port, within) in [(ours.port, 2.5), (redis.port, 3.5)] {
+        let mut sub = Conn::connect(port).unwrap();
+        sub.cmd(&["SUBSCRIBE", "ch"]);
+        let mut blocked = Conn::connect(port).unwrap();
+        blocked.send(&["BLPOP", "config-q", "0"]).unwrap();
+        let mut idle = Conn::connect(port).unwrap();
+        assert_eq!(idle.cmd(&["PING"]), Reply::Simple("PONG".into()));
+        let t = Instant::now();
+        assert!(
+            idle.read().is_err(),
+            "port {port}: the idle client is closed"
+        );
+        let secs = t.elapsed().as_secs_f64();
+        assert!(
+            (0.9..within).contains(&secs),
+            "port {port}: closed after {secs:.2} s"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(
+            sub.cmd(&["PING"]),
+            Reply::Array(Some(vec![
+                Reply::Bulk(Some(b"pong".to_vec())),
+                Reply::Bulk(Some(Vec::new()))
+            ])),
+            "port {port}: the subscriber stays"
+        );
+        let mut c = Conn::connect(port).unwrap();
+        assert_eq!(c.cmd(&["RPUSH", "config-q", "x"]), Reply::Int(1));
+        assert_eq!(
+            blocked.read().unwrap(),
+            Reply::Array(Some(vec![
+                Reply::Bulk(Some(b"config-q".to_vec())),
+                Reply::Bulk(Some(b"x".to_vec()))
+            ])),
+            "port {port}: the blocked client stays"
+        );
+        assert_eq!(
+            c.cmd(&["CONFIG", "SET", "timeout", "0"]),
+            Reply::Simple("OK".into())
+        );
+    }
+    let info = Conn::connect(ours.port).unwrap().info("stats");
+    assert!(info.contains("tiermem_cut_idle_timeout:"), "{info}");
+    eprintln!(
+        "{} CONFIG commands, the same replies from both servers",
+        p.steps
+    );
+    // A clean stop (a killed vnvm server leaves its shared-memory object behind).
+    let mut ours = ours;
+    let _ = Conn::connect(ours.port)
+        .unwrap()
+        .send(&["SHUTDOWN", "NOSAVE"]);
+    assert!(
+        ours.wait_exit(30).is_some_and(|st| st.success()),
+        "{}",
+        ours.log()
+    );
     drop(ours);
     let _ = std::fs::remove_dir_all(&dir);
 }

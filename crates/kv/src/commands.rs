@@ -218,6 +218,9 @@ pub struct KvService {
     protected: AtomicBool,
     /// Connected clients (CLIENT LIST, CLIENT KILL).
     clients: clients::Clients,
+    /// The settings the server's event loops read, which CONFIG SET changes
+    /// ([`KvService::set_runtime`]; defaults for a service outside a server).
+    runtime: std::sync::OnceLock<Arc<crate::runtime::Runtime>>,
 }
 
 /// Most damaged heap offsets logged one by one (then one line says that more were found).
@@ -286,6 +289,7 @@ impl KvService {
             password: parking_lot::RwLock::new(None),
             protected: AtomicBool::new(true),
             clients: clients::Clients::default(),
+            runtime: std::sync::OnceLock::new(),
         })
     }
 

@@ -8,6 +8,7 @@ use crate::heap::vnvm::{VnvmEngine, VnvmEngineConfig};
 use crate::heap::volatile::VolatileEngine;
 use crate::heap::{Engine, Heap};
 use crate::persistence::{self, Persistence, SnapshotSettings};
+use crate::runtime::Runtime;
 use crate::server::{self, ServerHandle, ServerStats, ShutdownTrigger};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -166,6 +167,11 @@ impl KvInstance {
                 .with_config(cfg.get("*"))
                 .with_auth(&cfg.requirepass, cfg.protected_mode),
         );
+        // The settings CONFIG SET changes, shared by the event loops and the command layer;
+        // the encoding thresholds are the process's.
+        crate::config::set_thresholds(cfg.thresholds);
+        let runtime = Arc::new(Runtime::new(cfg));
+        service.set_runtime(runtime.clone());
         if let (Some(settings), Some(mem)) = (snapshots, service.heap().engine().snapshot_memory())
         {
             service.set_persistence(Arc::new(Persistence::new(mem, settings)));
@@ -180,9 +186,11 @@ impl KvInstance {
             ));
         }
         let handle =
-            server::start(&cfg.server, service.clone(), stats).map_err(|source| KvError::Io {
-                what: "starting the server",
-                source,
+            server::start_with(&cfg.server, runtime, service.clone(), stats).map_err(|source| {
+                KvError::Io {
+                    what: "starting the server",
+                    source,
+                }
             })?;
         if let Some(a) = handle.tcp_addrs().first() {
             net.port.store(a.port() as u64, Ordering::Relaxed);
@@ -339,6 +347,7 @@ impl InfoSource for NetInfo {
                     s.cut_unfinished_frame_timeout,
                 );
                 put("tiermem_cut_output_buffer_limit", s.cut_output_buffer_limit);
+                put("tiermem_cut_idle_timeout", s.cut_idle_timeout);
             }
             "migration" => {
                 if let Some(m) = &self.migration {

@@ -8,6 +8,8 @@
 //! * [`heap`]: the storage interface — a transactional heap addressed by offsets — and its
 //!   engines (`vnvm`: durable; `volatile`: one registered anonymous region);
 //! * `ds`, `commands`: Redis data structures over a heap and the command table;
+//! * [`runtime`]: the settings that change while a server runs (CONFIG SET), read by the
+//!   event loops without a lock;
 //! * [`persistence`]: snapshots of the volatile heap (SAVE, BGSAVE, save points, load at start);
 //! * [`instance`]: a whole server (engine, heap, commands, network) from a configuration;
 //! * [`client`]: a small blocking RESP2 client (the CLI, the benchmarks and the tests use it).
@@ -24,4 +26,5 @@ pub mod instance;
 pub mod iobuf;
 pub mod persistence;
 pub mod resp;
+pub mod runtime;
 pub mod server;

@@ -36,7 +36,10 @@
 //!   client with the largest one is closed (exactly the largest among buffers of 1 MiB or more,
 //!   which are tracked globally; the thread's own largest when no buffer is that large).
 //! * `unfinished-frame-timeout`: a client holding an unfinished request that sends nothing for
-//!   this long is closed. A client idle between requests is never closed.
+//!   this long is closed.
+//! * `timeout` (Redis's idle-client timeout, 0 by default = never): a client that sent nothing
+//!   and was sent no reply for more than this many seconds is closed, unless it is blocked
+//!   ([`Control::Block`]) or a subscriber ([`ConnHandle::set_subscriber`]), as Redis does.
 //! * `client-output-buffer-limit`: a client whose pending replies would exceed it is closed (no
 //!   flow control: like Redis, we keep reading from a client that does not read its replies).
 //!   The limit is the output budget of [`Service::execute`]: the service stops at the first
@@ -56,6 +59,9 @@
 //! why the big buffers are mapped).
 //! * `maxclients`: a connection beyond it gets `-ERR max number of clients reached` and is
 //!   closed. At start the process's open-file limit is raised (up to its hard limit) to fit it.
+//!
+//! Every limit is read from the server's [`Runtime`] at each use (relaxed atomic loads), so
+//! `CONFIG SET` changes it for the running server ([`start_with`]).
 //!
 //! # Control and shutdown
 //!
@@ -83,7 +89,8 @@ use parking_lot::Mutex;
 
 use crate::config::{parse_bind, ServerConfig};
 use crate::iobuf::IoBuf;
-use crate::resp::{Limits, RequestParser, VecPool};
+use crate::resp::{RequestParser, VecPool};
+use crate::runtime::Runtime;
 
 /// What the connection does after a batch of requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,6 +190,8 @@ pub struct ConnHandle {
     shared: std::sync::Weak<Shared>,
     thread: usize,
     token: u64,
+    /// The connection is a subscriber (shared with the connection's event loop).
+    subscriber: Arc<AtomicBool>,
 }
 
 impl ConnHandle {
@@ -192,7 +201,14 @@ impl ConnHandle {
             shared: std::sync::Weak::new(),
             thread: 0,
             token: u64::MAX,
+            subscriber: Arc::default(),
         }
+    }
+
+    /// Says whether the connection subscribes to anything: the idle-client timeout
+    /// (`timeout`) leaves subscribers alone, as Redis does. One relaxed store.
+    pub fn set_subscriber(&self, on: bool) {
+        self.subscriber.store(on, Ordering::Relaxed);
     }
 
     /// Have the connection's blocked requests (see [`Control::Block`]) executed again soon; a
@@ -271,6 +287,8 @@ pub struct ServerStats {
     pub cut_unfinished_frame_timeout: AtomicU64,
     /// Clients closed for exceeding `client-output-buffer-limit`.
     pub cut_output_buffer_limit: AtomicU64,
+    /// Idle clients closed by `timeout`.
+    pub cut_idle_timeout: AtomicU64,
     /// Panics of the service caught (each closed the connection that caused it).
     pub service_panics: AtomicU64,
 }
@@ -290,6 +308,7 @@ pub struct ServerStatsSnapshot {
     pub cut_query_buffer_budget: u64,
     pub cut_unfinished_frame_timeout: u64,
     pub cut_output_buffer_limit: u64,
+    pub cut_idle_timeout: u64,
     pub service_panics: u64,
 }
 
@@ -309,7 +328,28 @@ impl ServerStats {
             cut_query_buffer_budget: l(&self.cut_query_buffer_budget),
             cut_unfinished_frame_timeout: l(&self.cut_unfinished_frame_timeout),
             cut_output_buffer_limit: l(&self.cut_output_buffer_limit),
+            cut_idle_timeout: l(&self.cut_idle_timeout),
             service_panics: l(&self.service_panics),
+        }
+    }
+
+    /// `CONFIG RESETSTAT`: every monotonic counter back to 0 (`connected_clients` stays).
+    pub fn reset(&self) {
+        for c in [
+            &self.total_connections_received,
+            &self.total_commands_processed,
+            &self.rejected_connections,
+            &self.total_net_input_bytes,
+            &self.total_net_output_bytes,
+            &self.protocol_errors,
+            &self.cut_query_buffer_limit,
+            &self.cut_query_buffer_budget,
+            &self.cut_unfinished_frame_timeout,
+            &self.cut_output_buffer_limit,
+            &self.cut_idle_timeout,
+            &self.service_panics,
+        ] {
+            c.store(0, Ordering::Relaxed);
         }
     }
 }
@@ -433,9 +473,29 @@ impl Drop for ServerHandle {
 /// Starts the server on `config`'s addresses and returns once it listens: the OS-chosen ports
 /// of a port 0 and the Unix socket are in the handle. Errors: invalid configuration, an address
 /// that cannot be bound (except optional `-` binds), an existing non-socket file at the Unix
-/// socket path, or no event-loop resources.
+/// socket path, or no event-loop resources. Its limits stay `config`'s ([`start_with`] takes
+/// settings that change at run time).
 pub fn start<S: Service>(
     config: &ServerConfig,
+    service: Arc<S>,
+    stats: Arc<ServerStats>,
+) -> io::Result<ServerHandle> {
+    start_with(
+        config,
+        Arc::new(Runtime::for_server(config)),
+        service,
+        stats,
+    )
+}
+
+/// [`start`], with the limits read from `runtime` at each use (created from the same
+/// configuration; `CONFIG SET` changes it): `config` gives what is fixed at start (addresses,
+/// threads). The server registers with `runtime`: its counters (for `CONFIG RESETSTAT`) and a
+/// wake-up of every event loop after each change (so a new timeout takes effect in a loop
+/// that sleeps without a timer).
+pub fn start_with<S: Service>(
+    config: &ServerConfig,
+    runtime: Arc<Runtime>,
     service: Arc<S>,
     stats: Arc<ServerStats>,
 ) -> io::Result<ServerHandle> {
@@ -443,6 +503,8 @@ pub fn start<S: Service>(
         .validate()
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let max_clients = raise_fd_limit(config.max_clients);
+    runtime.set_effective_max_clients(max_clients as u64);
+    runtime.set_stats(Arc::clone(&stats));
 
     let mut listeners = Vec::new();
     let mut tcp_addrs = Vec::new();
@@ -519,17 +581,22 @@ pub fn start<S: Service>(
         buffered: AtomicU64::new(0),
         evicting: AtomicU64::new(0),
         big: Mutex::new(HashMap::new()),
-        limits: config.limits(),
-        max_clients: max_clients as u64,
-        query_limit: config.client_query_buffer_limit,
-        budget: config.total_query_buffer_budget,
-        timeout: config.unfinished_frame_timeout,
-        output_limit: config.client_output_buffer_limit,
+        rt: Arc::clone(&runtime),
         threads,
         next_thread: AtomicUsize::new(0),
         stats: Arc::clone(&stats),
     });
 
+    {
+        let weak = Arc::downgrade(&shared);
+        runtime.on_change(Box::new(move || {
+            if let Some(sh) = weak.upgrade() {
+                for t in 0..sh.threads {
+                    sh.wake(t);
+                }
+            }
+        }));
+    }
     let mut handles = Vec::with_capacity(threads);
     let mut listeners = Some(listeners);
     for (id, epoll) in epolls.into_iter().enumerate() {
@@ -618,12 +685,8 @@ struct Shared {
     evicting: AtomicU64,
     /// Unfinished requests of at least [`BIG_BUFFER`] bytes: (thread, token) -> bytes.
     big: Mutex<HashMap<(usize, u64), u64>>,
-    limits: Limits,
-    max_clients: u64,
-    query_limit: u64,
-    budget: u64,
-    timeout: Duration,
-    output_limit: u64,
+    /// The limits, read at each use.
+    rt: Arc<Runtime>,
     threads: usize,
     next_thread: AtomicUsize,
     stats: Arc<ServerStats>,
@@ -677,8 +740,22 @@ fn set_backlog(fd: RawFd) {
 }
 
 /// Raises the soft open-file limit so `max_clients` connections fit (plus room for listeners,
-/// the engine's files, ...), as Redis does; returns the `maxclients` that fits afterwards.
+/// the engine's files, ...), as Redis does; returns the `maxclients` that fits afterwards, and
+/// says so when that is fewer.
 fn raise_fd_limit(max_clients: usize) -> usize {
+    let fit = fit_max_clients(max_clients);
+    if fit < max_clients {
+        eprintln!(
+            "tiermem-kv: the open-file limit allows {fit} clients, not maxclients {max_clients}"
+        );
+    }
+    fit
+}
+
+/// Raises the process's soft open-file limit (up to its hard limit) so that `max_clients`
+/// connections fit with room to spare, as Redis does for `maxclients`; returns how many
+/// clients fit afterwards (`max_clients` when they all do). For `CONFIG SET maxclients`.
+pub fn fit_max_clients(max_clients: usize) -> usize {
     const RESERVED: u64 = 64;
     let want = (max_clients as u64).saturating_add(RESERVED);
     let mut lim = libc::rlimit {
@@ -700,12 +777,7 @@ fn raise_fd_limit(max_clients: usize) -> usize {
         }
     }
     if lim.rlim_cur < want {
-        let fit = lim.rlim_cur.saturating_sub(RESERVED).max(1) as usize;
-        eprintln!(
-            "tiermem-kv: open-file limit {} allows {fit} clients, not maxclients {max_clients}",
-            lim.rlim_cur
-        );
-        fit
+        lim.rlim_cur.saturating_sub(RESERVED).max(1) as usize
     } else {
         max_clients
     }
@@ -857,6 +929,7 @@ enum Cut {
     Budget,
     Timeout,
     Output,
+    Idle,
     Panic,
 }
 
@@ -874,6 +947,10 @@ struct Conn<Sess> {
     accounted: u64,
     /// When the last byte arrived.
     last_input: Instant,
+    /// When the client last sent something or was last sent a reply (the idle timeout).
+    last_active: Instant,
+    /// A subscriber (set by the service through its [`ConnHandle`]).
+    subscriber: Arc<AtomicBool>,
     /// No more input: send the replies, then close.
     closing: bool,
     /// EPOLLOUT is registered.
@@ -996,9 +1073,24 @@ impl<S: Service> Worker<S> {
         Ok(())
     }
 
-    /// How often unfinished requests are checked against the timeout.
+    /// How often connections are checked against the timeouts: a quarter of the shorter one,
+    /// between 10 ms and 1 s.
     fn tick_period(&self) -> Duration {
-        (self.shared.timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+        let rt = &self.shared.rt;
+        [rt.unfinished_frame_timeout(), rt.idle_timeout()]
+            .into_iter()
+            .filter(|t| !t.is_zero())
+            .map(|t| t / 4)
+            .fold(Duration::from_secs(1), Duration::min)
+            .max(Duration::from_millis(10))
+    }
+
+    /// Whether a timer must check this thread's connections: unfinished requests under
+    /// `unfinished-frame-timeout`, or any connection under `timeout`.
+    fn ticking(&self) -> bool {
+        let rt = &self.shared.rt;
+        (self.partial > 0 && !rt.unfinished_frame_timeout().is_zero())
+            || (self.live > 0 && !rt.idle_timeout().is_zero())
     }
 
     fn run(mut self) {
@@ -1006,7 +1098,7 @@ impl<S: Service> Worker<S> {
         loop {
             let now = Instant::now();
             let mut timeout: Option<Duration> = None;
-            if self.partial > 0 && !self.shared.timeout.is_zero() {
+            if self.ticking() {
                 timeout = Some(self.next_tick.saturating_duration_since(now));
             }
             if let Some(t) = self.accept_paused_until {
@@ -1103,7 +1195,7 @@ impl<S: Service> Worker<S> {
             self.shared.evicting.fetch_sub(bytes, Ordering::Relaxed);
         }
         let pushes: Vec<Push> = std::mem::take(&mut *self.shared.pushes[self.id].lock());
-        let limit = self.shared.output_limit;
+        let limit = self.shared.rt.client_output_buffer_limit();
         for (tok, bytes) in pushes {
             let Some(c) = self.conn(tok) else {
                 continue; // closed meanwhile
@@ -1138,7 +1230,7 @@ impl<S: Service> Worker<S> {
     /// Runs a blocked connection's pending requests again (woken, or at its deadline); then,
     /// if it no longer blocks, whatever input waits. True if requests were executed.
     fn resume(&mut self, tok: u64, now: Instant) -> bool {
-        let limit = self.shared.output_limit;
+        let limit = self.shared.rt.client_output_buffer_limit();
         let service = Arc::clone(&self.service);
         let Some(c) = self.conn(tok) else {
             return false;
@@ -1148,6 +1240,7 @@ impl<S: Service> Worker<S> {
         }
         c.blocked = false;
         c.deadline = None;
+        c.last_active = now;
         let pending = std::mem::take(&mut c.pending);
         let reqs: Vec<Vec<&[u8]>> = pending
             .iter()
@@ -1271,7 +1364,7 @@ impl<S: Service> Worker<S> {
         if self.shared.shutdown.load(Ordering::Relaxed) {
             return;
         }
-        if stats.connected_clients.load(Ordering::Relaxed) >= self.shared.max_clients {
+        if stats.connected_clients.load(Ordering::Relaxed) >= self.shared.rt.max_clients() {
             stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
             let _ = send_nosignal(fd.as_raw_fd(), MAX_CLIENTS_REPLY, libc::MSG_DONTWAIT);
             return;
@@ -1315,10 +1408,12 @@ impl<S: Service> Worker<S> {
             return;
         }
         let service = &self.service;
+        let subscriber: Arc<AtomicBool> = Arc::default();
         let handle = ConnHandle {
             shared: Arc::downgrade(&self.shared),
             thread: self.id,
             token: tok,
+            subscriber: Arc::clone(&subscriber),
         };
         let session =
             match catch_unwind(AssertUnwindSafe(|| service.open_session_with(peer, handle))) {
@@ -1341,6 +1436,8 @@ impl<S: Service> Worker<S> {
             out_pos: 0,
             accounted: 0,
             last_input: now,
+            last_active: now,
+            subscriber,
             closing: false,
             want_write: false,
             queued: false,
@@ -1485,13 +1582,15 @@ impl<S: Service> Worker<S> {
                 .total_net_input_bytes
                 .fetch_add(total as u64, Ordering::Relaxed);
             conn.last_input = now;
+            conn.last_active = now;
         }
 
         // Parse and execute.
         let mut requests = pool.requests();
+        let limits = shared.rt.limits();
         let parsed = conn
             .parser
-            .parse(&shared.limits, &mut buf[..], &mut requests, pool);
+            .parse(&limits, &mut buf[..], &mut requests, pool);
         let mut control = Control::Continue;
         let mut panicked = false;
         let executed = !requests.is_empty();
@@ -1503,7 +1602,8 @@ impl<S: Service> Worker<S> {
                 conn.out.drain(..conn.out_pos);
                 conn.out_pos = 0;
             }
-            let out_limit = match shared.output_limit {
+            let output_limit = shared.rt.client_output_buffer_limit();
+            let out_limit = match output_limit {
                 0 => usize::MAX,
                 l => conn
                     .out_pos
@@ -1592,12 +1692,12 @@ impl<S: Service> Worker<S> {
             *freed += scratch.capacity();
             *scratch = IoBuf::with_capacity(SCRATCH);
         }
-        if conn.inbuf.len() as u64 > shared.query_limit {
+        if conn.inbuf.len() as u64 > shared.rt.client_query_buffer_limit() {
             return (Outcome::Cut(Cut::QueryLimit), executed);
         }
         // For a service that does not honour the budget.
-        if shared.output_limit != 0 && (conn.out.len() - conn.out_pos) as u64 > shared.output_limit
-        {
+        let output_limit = shared.rt.client_output_buffer_limit();
+        if output_limit != 0 && (conn.out.len() - conn.out_pos) as u64 > output_limit {
             return (Outcome::Cut(Cut::Output), executed);
         }
         if close {
@@ -1645,7 +1745,7 @@ impl<S: Service> Worker<S> {
 
     /// While all unfinished requests exceed the budget, closes the client with the largest.
     fn enforce_budget(&mut self) {
-        let budget = self.shared.budget;
+        let budget = self.shared.rt.total_query_buffer_budget();
         if budget == 0 {
             return;
         }
@@ -1719,6 +1819,11 @@ impl<S: Service> Worker<S> {
                     stats
                         .total_net_output_bytes
                         .fetch_add(n as u64, Ordering::Relaxed);
+                    if n > 0 && c.out_pos < c.out.len() {
+                        // A slow reader still being sent a reply is not idle (a reply sent
+                        // at once follows its request's input, which counted already).
+                        c.last_active = Instant::now();
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(_) => failed = true,
@@ -1796,7 +1901,8 @@ impl<S: Service> Worker<S> {
                 }
             }
         }
-        let timeout = self.shared.timeout;
+        self.close_idle(now);
+        let timeout = self.shared.rt.unfinished_frame_timeout();
         if self.partial == 0 || timeout.is_zero() {
             return;
         }
@@ -1815,6 +1921,31 @@ impl<S: Service> Worker<S> {
         }
     }
 
+    /// `timeout`: closes the connections idle for longer (neither blocked nor subscribers nor
+    /// already closing), as Redis's `clientsCronHandleTimeout` does, without a reply.
+    fn close_idle(&mut self, now: Instant) {
+        let idle = self.shared.rt.idle_timeout();
+        if idle.is_zero() || self.live == 0 {
+            return;
+        }
+        let stale: Vec<u64> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let c = s.conn.as_ref()?;
+                (!c.blocked
+                    && !c.closing
+                    && !c.subscriber.load(Ordering::Relaxed)
+                    && now.saturating_duration_since(c.last_active) > idle)
+                    .then(|| token(i, s.gen))
+            })
+            .collect();
+        for tok in stale {
+            self.cut(tok, Cut::Idle);
+        }
+    }
+
     /// Closes a client for a limit (pending replies are dropped).
     fn cut(&mut self, tok: u64, reason: Cut) {
         let s = &self.stats;
@@ -1823,6 +1954,7 @@ impl<S: Service> Worker<S> {
             Cut::Budget => &s.cut_query_buffer_budget,
             Cut::Timeout => &s.cut_unfinished_frame_timeout,
             Cut::Output => &s.cut_output_buffer_limit,
+            Cut::Idle => &s.cut_idle_timeout,
             Cut::Panic => {
                 self.close(tok);
                 return;

@@ -6,6 +6,7 @@ use super::reply::{self, array, bulk, int, null};
 use super::table::{self, Id, Spec};
 use super::{Held, KvService, Session};
 use crate::ds::{keyspace, Mem};
+use crate::runtime::Runtime;
 use crate::server::Control;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
@@ -275,56 +276,7 @@ impl KvService {
                     ),
                 }
             }
-            Id::Config => {
-                if is(a[1], "GET") && a.len() >= 3 {
-                    let mut pairs = Vec::new();
-                    let live = self.persistence.get();
-                    for (k, v) in &self.config {
-                        if a[2..].iter().any(|p| glob(&p.to_ascii_lowercase(), k.as_bytes())) {
-                            let v = match k.as_str() {
-                                "requirepass" => self.password.read().clone().unwrap_or_default(),
-                                "protected-mode" => {
-                                    (if self.protected.load(Relaxed) { "yes" } else { "no" })
-                                        .to_string()
-                                }
-                                _ => live.and_then(|p| p.get(k)).unwrap_or_else(|| v.clone()),
-                            };
-                            pairs.push((k, v));
-                        }
-                    }
-                    array(out, 2 * pairs.len());
-                    for (k, v) in pairs {
-                        bulk(out, k.as_bytes());
-                        bulk(out, v.as_bytes());
-                    }
-                } else if is(a[1], "RESETSTAT") && a.len() == 2 {
-                    let st = &self.stats;
-                    for c in [
-                        &st.commands,
-                        &st.hits,
-                        &st.misses,
-                        &st.commits,
-                        &st.aborts,
-                        &st.too_large,
-                        &st.oom,
-                        &st.gc_work,
-                        &st.expired,
-                    ] {
-                        c.store(0, Relaxed);
-                    }
-                    reply::ok(out);
-                } else if is(a[1], "SET") {
-                    self.config_set(a, out);
-                } else {
-                    reply::error(
-                        out,
-                        &format!(
-                            "ERR unknown subcommand or wrong number of arguments for '{}'. Try CONFIG HELP.",
-                            String::from_utf8_lossy(a[1])
-                        ),
-                    );
-                }
-            }
+            Id::Config => self.config_cmd(a, out),
             Id::Time => {
                 let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
                 array(out, 2);
@@ -415,92 +367,180 @@ impl KvService {
         Control::Continue
     }
 
-    /// CONFIG SET key value [key value ...]: the snapshot keys (`save`, `dbfilename`,
-    /// `snapshot-method`, `snapshot-target`, `snapshot-staging-slots`) change at run time; the other keys are set
-    /// at start. All or nothing, as Redis.
-    fn config_set(&self, a: &[&[u8]], out: &mut Vec<u8>) {
-        if a.len() < 4 || a.len() % 2 != 0 {
-            reply::error(
+    /// Use `rt` as the run-time settings that CONFIG GET, SET, REWRITE and RESETSTAT work on:
+    /// the settings the server runs with ([`crate::server::start_with`]), created from the
+    /// configuration it started from. Once, before serving; later calls are ignored. A service
+    /// given none (outside a server) has settings of its own from the defaults.
+    pub fn set_runtime(&self, rt: std::sync::Arc<Runtime>) {
+        let _ = self.runtime.set(rt);
+    }
+
+    /// The run-time settings (see [`KvService::set_runtime`]).
+    pub fn runtime(&self) -> &std::sync::Arc<Runtime> {
+        self.runtime
+            .get_or_init(|| std::sync::Arc::new(Runtime::new(&crate::config::KvConfig::default())))
+    }
+
+    /// CONFIG GET | SET | RESETSTAT | REWRITE | HELP, with Redis 7.0's replies.
+    fn config_cmd(&self, a: &[&[u8]], out: &mut Vec<u8>) {
+        let sub = String::from_utf8_lossy(a[1]).to_ascii_lowercase();
+        let arity_ok = match sub.as_str() {
+            "get" => a.len() >= 3,
+            "set" => a.len() >= 4,
+            "resetstat" | "rewrite" | "help" => a.len() == 2,
+            _ => {
+                let name = String::from_utf8_lossy(&a[1][..a[1].len().min(128)]).into_owned();
+                return reply::error(
+                    out,
+                    &format!("ERR unknown subcommand '{name}'. Try CONFIG HELP."),
+                );
+            }
+        };
+        if !arity_ok {
+            return reply::error(
                 out,
-                "ERR wrong number of arguments for 'config|set' command",
+                &format!("ERR wrong number of arguments for 'config|{sub}' command"),
             );
-            return;
         }
-        let pairs: Vec<(String, String)> = a[2..]
+        match sub.as_str() {
+            "get" => self.config_get(&a[2..], out),
+            "set" => self.config_set(a, out),
+            "resetstat" => {
+                let st = &self.stats;
+                for c in [
+                    &st.commands,
+                    &st.hits,
+                    &st.misses,
+                    &st.commits,
+                    &st.aborts,
+                    &st.too_large,
+                    &st.oom,
+                    &st.gc_work,
+                    &st.expired,
+                    &st.connections_total,
+                ] {
+                    c.store(0, Relaxed);
+                }
+                // The network front end's counters, which INFO shows in place of ours.
+                if let Some(net) = self.runtime().stats() {
+                    net.reset();
+                }
+                reply::ok(out);
+            }
+            "rewrite" => {
+                let rt = self.runtime();
+                let Some(path) = rt.config_file() else {
+                    return reply::error(out, "ERR The server is running without a config file");
+                };
+                match crate::config::rewrite_file(&path, &self.live_config()) {
+                    Ok(()) => reply::ok(out),
+                    Err(e) => reply::error(out, &format!("ERR Rewriting config file: {e}")),
+                }
+            }
+            _ => {
+                const HELP: &[&str] = &[
+                    "CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                    "GET <pattern>",
+                    "    Return parameters matching the glob-like <pattern> and their values.",
+                    "SET <directive> <value>",
+                    "    Set the configuration <directive> to <value>.",
+                    "RESETSTAT",
+                    "    Reset statistics reported by the INFO command.",
+                    "REWRITE",
+                    "    Rewrite the configuration file.",
+                    "HELP",
+                    "    Prints this help.",
+                ];
+                array(out, HELP.len());
+                for l in HELP {
+                    reply::simple(out, l);
+                }
+            }
+        }
+    }
+
+    /// The configuration as it stands: the run-time settings', with the password and
+    /// protected mode as this service has them (a service outside a server may have been
+    /// given them apart: [`KvService::with_auth`]).
+    fn live_config(&self) -> crate::config::KvConfig {
+        let mut c = self.runtime().config();
+        c.requirepass = self.password.read().clone().unwrap_or_default();
+        c.protected_mode = self.protected.load(Relaxed);
+        c
+    }
+
+    /// CONFIG GET pattern [pattern ...]: every key matching any pattern, once, with its value
+    /// as it stands (the snapshot keys and `dir` as the snapshots use them); then the
+    /// entries of the start table ([`KvService::with_config`]) this configuration does not
+    /// know (`maxmemory-policy`).
+    fn config_get(&self, patterns: &[&[u8]], out: &mut Vec<u8>) {
+        let cfg = self.live_config();
+        let live = self.persistence.get();
+        let matches = |k: &str| {
+            patterns
+                .iter()
+                .any(|p| glob(&p.to_ascii_lowercase(), k.as_bytes()))
+        };
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        for (k, v) in cfg.get("*") {
+            if matches(&k) {
+                // The snapshot settings as the snapshots use them (`save` normalised).
+                let v = live.and_then(|p| p.get(&k)).unwrap_or(v);
+                pairs.push((k, v));
+            }
+        }
+        for (k, v) in &self.config {
+            if cfg.value(k).is_none() && matches(k) {
+                pairs.push((k.clone(), v.clone()));
+            }
+        }
+        array(out, 2 * pairs.len());
+        for (k, v) in pairs {
+            bulk(out, k.as_bytes());
+            bulk(out, v.as_bytes());
+        }
+    }
+
+    /// CONFIG SET key value [key value ...]: every live key (see [`crate::config`]): checked
+    /// as Redis 7.0 checks it, all or nothing ([`Runtime::config_set`]), then applied — the
+    /// server's limits and the thresholds by the run-time settings, the password, protected
+    /// mode and the snapshot settings here.
+    fn config_set(&self, a: &[&[u8]], out: &mut Vec<u8>) {
+        if a.len() % 2 != 0 {
+            return reply::syntax(out);
+        }
+        let owned: Vec<(String, String)> = a[2..]
             .chunks(2)
             .map(|c| {
                 (
-                    String::from_utf8_lossy(c[0]).to_ascii_lowercase(),
+                    String::from_utf8_lossy(c[0]).into_owned(),
                     String::from_utf8_lossy(c[1]).into_owned(),
                 )
             })
             .collect();
-        // The password and protected mode change here; the rest are snapshot settings.
-        let auth = |k: &str| k == "requirepass" || k == "protected-mode";
-        if pairs.iter().any(|(k, _)| auth(k)) {
-            if !pairs.iter().all(|(k, _)| auth(k)) {
-                return reply::error(
-                    out,
-                    "ERR CONFIG SET failed - requirepass and protected-mode are set apart from \
-                     other parameters",
-                );
-            }
-            for (k, v) in &pairs {
-                if k == "protected-mode"
-                    && !(v.eq_ignore_ascii_case("yes") || v.eq_ignore_ascii_case("no"))
-                {
-                    return reply::error(
-                        out,
-                        &format!(
-                            "ERR CONFIG SET failed (possibly related to argument '{k}') - argument must be 'yes' or 'no'"
-                        ),
-                    );
+        let pairs: Vec<(&str, &str)> = owned
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let persistence = self.persistence.get();
+        let next = match self.runtime().config_set(&pairs, persistence.is_some()) {
+            Ok(next) => next,
+            Err(e) => return reply::error(out, &e),
+        };
+        for (k, _) in &pairs {
+            let k = k.to_ascii_lowercase();
+            match k.as_str() {
+                "requirepass" => {
+                    let pw = &next.requirepass;
+                    *self.password.write() = (!pw.is_empty()).then(|| pw.clone());
                 }
-            }
-            for (k, v) in pairs {
-                if k == "requirepass" {
-                    *self.password.write() = (!v.is_empty()).then_some(v);
-                } else {
-                    self.protected.store(v.eq_ignore_ascii_case("yes"), Relaxed);
+                "protected-mode" => self.protected.store(next.protected_mode, Relaxed),
+                _ => {
+                    if let (Some(p), Some(v)) = (persistence, next.value(&k)) {
+                        // Checked with the rest: a snapshot key's value is valid here.
+                        let _ = p.set(&k, &v);
+                    }
                 }
-            }
-            return reply::ok(out);
-        }
-        for (k, v) in &pairs {
-            match crate::persistence::check_setting(k, v) {
-                Ok(Some(())) if self.persistence.get().is_some() => {}
-                Ok(Some(())) => {
-                    return reply::error(
-                        out,
-                        &format!(
-                            "ERR CONFIG SET failed (possibly related to argument '{k}') - this \
-                             engine takes no snapshots (only the volatile engine does)"
-                        ),
-                    )
-                }
-                Ok(None) => {
-                    return reply::error(
-                        out,
-                        &format!(
-                            "ERR CONFIG SET failed (possibly related to argument '{k}') - \
-                             tiermem-kv sets it only at start"
-                        ),
-                    )
-                }
-                Err(e) => {
-                    return reply::error(
-                        out,
-                        &format!(
-                            "ERR CONFIG SET failed (possibly related to argument '{k}') - {e}"
-                        ),
-                    )
-                }
-            }
-        }
-        let p = self.persistence.get().expect("checked above");
-        for (k, v) in &pairs {
-            if let Err(e) = p.set(k, v) {
-                return reply::error(out, &format!("ERR CONFIG SET failed - {e}"));
             }
         }
         reply::ok(out);

@@ -124,8 +124,13 @@ impl Clients {
                 v.name = s.name.clone();
             }
             v.db = s.db;
-            v.sub = s.subs.channels.len();
-            v.psub = s.subs.patterns.len();
+            let (sub, psub) = (s.subs.channels.len(), s.subs.patterns.len());
+            if (v.sub + v.psub > 0) != (sub + psub > 0) {
+                // Subscribers are exempt from the idle-client timeout.
+                s.conn.set_subscriber(sub + psub > 0);
+            }
+            v.sub = sub;
+            v.psub = psub;
             v.multi = s.multi.as_ref().map(|m| m.queued.len());
             v.blocked = s.block.is_some();
         }

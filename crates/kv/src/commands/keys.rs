@@ -99,17 +99,15 @@ fn parse_canonical_i64(b: &[u8]) -> Option<i64> {
     (v.to_string().as_bytes() == b).then_some(v)
 }
 
-/// What Redis 7.0 with its default thresholds would call a value like `e`'s: strings `int`
-/// (a canonical integer), `embstr` (up to 44 bytes) or `raw`; lists `quicklist`; sets
-/// `intset` (at most 512 integer members) or `hashtable`; hashes `listpack` (at most 512
-/// fields, each field and value at most 64 bytes) or `hashtable`; sorted sets `listpack` (at
-/// most 128 members of at most 64 bytes) or `skiplist`. Judged from the value as it is now:
+/// What Redis 7.0 with the configured thresholds (`config::thresholds`, CONFIG SET; Redis's
+/// defaults shown) would call a value like `e`'s: strings `int` (a canonical integer),
+/// `embstr` (up to 44 bytes) or `raw`; lists `quicklist`; sets `intset` (at most 512 integer
+/// members) or `hashtable`; hashes `listpack` (at most 512 fields, each field and value at
+/// most 64 bytes) or `hashtable`; sorted sets `listpack` (at most 128 members of at most 64
+/// bytes) or `skiplist`. Judged from the value as it is now:
 /// unlike Redis, a value that shrinks back under a threshold reads as compact again.
 fn encoding_name<M: Mem>(m: &M, e: &Entry) -> &'static str {
-    const INTSET: u64 = 512;
-    const HASH_PACK: u64 = 512;
-    const ZSET_PACK: u64 = 128;
-    const PACK_VALUE: usize = 64;
+    let t = crate::config::thresholds();
     match e.ty() {
         T_STRING => {
             let v = ks::string_value(m, e);
@@ -127,7 +125,7 @@ fn encoding_name<M: Mem>(m: &M, e: &Entry) -> &'static str {
                 enc: e.enc(),
                 obj: e.obj(),
             };
-            let mut ints = set::card(m, s) <= INTSET;
+            let mut ints = set::card(m, s) <= t.set_max_intset_entries;
             if ints {
                 set::for_each(m, s, |x| ints &= parse_canonical_i64(x).is_some());
             }
@@ -142,10 +140,11 @@ fn encoding_name<M: Mem>(m: &M, e: &Entry) -> &'static str {
                 enc: e.enc(),
                 obj: e.obj(),
             };
-            let mut small = hash::len(m, h) <= HASH_PACK;
+            let mut small = hash::len(m, h) <= t.hash_max_listpack_entries;
             if small {
                 hash::for_each(m, h, |f, v| {
-                    small &= f.len() <= PACK_VALUE && v.len() <= PACK_VALUE
+                    small &= f.len() as u64 <= t.hash_max_listpack_value
+                        && v.len() as u64 <= t.hash_max_listpack_value
                 });
             }
             if small {
@@ -156,10 +155,10 @@ fn encoding_name<M: Mem>(m: &M, e: &Entry) -> &'static str {
         }
         T_ZSET => {
             let n = zset::len(m, e.obj());
-            let mut small = n <= ZSET_PACK;
+            let mut small = n <= t.zset_max_listpack_entries;
             if small && n > 0 {
                 zset::range_by_rank(m, e.obj(), 0, n - 1, false, |x, _| {
-                    small &= x.len() <= PACK_VALUE
+                    small &= x.len() as u64 <= t.zset_max_listpack_value
                 });
             }
             if small {

@@ -1,4 +1,7 @@
 //! Hashes: a pack of (field, value) pairs while small, a dict of field entries above that.
+//! "Small": at most [`pack::MAX_ENTRIES`] fields (fewer when `hash-max-listpack-entries` says
+//! so: [`crate::config::thresholds`]) and [`pack::MAX_BYTES`] bytes; a write that leaves a
+//! hash bigger makes it a dict, which stays one.
 //!
 //! Dict entry: `0 next, 8 hash, 16 meta (field length | size class << 48), 24 value length,
 //! 32 field, value`. A value that still fits the entry's block is rewritten in place.
@@ -194,7 +197,9 @@ pub fn set(
                 }
             }
             intact()?;
-            if pack::fits(count, body.len()) {
+            // Redis's `hash-max-listpack-entries` lowers the pack's own ceiling.
+            let max = crate::config::thresholds().hash_max_listpack_entries;
+            if pack::fits(count, body.len()) && count as u64 <= max {
                 let obj = match h {
                     Some(h) => pack::store(w, h.obj, &old, &body, count)?,
                     None => pack::create(w, &body, count)?,
