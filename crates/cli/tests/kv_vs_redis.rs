@@ -1246,6 +1246,46 @@ fn sort_dump_restore_and_migrate_match_redis_server_7_0() {
     ] {
         p.same(0, line);
     }
+    // INFO commandstats: calls, rejected and failed calls as Redis counts them.
+    let stats = |c: &mut Conn| -> Vec<String> {
+        let text = c.info("commandstats");
+        let mut v: Vec<String> = text
+            .lines()
+            .filter(|l| {
+                ["cmdstat_get:", "cmdstat_set:", "cmdstat_lpush:"]
+                    .iter()
+                    .any(|p| l.starts_with(p))
+            })
+            .map(|l| {
+                l.split(',')
+                    .filter(|f| !f.contains("usec"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    for line in [
+        "CONFIG RESETSTAT",
+        "SET cs_a 1",
+        "GET cs_a",
+        "GET cs_a",
+        "LPUSH cs_a x",
+        "GET",
+        "GET cs_a b",
+    ] {
+        p.same(0, line);
+    }
+    assert_eq!(stats(&mut p.redis[0]), stats(&mut p.ours[0]));
+    assert_eq!(
+        stats(&mut p.ours[0]),
+        [
+            "cmdstat_get:calls=2,rejected_calls=2,failed_calls=0",
+            "cmdstat_lpush:calls=1,rejected_calls=0,failed_calls=1",
+            "cmdstat_set:calls=1,rejected_calls=0,failed_calls=0",
+        ]
+    );
     // WATCH sees only the keys a command changes: the sources of COPY, SINTERSTORE, BITOP and
     // SORT ... STORE stay watched; their destinations do not.
     p.redis.push(Conn::connect(redis.port).unwrap());

@@ -37,6 +37,7 @@ mod bitfield;
 mod bitmaps;
 pub mod blocking;
 pub mod clients;
+mod cmdstats;
 mod data;
 mod dump;
 mod hashes;
@@ -218,6 +219,8 @@ pub struct KvService {
     protected: AtomicBool,
     /// Connected clients (CLIENT LIST, CLIENT KILL).
     clients: clients::Clients,
+    /// INFO commandstats.
+    cmdstats: cmdstats::CmdStats,
     /// The settings the server's event loops read, which CONFIG SET changes
     /// ([`KvService::set_runtime`]; defaults for a service outside a server).
     runtime: std::sync::OnceLock<Arc<crate::runtime::Runtime>>,
@@ -289,6 +292,7 @@ impl KvService {
             password: parking_lot::RwLock::new(None),
             protected: AtomicBool::new(true),
             clients: clients::Clients::default(),
+            cmdstats: cmdstats::CmdStats::default(),
             runtime: std::sync::OnceLock::new(),
         })
     }
@@ -802,6 +806,8 @@ impl KvService {
     ) -> Executed {
         let budget = reply::Budget::new();
         let mut held = Held::None;
+        // INFO commandstats' clock: each command's time runs from the previous one's end.
+        let mut clock = Instant::now();
         for (i, r) in reqs.iter().enumerate() {
             let mark = out.len();
             if mark >= limit {
@@ -812,11 +818,17 @@ impl KvService {
             crate::ds::expire::tick();
             if !s.authed && !self.authed_now(s, r) {
                 reply::error(out, "NOAUTH Authentication required.");
+                if let Some(sp) = specs[i] {
+                    self.cmdstats.rejected(sp);
+                }
                 continue;
             }
             let Some(spec) = self.check(r, specs[i], out) else {
                 if let Some(m) = &mut s.multi {
                     m.failed = true;
+                }
+                if let Some(sp) = specs[i] {
+                    self.cmdstats.rejected(sp);
                 }
                 continue;
             };
@@ -838,6 +850,7 @@ impl KvService {
                         spec.name
                     ),
                 );
+                self.cmdstats.rejected(spec);
                 continue;
             }
             if s.multi.is_some() && spec.id != Id::Quit
@@ -847,6 +860,16 @@ impl KvService {
                 )
             {
                 let c = self.transaction(s, spec, r, out, cx, &mut held);
+                if matches!(
+                    spec.id,
+                    Id::Multi | Id::Exec | Id::Discard | Id::Watch | Id::Unwatch
+                ) {
+                    // Queued commands count when EXEC runs them, as in Redis.
+                    let now = Instant::now();
+                    let ns = now.duration_since(clock).as_nanos() as u64;
+                    self.cmdstats.ran(spec, ns, out.get(mark) == Some(&b'-'));
+                    clock = now;
+                }
                 if c != Control::Continue {
                     return Executed::new(c, i);
                 }
@@ -889,6 +912,10 @@ impl KvService {
                     }
                 }
             }
+            let now = Instant::now();
+            let ns = now.duration_since(clock).as_nanos() as u64;
+            self.cmdstats.ran(spec, ns, out.get(mark) == Some(&b'-'));
+            clock = now;
             if budget.over() || out.len() > limit {
                 out.truncate(mark);
                 return Executed::new(Control::OutputFull, i + 1);
@@ -926,6 +953,7 @@ impl KvService {
         let mut ran = reqs.len();
         let mut full = false;
         let budget = reply::Budget::new();
+        let mut clock = Instant::now();
         for (i, r) in reqs.iter().enumerate() {
             let rmark = out.len();
             if rmark >= limit {
@@ -965,6 +993,12 @@ impl KvService {
                         writes += 1;
                     }
                 }
+                let now = Instant::now();
+                let ns = now.duration_since(clock).as_nanos() as u64;
+                self.cmdstats.ran(spec, ns, out.get(rmark) == Some(&b'-'));
+                clock = now;
+            } else if let Some(sp) = specs[i] {
+                self.cmdstats.rejected(sp);
             }
             if budget.over() || out.len() > limit {
                 out.truncate(rmark);
@@ -1263,9 +1297,11 @@ impl KvService {
         let (mut writes, mut expired) = (0u64, 0u64);
         let mut touched: Vec<Vec<u8>> = Vec::new();
         let mut failed = None;
+        let mut clock = Instant::now();
         for (q, spec) in m.queued.iter().zip(&specs) {
             let r: Vec<&[u8]> = q.iter().map(|a| a.as_slice()).collect();
             crate::ds::expire::tick();
+            let qmark = out.len();
             match spec.kind() {
                 Kind::Admin => {
                     self.admin(s, spec, &r, out, &mut inner);
@@ -1298,6 +1334,10 @@ impl KvService {
                     writes += 1;
                 }
             }
+            let now = Instant::now();
+            let ns = now.duration_since(clock).as_nanos() as u64;
+            self.cmdstats.ran(spec, ns, out.get(qmark) == Some(&b'-'));
+            clock = now;
         }
         if let Err(e) = self.finish_many(w, failed, writes, expired, &touched) {
             // All or nothing: the EXEC changed nothing and says why.

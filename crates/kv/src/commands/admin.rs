@@ -425,6 +425,7 @@ impl KvService {
                 if let Some(net) = self.runtime().stats() {
                     net.reset();
                 }
+                self.cmdstats.reset();
                 reply::ok(out);
             }
             "rewrite" => {
@@ -951,6 +952,7 @@ impl KvService {
                 add("used_cpu_sys", t(ru.ru_stime));
                 add("used_cpu_user", t(ru.ru_utime));
             }
+            "commandstats" => f.extend(self.cmdstats.lines()),
             "keyspace" => {
                 for db in 0..crate::ds::DATABASES {
                     let store = self.store.db(m, db);
@@ -994,6 +996,8 @@ impl KvService {
         ];
         // `migration`: only a migration target has one (omitted when empty).
         const EXTRA: &[&str] = &["migration"];
+        // In `all` and by name, not by default (as Redis).
+        const MORE: &[&str] = &["commandstats"];
         let mut names: Vec<&str> = Vec::new();
         if a.len() == 1 {
             names.extend_from_slice(DEFAULT);
@@ -1002,12 +1006,17 @@ impl KvService {
         for x in &a[1..] {
             let l = String::from_utf8_lossy(x).to_ascii_lowercase();
             match l.as_str() {
-                "all" | "everything" | "default" => {
+                "default" => {
                     names.extend_from_slice(DEFAULT);
                     names.extend_from_slice(EXTRA);
                 }
+                "all" | "everything" => {
+                    names.extend_from_slice(DEFAULT);
+                    names.extend_from_slice(MORE);
+                    names.extend_from_slice(EXTRA);
+                }
                 _ => {
-                    if let Some(n) = DEFAULT.iter().chain(EXTRA).find(|d| **d == l) {
+                    if let Some(n) = DEFAULT.iter().chain(MORE).chain(EXTRA).find(|d| **d == l) {
                         names.push(n);
                     }
                 }
