@@ -372,11 +372,11 @@ pub fn set_string(w: &mut Wtx, st: &Store, e: &Entry, value: &[u8]) -> Result<()
     if e.ty() == T_STRING && e.enc() == ENC_INLINE && inline_fits(klen, value.len()) {
         let cap = entry_cap(w, e)?;
         if KS_KEY + (klen + value.len()) as u64 <= cap {
-            // In place: the length word, the key (unchanged), the value, in one write.
-            let key = w.bytes(e.off + KS_KEY, klen).into_owned();
-            let mut buf = Vec::with_capacity(8 + klen + value.len());
+            // In place: the length word, the key (unchanged), the value, in one write, built
+            // on the stack (two heap allocations here were a tenth of a SET's malloc time).
+            let mut buf = smallvec::SmallVec::<[u8; 256]>::new();
             buf.extend_from_slice(&(value.len() as u64).to_le_bytes());
-            buf.extend_from_slice(&key);
+            buf.extend_from_slice(&w.bytes(e.off + KS_KEY, klen));
             buf.extend_from_slice(value);
             return w.write(e.off + KS_VAL, &buf);
         }
