@@ -272,6 +272,28 @@ impl View<'_> {
         }
         committed_word(self.base, self.len, off)
     }
+
+    /// [`header_crc`] of the header as this view reads it: the committed words with one range
+    /// query of the overlay, not a lookup per word (a lookup per word, twice an operation, was
+    /// a fifth of an allocation's instructions; callgrind, kv SET of new keys).
+    fn header_crc(&self) -> u64 {
+        const N: usize = (W_CRC / 8) as usize;
+        let mut words = [0u64; N];
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = committed_word(self.base, self.len, i as u64 * 8);
+        }
+        for (&o, &v) in self.overlay.range(0..W_CRC) {
+            // cannot fail: overlay keys are word offsets (`put` logs whole words).
+            if let Some(w) = words.get_mut((o / 8) as usize) {
+                *w = v;
+            }
+        }
+        let mut bytes = [0u8; N * 8];
+        for (c, w) in bytes.chunks_exact_mut(8).zip(words) {
+            c.copy_from_slice(&w.to_le_bytes());
+        }
+        crc32fast::hash(&bytes) as u64
+    }
 }
 
 fn committed_word(base: *const u8, len: u64, off: u64) -> u64 {
@@ -571,7 +593,7 @@ impl TxAlloc {
                 v.word(W_VERSION)
             ));
         }
-        let crc = header_crc(|o| v.word(o));
+        let crc = v.header_crc();
         if v.word(W_CRC) != crc {
             return bad(format!("checksum {:#x}, computed {crc:#x}", v.word(W_CRC)));
         }
@@ -713,7 +735,26 @@ impl TxAlloc {
         off: u64,
         val: u64,
     ) -> AllocResult<()> {
-        match self.write_all(m, tid, off, &val.to_le_bytes()) {
+        self.put_words(m, st, tid, off, &[val])
+    }
+
+    /// [`TxAlloc::put`] of one or two adjacent words from `off` as one logged write (a block's
+    /// tag and size: one log entry instead of two).
+    fn put_words(
+        &self,
+        m: &dyn TxMemory,
+        st: &mut State,
+        tid: Tid,
+        off: u64,
+        vals: &[u64],
+    ) -> AllocResult<()> {
+        debug_assert!(!vals.is_empty() && vals.len() <= 2, "one or two words");
+        let mut b = [0u8; 16];
+        let n = vals.len().min(2);
+        for (c, v) in b.chunks_exact_mut(8).zip(&vals[..n]) {
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+        match self.write_all(m, tid, off, &b[..8 * n]) {
             Ok(()) => {}
             Err(VnvmError::LogFull { .. }) => {
                 let _ = m.abort(tid);
@@ -727,13 +768,15 @@ impl TxAlloc {
                 return Err(e.into());
             }
         }
-        st.overlay.insert(off, val);
+        for (k, &v) in vals[..n].iter().enumerate() {
+            st.overlay.insert(off + 8 * k as u64, v);
+        }
         Ok(())
     }
 
     /// Rewrite the header checksum after an operation's changes.
     fn seal(&self, m: &dyn TxMemory, st: &mut State, tid: Tid) -> AllocResult<()> {
-        let crc = header_crc(|o| self.view(&st.overlay).word(o));
+        let crc = self.view(&st.overlay).header_crc();
         self.put(m, st, tid, W_CRC, crc)
     }
 
@@ -822,8 +865,7 @@ impl TxAlloc {
                 bump_left: end - bump,
             });
         }
-        self.put(m, st, tid, bump, tag(bump, ST_ALLOC, class, need))?;
-        self.put(m, st, tid, bump + 8, need)?;
+        self.put_words(m, st, tid, bump, &[tag(bump, ST_ALLOC, class, need), need])?;
         self.put(m, st, tid, W_BUMP, bump + need)?;
         self.seal(m, st, tid)?;
         Ok(bump + BLOCK_HEADER)
@@ -1069,5 +1111,30 @@ impl TxAlloc {
                 .map_err(|e| self.damaged("root", W_ROOT, e.to_string()))?;
         }
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-pass header checksum is the word-by-word one, whatever the overlay holds.
+    #[test]
+    fn header_crc_in_one_pass_is_the_word_by_word_one() {
+        let mut mem = vec![0u8; 4096];
+        for (i, b) in mem.iter_mut().enumerate() {
+            *b = (i * 131 % 251) as u8;
+        }
+        let mut overlay = BTreeMap::new();
+        for round in 0..40u64 {
+            let v = View {
+                base: mem.as_ptr(),
+                len: mem.len() as u64,
+                overlay: &overlay,
+            };
+            assert_eq!(v.header_crc(), header_crc(|o| v.word(o)), "round {round}");
+            // Words inside the header, at its checksum, and past it.
+            overlay.insert((round * 56) % 512 / 8 * 8, round.wrapping_mul(0x9e37_79b9));
+        }
     }
 }
