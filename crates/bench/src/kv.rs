@@ -69,9 +69,10 @@ pub const SYSTEMS: [&str; 4] = [
 ];
 /// The workloads, in the order of the table. The two `disk-` ones run only the durable
 /// systems (tiermem-kv-vnvm, redis-aof-always), with their data under `--disk-dir`.
-pub const WORKLOADS: [&str; 6] = [
+pub const WORKLOADS: [&str; 7] = [
     "redis-benchmark-set",
     "redis-benchmark-get",
+    "redis-benchmark-set-new-keys",
     "ycsb-a",
     "ycsb-b",
     "disk-set-c50",
@@ -82,6 +83,8 @@ pub const WORKLOADS: [&str; 6] = [
 /// 2-vCPU VM a pipelined redis-benchmark run lands in one of two modes ~15 % apart (both servers
 /// alike: 1.15-1.25 or 1.40-1.50 M GET/s), and a median of three flipped the GET ratio.
 const RATIO_RUNS: usize = 5;
+/// redis-benchmark's `-r` for the SET of new keys.
+const NEW_KEYS: u64 = 100_000_000;
 /// The systems the disk workloads run.
 const DURABLE: [&str; 2] = ["tiermem-kv-vnvm", "redis-aof-always"];
 /// Environment variable: extra arguments for `tiermem kv serve`.
@@ -359,6 +362,8 @@ pub struct Report {
     pub durable_over_redis_always_set_p16: Option<f64>,
     /// The same for GET.
     pub durable_over_redis_always_get_p16: Option<f64>,
+    /// The same for SET of new keys (`redis-benchmark -r 100000000`: an insert per request).
+    pub durable_over_redis_always_set_p16_new_keys: Option<f64>,
     /// tiermem-kv-vnvm over redis-aof-always, SET ops/s with both servers' data on the disk
     /// file system of `--disk-dir`: 50 clients without pipelining, and with -P 16.
     pub disk_durable_over_redis_always_set_c50: Option<f64>,
@@ -505,7 +510,7 @@ fn with_log(e: anyhow::Error, s: &Server) -> anyhow::Error {
 fn measure_rb(
     sys: &System,
     cfg: &Config,
-    runs: &[(&'static str, &str, u32, u64)],
+    runs: &[(&'static str, &str, u32, u64, Option<u64>)],
     data: &Path,
     logs: &Path,
     rep: usize,
@@ -515,11 +520,12 @@ fn measure_rb(
     let say = |m: &str| progress(cfg.json, &format!("[{}] {}: {m}", rep + 1, sys.name));
     let server = start(sys, data, logs, &format!("r{rep}-{tag}"))?;
     let mut out = Vec::new();
-    for &(workload, test, pipeline, requests) in runs {
+    for &(workload, test, pipeline, requests, keyspace) in runs {
         let one = RedisBenchmark {
             tests: vec![test.to_string()],
             pipeline,
             requests,
+            keyspace,
         };
         say(&format!(
             "{workload}: redis-benchmark -t {test} -P {pipeline} -n {requests} ({})",
@@ -724,6 +730,7 @@ pub fn run(o: &Options) -> Result<Report> {
             requests: o
                 .requests
                 .unwrap_or(if quick { 300_000 } else { 1_000_000 }),
+            keyspace: None,
         },
         records: o.records.unwrap_or(if quick { 20_000 } else { 100_000 }),
         ops: o.ops.unwrap_or(if quick { 100_000 } else { 200_000 }),
@@ -791,13 +798,22 @@ pub fn run(o: &Options) -> Result<Report> {
     let mut runs: Vec<Run> = Vec::new();
     let mut loads: Vec<Run> = Vec::new();
     let rb = &cfg.rb;
+    // SET of new keys: nearly every request inserts (an allocation, a dict insert), where
+    // redis-benchmark's default overwrites one key in place.
     let tmpfs_runs = [
-        ("redis-benchmark-set", "set", rb.pipeline, rb.requests),
-        ("redis-benchmark-get", "get", rb.pipeline, rb.requests),
+        ("redis-benchmark-set", "set", rb.pipeline, rb.requests, None),
+        ("redis-benchmark-get", "get", rb.pipeline, rb.requests, None),
+        (
+            "redis-benchmark-set-new-keys",
+            "set",
+            rb.pipeline,
+            rb.requests,
+            Some(NEW_KEYS),
+        ),
     ];
     let disk_runs = [
-        ("disk-set-c50", "set", 1, cfg.disk_requests),
-        ("disk-set-p16", "set", rb.pipeline, rb.requests),
+        ("disk-set-c50", "set", 1, cfg.disk_requests, None),
+        ("disk-set-p16", "set", rb.pipeline, rb.requests, None),
     ];
     // Every round runs each system in rotating order: redis-benchmark on tmpfs, YCSB (the
     // first `reps` rounds), then the disk runs (durable systems only).
@@ -943,6 +959,10 @@ pub fn run(o: &Options) -> Result<Report> {
         durable_over_redis_always_get_p16: ratio(
             ops_of(vnvm, "redis-benchmark-get"),
             ops_of(always, "redis-benchmark-get"),
+        ),
+        durable_over_redis_always_set_p16_new_keys: ratio(
+            ops_of(vnvm, "redis-benchmark-set-new-keys"),
+            ops_of(always, "redis-benchmark-set-new-keys"),
         ),
         disk_durable_over_redis_always_set_c50: ratio(
             ops_of(vnvm, "disk-set-c50"),
@@ -1196,6 +1216,10 @@ fn print_table(r: &Report, systems: &[System]) {
     println!(
         "durable_over_redis_always_get_p16 (vnvm / redis-aof-always, GET -P 16): {}",
         f(r.durable_over_redis_always_get_p16)
+    );
+    println!(
+        "durable_over_redis_always_set_p16_new_keys (SET -P 16 -r {NEW_KEYS}): {}",
+        f(r.durable_over_redis_always_set_p16_new_keys)
     );
     println!(
         "disk_durable_over_redis_always_set_c50 (on disk, SET, 50 clients): {}",

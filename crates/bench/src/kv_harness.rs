@@ -437,6 +437,8 @@ pub struct RedisBenchmark {
     pub pipeline: u32,
     /// `-n`: requests per test.
     pub requests: u64,
+    /// `-r`: random keys from a keyspace of this size (`key:000000012345`); `None`: one key.
+    pub keyspace: Option<u64>,
 }
 
 impl RedisBenchmark {
@@ -449,6 +451,9 @@ impl RedisBenchmark {
             .args(["-P", &self.pipeline.to_string()])
             .args(["-n", &self.requests.to_string()])
             .args(["-q", "--csv"]);
+        if let Some(r) = self.keyspace {
+            c.args(["-r", &r.to_string()]);
+        }
         let (out, err) = (
             scratch.join("redis-benchmark.out"),
             scratch.join("redis-benchmark.err"),

@@ -689,6 +689,7 @@ fn redis_benchmark_default_tests_run_clean() {
         tests: tests.split(',').map(String::from).collect(),
         pipeline: 4,
         requests: 2000,
+        keyspace: None,
     }
     .run(s.port, &dir, Duration::from_secs(120))
     .unwrap_or_else(|e| panic!("{e:#}\nserver log:\n{}", s.log()));

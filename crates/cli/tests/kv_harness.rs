@@ -194,6 +194,7 @@ fn real_redis_server_with_redis_benchmark_and_ycsb() {
         tests: vec!["set".into(), "get".into()],
         pipeline: 16,
         requests: 20_000,
+        keyspace: None,
     };
     let rows = rb.run(port, &logs, Duration::from_secs(60)).unwrap();
     assert_eq!(
