@@ -1142,7 +1142,8 @@ fn plot(r: &Report, path: &Path) -> Result<()> {
             r.parameters.repetitions, r.storage.filesystem, r.storage.disk_filesystem
         ),
         "operations/s (log scale)",
-        &WORKLOADS,
+        // Short labels: the full names overlap under their bars.
+        &WORKLOADS.map(|w| w.strip_prefix("redis-benchmark-").unwrap_or(w)),
         &bars,
     )
 }
