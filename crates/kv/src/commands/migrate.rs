@@ -7,45 +7,12 @@ use super::data::{is, parse_i64};
 use super::rdb;
 use super::reply::{self, not_int, syntax};
 use super::value;
+use crate::client::{encode, Client, Reply};
 use crate::ds::keyspace as ks;
 use crate::ds::{expire, Store, Wtx};
 use crate::heap::HeapError;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
-
-fn push_cmd(o: &mut Vec<u8>, args: &[&[u8]]) {
-    o.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for x in args {
-        o.extend_from_slice(format!("${}\r\n", x.len()).as_bytes());
-        o.extend_from_slice(x);
-        o.extend_from_slice(b"\r\n");
-    }
-}
-
-/// One reply of the target: `Ok(None)` for a status or integer, `Ok(Some(err))` for an error
-/// reply (its text without the `-`). Bulk and array replies (not expected) are skipped.
-fn read_reply(r: &mut BufReader<TcpStream>) -> std::io::Result<Option<String>> {
-    let mut line = Vec::new();
-    r.read_until(b'\n', &mut line)?;
-    if line.last() != Some(&b'\n') {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    let text = String::from_utf8_lossy(&line[1..]).trim_end().to_string();
-    match line.first() {
-        Some(b'-') => Ok(Some(text)),
-        Some(b'$') => {
-            let n: i64 = text.parse().unwrap_or(-1);
-            if n >= 0 {
-                let mut skip = vec![0u8; n as usize + 2];
-                r.read_exact(&mut skip)?;
-            }
-            Ok(None)
-        }
-        Some(b'+') | Some(b':') => Ok(None),
-        _ => Err(std::io::ErrorKind::InvalidData.into()),
-    }
-}
 
 /// MIGRATE host port key|"" destination-db timeout [COPY] [REPLACE] [AUTH password]
 /// [AUTH2 username password] [KEYS key ...]. Replies OK, NOKEY when none of the keys exists,
@@ -120,49 +87,45 @@ pub fn migrate(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8>) -> Resul
             return Ok(());
         }
     };
-    let _ = sock.set_read_timeout(Some(timeout));
-    let _ = sock.set_write_timeout(Some(timeout));
-    let _ = sock.set_nodelay(true);
+    // The project's RESP2 client: TCP_NODELAY, the timeout on every read and write.
+    let Ok(mut c) = Client::new(sock, Some(timeout)) else {
+        reply::error(out, "IOERR error or timeout connecting to the client");
+        return Ok(());
+    };
     let mut o = Vec::new();
     if !auth.is_empty() {
-        let mut c: Vec<&[u8]> = vec![b"AUTH"];
-        c.extend(&auth);
-        push_cmd(&mut o, &c);
+        let mut cmd: Vec<&[u8]> = vec![b"AUTH"];
+        cmd.extend(&auth);
+        encode(&mut o, &cmd);
     }
     let dbs = db.to_string();
-    push_cmd(&mut o, &[b"SELECT", dbs.as_bytes()]);
+    encode(&mut o, &[b"SELECT".as_slice(), dbs.as_bytes()]);
     let ttls: Vec<String> = send.iter().map(|s| s.1.to_string()).collect();
     for ((k, _, p), t) in send.iter().zip(&ttls) {
-        let mut c: Vec<&[u8]> = vec![b"RESTORE", k, t.as_bytes(), p];
+        let mut cmd: Vec<&[u8]> = vec![b"RESTORE", k, t.as_bytes(), p];
         if replace {
-            c.push(b"REPLACE");
+            cmd.push(b"REPLACE");
         }
-        push_cmd(&mut o, &c);
+        encode(&mut o, &cmd);
     }
-    let mut wr = &sock;
-    if wr.write_all(&o).and_then(|()| wr.flush()).is_err() {
+    if c.send_raw(&o).is_err() {
         reply::error(out, "IOERR error or timeout writing to target instance");
         return Ok(());
     }
-    let Ok(rd) = sock.try_clone() else {
-        reply::error(out, "IOERR error or timeout reading to target instance");
-        return Ok(());
-    };
-    let mut r = BufReader::new(rd);
     let mut first_err = None;
     let mut pre_failed = false;
     let pre = usize::from(!auth.is_empty()) + 1;
     for i in 0..pre + send.len() {
-        match read_reply(&mut r) {
+        match c.read() {
             Err(_) => {
                 reply::error(out, "IOERR error or timeout reading to target instance");
                 return Ok(());
             }
-            Ok(Some(err)) => {
+            Ok(Reply::Error(err)) => {
                 pre_failed |= i < pre;
                 first_err.get_or_insert(err);
             }
-            Ok(None) => {
+            Ok(_) => {
                 // After a refused AUTH or SELECT nothing counts as moved (Redis's rule).
                 if i >= pre && !copy && !pre_failed {
                     let k = send[i - pre].0;
