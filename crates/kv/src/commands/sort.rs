@@ -278,7 +278,9 @@ fn rows<M: Mem>(m: &M, st: &Store, key: &[u8], o: &mut Opts) -> Result<Vec<Optio
     }
     let mut rows = Vec::new();
     if end >= start {
-        for it in &items[start as usize..=end as usize] {
+        // `get`: a damaged heap may yield fewer elements than its counts say (recorded by the
+        // walk; the command then replies with the damage), never an out-of-bounds panic.
+        for it in items.get(start as usize..=end as usize).unwrap_or_default() {
             if o.gets.is_empty() {
                 rows.push(Some(it.elem.clone()));
             }
