@@ -70,6 +70,23 @@ pub fn try_start(
     dir: &Path,
     extra: &[&str],
 ) -> Result<Server, String> {
+    // The free port is probed, then bound by the server: another process (tests run in
+    // parallel) may take it in between. Then a new port, a few times.
+    let mut tries = 0;
+    loop {
+        match try_start_once(prepare, engine, dir, extra) {
+            Err(log) if log.contains("Address already in use") && tries < 3 => tries += 1,
+            r => return r,
+        }
+    }
+}
+
+fn try_start_once(
+    prepare: &dyn Fn(&mut Command),
+    engine: &str,
+    dir: &Path,
+    extra: &[&str],
+) -> Result<Server, String> {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
