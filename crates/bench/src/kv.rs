@@ -22,8 +22,8 @@
 //!   p99 its `p99_latency_ms` (per request, pipelined) in µs; one server for both tests;
 //! * **disk-set-c50 / disk-set-p16** — the durable systems only (tiermem-kv-vnvm,
 //!   redis-aof-always), their data under `--disk-dir` (default /var/tmp, a disk file system
-//!   here): `redis-benchmark -t set -c 50` without pipelining (`--disk-requests`, 200 000;
-//!   50 000 with `--quick`), then with -P 16. A durable write there costs a device flush.
+//!   here): `redis-benchmark -t set -c 50` without pipelining (`--disk-requests`, 400 000;
+//!   200 000 with `--quick`), then with -P 16. A durable write there costs a device flush.
 //! * **ycsb-a / ycsb-b** — YCSB core workloads A (50 % read, 50 % update) and B (95 % read, 5 %
 //!   update), zipfian, 1 KB records (10 fields × 100 bytes); a fresh server is loaded once
 //!   (`ycsb.sh load`, not reported in `results` but in `ycsb_load`), then A runs, then B runs on
@@ -32,8 +32,10 @@
 //!   per-operation samples, `measurementtype=hdrhistogram+raw`); the per-type p99s of YCSB's
 //!   HdrHistogram are in `details`.
 //!
-//! Sizes (flags override each): 100 000 YCSB records, 200 000 operations per YCSB run, 1 000 000
-//! redis-benchmark requests per test, 3 repetitions; `--quick`: 20 000, 100 000, 300 000, 1.
+//! Sizes (flags override each): 100 000 YCSB records, 200 000 operations per YCSB run, 2 000 000
+//! redis-benchmark requests per test, 3 repetitions; `--quick`: 20 000, 100 000, 1 000 000, 1.
+//! A redis-benchmark run lasts at least about a second (0.2 s runs, the earlier `--quick`
+//! size, moved by ±20 % from run to run with the VM's scheduling, for either server).
 //! YCSB runs 2 client threads (one connection each): on this project's 2-core machines, where
 //! client and server share the cores, redis' throughput grows from 1 to 2 threads (~22k to ~26k
 //! ops/s on workload A) and not beyond, while its p99 grows from ~0.2 ms to 1-4 ms at 4 and 8.
@@ -118,7 +120,7 @@ pub struct KvOpts {
     /// YCSB operations per workload run (default 200000; 100000 with --quick).
     #[arg(long, value_name = "N")]
     pub ops: Option<u64>,
-    /// redis-benchmark requests per test (default 1000000; 300000 with --quick).
+    /// redis-benchmark requests per test (default 2000000; 1000000 with --quick).
     #[arg(long, value_name = "N")]
     pub requests: Option<u64>,
     /// YCSB client threads, one connection each (default 2: on 2 cores, throughput stops
@@ -134,7 +136,7 @@ pub struct KvOpts {
     /// data there. Default: /var/tmp/tiermem-kv-bench-disk (created and removed).
     #[arg(long, value_name = "DIR")]
     pub disk_dir: Option<PathBuf>,
-    /// redis-benchmark requests per disk run without pipelining (default 200000; 50000 with
+    /// redis-benchmark requests per disk run without pipelining (default 400000; 200000 with
     /// --quick); with -P 16 the tmpfs runs' count.
     #[arg(long, value_name = "N")]
     pub disk_requests: Option<u64>,
@@ -729,7 +731,7 @@ pub fn run(o: &Options) -> Result<Report> {
             pipeline: 16,
             requests: o
                 .requests
-                .unwrap_or(if quick { 300_000 } else { 1_000_000 }),
+                .unwrap_or(if quick { 1_000_000 } else { 2_000_000 }),
             keyspace: None,
         },
         records: o.records.unwrap_or(if quick { 20_000 } else { 100_000 }),
@@ -738,7 +740,7 @@ pub fn run(o: &Options) -> Result<Report> {
         json,
         disk_requests: o
             .disk_requests
-            .unwrap_or(if quick { 50_000 } else { 200_000 }),
+            .unwrap_or(if quick { 200_000 } else { 400_000 }),
     };
     if cfg.records == 0
         || cfg.ops == 0

@@ -1577,6 +1577,13 @@ impl Service for KvService {
         }
     }
 
+    /// Nothing staged waits for durability: a reply cannot report or have read a commit that
+    /// is not durable yet (a read runs after the commits it sees were staged, under the
+    /// store's lock).
+    fn replies_ready(&self) -> bool {
+        self.heap.durable_ticket() >= self.heap.staged_ticket()
+    }
+
     fn close_session(&self, mut s: Session) {
         self.unwatch_all(&mut s);
         self.clients.remove(s.id);

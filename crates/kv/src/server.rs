@@ -176,6 +176,15 @@ pub trait Service: Send + Sync + 'static {
         true
     }
 
+    /// Whether the replies written so far may be sent before the round ends: nothing they
+    /// could report or have read waits for [`Service::round_end`] (no write is staged and not
+    /// yet durable). Asked after each connection's batch; `true` sends its replies at once,
+    /// so that the client reads them while the thread serves the round's other connections.
+    /// Default: `false` (every reply waits for the round's end).
+    fn replies_ready(&self) -> bool {
+        false
+    }
+
     /// The connection is gone (closed by either side).
     fn close_session(&self, _session: Self::Session) {}
 }
@@ -1546,8 +1555,20 @@ impl<S: Service> Worker<S> {
             }
         }
         self.update_accounting(tok);
-        if let Some(c) = self.conn(tok) {
-            if c.out.len() > c.out_pos || c.closing {
+        let Some(c) = self.conn(tok) else {
+            return executed;
+        };
+        if c.out.len() > c.out_pos || c.closing {
+            // Replies that wait for nothing go now, while the round's other connections are
+            // served: the client reads them meanwhile. A connection already queued keeps
+            // its place (its earlier replies may be waiting for the round's barrier).
+            let queued = c.queued;
+            let service = &self.service;
+            let early = !queued
+                && catch_unwind(AssertUnwindSafe(|| service.replies_ready())).unwrap_or(false);
+            if early {
+                self.flush_conn(tok);
+            } else {
                 self.queue_flush(tok);
             }
         }

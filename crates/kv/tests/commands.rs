@@ -2405,3 +2405,24 @@ fn databases_survive_restart() {
     );
     assert!(cmd(&svc, &mut s, "TTL k").starts_with(":-2"));
 }
+
+/// A server session's replies may leave before the round ends (`replies_ready`) only while no
+/// write waits for durability: after a vnvm write, not until `round_end` made it durable — a
+/// GET that read it waits too; the volatile engine has nothing to wait for.
+#[test]
+fn replies_wait_for_the_round_only_while_a_write_is_not_durable() {
+    for eng in ENGINES {
+        let mut f = Fixture::new(eng);
+        let svc = service(&mut f, Durability::Pipeline);
+        let mut s = svc.open_session_with("r", tiermem_kv::server::ConnHandle::detached());
+        assert!(svc.replies_ready(), "{eng:?}: nothing written yet");
+        assert_eq!(cmd(&svc, &mut s, "SET k v"), "+OK\r\n");
+        assert_eq!(cmd(&svc, &mut s, "GET k"), "$1\r\nv\r\n");
+        let volatile = matches!(eng, Eng::Volatile);
+        assert_eq!(svc.replies_ready(), volatile, "{eng:?}: after a write");
+        assert!(svc.round_end());
+        assert!(svc.replies_ready(), "{eng:?}: after the round's barrier");
+        assert_eq!(cmd(&svc, &mut s, "GET k"), "$1\r\nv\r\n");
+        assert!(svc.replies_ready(), "{eng:?}: a read writes nothing");
+    }
+}

@@ -362,6 +362,11 @@ pub trait TxMemory {
     fn staged_ticket(&self) -> u64 {
         0
     }
+    /// The highest ticket known durable (see [`Vnvm::nv_durable_ticket`]). Default:
+    /// `u64::MAX` (commits are durable at once).
+    fn durable_ticket(&self) -> u64 {
+        u64::MAX
+    }
     /// Abort `tid`: its writes are dropped.
     fn abort(&self, tid: Tid) -> std::result::Result<(), VnvmError>;
 }
@@ -407,6 +412,9 @@ impl TxMemory for VnvmMemory<'_> {
     }
     fn staged_ticket(&self) -> u64 {
         self.vn.nv_staged_ticket()
+    }
+    fn durable_ticket(&self) -> u64 {
+        self.vn.nv_durable_ticket()
     }
     fn abort(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
         self.vn.nv_abort(tid)

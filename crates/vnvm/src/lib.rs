@@ -698,6 +698,15 @@ impl Vnvm {
         self.inner.staged_ticket()
     }
 
+    /// The highest ticket known durable (every ticket up to it is): `nv_sync` of a ticket at
+    /// or below it returns at once, and when it is at least [`Vnvm::nv_staged_ticket`]
+    /// nothing this handle committed waits for durability. One atomic load.
+    pub fn nv_durable_ticket(&self) -> u64 {
+        self.inner
+            .durable_seq
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Abort transaction `tid` (the thesis' `nv_abort`): its logs are discarded and its log
     /// pages freed; none of its writes ever becomes visible.
     ///

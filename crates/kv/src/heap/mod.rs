@@ -191,6 +191,13 @@ impl Heap {
         Ok(self.engine.memory().sync_to(ticket)?)
     }
 
+    /// The highest ticket known durable (`u64::MAX` on an engine whose commits are durable at
+    /// once): at least [`Heap::staged_ticket`] when no commit waits for durability. One
+    /// atomic load.
+    pub fn durable_ticket(&self) -> u64 {
+        self.engine.memory().durable_ticket()
+    }
+
     /// The committed bytes (read-only). See the module's concurrency contract.
     #[inline]
     pub fn view(&self) -> &[u8] {

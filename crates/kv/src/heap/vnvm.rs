@@ -388,6 +388,9 @@ impl TxMemory for VnvmEngine {
     fn staged_ticket(&self) -> u64 {
         self.mem().staged_ticket()
     }
+    fn durable_ticket(&self) -> u64 {
+        self.mem().durable_ticket()
+    }
     fn abort(&self, tid: Tid) -> std::result::Result<(), VnvmError> {
         self.mem().abort(tid)
     }
