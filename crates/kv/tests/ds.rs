@@ -639,6 +639,11 @@ fn sorted_sets() {
                             all.reverse();
                         }
                         assert_eq!(got, all[st_ as usize..=en as usize].to_vec());
+                        // Ranks and counts from the spans.
+                        let want_rank = s.iter().position(|(m, _)| *m == mem).map(|r| r as u64);
+                        assert_eq!(zset::rank(&v, &st, z, &mem), want_rank, "rank");
+                        let count = s.iter().filter(|(_, x)| inside(*x)).count() as u64;
+                        assert_eq!(zset::count_by_score(&v, z, min, max), count, "count");
                     }
                 }
             }
@@ -774,5 +779,89 @@ fn garbage_is_freed_in_batches_and_resumes() {
             end.allocated_blocks
         );
         let _ = Eng::Vnvm;
+    }
+}
+
+/// Lexicographic ranges over members of one score, against a sorted model: Redis's ends
+/// (`-`, `+`, `[x`, `(x`), offsets and limits, both directions, counts; and ranks after
+/// every change.
+#[test]
+fn sorted_set_lex_ranges_and_ranks() {
+    use tiermem_kv::ds::zset::Lex;
+    for eng in ENGINES {
+        let f = Fixture::new(eng);
+        let st = Store::open(f.heap()).unwrap();
+        let mut model: std::collections::BTreeSet<Vec<u8>> = Default::default();
+        let mut rng = Rng(0x5eed_1e55);
+        let mut w = Wtx::new(f.heap(), st.root);
+        let (p, _) = ks::probe(&w, &st, b"L");
+        let z = zset::create(&mut w).unwrap();
+        ks::insert_object(&mut w, &st, &p, b"L", T_ZSET, 0, z).unwrap();
+        finish(w, true);
+        let word = |rng: &mut Rng| {
+            let n = 1 + rng.below(3);
+            (0..n)
+                .map(|_| b'a' + rng.below(5) as u8)
+                .collect::<Vec<u8>>()
+        };
+        let end = |rng: &mut Rng, w: Vec<u8>| match rng.below(10) {
+            0 => Lex::Min,
+            1 => Lex::Max,
+            2..=5 => Lex::Incl(w),
+            _ => Lex::Excl(w),
+        };
+        for step in 0..3000 {
+            let mut w = Wtx::new(f.heap(), st.root);
+            let m = word(&mut rng);
+            if rng.chance(60) {
+                zset::add(&mut w, &st, z, 0.0, &m, AddFlags::default()).unwrap();
+                model.insert(m.clone());
+            } else if model.len() > 1 {
+                zset::remove(&mut w, &st, z, &m).unwrap();
+                model.remove(&m);
+            }
+            if step % 10 == 0 {
+                zset::check(&w, z).unwrap_or_else(|e| panic!("step {step}: {e}"));
+            }
+            let all: Vec<Vec<u8>> = model.iter().cloned().collect();
+            let probe = word(&mut rng);
+            assert_eq!(
+                zset::rank(&w, &st, z, &probe),
+                all.iter().position(|x| *x == probe).map(|r| r as u64),
+                "step {step}: rank of {probe:?}"
+            );
+            let (lo, hi) = (word(&mut rng), word(&mut rng));
+            let (min, max) = (end(&mut rng, lo), end(&mut rng, hi));
+            let inside: Vec<Vec<u8>> = all
+                .iter()
+                .filter(|x| min.gte_min(x) && max.lte_max(x))
+                .cloned()
+                .collect();
+            assert_eq!(
+                zset::count_by_lex(&w, z, &min, &max),
+                inside.len() as u64,
+                "step {step}: count {min:?} {max:?}"
+            );
+            let rev = rng.chance(40);
+            let (off, lim) = (rng.below(3), rng.below(6) as i64 - 1);
+            let mut got = Vec::new();
+            zset::range_by_lex(&w, z, &min, &max, rev, off, lim, |m, _| {
+                got.push(m.to_vec())
+            });
+            let mut want = inside;
+            if rev {
+                want.reverse();
+            }
+            let want: Vec<_> = want
+                .into_iter()
+                .skip(off as usize)
+                .take(if lim < 0 { usize::MAX } else { lim as usize })
+                .collect();
+            assert_eq!(
+                got, want,
+                "step {step}: {min:?} {max:?} rev {rev} {off} {lim}"
+            );
+            finish(w, true);
+        }
     }
 }

@@ -10,7 +10,7 @@ use super::data::{
 use super::reply::{self, array, bulk, int, not_int, null, syntax, wrongtype};
 use super::table::Id;
 use crate::ds::keyspace::{self as ks, T_SET, T_ZSET};
-use crate::ds::zset::{AddFlags, Added, Bound, ScoreRange};
+use crate::ds::zset::{AddFlags, Added, Bound, Lex, ScoreRange};
 use crate::ds::{set, zset, Mem, Store, Wtx};
 
 fn parse_bound(b: &[u8]) -> Option<Bound> {
@@ -24,75 +24,10 @@ fn parse_bound(b: &[u8]) -> Option<Bound> {
     })
 }
 
-/// One end of a lexicographic range (Redis' zslParseLexRangeItem): `-`, `+`, `[x`, `(x`.
-#[derive(Clone, Debug)]
-enum Lex {
-    Min,
-    Max,
-    Incl(Vec<u8>),
-    Excl(Vec<u8>),
-}
-
-fn parse_lex(b: &[u8]) -> Option<Lex> {
-    match b.first() {
-        Some(b'-') if b.len() == 1 => Some(Lex::Min),
-        Some(b'+') if b.len() == 1 => Some(Lex::Max),
-        Some(b'[') => Some(Lex::Incl(b[1..].to_vec())),
-        Some(b'(') => Some(Lex::Excl(b[1..].to_vec())),
-        _ => None,
-    }
-}
-
-/// Whether `mem` lies in the lexicographic range `min..max`.
-fn in_lex(mem: &[u8], min: &Lex, max: &Lex) -> bool {
-    let above = match min {
-        Lex::Min => true,
-        Lex::Max => false,
-        Lex::Incl(x) => mem >= x.as_slice(),
-        Lex::Excl(x) => mem > x.as_slice(),
-    };
-    let below = match max {
-        Lex::Min => false,
-        Lex::Max => true,
-        Lex::Incl(x) => mem <= x.as_slice(),
-        Lex::Excl(x) => mem < x.as_slice(),
-    };
-    above && below
-}
-
-/// The members of zset `z` in the lexicographic range, in order (`rev`: descending). Lex
-/// ranges mean something only when all scores are equal (Redis' rule); here the elements are
-/// walked in rank order and filtered: O(n).
-fn lex_members<M: Mem>(m: &M, z: u64, min: &Lex, max: &Lex, rev: bool) -> Vec<(Vec<u8>, f64)> {
-    let n = zset::len(m, z);
-    let mut v = Vec::new();
-    if n > 0 {
-        zset::range_by_rank(m, z, 0, n - 1, rev, |mem, s| {
-            if in_lex(mem, min, max) {
-                v.push((mem.to_vec(), s));
-            }
-        });
-    }
-    v
-}
-
-/// ZRANK / ZREVRANK: the member's rank, walking the sorted set (O(rank): the skip list keeps
-/// no spans).
-fn rank_of<M: Mem>(m: &M, z: u64, member: &[u8], rev: bool) -> Option<u64> {
-    let n = zset::len(m, z);
-    let mut found = None;
-    let mut r = 0;
-    if n > 0 {
-        zset::range_by_rank(m, z, 0, n - 1, rev, |mem, _| {
-            if found.is_none() {
-                if mem == member {
-                    found = Some(r);
-                }
-                r += 1;
-            }
-        });
-    }
-    found
+/// ZRANK / ZREVRANK: the member's rank (O(log n), by the skiplist's spans).
+fn rank_of<M: Mem>(m: &M, st: &Store, z: u64, member: &[u8], rev: bool) -> Option<u64> {
+    let r = zset::rank(m, st, z, member)?;
+    Some(if rev { zset::len(m, z) - 1 - r } else { r })
 }
 
 /// Members with their scores, in order.
@@ -198,7 +133,7 @@ fn zrange_select<M: Mem>(
     };
     if bylex {
         let (lo, hi) = if rev { (a[3], a[2]) } else { (a[2], a[3]) };
-        let (Some(min), Some(max)) = (parse_lex(lo), parse_lex(hi)) else {
+        let (Some(min), Some(max)) = (Lex::parse(lo), Lex::parse(hi)) else {
             reply::error(out, "ERR min or max not valid string range item");
             return None;
         };
@@ -209,16 +144,16 @@ fn zrange_select<M: Mem>(
         if offset < 0 {
             return Some((sel, withscores));
         }
-        let take = if count < 0 {
-            usize::MAX
-        } else {
-            count as usize
-        };
-        sel = lex_members(m, e.obj(), &min, &max, rev)
-            .into_iter()
-            .skip(offset as usize)
-            .take(take)
-            .collect();
+        zset::range_by_lex(
+            m,
+            e.obj(),
+            &min,
+            &max,
+            rev,
+            offset as u64,
+            count,
+            |mem, sc| sel.push((mem.to_vec(), sc)),
+        );
         return Some((sel, withscores));
     }
     if byscore {
@@ -722,7 +657,7 @@ pub(super) fn zrank<M: Mem>(
     let Some(e) = found(cx, st, m, a[1], T_ZSET, out, null) else {
         return;
     };
-    match rank_of(m, e.obj(), a[2], id == Id::Zrevrank) {
+    match rank_of(m, st, e.obj(), a[2], id == Id::Zrevrank) {
         Some(r) => int(out, r as i64),
         None => null(out),
     }
@@ -736,13 +671,13 @@ pub(super) fn zlexcount<M: Mem>(
     a: &[&[u8]],
     out: &mut Vec<u8>,
 ) {
-    let (Some(min), Some(max)) = (parse_lex(a[2]), parse_lex(a[3])) else {
+    let (Some(min), Some(max)) = (Lex::parse(a[2]), Lex::parse(a[3])) else {
         return reply::error(out, "ERR min or max not valid string range item");
     };
     let Some(e) = found(cx, st, m, a[1], T_ZSET, out, |o| int(o, 0)) else {
         return;
     };
-    int(out, lex_members(m, e.obj(), &min, &max, false).len() as i64);
+    int(out, zset::count_by_lex(m, e.obj(), &min, &max) as i64);
 }
 
 /// ZCOUNT.
@@ -753,16 +688,7 @@ pub(super) fn zcount<M: Mem>(cx: &mut Counters, st: &Store, m: &M, a: &[&[u8]], 
     let Some(e) = found(cx, st, m, a[1], T_ZSET, out, |o| int(o, 0)) else {
         return;
     };
-    let mut n = 0;
-    let r = ScoreRange {
-        min,
-        max,
-        rev: false,
-        offset: 0,
-        limit: -1,
-    };
-    zset::range_by_score(m, e.obj(), r, |_, _| n += 1);
-    int(out, n);
+    int(out, zset::count_by_score(m, e.obj(), min, max) as i64);
 }
 
 /// ZUNIONSTORE, ZINTERSTORE and ZDIFFSTORE (`id` says which).
@@ -801,7 +727,7 @@ pub(super) fn zrangestore(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8
 
 /// ZREMRANGEBYLEX.
 pub(super) fn zremrangebylex(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec<u8>) -> HResult {
-    let (Some(min), Some(max)) = (parse_lex(a[2]), parse_lex(a[3])) else {
+    let (Some(min), Some(max)) = (Lex::parse(a[2]), Lex::parse(a[3])) else {
         reply::error(out, "ERR min or max not valid string range item");
         return Ok(());
     };
@@ -812,8 +738,11 @@ pub(super) fn zremrangebylex(st: &Store, w: &mut Wtx, a: &[&[u8]], out: &mut Vec
         int(out, 0);
         return Ok(());
     };
-    let gone = lex_members(w, e.obj(), &min, &max, false);
-    for (mem, _) in &gone {
+    let mut gone = Vec::new();
+    zset::range_by_lex(w, e.obj(), &min, &max, false, 0, -1, |mem, _| {
+        gone.push(mem.to_vec())
+    });
+    for mem in &gone {
         zset::remove(w, st, e.obj(), mem)?;
     }
     if zset::len(w, e.obj()) == 0 {

@@ -10,7 +10,7 @@
 //! The root object ([`ROOT_SIZE`] bytes):
 //!
 //! ```text
-//! 0    magic "tmkvroot"         8    layout version (1)
+//! 0    magic "tmkvroot"         8    layout version (2)
 //! 16   hash seed (random at creation; part of the layout: entries store their hash)
 //! 24   garbage list head        32   garbage records on the list
 //! 40   used bytes: heap blocks (headers included) allocated by this layer, root included
@@ -46,7 +46,10 @@ use tiermem_vnvm::alloc::{BLOCK_HEADER, HEAP_HEADER, LARGE_UNIT, MAX_SMALL};
 /// Magic of the root object ("tmkvroot").
 pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"tmkvroot");
 /// Version of the layout described in this module.
-pub const ROOT_VERSION: u64 = 1;
+///
+/// Version 2: sorted-set links carry their skiplist spans (16 bytes a link, where version 1's
+/// were 8). A version-1 heap is refused, unchanged: export it with the build that wrote it.
+pub const ROOT_VERSION: u64 = 2;
 /// Bytes of the root object.
 pub const ROOT_SIZE: u64 = 64 + dict::DICT_HDR;
 
@@ -475,7 +478,9 @@ impl Store {
             let ver = v.u64(root + R_VERSION);
             if ver != ROOT_VERSION {
                 return Err(HeapError::Engine(format!(
-                    "the heap holds tiermem-kv layout version {ver}; this build reads version {ROOT_VERSION}"
+                    "the heap holds tiermem-kv layout version {ver}; this build reads version {ROOT_VERSION} \
+                     (version 2 gave sorted sets skiplist spans): nothing was changed; move the data with \
+                     the build that wrote it (MIGRATE, or DUMP and RESTORE, into a new instance)"
                 )));
             }
             let seed = v.u64(root + R_SEED);

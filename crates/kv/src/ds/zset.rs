@@ -3,15 +3,20 @@
 //!
 //! ```text
 //! zset object: 0 dict header (DICT_HDR), 256 elements, 264 skiplist level, 272 tail node,
-//!              280 reserved, 288 the head's forward links [ZMAX]
+//!              280 reserved, 288 the head's links [ZMAX]
 //! node:        0 next (dict chain), 8 hash, 16 meta (member length | level << 32 |
 //!              size class << 48), 24 score (f64 bits), 32 backward node (0: first),
-//!              40 forward links [level], then the member
+//!              40 links [level], then the member
+//! link:        0 forward node (0: none), 8 span
 //! ```
 //!
-//! Levels are random (p = 1/4, at most [`ZMAX`]) and stored in the node. There are no spans:
-//! a range by rank walks level 0 from the nearer end (O(distance + count)); ranges by score,
-//! ZADD, ZREM and ZPOPMIN are O(log n).
+//! Levels are random (p = 1/4, at most [`ZMAX`]) and stored in the node. Each link carries
+//! its *span*, as Redis's skiplist does: how many level-0 steps it jumps (to the end of the
+//! list, for a link with no forward node; the head counts as rank 0). A descent that adds the
+//! spans it crosses knows the rank it stands at, so ZRANK, a range by rank, ZCOUNT and
+//! ZLEXCOUNT are O(log n), like ZADD, ZREM, ZPOPMIN and the starts of score and lex ranges.
+//! Lex ranges follow Redis's skiplist descent (members compared, scores ignored): they mean
+//! something when all scores are equal.
 
 use super::dict::{self, Kind, E_META};
 use super::keyspace::free_classed;
@@ -24,8 +29,10 @@ use std::cmp::Ordering;
 pub const ZMAX: usize = 24;
 const Z_LEN: u64 = 256;
 const Z_HEAD: u64 = 288;
+/// Bytes of a link: the forward node and the span.
+const LINK: u64 = 16;
 /// Bytes of a zset object.
-pub const ZSET_SIZE: u64 = Z_HEAD + 8 * ZMAX as u64;
+pub const ZSET_SIZE: u64 = Z_HEAD + LINK * ZMAX as u64;
 const N_SCORE: u64 = 24;
 const N_BACK: u64 = 32;
 const N_FWD: u64 = 40;
@@ -36,17 +43,32 @@ pub struct ZKind;
 impl Kind for ZKind {
     #[inline]
     fn key_at(meta: u64) -> u64 {
-        N_FWD + 8 * ((meta >> 32) as u8 as u64)
+        N_FWD + LINK * ((meta >> 32) as u8 as u64)
     }
 }
 
+/// Where link `i` of node `x` (the head when `x == z`) is: its forward node, then its span.
 #[inline]
 fn fwd_off(z: Off, x: Off, i: usize) -> Off {
     if x == z {
-        z + Z_HEAD + 8 * i as u64
+        z + Z_HEAD + LINK * i as u64
     } else {
-        x + N_FWD + 8 * i as u64
+        x + N_FWD + LINK * i as u64
     }
+}
+
+/// The span of link `i` of node `x`.
+#[inline]
+fn span<M: Mem>(m: &M, z: Off, x: Off, i: usize) -> u64 {
+    m.u64(fwd_off(z, x, i) + 8)
+}
+
+/// A link's 16 bytes.
+fn link_bytes(fwd: Off, span: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..8].copy_from_slice(&fwd.to_le_bytes());
+    b[8..16].copy_from_slice(&span.to_le_bytes());
+    b
 }
 
 /// Score of node `n` (a NaN, which ZADD never stores, is damage: recorded, read as 0).
@@ -125,30 +147,46 @@ pub fn score_of<M: Mem>(m: &M, st: &Store, z: Off, mem: &[u8]) -> Option<f64> {
     find(m, st, z, mem).map(|(n, _)| score(m, n))
 }
 
-/// The last node before (score, member) on each level. Each level's walk is bounded by the
-/// zset's length (damage, recorded, beyond).
-fn search<M: Mem>(m: &M, z: Off, s: f64, mem: &[u8]) -> [Off; ZMAX] {
+/// The last node before (score, member) on each level, and its rank (the head's is 0). Each
+/// level's walk is bounded by the zset's length (damage, recorded, beyond).
+fn search<M: Mem>(m: &M, z: Off, s: f64, mem: &[u8]) -> ([Off; ZMAX], [u64; ZMAX]) {
+    descend(m, z, |f| cmp_node(m, f, s, mem) == Ordering::Less)
+}
+
+/// The skiplist descent: on each level from the top, step forward while `ahead(next node)`;
+/// the last node reached on each level and its rank (the head's is 0). `ahead` must hold on
+/// a prefix of the list. Damage (a walk longer than the zset, a rank past its length) is
+/// recorded and ends the descent.
+fn descend<M: Mem>(
+    m: &M,
+    z: Off,
+    mut ahead: impl FnMut(Off) -> bool,
+) -> ([Off; ZMAX], [u64; ZMAX]) {
     let mut update = [z; ZMAX];
+    let mut rank = [0u64; ZMAX];
+    let n = len(m, z);
     let mut x = z;
-    let mut steps = walk_bound(m, len(m, z));
+    let mut r = 0u64;
+    let mut steps = walk_bound(m, n);
     // (zlevel ≤ ZMAX: the indexes are in range.)
     for i in (0..zlevel(m, z)).rev() {
         loop {
             let f = m.link(fwd_off(z, x, i));
-            if f != 0 && cmp_node(m, f, s, mem) == Ordering::Less {
-                if steps == 0 {
-                    damaged(f);
-                    return update;
-                }
-                steps -= 1;
-                x = f;
-            } else {
+            if f == 0 || !ahead(f) {
                 break;
             }
+            r = r.saturating_add(span(m, z, x, i));
+            if steps == 0 || r > n {
+                damaged(f);
+                return (update, rank);
+            }
+            steps -= 1;
+            x = f;
         }
         update[i] = x;
+        rank[i] = r;
     }
-    update
+    (update, rank)
 }
 
 fn random_level() -> usize {
@@ -177,26 +215,41 @@ fn sl_link(
     node_head: Option<&[u8]>,
     len_delta: u64,
 ) -> Result<()> {
-    let update = search(w, z, s, mem);
+    let (update, rank) = search(w, z, s, mem);
     let mut level = zlevel(w, z);
     intact()?;
     if lvl == 0 || lvl > ZMAX {
         return Err(HeapError::Damaged(n));
     }
-    // Levels above the current one start from the head (update[] is z there already).
+    // Nodes in the list now (a re-insert's node is counted in the length but unlinked).
+    let linked = (len(w, z) + len_delta).wrapping_sub(1);
+    // Levels above the current one start from the head (update[] is z, rank[] 0 there), whose
+    // links there reach the end: over all `linked` nodes.
     let mut fw = Vec::with_capacity(lvl);
+    let mut spans = Vec::with_capacity(lvl);
     for (i, u) in update.iter().enumerate().take(lvl) {
-        fw.push(w.u64(fwd_off(z, *u, i)));
+        let (f, sp) = if i >= level {
+            (0, linked)
+        } else {
+            (w.u64(fwd_off(z, *u, i)), span(w, z, *u, i))
+        };
+        // The new node is `rank[0] - rank[i]` steps past update[i]: it takes the rest.
+        let before = rank[0] - rank[i];
+        let Some(rest) = sp.checked_sub(before) else {
+            return Err(HeapError::Damaged(fwd_off(z, *u, i)));
+        };
+        fw.push(f);
+        spans.push((rest, before + 1));
     }
     let back = if update[0] == z { 0 } else { update[0] };
-    let mut buf = Vec::with_capacity(N_FWD as usize + 8 * lvl + mem.len());
+    let mut buf = Vec::with_capacity(N_FWD as usize + LINK as usize * lvl + mem.len());
     if let Some(h) = node_head {
         buf.extend_from_slice(h);
     }
     buf.extend_from_slice(&s.to_bits().to_le_bytes());
     buf.extend_from_slice(&back.to_le_bytes());
-    for f in &fw {
-        buf.extend_from_slice(&f.to_le_bytes());
+    for (f, (rest, _)) in fw.iter().zip(&spans) {
+        buf.extend_from_slice(&link_bytes(*f, *rest));
     }
     if node_head.is_some() {
         buf.extend_from_slice(mem);
@@ -205,7 +258,11 @@ fn sl_link(
         w.write(n + N_SCORE, &buf)?;
     }
     for (i, u) in update.iter().enumerate().take(lvl) {
-        w.write_u64(fwd_off(z, *u, i), n)?;
+        w.write(fwd_off(z, *u, i), &link_bytes(n, spans[i].1))?;
+    }
+    // Links above the node's levels jump over it now.
+    for (i, u) in update.iter().enumerate().take(level).skip(lvl) {
+        w.write_u64(fwd_off(z, *u, i) + 8, span(w, z, *u, i) + 1)?;
     }
     let mut tail = w.u64(z + Z_LEN + 16);
     if fw[0] != 0 {
@@ -223,14 +280,24 @@ fn sl_link(
 fn sl_unlink(w: &mut Wtx, z: Off, n: Off, len_delta: u64) -> Result<()> {
     let s = score(w, n);
     let mem = member(w, n).into_owned();
-    let update = search(w, z, s, &mem);
+    let (update, _) = search(w, z, s, &mem);
     let lvl = level_of(w, n);
     intact()?;
-    for (i, u) in update.iter().enumerate().take(lvl) {
+    // Every level's link over the node loses a step; the node's own links are taken over.
+    for (i, u) in update.iter().enumerate().take(zlevel(w, z)) {
         let fo = fwd_off(z, *u, i);
-        if w.u64(fo) == n {
+        let sp = span(w, z, *u, i);
+        if i < lvl && w.u64(fo) == n {
             let nf = w.u64(fwd_off(z, n, i));
-            w.write_u64(fo, nf)?;
+            let Some(joined) = sp.saturating_add(span(w, z, n, i)).checked_sub(1) else {
+                return Err(HeapError::Damaged(fo));
+            };
+            w.write(fo, &link_bytes(nf, joined))?;
+        } else {
+            let Some(less) = sp.checked_sub(1) else {
+                return Err(HeapError::Damaged(fo));
+            };
+            w.write_u64(fo + 8, less)?;
         }
     }
     let f0 = w.u64(fwd_off(z, n, 0));
@@ -291,7 +358,7 @@ pub fn add(w: &mut Wtx, st: &Store, z: Off, s: f64, mem: &[u8], flags: AddFlags)
                 return Ok(Added::Skipped);
             }
             let lvl = random_level();
-            let size = N_FWD + 8 * lvl as u64 + mem.len() as u64;
+            let size = N_FWD + LINK * lvl as u64 + mem.len() as u64;
             let (n, cap) = w.alloc(size)?;
             let meta = mem.len() as u64 | (lvl as u64) << 32 | (class_of(cap) as u64) << 48;
             let mut head = Vec::with_capacity(24);
@@ -543,26 +610,9 @@ pub fn range_by_rank<M: Mem>(
         // The skiplist's length and the dict's count must agree.
         return damaged(z + Z_LEN);
     }
-    // Forward rank of the first element visited.
+    // Forward rank of the first element visited, found by its spans.
     let first = if rev { n_all - 1 - start } else { start };
-    let mut n;
-    if first <= n_all / 2 {
-        n = m.link(fwd_off(z, z, 0));
-        for _ in 0..first {
-            if n == 0 {
-                return damaged(z);
-            }
-            n = m.link(fwd_off(z, n, 0));
-        }
-    } else {
-        n = m.link(z + Z_LEN + 16);
-        for _ in 0..(n_all - 1 - first) {
-            if n == 0 {
-                return damaged(z);
-            }
-            n = m.link(n + N_BACK);
-        }
-    }
+    let mut n = node_at_rank(m, z, first);
     for _ in start..=stop {
         if n == 0 {
             return damaged(z);
@@ -578,6 +628,177 @@ pub fn range_by_rank<M: Mem>(
     if stop == n_all - 1 && n != 0 {
         damaged(z);
     }
+}
+
+/// The node at 0-based rank `r` (0: none, or damage, recorded): a descent adding spans.
+fn node_at_rank<M: Mem>(m: &M, z: Off, r: u64) -> Off {
+    let target = r + 1;
+    let mut x = z;
+    let mut t = 0u64;
+    let mut steps = walk_bound(m, len(m, z));
+    for i in (0..zlevel(m, z)).rev() {
+        loop {
+            let f = m.link(fwd_off(z, x, i));
+            if f == 0 {
+                break;
+            }
+            let next = t.saturating_add(span(m, z, x, i));
+            if next > target {
+                break;
+            }
+            if steps == 0 {
+                damaged(f);
+                return 0;
+            }
+            steps -= 1;
+            (t, x) = (next, f);
+        }
+        if t == target {
+            return x;
+        }
+    }
+    damaged(z + Z_HEAD);
+    0
+}
+
+/// The 0-based rank of `member` (from the lowest score), if it is there: O(log n).
+pub fn rank<M: Mem>(m: &M, st: &Store, z: Off, mem: &[u8]) -> Option<u64> {
+    let (n, _) = find(m, st, z, mem)?;
+    let s = score(m, n);
+    let (update, rank) = descend(m, z, |f| cmp_node(m, f, s, mem) != Ordering::Greater);
+    if update[0] == n && rank[0] > 0 {
+        Some(rank[0] - 1)
+    } else {
+        // In the dict but not in the list: damage.
+        damaged(n);
+        None
+    }
+}
+
+/// How many elements have scores in `min..max`: the rank of the last one in it less the rank
+/// of the last one below it (two descents, O(log n)).
+pub fn count_by_score<M: Mem>(m: &M, z: Off, min: Bound, max: Bound) -> u64 {
+    let (_, below) = descend(m, z, |f| !min.above_min(score(m, f)));
+    let (_, upto) = descend(m, z, |f| max.below_max(score(m, f)));
+    upto[0].saturating_sub(below[0])
+}
+
+/// One end of a lexicographic range (Redis's zslParseLexRangeItem): `-`, `+`, `[x`, `(x`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lex {
+    /// `-`: below every member.
+    Min,
+    /// `+`: above every member.
+    Max,
+    /// `[x`: x included.
+    Incl(Vec<u8>),
+    /// `(x`: x excluded.
+    Excl(Vec<u8>),
+}
+
+impl Lex {
+    /// Parse a range item; `None` for anything else (Redis's "not valid string range item").
+    pub fn parse(b: &[u8]) -> Option<Lex> {
+        match b.first() {
+            Some(b'-') if b.len() == 1 => Some(Lex::Min),
+            Some(b'+') if b.len() == 1 => Some(Lex::Max),
+            Some(b'[') => Some(Lex::Incl(b[1..].to_vec())),
+            Some(b'(') => Some(Lex::Excl(b[1..].to_vec())),
+            _ => None,
+        }
+    }
+
+    /// `mem` is at or above this lower end (Redis's zslLexValueGteMin).
+    pub fn gte_min(&self, mem: &[u8]) -> bool {
+        match self {
+            Lex::Min => true,
+            Lex::Max => false,
+            Lex::Incl(x) => mem >= x.as_slice(),
+            Lex::Excl(x) => mem > x.as_slice(),
+        }
+    }
+
+    /// `mem` is at or below this upper end (Redis's zslLexValueLteMax).
+    pub fn lte_max(&self, mem: &[u8]) -> bool {
+        match self {
+            Lex::Min => false,
+            Lex::Max => true,
+            Lex::Incl(x) => mem <= x.as_slice(),
+            Lex::Excl(x) => mem < x.as_slice(),
+        }
+    }
+}
+
+/// Visit the elements of the lexicographic range `min..max` as Redis's skiplist does: from the
+/// first member at or above `min` (`rev`: the last at or below `max`, going down), skipping
+/// `offset` elements, then at most `limit` (negative: all) while they stay in the range.
+#[allow(clippy::too_many_arguments)]
+pub fn range_by_lex<M: Mem>(
+    m: &M,
+    z: Off,
+    min: &Lex,
+    max: &Lex,
+    rev: bool,
+    offset: u64,
+    limit: i64,
+    mut f: impl FnMut(&[u8], f64),
+) {
+    let mut n = if rev {
+        let (update, _) = descend(m, z, |x| max.lte_max(&member(m, x)));
+        if update[0] == z {
+            0
+        } else {
+            update[0]
+        }
+    } else {
+        let (update, _) = descend(m, z, |x| !min.gte_min(&member(m, x)));
+        m.link(fwd_off(z, update[0], 0))
+    };
+    let next = |n: Off| {
+        if rev {
+            m.link(n + N_BACK)
+        } else {
+            m.link(fwd_off(z, n, 0))
+        }
+    };
+    let mut steps = walk_bound(m, len(m, z));
+    for _ in 0..offset {
+        if n == 0 {
+            return;
+        }
+        if steps == 0 {
+            return damaged(n);
+        }
+        steps -= 1;
+        n = next(n);
+    }
+    let mut left = limit;
+    while n != 0 && left != 0 {
+        if steps == 0 {
+            return damaged(n);
+        }
+        steps -= 1;
+        let mem = member(m, n);
+        let inside = if rev {
+            min.gte_min(&mem)
+        } else {
+            max.lte_max(&mem)
+        };
+        if !inside {
+            break;
+        }
+        f(&mem, score(m, n));
+        left -= 1;
+        n = next(n);
+    }
+}
+
+/// How many elements the lexicographic range `min..max` holds (Redis's ZLEXCOUNT): the rank
+/// of the last member at or below `max` less the rank of the last one below `min`.
+pub fn count_by_lex<M: Mem>(m: &M, z: Off, min: &Lex, max: &Lex) -> u64 {
+    let (_, below) = descend(m, z, |x| !min.gte_min(&member(m, x)));
+    let (_, upto) = descend(m, z, |x| max.lte_max(&member(m, x)));
+    upto[0].saturating_sub(below[0])
 }
 
 /// Free the zset entirely (callers bound its size first: see `garbage`).
@@ -621,6 +842,40 @@ pub fn check<M: Mem>(m: &M, z: Off) -> std::result::Result<(), String> {
             len(m, z),
             dict::len(m, z)
         ));
+    }
+    // Spans: every link jumps exactly the level-0 steps to its forward node (to the end of the
+    // list for a link with none), on every level in use.
+    let mut rank_of = std::collections::HashMap::new();
+    let mut x = m.u64(fwd_off(z, z, 0));
+    while x != 0 {
+        let r = rank_of.len() as u64 + 1;
+        rank_of.insert(x, r);
+        x = m.u64(fwd_off(z, x, 0));
+    }
+    for i in 0..zlevel(m, z) {
+        let (mut x, mut rx) = (z, 0u64);
+        loop {
+            let f = m.u64(fwd_off(z, x, i));
+            let rf = if f == 0 {
+                count
+            } else {
+                match rank_of.get(&f) {
+                    Some(&r) if r > rx => r,
+                    _ => return Err(format!("node {f} on level {i} is not ahead on level 0")),
+                }
+            };
+            if span(m, z, x, i) != rf - rx {
+                return Err(format!(
+                    "span of node {x} on level {i}: {} where it jumps {}",
+                    span(m, z, x, i),
+                    rf - rx
+                ));
+            }
+            if f == 0 {
+                break;
+            }
+            (x, rx) = (f, rf);
+        }
     }
     // Every level is a sorted sub-list of level 0.
     for i in 1..zlevel(m, z) {
