@@ -10,7 +10,7 @@ use tiermem_kv::ds::hash::HashObj;
 use tiermem_kv::ds::keyspace::{self as ks, T_HASH, T_LIST, T_SET, T_STRING, T_ZSET};
 use tiermem_kv::ds::set::SetObj;
 use tiermem_kv::ds::zset::{self, AddFlags, Added, Bound};
-use tiermem_kv::ds::{dict, garbage, hash, list, set, Store, View, Wtx};
+use tiermem_kv::ds::{dict, garbage, hash, list, set, Mem, Store, View, Wtx};
 use tiermem_kv::heap::Heap;
 
 /// The used-bytes counter equals what the allocator says is allocated.
@@ -864,4 +864,27 @@ fn sorted_set_lex_ranges_and_ranks() {
             finish(w, true);
         }
     }
+}
+
+/// A heap of another layout version (here: version 1, before sorted-set spans) is refused at
+/// open with a message naming both versions and what to do, and is left as it was.
+#[test]
+fn another_layout_version_is_refused_unchanged() {
+    let mut f = Fixture::new(Eng::Vnvm);
+    let st = Store::open(f.heap()).unwrap();
+    let mut w = Wtx::new(f.heap(), st.root);
+    w.write_u64(st.root + 8, 1).unwrap();
+    finish(w, true);
+    let before = View::of(f.heap()).u64(st.root + 8);
+    let e = match Store::open(f.heap()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a version-1 heap was opened"),
+    };
+    assert!(
+        e.contains("layout version 1") && e.contains("reads version 2") && e.contains("MIGRATE"),
+        "{e}"
+    );
+    assert!(f.reopen());
+    assert!(Store::open(f.heap()).is_err());
+    assert_eq!(View::of(f.heap()).u64(st.root + 8), before);
 }
