@@ -310,6 +310,15 @@ fn a_crashed_instance_moved_elsewhere_recovers_there() {
         assert_eq!(c.cmd(&["SET", &k, &v]), Reply::Simple("OK".into()));
     }
     drop(c);
+    // The instance's shared-memory object is named after its directory: the one of the old
+    // location is left behind by the kill (nobody opens that directory again); the test
+    // removes it at the end (the server maps it: /proc/PID/maps names it).
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", s.child.id())).unwrap();
+    let old_shm = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.starts_with("/dev/shm/tiermem-vnvm-"))
+        .map(PathBuf::from);
     s.kill9();
     let to = scratch("moved-to");
     let _ = std::fs::remove_dir_all(&to);
@@ -323,6 +332,9 @@ fn a_crashed_instance_moved_elsewhere_recovers_there() {
     drop(s);
     assert!(!dir.exists(), "the old location was recreated");
     let _ = std::fs::remove_dir_all(&to);
+    if let Some(p) = old_shm {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 #[test]

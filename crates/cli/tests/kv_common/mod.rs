@@ -162,8 +162,17 @@ impl Server {
 }
 
 impl Drop for Server {
+    /// A server still running is stopped as an operator would (SIGTERM: it releases its
+    /// instance, whose shared-memory object in /dev/shm goes with it), and killed if it has
+    /// not exited within 10 s. A test that means kill -9 does it itself.
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on our own child's pid (not yet reaped: try_wait saw it running).
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+            if self.wait_exit(10).is_none() {
+                let _ = self.child.kill();
+            }
+        }
         let _ = self.child.wait();
     }
 }
