@@ -476,6 +476,18 @@ fn sorted(model: &BTreeMap<Vec<u8>, f64>) -> Vec<(Vec<u8>, f64)> {
     v
 }
 
+/// A range's elements in order (`rev`: reversed), `off` skipped, then at most `lim` (negative:
+/// all): what a range command with LIMIT returns.
+fn window<T>(mut v: Vec<T>, rev: bool, off: u64, lim: i64) -> Vec<T> {
+    if rev {
+        v.reverse();
+    }
+    v.into_iter()
+        .skip(off as usize)
+        .take(if lim < 0 { usize::MAX } else { lim as usize })
+        .collect()
+}
+
 #[test]
 fn sorted_sets() {
     for eng in ENGINES {
@@ -615,16 +627,12 @@ fn sorted_sets() {
                                 x <= max.score
                             })
                         };
-                        let mut want: Vec<_> =
-                            s.iter().filter(|(_, x)| inside(*x)).cloned().collect();
-                        if rev {
-                            want.reverse();
-                        }
-                        let want: Vec<_> = want
-                            .into_iter()
-                            .skip(off as usize)
-                            .take(if lim < 0 { usize::MAX } else { lim as usize })
-                            .collect();
+                        let want = window(
+                            s.iter().filter(|(_, x)| inside(*x)).cloned().collect(),
+                            rev,
+                            off,
+                            lim,
+                        );
                         assert_eq!(
                             got, want,
                             "by score {min:?} {max:?} rev {rev} limit {off} {lim}"
@@ -848,15 +856,7 @@ fn sorted_set_lex_ranges_and_ranks() {
             zset::range_by_lex(&w, z, &min, &max, rev, off, lim, |m, _| {
                 got.push(m.to_vec())
             });
-            let mut want = inside;
-            if rev {
-                want.reverse();
-            }
-            let want: Vec<_> = want
-                .into_iter()
-                .skip(off as usize)
-                .take(if lim < 0 { usize::MAX } else { lim as usize })
-                .collect();
+            let want = window(inside, rev, off, lim);
             assert_eq!(
                 got, want,
                 "step {step}: {min:?} {max:?} rev {rev} {off} {lim}"

@@ -150,17 +150,17 @@ pub fn score_of<M: Mem>(m: &M, st: &Store, z: Off, mem: &[u8]) -> Option<f64> {
 /// The last node before (score, member) on each level, and its rank (the head's is 0). Each
 /// level's walk is bounded by the zset's length (damage, recorded, beyond).
 fn search<M: Mem>(m: &M, z: Off, s: f64, mem: &[u8]) -> ([Off; ZMAX], [u64; ZMAX]) {
-    descend(m, z, |f| cmp_node(m, f, s, mem) == Ordering::Less)
+    descend(m, z, |f, _| cmp_node(m, f, s, mem) == Ordering::Less)
 }
 
-/// The skiplist descent: on each level from the top, step forward while `ahead(next node)`;
-/// the last node reached on each level and its rank (the head's is 0). `ahead` must hold on
-/// a prefix of the list. Damage (a walk longer than the zset, a rank past its length) is
-/// recorded and ends the descent.
+/// The skiplist descent: on each level from the top, step forward while `ahead(next node, the
+/// rank it has)`; the last node reached on each level and its rank (the head's is 0). `ahead`
+/// must hold on a prefix of the list. Damage (a walk longer than the zset, a rank past its
+/// length) is recorded and ends the descent.
 fn descend<M: Mem>(
     m: &M,
     z: Off,
-    mut ahead: impl FnMut(Off) -> bool,
+    mut ahead: impl FnMut(Off, u64) -> bool,
 ) -> ([Off; ZMAX], [u64; ZMAX]) {
     let mut update = [z; ZMAX];
     let mut rank = [0u64; ZMAX];
@@ -172,16 +172,19 @@ fn descend<M: Mem>(
     for i in (0..zlevel(m, z)).rev() {
         loop {
             let f = m.link(fwd_off(z, x, i));
-            if f == 0 || !ahead(f) {
+            if f == 0 {
                 break;
             }
-            r = r.saturating_add(span(m, z, x, i));
-            if steps == 0 || r > n {
+            let rf = r.saturating_add(span(m, z, x, i));
+            if !ahead(f, rf) {
+                break;
+            }
+            if steps == 0 || rf > n {
                 damaged(f);
                 return (update, rank);
             }
             steps -= 1;
-            x = f;
+            (x, r) = (f, rf);
         }
         update[i] = x;
         rank[i] = r;
@@ -632,40 +635,20 @@ pub fn range_by_rank<M: Mem>(
 
 /// The node at 0-based rank `r` (0: none, or damage, recorded): a descent adding spans.
 fn node_at_rank<M: Mem>(m: &M, z: Off, r: u64) -> Off {
-    let target = r + 1;
-    let mut x = z;
-    let mut t = 0u64;
-    let mut steps = walk_bound(m, len(m, z));
-    for i in (0..zlevel(m, z)).rev() {
-        loop {
-            let f = m.link(fwd_off(z, x, i));
-            if f == 0 {
-                break;
-            }
-            let next = t.saturating_add(span(m, z, x, i));
-            if next > target {
-                break;
-            }
-            if steps == 0 {
-                damaged(f);
-                return 0;
-            }
-            steps -= 1;
-            (t, x) = (next, f);
-        }
-        if t == target {
-            return x;
-        }
+    let (update, rank) = descend(m, z, |_, rf| rf <= r + 1);
+    if rank[0] == r + 1 && update[0] != z {
+        update[0]
+    } else {
+        damaged(z + Z_HEAD);
+        0
     }
-    damaged(z + Z_HEAD);
-    0
 }
 
 /// The 0-based rank of `member` (from the lowest score), if it is there: O(log n).
 pub fn rank<M: Mem>(m: &M, st: &Store, z: Off, mem: &[u8]) -> Option<u64> {
     let (n, _) = find(m, st, z, mem)?;
     let s = score(m, n);
-    let (update, rank) = descend(m, z, |f| cmp_node(m, f, s, mem) != Ordering::Greater);
+    let (update, rank) = descend(m, z, |f, _| cmp_node(m, f, s, mem) != Ordering::Greater);
     if update[0] == n && rank[0] > 0 {
         Some(rank[0] - 1)
     } else {
@@ -678,8 +661,8 @@ pub fn rank<M: Mem>(m: &M, st: &Store, z: Off, mem: &[u8]) -> Option<u64> {
 /// How many elements have scores in `min..max`: the rank of the last one in it less the rank
 /// of the last one below it (two descents, O(log n)).
 pub fn count_by_score<M: Mem>(m: &M, z: Off, min: Bound, max: Bound) -> u64 {
-    let (_, below) = descend(m, z, |f| !min.above_min(score(m, f)));
-    let (_, upto) = descend(m, z, |f| max.below_max(score(m, f)));
+    let (_, below) = descend(m, z, |f, _| !min.above_min(score(m, f)));
+    let (_, upto) = descend(m, z, |f, _| max.below_max(score(m, f)));
     upto[0].saturating_sub(below[0])
 }
 
@@ -744,14 +727,14 @@ pub fn range_by_lex<M: Mem>(
     mut f: impl FnMut(&[u8], f64),
 ) {
     let mut n = if rev {
-        let (update, _) = descend(m, z, |x| max.lte_max(&member(m, x)));
+        let (update, _) = descend(m, z, |x, _| max.lte_max(&member(m, x)));
         if update[0] == z {
             0
         } else {
             update[0]
         }
     } else {
-        let (update, _) = descend(m, z, |x| !min.gte_min(&member(m, x)));
+        let (update, _) = descend(m, z, |x, _| !min.gte_min(&member(m, x)));
         m.link(fwd_off(z, update[0], 0))
     };
     let next = |n: Off| {
@@ -796,8 +779,8 @@ pub fn range_by_lex<M: Mem>(
 /// How many elements the lexicographic range `min..max` holds (Redis's ZLEXCOUNT): the rank
 /// of the last member at or below `max` less the rank of the last one below `min`.
 pub fn count_by_lex<M: Mem>(m: &M, z: Off, min: &Lex, max: &Lex) -> u64 {
-    let (_, below) = descend(m, z, |x| !min.gte_min(&member(m, x)));
-    let (_, upto) = descend(m, z, |x| max.lte_max(&member(m, x)));
+    let (_, below) = descend(m, z, |x, _| !min.gte_min(&member(m, x)));
+    let (_, upto) = descend(m, z, |x, _| max.lte_max(&member(m, x)));
     upto[0].saturating_sub(below[0])
 }
 
