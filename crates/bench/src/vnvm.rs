@@ -1491,10 +1491,15 @@ impl SystemWorker {
             "--path".to_string(),
             path.display().to_string(),
         ];
-        let cleanup = if system == "memcpy" {
-            Vec::new()
-        } else {
-            vec![path.to_path_buf()]
+        let cleanup = match system {
+            "memcpy" => Vec::new(),
+            // A vnvm worker killed (hung, or past the grace period) leaves its instance's
+            // shared-memory object, named after the instance directory.
+            "vnvm" => vec![
+                path.to_path_buf(),
+                tiermem_vnvm::shm_object_path(&path.join("instance")),
+            ],
+            _ => vec![path.to_path_buf()],
         };
         Ok(SystemWorker {
             w: Worker::spawn(system, &args, timeout, cleanup)?,

@@ -148,6 +148,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tiermem_media::{Pool, PoolKind, PoolOptions, PowerDomain};
 
+/// The path of the shared-memory object of the instance in directory `dir`
+/// (`/dev/shm/tiermem-vnvm-<hash of the directory>`), whether the instance exists or not. Its
+/// last process removes it at release; one killed leaves it, and a later open of the same
+/// directory takes it over. A supervisor that killed every process of an instance it then
+/// deletes removes it with this path.
+pub fn shm_object_path(dir: &Path) -> PathBuf {
+    let n = shm::shm_name(dir);
+    Path::new("/dev/shm").join(n.to_str().unwrap_or("?").trim_start_matches('/'))
+}
+
 /// A transaction id, unique within an instance's life.
 pub type Tid = u64;
 
@@ -257,8 +267,7 @@ impl Vnvm {
 
     /// The path of the instance's shared-memory object (`/dev/shm/tiermem-vnvm-…`).
     pub fn shm_path(&self) -> PathBuf {
-        let n = shm::shm_name(&self.inner.dir);
-        Path::new("/dev/shm").join(n.to_str().unwrap_or("?").trim_start_matches('/'))
+        shm_object_path(&self.inner.dir)
     }
 
     /// The configuration the instance was started with.

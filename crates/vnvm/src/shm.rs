@@ -181,9 +181,34 @@ unsafe impl Send for Shm {}
 // SAFETY: see above.
 unsafe impl Sync for Shm {}
 
+/// `dir` made absolute and free of symlinks as far as it exists, the rest appended as given:
+/// the same path before the directory is created, while it exists, and after it is removed.
+fn canonical(dir: &Path) -> std::path::PathBuf {
+    let mut base = dir.to_path_buf();
+    let mut rest = Vec::new();
+    loop {
+        let probe = if base.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            base.as_path()
+        };
+        if let Ok(mut p) = std::fs::canonicalize(probe) {
+            p.extend(rest.iter().rev());
+            return p;
+        }
+        match (base.parent(), base.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                base = parent.to_path_buf();
+            }
+            _ => return dir.to_path_buf(),
+        }
+    }
+}
+
 /// The name of the instance's object (`/tiermem-vnvm-<16 hex digits>`).
 pub fn shm_name(dir: &Path) -> CString {
-    let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let canon = canonical(dir);
     let h = crc32fast::hash(canon.as_os_str().as_encoded_bytes()) as u64;
     let h2 = crc32fast::hash(&[canon.as_os_str().as_encoded_bytes(), b"#2"].concat()) as u64;
     // cannot fail: the name is ASCII letters, digits and '/' (no NUL).
@@ -919,6 +944,29 @@ fn ofd(file: &File, s: usize, cmd: libc::c_int, ty: i16) -> Option<libc::flock> 
 
 #[cfg(test)]
 mod tests {
+
+    /// An instance directory names the same object before it is created, while it exists and
+    /// after it is removed (a supervisor cleaning up after killed processes finds it), through
+    /// a symlinked parent too.
+    #[test]
+    fn the_object_name_does_not_depend_on_the_directory_existing() {
+        let t = tempfile::tempdir().unwrap();
+        let real = t.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let via_link = link.join("inst").join("vnvm");
+        let direct = real.join("inst").join("vnvm");
+        let before = (shm_name(&via_link), shm_name(&direct));
+        std::fs::create_dir_all(&direct).unwrap();
+        let during = (shm_name(&via_link), shm_name(&direct));
+        std::fs::remove_dir_all(real.join("inst")).unwrap();
+        let after = shm_name(&direct);
+        assert_eq!(before.0, before.1);
+        assert_eq!(during.0, before.0);
+        assert_eq!(during.1, before.0);
+        assert_eq!(after, before.0);
+    }
     use super::*;
 
     fn geo() -> Geometry {
