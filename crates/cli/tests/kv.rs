@@ -310,9 +310,9 @@ fn a_crashed_instance_moved_elsewhere_recovers_there() {
         assert_eq!(c.cmd(&["SET", &k, &v]), Reply::Simple("OK".into()));
     }
     drop(c);
-    // The instance's shared-memory object is named after its directory: the one of the old
-    // location is left behind by the kill (nobody opens that directory again); the test
-    // removes it at the end (the server maps it: /proc/PID/maps names it).
+    // The instance's shared-memory object is named after its directory: the kill leaves the
+    // old location's, which the recovery at the new place removes (the server maps it:
+    // /proc/PID/maps names it).
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", s.child.id())).unwrap();
     let old_shm = maps
         .lines()
@@ -324,6 +324,9 @@ fn a_crashed_instance_moved_elsewhere_recovers_there() {
     let _ = std::fs::remove_dir_all(&to);
     std::fs::rename(&dir, &to).unwrap();
     let s = Server::start("vnvm", &to, &[]);
+    if let Some(p) = &old_shm {
+        assert!(!p.exists(), "{} left behind", p.display());
+    }
     let mut c = Conn::connect(s.port).unwrap();
     assert_eq!(c.cmd(&["DBSIZE"]), Reply::Int(200));
     assert_eq!(c.cmd(&["GET", "k199"]), bulk("v199"));
@@ -332,9 +335,6 @@ fn a_crashed_instance_moved_elsewhere_recovers_there() {
     drop(s);
     assert!(!dir.exists(), "the old location was recreated");
     let _ = std::fs::remove_dir_all(&to);
-    if let Some(p) = old_shm {
-        let _ = std::fs::remove_file(p);
-    }
 }
 
 #[test]

@@ -207,6 +207,7 @@ pub(crate) fn join(cfg: &VnvmConfig, dir: &Path, lockf: File) -> Result<Vnvm> {
             // Stale bitmaps of a previous run's shared regions.
             shm::Bitmaps::unlink_name(dir, s);
         }
+        shm::forget_moved(dir, perm_of(cfg.group_shared));
         let shm = shm::Shm::create(dir, &geo, perm_of(cfg.group_shared))?;
         store_word_persist(&pools.meta, STATE_OFF, STATE_RUNNING)?;
         (pools, shm)

@@ -206,6 +206,43 @@ fn canonical(dir: &Path) -> std::path::PathBuf {
     }
 }
 
+/// The file in an instance directory that names the directory the instance's object was last
+/// created for (its canonical path). An instance moved after a crash finds there the name of
+/// the object its killed processes left.
+pub const HOME: &str = "shm.home";
+
+/// Before the first process of an instance creates its object: if the instance last ran at
+/// another path (moved after a crash) and no instance lives there now (no `lock` file), remove
+/// the objects named after that path (the instance's, and its shared regions' bitmaps), which
+/// nobody else would ever open again; then record this path. Best effort: a failure leaves
+/// an object behind, never harms a live instance (one at the old path has its `lock` file).
+/// Call with the instance's flock held; `mode` is the instance files' (0600 or 0660).
+pub fn forget_moved(dir: &Path, mode: u32) {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let home = dir.join(HOME);
+    let here = canonical(dir);
+    if let Ok(old) = std::fs::read(&home) {
+        let old = std::path::PathBuf::from(std::ffi::OsString::from_vec(old));
+        if old.is_absolute() && old != here && !old.join(crate::recovery::LOCK).exists() {
+            // SAFETY: a valid C string; unlinking a name nobody opens harms nobody.
+            unsafe { libc::shm_unlink(shm_name(&old).as_ptr()) };
+            for s in 0..MAX_SHARED {
+                Bitmaps::unlink_name(&old, s);
+            }
+        }
+    }
+    // Atomically (a torn file must not name some other directory's object).
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = dir.join(format!("{HOME}.tmp"));
+    if std::fs::write(&tmp, here.as_os_str().as_bytes()).is_ok()
+        && std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).is_ok()
+    {
+        let _ = std::fs::rename(&tmp, &home);
+    } else {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
 /// The name of the instance's object (`/tiermem-vnvm-<16 hex digits>`).
 pub fn shm_name(dir: &Path) -> CString {
     let canon = canonical(dir);

@@ -342,7 +342,7 @@ fn files_are_the_owners_unless_group_sharing_is_asked() {
         cfg.group_shared = group;
         let vn = nv_init(&cfg).unwrap();
         let want = if group { 0o660 } else { 0o600 };
-        for f in ["meta.pool", "log.pool", "cache.pool", "lock"] {
+        for f in ["meta.pool", "log.pool", "cache.pool", "lock", "shm.home"] {
             assert_eq!(mode(&cfg.dir.join(f)), want, "{f}, group {group}");
         }
         assert_eq!(
@@ -434,4 +434,46 @@ fn staged_commits_are_visible_at_once_and_durable_at_sync() {
         let f = std::fs::read(&file).unwrap();
         assert_eq!(f[8192..8292], [b'd'; 100], "{base}");
     }
+}
+
+/// An instance killed and then moved recovers at its new path and removes the shared-memory
+/// object its dead processes left under the old path's name (nobody would open it again); an
+/// object named after a path where an instance lives now is left alone.
+#[test]
+fn a_crashed_instance_moved_elsewhere_leaves_no_shared_memory_object_behind() {
+    let d = tmp();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    let mut cfg = small_cfg(&a, 8, 8);
+    let vn = nv_init(&cfg).unwrap();
+    let old = vn.shm_path();
+    assert!(old.exists());
+    vn.abandon();
+    // What a process killed with SIGKILL leaves (`abandon` still leaves the instance as its
+    // last user): the object, under the old path's name (/dev/shm holds it as a file).
+    if !old.exists() {
+        std::fs::write(&old, b"left by a killed process").unwrap();
+    }
+    std::fs::rename(&a, &b).unwrap();
+    cfg.dir = b.join("inst");
+    let vn = nv_init(&cfg).unwrap();
+    assert!(!old.exists(), "the old path's object is still there");
+    let moved = vn.shm_path();
+    assert!(moved.exists() && moved != old);
+    vn.nv_release().unwrap();
+    // A live instance at the path the record names keeps its object.
+    std::fs::create_dir_all(&a).unwrap();
+    let live_cfg = small_cfg(&a, 8, 8);
+    let live = nv_init(&live_cfg).unwrap();
+    let live_shm = live.shm_path();
+    let canon_a = std::fs::canonicalize(&live_cfg.dir).unwrap();
+    std::fs::write(
+        cfg.dir.join("shm.home"),
+        canon_a.as_os_str().as_encoded_bytes(),
+    )
+    .unwrap();
+    let vn = nv_init(&cfg).unwrap();
+    assert!(live_shm.exists(), "a live instance's object was removed");
+    vn.nv_release().unwrap();
+    live.nv_release().unwrap();
 }
