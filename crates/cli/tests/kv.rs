@@ -318,15 +318,14 @@ fn a_crashed_instance_moved_elsewhere_recovers_there() {
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
         .find(|p| p.starts_with("/dev/shm/tiermem-vnvm-"))
-        .map(PathBuf::from);
+        .map(PathBuf::from)
+        .expect("the server maps its instance's shared-memory object");
     s.kill9();
     let to = scratch("moved-to");
     let _ = std::fs::remove_dir_all(&to);
     std::fs::rename(&dir, &to).unwrap();
     let s = Server::start("vnvm", &to, &[]);
-    if let Some(p) = &old_shm {
-        assert!(!p.exists(), "{} left behind", p.display());
-    }
+    assert!(!old_shm.exists(), "{} left behind", old_shm.display());
     let mut c = Conn::connect(s.port).unwrap();
     assert_eq!(c.cmd(&["DBSIZE"]), Reply::Int(200));
     assert_eq!(c.cmd(&["GET", "k199"]), bulk("v199"));
