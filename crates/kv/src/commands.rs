@@ -865,10 +865,8 @@ impl KvService {
                     Id::Multi | Id::Exec | Id::Discard | Id::Watch | Id::Unwatch
                 ) {
                     // Queued commands count when EXEC runs them, as in Redis.
-                    let now = Instant::now();
-                    let ns = now.duration_since(clock).as_nanos() as u64;
-                    self.cmdstats.ran(spec, ns, out.get(mark) == Some(&b'-'));
-                    clock = now;
+                    self.cmdstats
+                        .ran(spec, &mut clock, out.get(mark..).unwrap_or_default());
                 }
                 if c != Control::Continue {
                     return Executed::new(c, i);
@@ -912,10 +910,8 @@ impl KvService {
                     }
                 }
             }
-            let now = Instant::now();
-            let ns = now.duration_since(clock).as_nanos() as u64;
-            self.cmdstats.ran(spec, ns, out.get(mark) == Some(&b'-'));
-            clock = now;
+            self.cmdstats
+                .ran(spec, &mut clock, out.get(mark..).unwrap_or_default());
             if budget.over() || out.len() > limit {
                 out.truncate(mark);
                 return Executed::new(Control::OutputFull, i + 1);
@@ -993,10 +989,8 @@ impl KvService {
                         writes += 1;
                     }
                 }
-                let now = Instant::now();
-                let ns = now.duration_since(clock).as_nanos() as u64;
-                self.cmdstats.ran(spec, ns, out.get(rmark) == Some(&b'-'));
-                clock = now;
+                self.cmdstats
+                    .ran(spec, &mut clock, out.get(rmark..).unwrap_or_default());
             } else if let Some(sp) = specs[i] {
                 self.cmdstats.rejected(sp);
             }
@@ -1334,10 +1328,8 @@ impl KvService {
                     writes += 1;
                 }
             }
-            let now = Instant::now();
-            let ns = now.duration_since(clock).as_nanos() as u64;
-            self.cmdstats.ran(spec, ns, out.get(qmark) == Some(&b'-'));
-            clock = now;
+            self.cmdstats
+                .ran(spec, &mut clock, out.get(qmark..).unwrap_or_default());
         }
         if let Err(e) = self.finish_many(w, failed, writes, expired, &touched) {
             // All or nothing: the EXEC changed nothing and says why.

@@ -380,12 +380,11 @@ const TRIM_AFTER: usize = 1 << 20;
 const TRIM_EVERY: Duration = Duration::from_millis(250);
 /// Unfinished requests at least this large are tracked globally for the budget.
 const BIG_BUFFER: u64 = 1 << 20;
-/// How long accepting pauses after running out of file descriptors.
 /// How long an event loop polls for events before it sleeps, while events keep coming within
 /// it (`Worker::run`). Measured on this 2-vCPU VM with redis-benchmark -P 16 GET (5 runs each,
 /// interleaved): median 1.36 M/s sleeping at once, 1.46 M/s polling 50 µs first.
 const BUSY_POLL: Duration = Duration::from_micros(50);
-
+/// How long accepting pauses after running out of file descriptors.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// The Redis reply to a connection beyond `maxclients`.
 const MAX_CLIENTS_REPLY: &[u8] = b"-ERR max number of clients reached\r\n";

@@ -5,6 +5,7 @@
 
 use super::table::{Spec, TABLE};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
 
 /// One command's counters.
 #[derive(Default)]
@@ -29,9 +30,14 @@ impl Default for CmdStats {
 }
 
 impl CmdStats {
-    /// `spec` ran for `nanos`; `failed`: its reply was an error.
+    /// `spec` ran from `*clock` until now, replying `reply` (an error when it starts with
+    /// `-`); `*clock` becomes now, the start of the next command (one clock read a command).
     #[inline]
-    pub fn ran(&self, spec: &Spec, nanos: u64, failed: bool) {
+    pub fn ran(&self, spec: &Spec, clock: &mut Instant, reply: &[u8]) {
+        let now = Instant::now();
+        let nanos = now.duration_since(*clock).as_nanos() as u64;
+        *clock = now;
+        let failed = reply.first() == Some(&b'-');
         let s = &self.slots[spec.id as usize];
         s.calls.fetch_add(1, Relaxed);
         s.nanos.fetch_add(nanos, Relaxed);
