@@ -1,0 +1,206 @@
+//! The system calls iocache is built on, each wrapped once: `cachestat(2)` (what of a file range
+//! the page cache holds), `posix_fadvise`, `sync_file_range`, and whole-buffer `pread`/`pwrite`/
+//! `preadv2` that retry interrupted and short transfers.
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// `cachestat(2)` (Linux 6.5): x86-64 and aarch64 share the generic number.
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// `struct cachestat_range` of the uapi.
+#[repr(C)]
+struct CachestatRange {
+    off: u64,
+    len: u64,
+}
+
+/// What the page cache holds of a file range, in pages (`struct cachestat` of the uapi).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStat {
+    /// Pages of the range in the page cache.
+    pub nr_cache: u64,
+    /// Of those, dirty pages.
+    pub nr_dirty: u64,
+    /// Of those, pages under writeback.
+    pub nr_writeback: u64,
+    /// Pages evicted from the range (shadow entries).
+    pub nr_evicted: u64,
+    /// Evicted pages that were recently active.
+    pub nr_recently_evicted: u64,
+}
+
+/// `cachestat(fd, off, len)`: how many of the range's pages the page cache holds. `len == 0`
+/// means to the end of the file.
+pub fn cachestat(fd: RawFd, off: u64, len: u64) -> io::Result<CacheStat> {
+    let range = CachestatRange { off, len };
+    let mut out = CacheStat::default();
+    // SAFETY: raw cachestat(2) with a valid range struct and a properly sized out struct.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd,
+            &range as *const CachestatRange,
+            &mut out as *mut CacheStat,
+            0u32,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(out)
+}
+
+/// `posix_fadvise(fd, off, len, advice)`.
+pub fn fadvise(fd: RawFd, off: u64, len: u64, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain syscall on a caller-owned fd.
+    let rc = unsafe { libc::posix_fadvise(fd, off as libc::off_t, len as libc::off_t, advice) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// `sync_file_range(fd, off, len, SYNC_FILE_RANGE_WRITE)`: start write-back of the range's dirty
+/// pages without waiting for it.
+pub fn start_writeback(fd: RawFd, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on a caller-owned fd.
+    let rc = unsafe {
+        libc::sync_file_range(
+            fd,
+            off as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `sync_file_range(fd, off, len, WAIT_BEFORE | WRITE | WAIT_AFTER)`: the range's dirty pages are
+/// written and clean when it returns (data only: no metadata, no device flush).
+pub fn write_and_wait(fd: RawFd, off: u64, len: u64) -> io::Result<()> {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: plain syscall on a caller-owned fd.
+    let rc =
+        unsafe { libc::sync_file_range(fd, off as libc::off64_t, len as libc::off64_t, flags) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `fd` lives on tmpfs (`fstatfs`'s `f_type` is `TMPFS_MAGIC`).
+pub fn on_tmpfs(fd: RawFd) -> io::Result<bool> {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    // SAFETY: statfs is plain old data; fstatfs fills it for a valid fd.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    if unsafe { libc::fstatfs(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_type as i64 == TMPFS_MAGIC)
+}
+
+/// `fdatasync(fd)`.
+pub fn fdatasync(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain syscall on a caller-owned fd.
+    if unsafe { libc::fdatasync(fd) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads `buf.len()` bytes at `off` with `preadv2(flags)`, retrying EINTR and short reads; the
+/// part past end of file is zero-filled. Returns the bytes the file had (≤ `buf.len()`).
+/// `RWF_NOWAIT` reads fail with `WouldBlock` when the data is not cached.
+pub fn pread_full(fd: RawFd, buf: &mut [u8], off: u64, flags: libc::c_int) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let iov = libc::iovec {
+            iov_base: buf[done..].as_mut_ptr().cast(),
+            iov_len: buf.len() - done,
+        };
+        // SAFETY: one iovec over the live, writable remainder of `buf`.
+        let n = unsafe { libc::preadv2(fd, &iov, 1, (off + done as u64) as libc::off_t, flags) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    buf[done..].fill(0);
+    Ok(done)
+}
+
+/// Writes all of `buf` at `off`, retrying EINTR and short writes.
+pub fn pwrite_full(fd: RawFd, buf: &[u8], off: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer and length describe the live remainder of `buf`.
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                buf[done..].as_ptr().cast(),
+                buf.len() - done,
+                (off + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "pwrite wrote nothing",
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn cachestat_sees_written_pages_and_fadvise_drops_them() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("f"))
+            .unwrap();
+        let fd = f.as_raw_fd();
+        pwrite_full(fd, &vec![7u8; 8 * 4096], 0).unwrap();
+        let s = cachestat(fd, 0, 8 * 4096).unwrap();
+        assert_eq!(s.nr_cache, 8);
+        fdatasync(fd).unwrap();
+        // The whole file: a range inside one large folio (ext4 makes them) is not dropped.
+        fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED).unwrap();
+        assert_eq!(cachestat(fd, 0, 0).unwrap().nr_cache, 0);
+        let mut b = vec![1u8; 3 * 4096];
+        // Past end of file: the tail reads as zeros.
+        assert_eq!(pread_full(fd, &mut b, 6 * 4096, 0).unwrap(), 2 * 4096);
+        assert!(b[..2 * 4096].iter().all(|&x| x == 7) && b[2 * 4096..].iter().all(|&x| x == 0));
+    }
+}
