@@ -3,7 +3,7 @@
 //! medians and ratios, the delay model in force and the machine it ran on. The `tiermem` binary
 //! only parses arguments and dispatches here, including the hidden worker subcommands whose
 //! entry points (`vnvm::worker_main`, `migrate::case_worker_main`, `pheap::run_worker_main`,
-//! `prefault::run_worker_main`)
+//! `prefault::run_worker_main`, `iocache::run_worker_main`)
 //! the benchmarks re-execute the binary for.
 //!
 //! Shared pieces live here once: `machine` (what a report ran on), `stats` (percentiles),
@@ -11,6 +11,7 @@
 
 pub mod cpu;
 pub mod fault;
+pub mod iocache;
 pub mod kv;
 pub mod kv_harness;
 pub mod machine;

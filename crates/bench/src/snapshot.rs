@@ -341,6 +341,34 @@ impl Cgroup {
         };
     }
 
+    /// Sets `memory.limit_in_bytes` (the group's memory, page cache included).
+    pub fn set_limit(&self, bytes: u64) -> Result<()> {
+        let p = self.path.join("memory.limit_in_bytes");
+        std::fs::write(&p, bytes.to_string()).with_context(|| format!("writing {}", p.display()))
+    }
+
+    /// `memory.max_usage_in_bytes`: the group's peak charge, bytes.
+    pub fn max_usage(&self) -> Result<u64> {
+        let p = self.path.join("memory.max_usage_in_bytes");
+        let t = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        t.trim()
+            .parse()
+            .with_context(|| format!("{} holds {:?}", p.display(), t.trim()))
+    }
+
+    /// The group's `cgroup.procs` file: a process joins by writing its pid (or 0) there.
+    pub fn procs_path(&self) -> PathBuf {
+        self.path.join("cgroup.procs")
+    }
+
+    /// The `oom_kill` count of `memory.oom_control` (0 where the kernel does not report it).
+    pub fn oom_kills(&self) -> u64 {
+        std::fs::read_to_string(self.path.join("memory.oom_control"))
+            .ok()
+            .and_then(|t| memory_stat_field(&t, "oom_kill"))
+            .unwrap_or(0)
+    }
+
     /// `total_rss` of the cgroup's `memory.stat`, bytes.
     pub fn total_rss(&self) -> Result<u64> {
         let p = self.path.join("memory.stat");

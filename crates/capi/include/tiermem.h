@@ -55,6 +55,36 @@
 #define TIERMEM_TRACK_MPROTECT 1
 
 /**
+ * Mode: everything through the page cache.
+ */
+#define TIERMEM_IOCACHE_BUFFERED 0
+
+/**
+ * Mode: everything with O_DIRECT.
+ */
+#define TIERMEM_IOCACHE_DIRECT 1
+
+/**
+ * Mode: DBIO (the page cache as the pool's victim cache).
+ */
+#define TIERMEM_IOCACHE_DBIO 2
+
+/**
+ * Evict-clean: write the identical bytes through the page cache.
+ */
+#define TIERMEM_IOCACHE_EVICT_WRITE 0
+
+/**
+ * Evict-clean: POSIX_FADV_WILLNEED (an asynchronous read).
+ */
+#define TIERMEM_IOCACHE_EVICT_READAHEAD 1
+
+/**
+ * Evict-clean: nothing.
+ */
+#define TIERMEM_IOCACHE_EVICT_DROP 2
+
+/**
  * Pool kind: NVM (one process at a time by convention).
  */
 #define TIERMEM_POOL_NVM 0
@@ -158,6 +188,11 @@
 #define NV_SHARED 2
 
 /**
+ * A buffer pool (opaque).
+ */
+typedef struct TiermemIocache TiermemIocache;
+
+/**
  * An open NVM or FAM pool (opaque).
  */
 typedef struct TiermemPool TiermemPool;
@@ -228,6 +263,106 @@ typedef struct TiermemPageRange {
   uint64_t offset;
   uint64_t len;
 } TiermemPageRange;
+
+/**
+ * Pool options (`tiermem_iocache_options_default` fills the defaults).
+ */
+typedef struct TiermemIocacheOptions {
+  /**
+   * 4096, 8192 or 16384 (default 4096).
+   */
+  uint32_t page_size;
+  /**
+   * TIERMEM_IOCACHE_BUFFERED, _DIRECT or _DBIO (default DBIO).
+   */
+  int mode;
+  /**
+   * TIERMEM_IOCACHE_EVICT_* (default WRITE).
+   */
+  int evict_clean;
+  /**
+   * Non-zero: probe with preadv2(RWF_NOWAIT) instead of cachestat (default 0).
+   */
+  int probe_nowait;
+  /**
+   * Non-zero: drop a page read from the page cache (default 0: leave it).
+   */
+  int drop_after_hit;
+  /**
+   * Non-zero: keep the page cache's share of the budget by trimming (default 1).
+   */
+  int enforce_budget;
+  /**
+   * Non-zero: mlock the pool (default 1; failure is reported in the stats).
+   */
+  int lock;
+  /**
+   * Non-zero: create the file if missing (default 1).
+   */
+  int create;
+  /**
+   * Pool and page cache together, bytes (default 256 MiB).
+   */
+  uint64_t budget_bytes;
+  /**
+   * The pool, bytes (default 128 MiB).
+   */
+  uint64_t pool_bytes;
+} TiermemIocacheOptions;
+
+/**
+ * A pool's counters (`tiermem_iocache_stats`).
+ */
+typedef struct TiermemIocacheStats {
+  /**
+   * Requests served by a frame.
+   */
+  uint64_t pool_hits;
+  /**
+   * Requests that loaded the page.
+   */
+  uint64_t pool_misses;
+  /**
+   * Misses read from the page cache.
+   */
+  uint64_t cache_hits;
+  /**
+   * Misses read with O_DIRECT.
+   */
+  uint64_t direct_reads;
+  /**
+   * Misses read through the page cache without a probe (buffered mode).
+   */
+  uint64_t buffered_reads;
+  /**
+   * Pages written with O_DIRECT.
+   */
+  uint64_t direct_writes;
+  /**
+   * Pages written through the page cache.
+   */
+  uint64_t buffered_writes;
+  /**
+   * Dirty pages evicted.
+   */
+  uint64_t evict_dirty;
+  /**
+   * Clean pages evicted.
+   */
+  uint64_t evict_clean;
+  /**
+   * Pages trimmed from the page cache for the budget.
+   */
+  uint64_t trimmed_pages;
+  /**
+   * Frames in the pool.
+   */
+  uint64_t frames;
+  /**
+   * 1 when the frames are mlocked.
+   */
+  int locked;
+} TiermemIocacheStats;
 
 /**
  * Device counters, as returned by `tiermem_pool_stats`.
@@ -547,6 +682,62 @@ int tiermem_tracker_method(const struct TiermemTracker *tracker);
  * Stop tracking (pages are made writable again) and free the handle. NULL is ignored.
  */
 void tiermem_tracker_destroy(struct TiermemTracker *tracker);
+
+/**
+ * Fills `*out` with the default options. Returns 0, or -EINVAL for NULL.
+ */
+int tiermem_iocache_options_default(struct TiermemIocacheOptions *out);
+
+/**
+ * Opens a pool over the file `path` (`opts` NULL: defaults) and stores its handle in `*out`.
+ */
+int tiermem_iocache_open(const char *path,
+                         const struct TiermemIocacheOptions *opts,
+                         struct TiermemIocache **out);
+
+/**
+ * Pins page `pgno` (for writing when `write` is non-zero): stores the address of its
+ * page_size bytes in `*data` and a pin token in `*pin`, both valid until
+ * `tiermem_iocache_put_page(pin)`. A written page is dirty once released.
+ */
+int tiermem_iocache_get_page(const struct TiermemIocache *p,
+                             uint64_t pgno,
+                             int write,
+                             void **data,
+                             uint64_t *pin);
+
+/**
+ * Releases a page pinned by `tiermem_iocache_get_page`. -ENOENT for an unknown or released pin.
+ */
+int tiermem_iocache_put_page(const struct TiermemIocache *p, uint64_t pin);
+
+/**
+ * Evicts page `pgno` now (write-back or caching as on a replacement). Returns 1 if the pool
+ * held it, 0 if not, -EBUSY if it is pinned.
+ */
+int tiermem_iocache_evict(const struct TiermemIocache *p, uint64_t pgno);
+
+/**
+ * Writes every dirty page back (keeping it cached). Do not call while this thread holds a
+ * write pin. Returns the pages written (≥ 0) or an error.
+ */
+int tiermem_iocache_flush(const struct TiermemIocache *p);
+
+/**
+ * Flush, then fdatasync: everything written is durable.
+ */
+int tiermem_iocache_sync(const struct TiermemIocache *p);
+
+/**
+ * Fills `*out` with the pool's counters.
+ */
+int tiermem_iocache_stats(const struct TiermemIocache *p, struct TiermemIocacheStats *out);
+
+/**
+ * Releases every pin still held, syncs and frees the pool. Returns the sync's result (the
+ * handle is freed either way); addresses of pages still pinned are invalid afterwards.
+ */
+int tiermem_iocache_close(struct TiermemIocache *p);
 
 /**
  * Start a tiermem-kv server in this process (its own event-loop threads) and store its handle

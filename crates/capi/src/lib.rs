@@ -17,6 +17,7 @@
 
 mod error;
 mod fault;
+mod iocache;
 mod kv;
 mod media;
 mod migrate;
@@ -27,6 +28,7 @@ mod vnvm;
 
 pub use error::*;
 pub use fault::*;
+pub use iocache::*;
 pub use kv::*;
 pub use media::*;
 pub use migrate::*;

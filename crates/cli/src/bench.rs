@@ -6,7 +6,9 @@ use anyhow::Result;
 use clap::Subcommand;
 /// `bench migrate`'s harness; `migrate run` shares its size syntax (`crate::bench::migrate`).
 pub use tiermem_bench::migrate;
-use tiermem_bench::{fault, kv, media, pheap, prefault, print_report, snapshot, vnvm, BenchOpts};
+use tiermem_bench::{
+    fault, iocache, kv, media, pheap, prefault, print_report, snapshot, vnvm, BenchOpts,
+};
 
 /// The benchmarks.
 #[derive(Subcommand)]
@@ -50,6 +52,12 @@ pub enum BenchCommand {
     /// pause, throughput and p99 during the snapshot, file size, restore time after kill -9,
     /// the paper's ratios; memory and throughput over time with --plot.
     Snapshot(snapshot::SnapshotOpts),
+    /// The DBIO buffer pool (iocache) in buffered, direct and dbio modes side by side: YCSB-B
+    /// (and, without --quick, YCSB-A and a smaller data file) over 4 KiB pages, zipfian 0.99, a
+    /// data file twice the budget on a disk, each run in a memory cgroup limited to the budget,
+    /// pools of 25/50/75 % of it: ops/s, pool and page-cache hit ratios, device I/O per
+    /// operation, peak memory, pages held twice, and the ratios dbio/buffered and dbio/direct.
+    Iocache(iocache::IocacheOpts),
     /// Internal: the process one system of `bench vnvm` runs in, driven by `bench vnvm` over
     /// its stdin and stdout (one JSON request and one reply per line).
     #[command(hide = true)]
@@ -64,6 +72,9 @@ pub enum BenchCommand {
     /// Internal: the process one run of `bench prefault` runs in.
     #[command(hide = true)]
     PrefaultRun,
+    /// Internal: the process one run of `bench iocache` runs in.
+    #[command(hide = true)]
+    IocacheRun,
 }
 
 /// Run one benchmark.
@@ -91,10 +102,12 @@ impl BenchCommand {
             BenchCommand::Pheap(_) => "bench pheap",
             BenchCommand::Prefault(_) => "bench prefault",
             BenchCommand::Snapshot(_) => "bench snapshot",
+            BenchCommand::Iocache(_) => "bench iocache",
             BenchCommand::VnvmWorker(_)
             | BenchCommand::MigrateCase
             | BenchCommand::PheapRun
-            | BenchCommand::PrefaultRun => return None,
+            | BenchCommand::PrefaultRun
+            | BenchCommand::IocacheRun => return None,
         })
     }
 }
@@ -113,5 +126,7 @@ fn run_inner(cmd: BenchCommand) -> Result<()> {
         BenchCommand::MigrateCase => migrate::case_worker_main(),
         BenchCommand::PheapRun => pheap::run_worker_main(),
         BenchCommand::PrefaultRun => prefault::run_worker_main(),
+        BenchCommand::Iocache(o) => print_report(&iocache::run(&o)?, o.bench.json),
+        BenchCommand::IocacheRun => iocache::run_worker_main(),
     }
 }

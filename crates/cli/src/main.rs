@@ -5,6 +5,7 @@
 //! `tour` (the quick-start job: every subsystem at work, each result checked).
 
 mod bench;
+mod iocache_cmd;
 mod kv_cmd;
 mod migrate_cmd;
 mod pheap_cmd;
@@ -89,9 +90,16 @@ enum Command {
         #[command(subcommand)]
         action: prefault_cmd::PrefaultCommand,
     },
+    /// iocache (the DBIO buffer pool's data files): what of a file the page cache holds, and
+    /// dropping it from there.
+    Iocache {
+        #[command(subcommand)]
+        action: iocache_cmd::IocacheCommand,
+    },
     /// The quick-start job: every subsystem at work, each result checked (doctor, media, fault,
-    /// vnvm, kv, migrate, pheap, prefault), then a table of what ran. Steps whose prerequisites are
-    /// missing are skipped; the exit status is non-zero when a step failed.
+    /// vnvm, kv, migrate, pheap, prefault, snapshot, iocache), then a table of what ran. Steps
+    /// whose prerequisites are missing are skipped; the exit status is non-zero when a step
+    /// failed.
     Tour {
         /// Directory for the demo files (default: $TIERMEM_DIR or /dev/shm/tiermem).
         #[arg(long)]
@@ -143,6 +151,7 @@ fn main() -> ExitCode {
         Command::Migrate { action } => migrate_cmd::run(action),
         Command::Pheap { action } => pheap_cmd::run(action),
         Command::Snapshot { action } => snapshot_cmd::run(action),
+        Command::Iocache { action } => iocache_cmd::run(action),
         Command::Prefault { action } => prefault_cmd::run(action),
         Command::Tour { dir, only } => tour::run(dir, &only),
     };

@@ -195,8 +195,8 @@ fn bench_fault_quick_json_reports_scan_1gib_ms() {
 }
 
 /// The tour's steps, in order (`tiermem tour --only` accepts these).
-const TOUR_STEPS: [&str; 9] = [
-    "doctor", "media", "fault", "vnvm", "kv", "migrate", "pheap", "prefault", "snapshot",
+const TOUR_STEPS: [&str; 10] = [
+    "doctor", "media", "fault", "vnvm", "kv", "migrate", "pheap", "prefault", "snapshot", "iocache",
 ];
 
 /// The rows of the tour's closing table: (step, result).

@@ -44,6 +44,11 @@ impl DataFile {
                 path: path.to_path_buf(),
             });
         }
+        // A buffer pool reads pages in its own order and prefetches itself: the kernel's
+        // readahead only adds device reads to random misses (measured: 0.16 device reads per
+        // operation against 0.12 pool misses under YCSB-B, buffered).
+        sys::fadvise(buffered.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM)
+            .map_err(|e| io("posix_fadvise(RANDOM)", e))?;
         let direct = if want_direct {
             // tmpfs takes O_DIRECT since Linux 6.6, but its "device" is the page cache itself:
             // there is nothing for DBIO to go around.

@@ -20,5 +20,7 @@ pub mod sys;
 
 pub use error::{Error, Result};
 pub use file::DataFile;
-pub use pool::{Access, AfterHit, EvictClean, Mode, Options, PageGuard, Pool, Probe, Stats};
+pub use pool::{
+    Access, AfterHit, EvictClean, Mode, Options, PageGuard, Pool, Probe, RawPin, Stats,
+};
 pub use sys::CacheStat;

@@ -110,7 +110,7 @@ impl Default for Options {
             budget: 256 << 20,
             pool_bytes: 128 << 20,
             mode: Mode::Dbio,
-            evict_clean: EvictClean::Write,
+            evict_clean: EvictClean::Readahead,
             probe: Probe::Cachestat,
             after_hit: AfterHit::Leave,
             enforce_budget: true,
@@ -282,6 +282,26 @@ impl std::fmt::Debug for Pool {
             .field("mode", &self.opts.mode)
             .field("frames", &self.latches.len())
             .finish()
+    }
+}
+
+/// A page pinned by [`Pool::get_page_raw`], released by [`Pool::put_page_raw`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawPin {
+    frame: usize,
+    pgno: u64,
+    write: bool,
+}
+
+impl RawPin {
+    /// The page number.
+    pub fn pgno(&self) -> u64 {
+        self.pgno
+    }
+
+    /// Whether the page was pinned for writing.
+    pub fn is_write(&self) -> bool {
+        self.write
     }
 }
 
@@ -544,6 +564,46 @@ impl Pool {
             Access::Read => Latch::Read(self.latches[f].read()),
             Access::Write => Latch::Write(self.latches[f].write()),
         }
+    }
+
+    /// [`Pool::get_page`] without a guard, for callers that cannot hold one (the C ABI): the
+    /// page stays pinned and latched until [`Pool::put_page_raw`]. Returns the pin and the
+    /// address of the page's `page_size` bytes (writable only for [`Access::Write`]).
+    pub fn get_page_raw(&self, pgno: u64, access: Access) -> Result<(RawPin, *mut u8)> {
+        let mut g = std::mem::ManuallyDrop::new(self.get_page(pgno, access)?);
+        // The latch stays held (its guard forgotten) and the pin stays counted (the page guard
+        // is never dropped) until put_page_raw releases both.
+        if let Some(l) = g.latch.take() {
+            std::mem::forget(l);
+        }
+        let pin = RawPin {
+            frame: g.frame,
+            pgno,
+            write: access == Access::Write,
+        };
+        // SAFETY: frame < frames, so the offset lies inside the arena.
+        let ptr = unsafe { self.arena.ptr.add(g.frame * self.opts.page_size) };
+        Ok((pin, ptr))
+    }
+
+    /// Releases a page pinned by [`Pool::get_page_raw`].
+    ///
+    /// # Safety
+    /// `pin` came from this pool's `get_page_raw` and has not been released yet, and nothing
+    /// uses the page's address any more.
+    pub unsafe fn put_page_raw(&self, pin: RawPin) {
+        use parking_lot::lock_api::RawRwLock as _;
+        let raw = self.latches[pin.frame].raw();
+        // SAFETY: by the caller's contract this pin's latch is held, in the mode it records,
+        // by a guard get_page_raw forgot.
+        unsafe {
+            if pin.write {
+                raw.unlock_exclusive();
+            } else {
+                raw.unlock_shared();
+            }
+        }
+        self.unpin(pin.frame, pin.write);
     }
 
     /// Releases a page: the same as dropping its guard.
@@ -923,6 +983,28 @@ impl Pool {
     /// Pages the pool holds now.
     pub fn resident(&self) -> usize {
         self.state.lock().table.len()
+    }
+
+    /// The page numbers the pool holds now (unordered).
+    pub fn resident_pages(&self) -> Vec<u64> {
+        self.state.lock().table.keys().copied().collect()
+    }
+
+    /// Of the pages the pool holds, the percentage the page cache holds too (pages kept twice);
+    /// one `cachestat` per page.
+    pub fn duplicate_pct(&self) -> Result<f64> {
+        let pages = self.resident_pages();
+        if pages.is_empty() {
+            return Ok(0.0);
+        }
+        let ps = self.opts.page_size as u64;
+        let mut dup = 0u64;
+        for p in &pages {
+            if self.file.cached_pages(self.offset(*p), ps)? > 0 {
+                dup += 1;
+            }
+        }
+        Ok(100.0 * dup as f64 / pages.len() as f64)
     }
 }
 

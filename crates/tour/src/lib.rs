@@ -2,7 +2,7 @@
 //! this machine can do and what the basic operations cost) and `tiermem tour` (this file: the
 //! quick-start job). The tour walks through every built subsystem on the embedded
 //! default devices (emulated pools under $TIERMEM_DIR), one step each — `doctor`, `media`,
-//! `fault`, `vnvm`, `kv`, `migrate`, `pheap`, `prefault`, `snapshot` (one module per step in this crate) — checking
+//! `fault`, `vnvm`, `kv`, `migrate`, `pheap`, `prefault`, `snapshot`, `iocache` (one module per step in this crate) — checking
 //! every result it prints. A step whose prerequisite is missing (root, network namespaces,
 //! redis-tools, sqlite3, the preload library) is skipped with the reason; a failing step does not
 //! stop the others. The tour ends with a table (step, result, time, where to go next) and fails
@@ -21,6 +21,7 @@ macro_rules! say {
 
 pub mod doctor;
 mod fault;
+mod iocache;
 mod kv;
 mod media;
 mod migrate;
@@ -69,7 +70,7 @@ struct Step {
     run: fn(&Ctx) -> Result<Outcome>,
 }
 
-const STEPS: [Step; 9] = [
+const STEPS: [Step; 10] = [
     Step {
         name: "doctor",
         title: "this machine (tiermem doctor --quick)",
@@ -123,6 +124,12 @@ const STEPS: [Step; 9] = [
         title: "a point-in-time snapshot of live memory without fork, a writer at work",
         next: "tiermem snapshot --help",
         run: snapshot::run,
+    },
+    Step {
+        name: "iocache",
+        title: "a database buffer pool with the page cache as its victim cache (DBIO)",
+        next: "tiermem bench iocache --quick",
+        run: iocache::run,
     },
 ];
 

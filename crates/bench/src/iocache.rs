@@ -1,0 +1,654 @@
+//! `tiermem bench iocache`: the DBIO buffer pool ([`tiermem_iocache::Pool`]) in its three modes
+//! — buffered, direct, dbio — side by side under YCSB-style page workloads (zipfian 0.99, 4 KiB
+//! pages) on a data file larger than the memory budget, each run in a worker process of its own
+//! inside a v1 memory cgroup whose `memory.limit_in_bytes` is the budget, so that the kernel
+//! holds pool and page cache together to it (the paper's setting, §3.4).
+//!
+//! Per run: the file's page cache is dropped first; the worker joins the cgroup, opens the pool
+//! (frames mlocked), runs a warm-up and then the timed operations, and reports ops/s, pool and
+//! page-cache hit ratios, device reads and writes per operation (`/proc/self/io`), the page
+//! cache's share at the end (`cachestat`) and the pages held twice; the parent reads the
+//! group's peak charge (`memory.max_usage_in_bytes`). Modes are interleaved per pool fraction.
+//!
+//! The z-READ half of the issue (#19 part 2) is not built yet: its keys are reported as null.
+
+use crate::snapshot::Cgroup;
+use crate::worker::{self, Worker};
+use crate::{machine, progress, BenchOpts, Report};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tiermem_iocache::{Access, AfterHit, EvictClean, Mode, Options, Pool};
+use tiermem_migrate::workload::{PageGen, Workload};
+
+/// Page size of every run.
+const PAGE: usize = 4096;
+/// Pool sizes, as fractions of the budget.
+const FRACTIONS: [f64; 3] = [0.25, 0.5, 0.75];
+/// The evict-clean path of the main dbio rows: the library's default.
+const DEFAULT_EC: &str = "readahead";
+/// `--dir`'s default: on the root file system (a disk), not tmpfs.
+const DEFAULT_DIR: &str = "/var/tmp/tiermem-iocache-bench";
+
+/// Options of `tiermem bench iocache`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct IocacheOpts {
+    /// Options every benchmark takes.
+    #[command(flatten)]
+    pub bench: BenchOpts,
+    /// Directory for the data file, on a block file system (tmpfs is refused).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Memory budget (pool and page cache) in MiB (default 512; 128 with --quick).
+    #[arg(long, value_name = "MIB")]
+    pub budget_mib: Option<u64>,
+    /// Repetitions of every configuration (default 3); medians are reported.
+    #[arg(long)]
+    pub reps: Option<usize>,
+}
+
+/// One run's request to its worker.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct RunReq {
+    file: PathBuf,
+    mode: String,
+    evict_clean: String,
+    after_hit: String,
+    budget: u64,
+    pool_bytes: u64,
+    pages: u64,
+    warmup_ops: u64,
+    ops: u64,
+    read_pct: u64,
+    seed: u64,
+    /// The cgroup's `cgroup.procs`, joined before the pool is opened.
+    cgroup_procs: Option<PathBuf>,
+}
+
+/// One run's figures, from its worker.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct RunReply {
+    ops_per_s: f64,
+    pool_hit_ratio: f64,
+    page_cache_hit_ratio: f64,
+    device_reads_per_op: f64,
+    device_writes_per_op: f64,
+    page_cache_bytes: u64,
+    duplicate_pct: f64,
+    cpu_s: f64,
+    wall_s: f64,
+    locked: bool,
+}
+
+/// One row of the report (a configuration's median run).
+#[derive(Serialize, Debug, Clone)]
+pub struct DbioRow {
+    /// `ycsb-b` (95 % reads) or `ycsb-a` (50 %).
+    pub workload: String,
+    /// Data file size over the budget.
+    pub data_over_budget: f64,
+    /// Pool size over the budget.
+    pub pool_fraction: f64,
+    /// `buffered`, `direct` or `dbio`.
+    pub mode: String,
+    /// dbio's evict-clean path (`-` for the other modes).
+    pub evict_clean: String,
+    /// dbio's treatment of a page read from the page cache: `leave` or `drop` (`-` for the
+    /// other modes).
+    pub after_hit: String,
+    /// Operations per second (median of the repetitions).
+    pub ops_per_s: f64,
+    /// Smallest and largest ops/s of the repetitions.
+    pub ops_per_s_min: f64,
+    /// See `ops_per_s_min`.
+    pub ops_per_s_max: f64,
+    /// Pool hits over page requests.
+    pub pool_hit_ratio: f64,
+    /// Pool misses served by the page cache.
+    pub page_cache_hit_ratio: f64,
+    /// Device reads (4 KiB) per operation.
+    pub device_reads_per_op: f64,
+    /// Device writes (4 KiB) per operation.
+    pub device_writes_per_op: f64,
+    /// The cgroup's peak charge.
+    pub max_usage_bytes: u64,
+    /// The file's bytes in the page cache at the end.
+    pub page_cache_bytes: u64,
+    /// Pool pages also in the page cache at the end, percent.
+    pub duplicate_pct: f64,
+    /// The worker's CPU seconds in the timed phase.
+    pub cpu_s: f64,
+    /// Whether the pool's frames were mlocked.
+    pub locked: bool,
+    /// OOM kills in the cgroup during the run.
+    pub oom_kills: u64,
+}
+
+/// The report of `tiermem bench iocache`.
+#[derive(Serialize, Debug)]
+pub struct IocacheReport {
+    /// The buffer-pool runs.
+    pub dbio: Vec<DbioRow>,
+    /// z-READ runs: not built yet (empty).
+    pub zread: Vec<serde_json::Value>,
+    /// YCSB-B at 2× the budget, the pool fraction where the ratio is best: dbio over buffered.
+    pub dbio_over_buffered: Option<f64>,
+    /// The same against direct.
+    pub dbio_over_direct: Option<f64>,
+    /// dbio's best pool fraction over the better baseline's best one.
+    pub dbio_best_over_best: Option<f64>,
+    /// The pool fraction of `dbio_over_buffered`.
+    pub dbio_over_buffered_fraction: Option<f64>,
+    /// z-READ ratios: not built yet (null).
+    pub zread_over_read_4k: Option<f64>,
+    /// See `zread_over_read_4k`.
+    pub zread_over_read_16k: Option<f64>,
+    /// See `zread_over_read_4k`.
+    pub zread_over_read_16k_consumed: Option<f64>,
+    /// See `zread_over_read_4k`.
+    pub zread_into_min_over_read: Option<f64>,
+    /// The device's 4 KiB random O_DIRECT read latency, µs (median of 2000).
+    pub device_read_4k_us: f64,
+    /// Budget, data sizes, operations, repetitions.
+    pub config: serde_json::Value,
+    /// What is not built or not measured.
+    pub notes: Vec<String>,
+    /// The machine.
+    pub machine: machine::Machine,
+}
+
+fn mode_of(s: &str) -> Result<Mode> {
+    Ok(match s {
+        "buffered" => Mode::Buffered,
+        "direct" => Mode::Direct,
+        "dbio" => Mode::Dbio,
+        _ => bail!("unknown mode {s:?}"),
+    })
+}
+
+fn evict_clean_of(s: &str) -> Result<EvictClean> {
+    Ok(match s {
+        "-" => Options::default().evict_clean,
+        "write" => EvictClean::Write,
+        "readahead" => EvictClean::Readahead,
+        "drop" => EvictClean::Drop,
+        _ => bail!("unknown evict-clean policy {s:?}"),
+    })
+}
+
+/// `read_bytes` and `write_bytes` of `/proc/self/io`.
+fn proc_io() -> (u64, u64) {
+    let t = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    let field = |name: &str| {
+        t.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("read_bytes:"), field("write_bytes:"))
+}
+
+/// The worker side: one run per request.
+pub fn run_worker_main() -> Result<()> {
+    worker::serve(|r: RunReq| Ok(Some(serde_json::to_value(one_run(&r)?)?)))
+}
+
+fn one_run(r: &RunReq) -> Result<RunReply> {
+    if let Some(p) = &r.cgroup_procs {
+        std::fs::write(p, "0").with_context(|| format!("joining the cgroup ({})", p.display()))?;
+    }
+    let pool = Pool::open(
+        &r.file,
+        Options {
+            page_size: PAGE,
+            budget: r.budget,
+            pool_bytes: r.pool_bytes,
+            mode: mode_of(&r.mode)?,
+            evict_clean: evict_clean_of(&r.evict_clean)?,
+            after_hit: if r.after_hit == "drop" {
+                AfterHit::Drop
+            } else {
+                AfterHit::Leave
+            },
+            // The cgroup holds the budget; the library trims only without one.
+            enforce_budget: r.cgroup_procs.is_none(),
+            create: false,
+            ..Options::default()
+        },
+    )?;
+    let mut keys = PageGen::new(Workload::Zipfian, r.pages, r.seed);
+    let mut dice = PageGen::new(Workload::Uniform, 100, r.seed ^ 0xd1ce);
+    let mut sum = 0u64;
+    let mut step = |pool: &Pool| -> Result<()> {
+        let p = keys.next_page();
+        if dice.next_page() < r.read_pct {
+            let g = pool.get_page(p, Access::Read)?;
+            sum = sum.wrapping_add(u64::from(g[p as usize % PAGE]));
+        } else {
+            let mut g = pool.get_page(p, Access::Write)?;
+            if let Some(d) = g.as_mut_slice() {
+                let i = 8 + (sum as usize % (PAGE - 16));
+                d[i] = d[i].wrapping_add(1);
+            }
+        }
+        Ok(())
+    };
+    for _ in 0..r.warmup_ops {
+        step(&pool)?;
+    }
+    let s0 = pool.stats();
+    let (rb0, wb0) = proc_io();
+    let c0 = crate::cpu::process_ns();
+    let t0 = Instant::now();
+    for _ in 0..r.ops {
+        step(&pool)?;
+    }
+    let wall_s = t0.elapsed().as_secs_f64();
+    let cpu_s = (crate::cpu::process_ns() - c0) as f64 / 1e9;
+    let (rb1, wb1) = proc_io();
+    let s1 = pool.stats();
+    let hits = (s1.pool_hits - s0.pool_hits) as f64;
+    let misses = (s1.pool_misses - s0.pool_misses) as f64;
+    let reads = (rb1 - rb0) as f64 / PAGE as f64;
+    let writes = (wb1 - wb0) as f64 / PAGE as f64;
+    let page_cache_hit_ratio = match pool.options().mode {
+        Mode::Dbio => (s1.cache_hits - s0.cache_hits) as f64 / misses.max(1.0),
+        Mode::Buffered => (1.0 - reads / misses.max(1.0)).clamp(0.0, 1.0),
+        Mode::Direct => 0.0,
+    };
+    let page_cache_bytes = pool.file().cached_pages(0, 0)? * 4096;
+    let duplicate_pct = pool.duplicate_pct()?;
+    std::hint::black_box(sum);
+    Ok(RunReply {
+        ops_per_s: r.ops as f64 / wall_s,
+        pool_hit_ratio: hits / (hits + misses).max(1.0),
+        page_cache_hit_ratio,
+        device_reads_per_op: reads / r.ops as f64,
+        device_writes_per_op: writes / r.ops as f64,
+        page_cache_bytes,
+        duplicate_pct,
+        cpu_s,
+        wall_s,
+        locked: s1.locked,
+    })
+}
+
+/// The data file, removed (with its directory) when dropped.
+struct DataDir {
+    dir: PathBuf,
+    file: PathBuf,
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Writes `pages` pages of pseudo-random bytes (each headed by its page number), synced.
+fn make_data(dir: &Path, pages: u64) -> Result<DataDir> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let file = dir.join(format!("data-{}", std::process::id()));
+    let d = DataDir {
+        dir: dir.to_path_buf(),
+        file: file.clone(),
+    };
+    let f = std::fs::File::create(&file).with_context(|| format!("creating {}", file.display()))?;
+    let chunk_pages = 256u64;
+    let mut buf = vec![0u8; chunk_pages as usize * PAGE];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut p = 0;
+    while p < pages {
+        let n = chunk_pages.min(pages - p);
+        for (i, page) in buf.chunks_mut(PAGE).take(n as usize).enumerate() {
+            for w in page.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                w.copy_from_slice(&x.to_le_bytes());
+            }
+            page[..8].copy_from_slice(&(p + i as u64).to_le_bytes());
+        }
+        f.write_all_at(&buf[..n as usize * PAGE], p * PAGE as u64)
+            .with_context(|| format!("writing {}", file.display()))?;
+        p += n;
+    }
+    f.sync_all().context("fsync of the data file")?;
+    Ok(d)
+}
+
+/// Drops the file's page cache (after writing back whatever is dirty).
+fn drop_cache(file: &Path) -> Result<()> {
+    let f = std::fs::File::open(file)?;
+    f.sync_data()?;
+    tiermem_iocache::sys::fadvise(
+        std::os::fd::AsRawFd::as_raw_fd(&f),
+        0,
+        0,
+        libc::POSIX_FADV_DONTNEED,
+    )?;
+    Ok(())
+}
+
+/// Median 4 KiB O_DIRECT random read latency of the file, µs.
+fn device_read_us(file: &Path, pages: u64) -> Result<f64> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(file)?;
+    let mut buf = tiermem_media::AlignedBuf::new(PAGE, PAGE)?;
+    let mut gen = PageGen::new(Workload::Uniform, pages, 7);
+    let mut v = Vec::with_capacity(2000);
+    for _ in 0..2000 {
+        let off = gen.next_page() * PAGE as u64;
+        let t = Instant::now();
+        f.read_exact_at(&mut buf, off)?;
+        v.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    Ok(v[v.len() / 2])
+}
+
+struct Config {
+    workload: &'static str,
+    read_pct: u64,
+    data_over_budget: f64,
+    fraction: f64,
+    mode: &'static str,
+    evict_clean: &'static str,
+    after_hit: &'static str,
+}
+
+/// One run of configuration `c` (repetition `rep`) in a fresh worker inside a fresh cgroup
+/// limited to `budget`: the worker's figures, the group's peak charge and its OOM kills.
+fn one_config(
+    c: &Config,
+    d: &DataDir,
+    pages: u64,
+    budget: u64,
+    rep: usize,
+) -> Result<(RunReply, u64, u64)> {
+    progress::step(&format!(
+        "{} {:.2}x pool {:.0}% {} {} {} (rep {})",
+        c.workload,
+        c.data_over_budget,
+        c.fraction * 100.0,
+        c.mode,
+        c.evict_clean,
+        c.after_hit,
+        rep + 1
+    ));
+    drop_cache(&d.file)?;
+    let cg = Cgroup::create(&format!("tiermem-iocache-{}", std::process::id()))?;
+    cg.set_limit(budget)?;
+    let req = RunReq {
+        file: d.file.clone(),
+        mode: c.mode.to_string(),
+        evict_clean: c.evict_clean.to_string(),
+        after_hit: c.after_hit.to_string(),
+        budget,
+        pool_bytes: ((budget as f64 * c.fraction) as u64) / PAGE as u64 * PAGE as u64,
+        pages,
+        warmup_ops: 2 * pages,
+        ops: 2 * pages,
+        read_pct: c.read_pct,
+        seed: 42 + rep as u64,
+        cgroup_procs: Some(cg.procs_path()),
+    };
+    let mut w = Worker::spawn(
+        &format!("iocache {} {}", c.mode, c.evict_clean),
+        &["bench".to_string(), "iocache-run".to_string()],
+        Duration::from_secs(1800),
+        Vec::new(),
+    )?;
+    let reply: RunReply = w.call(&req, "a run")?;
+    w.finish()?;
+    let max_usage = cg.max_usage()?;
+    let ooms = cg.oom_kills();
+    Ok((reply, max_usage, ooms))
+}
+
+/// Runs the benchmark.
+pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
+    let quick = o.bench.quick;
+    let budget = o.budget_mib.unwrap_or(if quick { 128 } else { 512 }) << 20;
+    let reps = o.reps.unwrap_or(3).max(1);
+    let dir = o.dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+    let shapes: Vec<(&'static str, u64, f64)> = if quick {
+        vec![("ycsb-b", 95, 2.0)]
+    } else {
+        vec![
+            ("ycsb-b", 95, 2.0),
+            ("ycsb-a", 50, 2.0),
+            ("ycsb-b", 95, 1.25),
+        ]
+    };
+    let mut configs = Vec::new();
+    for &(workload, read_pct, dob) in &shapes {
+        for &fraction in &FRACTIONS {
+            for mode in ["buffered", "direct", "dbio"] {
+                configs.push(Config {
+                    workload,
+                    read_pct,
+                    data_over_budget: dob,
+                    fraction,
+                    mode,
+                    evict_clean: if mode == "dbio" { DEFAULT_EC } else { "-" },
+                    after_hit: if mode == "dbio" { "leave" } else { "-" },
+                });
+            }
+            if workload == "ycsb-b" && dob == 2.0 && fraction == 0.5 {
+                // The other evict-clean paths, and dropping pages read from the page cache.
+                let variants = [
+                    ("write", "leave"),
+                    ("readahead", "leave"),
+                    ("drop", "leave"),
+                ];
+                for (ec, ah) in variants.into_iter().filter(|v| v.0 != DEFAULT_EC) {
+                    configs.push(Config {
+                        workload,
+                        read_pct,
+                        data_over_budget: dob,
+                        fraction,
+                        mode: "dbio",
+                        evict_clean: ec,
+                        after_hit: ah,
+                    });
+                }
+                configs.push(Config {
+                    workload,
+                    read_pct,
+                    data_over_budget: dob,
+                    fraction,
+                    mode: "dbio",
+                    evict_clean: DEFAULT_EC,
+                    after_hit: "drop",
+                });
+            }
+        }
+    }
+    progress::plan("bench iocache", Some((configs.len() * reps) as u64));
+    let mut rows = Vec::new();
+    let mut device_read_4k_us = 0.0;
+    let mut data: Option<(f64, DataDir, u64)> = None;
+    let mut notes = vec![
+        "z-READ (zread, zread_into, the loss model, the preload library) is not built yet: its \
+         keys are null"
+            .to_string(),
+        "sqlite TPC-C-like runs and the chart are not built yet".to_string(),
+    ];
+    // Configurations of one data size share a file; within it, every repetition runs all of
+    // them in turn (modes interleaved, never one mode's repetitions back to back).
+    let mut groups: Vec<(f64, Vec<usize>)> = Vec::new();
+    for (i, c) in configs.iter().enumerate() {
+        match groups.last_mut() {
+            Some(g) if g.0 == c.data_over_budget => g.1.push(i),
+            _ => groups.push((c.data_over_budget, vec![i])),
+        }
+    }
+    let mut runs_of: Vec<Vec<(RunReply, u64, u64)>> = vec![Vec::new(); configs.len()];
+    for (dob, members) in &groups {
+        let pages = (budget as f64 * dob) as u64 / PAGE as u64;
+        drop(data.take()); // its file has the name the next one takes
+        progress::note(&format!(
+            "writing a {} MiB data file in {}",
+            (pages * PAGE as u64) >> 20,
+            dir.display()
+        ));
+        let d = make_data(&dir, pages)?;
+        if device_read_4k_us == 0.0 {
+            device_read_4k_us = device_read_us(&d.file, pages)?;
+        }
+        data = Some((*dob, d, pages));
+        let (_, d, pages) = data.as_ref().ok_or_else(|| anyhow!("no data file"))?;
+        for rep in 0..reps {
+            for &i in members {
+                let c = &configs[i];
+                runs_of[i].push(one_config(c, d, *pages, budget, rep)?);
+            }
+        }
+    }
+    drop(data);
+    for (c, mut runs) in configs.iter().zip(runs_of) {
+        runs.sort_by(|a, b| a.0.ops_per_s.total_cmp(&b.0.ops_per_s));
+        let (min, max) = (runs[0].0.ops_per_s, runs[runs.len() - 1].0.ops_per_s);
+        let (m, max_usage, ooms) = runs[runs.len() / 2].clone();
+        rows.push(DbioRow {
+            workload: c.workload.to_string(),
+            data_over_budget: c.data_over_budget,
+            pool_fraction: c.fraction,
+            mode: c.mode.to_string(),
+            evict_clean: c.evict_clean.to_string(),
+            after_hit: c.after_hit.to_string(),
+            ops_per_s: m.ops_per_s.round(),
+            ops_per_s_min: min.round(),
+            ops_per_s_max: max.round(),
+            pool_hit_ratio: round3(m.pool_hit_ratio),
+            page_cache_hit_ratio: round3(m.page_cache_hit_ratio),
+            device_reads_per_op: round3(m.device_reads_per_op),
+            device_writes_per_op: round3(m.device_writes_per_op),
+            max_usage_bytes: max_usage,
+            page_cache_bytes: m.page_cache_bytes,
+            duplicate_pct: (m.duplicate_pct * 10.0).round() / 10.0,
+            cpu_s: round3(m.cpu_s),
+            locked: m.locked,
+            oom_kills: ooms,
+        });
+    }
+    let find = |mode: &str, f: f64| {
+        rows.iter()
+            .find(|r| {
+                r.workload == "ycsb-b"
+                    && r.data_over_budget == 2.0
+                    && r.pool_fraction == f
+                    && r.mode == mode
+                    && (r.evict_clean == DEFAULT_EC || r.evict_clean == "-")
+                    && (r.after_hit == "leave" || r.after_hit == "-")
+            })
+            .map(|r| r.ops_per_s)
+    };
+    let ratio_at = |base: &str| {
+        FRACTIONS
+            .iter()
+            .filter_map(|&f| Some((find("dbio", f)? / find(base, f)?, f)))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    let best = |mode: &str| {
+        FRACTIONS
+            .iter()
+            .filter_map(|&f| find(mode, f))
+            .max_by(|a, b| a.total_cmp(b))
+    };
+    let over_buffered = ratio_at("buffered");
+    let over_direct = ratio_at("direct");
+    let best_over_best = match (best("dbio"), best("buffered"), best("direct")) {
+        (Some(d), Some(b), Some(x)) => Some(round3(d / b.max(x))),
+        _ => None,
+    };
+    if rows.iter().any(|r| !r.locked) {
+        notes.push("some pools could not be mlocked (RLIMIT_MEMLOCK)".into());
+    }
+    Ok(IocacheReport {
+        dbio: rows,
+        zread: Vec::new(),
+        dbio_over_buffered: over_buffered.map(|x| round3(x.0)),
+        dbio_over_direct: over_direct.map(|x| round3(x.0)),
+        dbio_best_over_best: best_over_best,
+        dbio_over_buffered_fraction: over_buffered.map(|x| x.1),
+        zread_over_read_4k: None,
+        zread_over_read_16k: None,
+        zread_over_read_16k_consumed: None,
+        zread_into_min_over_read: None,
+        device_read_4k_us: round3(device_read_4k_us),
+        config: serde_json::json!({
+            "budget_bytes": budget,
+            "page_size": PAGE,
+            "repetitions": reps,
+            "operations": "warm-up 2 x data pages, then 2 x data pages timed",
+            "distribution": "scrambled zipfian 0.99 (YCSB's)",
+            "dir": dir,
+        }),
+        notes,
+        machine: machine::describe(),
+    })
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+impl Report for IocacheReport {
+    fn print_table(&self) {
+        println!(
+            "{:<7} {:>5} {:>5} {:<8} {:<9} {:<5} {:>10} {:>6} {:>6} {:>7} {:>7} {:>9} {:>5}",
+            "work",
+            "data",
+            "pool",
+            "mode",
+            "evict",
+            "hit",
+            "ops/s",
+            "poolh",
+            "cacheh",
+            "rd/op",
+            "wr/op",
+            "maxuse MB",
+            "dup%"
+        );
+        for r in &self.dbio {
+            println!(
+                "{:<7} {:>5.2} {:>5.2} {:<8} {:<9} {:<5} {:>10.0} {:>6.3} {:>6.3} {:>7.3} {:>7.3} {:>9} {:>5.1}",
+                r.workload,
+                r.data_over_budget,
+                r.pool_fraction,
+                r.mode,
+                r.evict_clean,
+                r.after_hit,
+                r.ops_per_s,
+                r.pool_hit_ratio,
+                r.page_cache_hit_ratio,
+                r.device_reads_per_op,
+                r.device_writes_per_op,
+                r.max_usage_bytes >> 20,
+                r.duplicate_pct
+            );
+        }
+        let f = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{v:.3}"));
+        println!(
+            "\ndbio_over_buffered {} (pool fraction {}), dbio_over_direct {}, dbio_best_over_best {}; device 4 KiB read {:.1} µs",
+            f(self.dbio_over_buffered),
+            f(self.dbio_over_buffered_fraction),
+            f(self.dbio_over_direct),
+            f(self.dbio_best_over_best),
+            self.device_read_4k_us
+        );
+        for n in &self.notes {
+            println!("note: {n}");
+        }
+    }
+}
