@@ -28,8 +28,6 @@ use tiermem_migrate::workload::{PageGen, Workload};
 const PAGE: usize = 4096;
 /// Pool sizes, as fractions of the budget.
 const FRACTIONS: [f64; 3] = [0.25, 0.5, 0.75];
-/// The evict-clean path of the main dbio rows: the library's default.
-const DEFAULT_EC: &str = "readahead";
 /// `--dir`'s default: on the root file system (a disk), not tmpfs.
 const DEFAULT_DIR: &str = "/var/tmp/tiermem-iocache-bench";
 
@@ -48,6 +46,14 @@ pub struct IocacheOpts {
     /// Repetitions of every configuration (default 3); medians are reported.
     #[arg(long)]
     pub reps: Option<usize>,
+    /// dbio's evict-clean path in the main rows (default: the library's, readahead); the others
+    /// run at the 50 % pool as variants.
+    #[arg(long, value_parser = ["write", "readahead", "drop"])]
+    pub evict_clean: Option<String>,
+    /// dbio's treatment of pages read from the page cache in the main rows (default: the
+    /// library's); the other runs at the 50 % pool as a variant.
+    #[arg(long, value_parser = ["leave", "drop"])]
+    pub after_hit: Option<String>,
 }
 
 /// One run's request to its worker.
@@ -171,7 +177,6 @@ fn mode_of(s: &str) -> Result<Mode> {
 
 fn evict_clean_of(s: &str) -> Result<EvictClean> {
     Ok(match s {
-        "-" => Options::default().evict_clean,
         "write" => EvictClean::Write,
         "readahead" => EvictClean::Readahead,
         "drop" => EvictClean::Drop,
@@ -207,7 +212,11 @@ fn one_run(r: &RunReq) -> Result<RunReply> {
             budget: r.budget,
             pool_bytes: r.pool_bytes,
             mode: mode_of(&r.mode)?,
-            evict_clean: evict_clean_of(&r.evict_clean)?,
+            evict_clean: if r.evict_clean == "-" {
+                Options::default().evict_clean
+            } else {
+                evict_clean_of(&r.evict_clean)?
+            },
             after_hit: if r.after_hit == "drop" {
                 AfterHit::Drop
             } else {
@@ -364,6 +373,21 @@ struct Config {
     after_hit: &'static str,
 }
 
+fn ec_name(e: EvictClean) -> &'static str {
+    match e {
+        EvictClean::Write => "write",
+        EvictClean::Readahead => "readahead",
+        EvictClean::Drop => "drop",
+    }
+}
+
+fn ah_name(a: AfterHit) -> &'static str {
+    match a {
+        AfterHit::Leave => "leave",
+        AfterHit::Drop => "drop",
+    }
+}
+
 /// One run of configuration `c` (repetition `rep`) in a fresh worker inside a fresh cgroup
 /// limited to `budget`: the worker's figures, the group's peak charge and its OOM kills.
 fn one_config(
@@ -428,6 +452,16 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
             ("ycsb-b", 95, 1.25),
         ]
     };
+    let lib = Options::default();
+    let main_ec = ec_name(match o.evict_clean.as_deref() {
+        Some(e) => evict_clean_of(e)?,
+        None => lib.evict_clean,
+    });
+    let main_ah = match o.after_hit.as_deref() {
+        Some("drop") => "drop",
+        Some(_) => "leave",
+        None => ah_name(lib.after_hit),
+    };
     let mut configs = Vec::new();
     for &(workload, read_pct, dob) in &shapes {
         for &fraction in &FRACTIONS {
@@ -438,18 +472,13 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
                     data_over_budget: dob,
                     fraction,
                     mode,
-                    evict_clean: if mode == "dbio" { DEFAULT_EC } else { "-" },
-                    after_hit: if mode == "dbio" { "leave" } else { "-" },
+                    evict_clean: if mode == "dbio" { main_ec } else { "-" },
+                    after_hit: if mode == "dbio" { main_ah } else { "-" },
                 });
             }
             if workload == "ycsb-b" && dob == 2.0 && fraction == 0.5 {
                 // The other evict-clean paths, and dropping pages read from the page cache.
-                let variants = [
-                    ("write", "leave"),
-                    ("readahead", "leave"),
-                    ("drop", "leave"),
-                ];
-                for (ec, ah) in variants.into_iter().filter(|v| v.0 != DEFAULT_EC) {
+                for ec in ["write", "readahead", "drop"].into_iter().filter(|&e| e != main_ec) {
                     configs.push(Config {
                         workload,
                         read_pct,
@@ -457,7 +486,7 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
                         fraction,
                         mode: "dbio",
                         evict_clean: ec,
-                        after_hit: ah,
+                        after_hit: main_ah,
                     });
                 }
                 configs.push(Config {
@@ -466,8 +495,8 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
                     data_over_budget: dob,
                     fraction,
                     mode: "dbio",
-                    evict_clean: DEFAULT_EC,
-                    after_hit: "drop",
+                    evict_clean: main_ec,
+                    after_hit: if main_ah == "drop" { "leave" } else { "drop" },
                 });
             }
         }
@@ -547,8 +576,8 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
                     && r.data_over_budget == 2.0
                     && r.pool_fraction == f
                     && r.mode == mode
-                    && (r.evict_clean == DEFAULT_EC || r.evict_clean == "-")
-                    && (r.after_hit == "leave" || r.after_hit == "-")
+                    && (r.evict_clean == main_ec || r.evict_clean == "-")
+                    && (r.after_hit == main_ah || r.after_hit == "-")
             })
             .map(|r| r.ops_per_s)
     };

