@@ -478,7 +478,10 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
             }
             if workload == "ycsb-b" && dob == 2.0 && fraction == 0.5 {
                 // The other evict-clean paths, and dropping pages read from the page cache.
-                for ec in ["write", "readahead", "drop"].into_iter().filter(|&e| e != main_ec) {
+                for ec in ["write", "readahead", "drop"]
+                    .into_iter()
+                    .filter(|&e| e != main_ec)
+                {
                     configs.push(Config {
                         workload,
                         read_pct,
