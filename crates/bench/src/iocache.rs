@@ -437,12 +437,44 @@ fn one_config(
     Ok((reply, max_usage, ooms))
 }
 
+/// Removes what an earlier run killed by a signal left: its cgroup (`tiermem-iocache-PID`) and
+/// data file (`DIR/data-PID`), for PIDs no longer running.
+fn clear_leftovers(dir: &Path) {
+    let dead = |name: &str, prefix: &str| {
+        name.strip_prefix(prefix)
+            .and_then(|p| p.parse::<u32>().ok())
+            .filter(|&pid| pid != std::process::id())
+            .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+    };
+    let names = |d: &Path| -> Vec<String> {
+        std::fs::read_dir(d)
+            .map(|it| {
+                it.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for n in names(Path::new("/sys/fs/cgroup/memory")) {
+        if dead(&n, "tiermem-iocache-") {
+            // Creating it again empties and replaces it; dropping it removes it.
+            drop(Cgroup::create(&n));
+        }
+    }
+    for n in names(dir) {
+        if dead(&n, "data-") {
+            let _ = std::fs::remove_file(dir.join(n));
+        }
+    }
+}
+
 /// Runs the benchmark.
 pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     let quick = o.bench.quick;
     let budget = o.budget_mib.unwrap_or(if quick { 128 } else { 512 }) << 20;
     let reps = o.reps.unwrap_or(3).max(1);
     let dir = o.dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+    clear_leftovers(&dir);
     let shapes: Vec<(&'static str, u64, f64)> = if quick {
         vec![("ycsb-b", 95, 2.0)]
     } else {

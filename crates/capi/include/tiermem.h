@@ -85,6 +85,21 @@
 #define TIERMEM_IOCACHE_EVICT_DROP 2
 
 /**
+ * Cold reads: buffered while the page cache's share is more than twice the pool, else direct.
+ */
+#define TIERMEM_IOCACHE_COLD_AUTO 0
+
+/**
+ * Cold reads: O_DIRECT (DBIO's path).
+ */
+#define TIERMEM_IOCACHE_COLD_DIRECT 1
+
+/**
+ * Cold reads: through the page cache.
+ */
+#define TIERMEM_IOCACHE_COLD_BUFFERED 2
+
+/**
  * Pool kind: NVM (one process at a time by convention).
  */
 #define TIERMEM_POOL_NVM 0
@@ -285,9 +300,14 @@ typedef struct TiermemIocacheOptions {
    */
   int probe_nowait;
   /**
-   * Non-zero: drop a page read from the page cache (default 1; 0 leaves it there).
+   * Non-zero: drop a page read from the page cache (default 0: leave it there).
    */
   int drop_after_hit;
+  /**
+   * dbio's read of an uncached miss: TIERMEM_IOCACHE_COLD_AUTO (default), _DIRECT or
+   * _BUFFERED.
+   */
+  int cold_read;
   /**
    * Non-zero: keep the page cache's share of the budget by trimming (default 1).
    */

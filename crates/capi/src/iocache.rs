@@ -11,7 +11,9 @@ use crate::error::{cstr, fail, guard, handles};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
-use tiermem_iocache::{Access, AfterHit, Error, EvictClean, Mode, Options, Pool, Probe, RawPin};
+use tiermem_iocache::{
+    Access, AfterHit, ColdRead, Error, EvictClean, Mode, Options, Pool, Probe, RawPin,
+};
 
 /// A buffer pool (opaque).
 pub struct TiermemIocache {
@@ -33,6 +35,13 @@ pub const TIERMEM_IOCACHE_EVICT_READAHEAD: c_int = 1;
 /// Evict-clean: nothing.
 pub const TIERMEM_IOCACHE_EVICT_DROP: c_int = 2;
 
+/// Cold reads: buffered while the page cache's share is more than twice the pool, else direct.
+pub const TIERMEM_IOCACHE_COLD_AUTO: c_int = 0;
+/// Cold reads: O_DIRECT (DBIO's path).
+pub const TIERMEM_IOCACHE_COLD_DIRECT: c_int = 1;
+/// Cold reads: through the page cache.
+pub const TIERMEM_IOCACHE_COLD_BUFFERED: c_int = 2;
+
 /// Pool options (`tiermem_iocache_options_default` fills the defaults).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -45,8 +54,11 @@ pub struct TiermemIocacheOptions {
     pub evict_clean: c_int,
     /// Non-zero: probe with preadv2(RWF_NOWAIT) instead of cachestat (default 0).
     pub probe_nowait: c_int,
-    /// Non-zero: drop a page read from the page cache (default 1; 0 leaves it there).
+    /// Non-zero: drop a page read from the page cache (default 0: leave it there).
     pub drop_after_hit: c_int,
+    /// dbio's read of an uncached miss: TIERMEM_IOCACHE_COLD_AUTO (default), _DIRECT or
+    /// _BUFFERED.
+    pub cold_read: c_int,
     /// Non-zero: keep the page cache's share of the budget by trimming (default 1).
     pub enforce_budget: c_int,
     /// Non-zero: mlock the pool (default 1; failure is reported in the stats).
@@ -107,8 +119,15 @@ fn to_options(o: &TiermemIocacheOptions) -> Result<Options, c_int> {
             ))
         }
     };
+    let cold_read = match o.cold_read {
+        TIERMEM_IOCACHE_COLD_AUTO => ColdRead::Auto,
+        TIERMEM_IOCACHE_COLD_DIRECT => ColdRead::Direct,
+        TIERMEM_IOCACHE_COLD_BUFFERED => ColdRead::Buffered,
+        m => return Err(fail(libc::EINVAL, format!("unknown cold-read choice {m}"))),
+    };
     Ok(Options {
         page_size: o.page_size as usize,
+        cold_read,
         budget: o.budget_bytes,
         pool_bytes: o.pool_bytes,
         mode,
@@ -155,6 +174,7 @@ pub extern "C" fn tiermem_iocache_options_default(out: *mut TiermemIocacheOption
                 evict_clean: TIERMEM_IOCACHE_EVICT_WRITE,
                 probe_nowait: 0,
                 drop_after_hit: c_int::from(d.after_hit == AfterHit::Drop),
+                cold_read: TIERMEM_IOCACHE_COLD_AUTO,
                 enforce_budget: 1,
                 lock: 1,
                 create: 1,

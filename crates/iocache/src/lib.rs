@@ -21,6 +21,6 @@ pub mod sys;
 pub use error::{Error, Result};
 pub use file::DataFile;
 pub use pool::{
-    Access, AfterHit, EvictClean, Mode, Options, PageGuard, Pool, Probe, RawPin, Stats,
+    Access, AfterHit, ColdRead, EvictClean, Mode, Options, PageGuard, Pool, Probe, RawPin, Stats,
 };
 pub use sys::CacheStat;

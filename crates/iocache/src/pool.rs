@@ -61,12 +61,28 @@ pub enum Probe {
 /// What `Dbio` does with a page it read from the page cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AfterHit {
-    /// Leave it there (the paper's relaxed choice: it may be held twice for a while).
+    /// Leave it there (the default, and the paper's relaxed choice: it may be held twice for a
+    /// while, but its clean eviction then costs no I/O).
     Leave,
-    /// Drop it (`POSIX_FADV_DONTNEED`, batched [`DROP_BATCH`] pages at a time): the default,
-    /// no page held twice (measured under YCSB-B at half the budget: 0.1 % of the pool's pages
-    /// also cached against 35 %, and ~10 % more operations per second).
+    /// Drop it (`POSIX_FADV_DONTNEED`, batched [`DROP_BATCH`] pages at a time): no page held
+    /// twice, but a clean eviction of the page reads it back from the device (readahead) —
+    /// measured no faster than `Leave` (see docs/iocache.md).
     Drop,
+}
+
+/// How `Dbio` reads a miss the page cache does not hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColdRead {
+    /// `O_DIRECT` (DBIO's path): the page is not held twice while pooled, but its clean
+    /// eviction costs a device read or write ([`EvictClean`]) to cache it.
+    Direct,
+    /// Through the page cache: the read that brings the page in also caches it, so its clean
+    /// eviction costs nothing; the page is held twice while pooled.
+    Buffered,
+    /// `Buffered` while the page cache's share of the budget is more than twice the pool (a
+    /// small pool: duplicates cost little, evict-clean I/O much), else `Direct` (measured: see
+    /// docs/iocache.md).
+    Auto,
 }
 
 /// How a page is to be used.
@@ -95,6 +111,8 @@ pub struct Options {
     pub probe: Probe,
     /// `Dbio`'s treatment of a page read from the page cache.
     pub after_hit: AfterHit,
+    /// `Dbio`'s read of a miss the page cache does not hold.
+    pub cold_read: ColdRead,
     /// Keep the page cache's share (`budget − pool_bytes`) by trimming pages the pool left there.
     /// Off when a memory cgroup enforces the budget.
     pub enforce_budget: bool,
@@ -114,7 +132,8 @@ impl Default for Options {
             mode: Mode::Dbio,
             evict_clean: EvictClean::Readahead,
             probe: Probe::Cachestat,
-            after_hit: AfterHit::Drop,
+            after_hit: AfterHit::Leave,
+            cold_read: ColdRead::Auto,
             enforce_budget: true,
             lock: true,
             create: true,
@@ -685,6 +704,10 @@ impl Pool {
                     if self.opts.after_hit == AfterHit::Drop {
                         self.queue_drop(pgno)?;
                     }
+                } else if self.cold_buffered() {
+                    self.file.read_buffered(buf, off)?;
+                    bump(&self.counters.buffered_reads);
+                    self.note_cached(pgno);
                 } else {
                     self.file.read_direct(buf, off)?;
                     bump(&self.counters.direct_reads);
@@ -692,6 +715,15 @@ impl Pool {
             }
         }
         Ok(())
+    }
+
+    /// Whether `Dbio` reads uncached misses through the page cache ([`ColdRead`]).
+    fn cold_buffered(&self) -> bool {
+        match self.opts.cold_read {
+            ColdRead::Direct => false,
+            ColdRead::Buffered => true,
+            ColdRead::Auto => self.opts.budget - self.opts.pool_bytes > 2 * self.opts.pool_bytes,
+        }
     }
 
     /// The write-back (and, for `Dbio`, the caching) of an evicted page.

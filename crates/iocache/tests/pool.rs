@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use tiermem_iocache::{Access, AfterHit, Error, EvictClean, Mode, Options, Pool, Probe};
+use tiermem_iocache::{Access, AfterHit, ColdRead, Error, EvictClean, Mode, Options, Pool, Probe};
 
 const PS: usize = 4096;
 
@@ -61,7 +61,14 @@ fn op(pages: u64) -> impl Strategy<Value = Op> {
 }
 
 fn configs() -> Vec<Options> {
-    let mut v = vec![opts(Mode::Buffered, 4, 8), opts(Mode::Direct, 4, 8)];
+    let mut v = vec![
+        opts(Mode::Buffered, 4, 8),
+        opts(Mode::Direct, 4, 8),
+        Options {
+            cold_read: ColdRead::Buffered,
+            ..opts(Mode::Dbio, 4, 8)
+        },
+    ];
     for ec in [EvictClean::Write, EvictClean::Readahead, EvictClean::Drop] {
         for probe in [Probe::Cachestat, Probe::Nowait] {
             for after_hit in [AfterHit::Leave, AfterHit::Drop] {
@@ -69,6 +76,7 @@ fn configs() -> Vec<Options> {
                     evict_clean: ec,
                     probe,
                     after_hit,
+                    cold_read: ColdRead::Direct,
                     ..opts(Mode::Dbio, 4, 8)
                 });
             }
@@ -189,7 +197,14 @@ fn dbio_serves_misses_from_the_page_cache_it_filled() {
         }
         f.sync_all().unwrap();
     }
-    let pool = Pool::open(&path, opts(Mode::Dbio, 8, 128)).unwrap();
+    let pool = Pool::open(
+        &path,
+        Options {
+            cold_read: ColdRead::Direct,
+            ..opts(Mode::Dbio, 8, 128)
+        },
+    )
+    .unwrap();
     pool.file().drop_cached(0, 0).unwrap();
     for p in 0..pages {
         assert_eq!(
