@@ -143,10 +143,11 @@ impl DataFile {
     /// Reads through the page cache only if every byte is cached there: `Ok(false)` (and no I/O
     /// waited for) when it is not (`preadv2(RWF_NOWAIT)`).
     pub fn read_cached(&self, buf: &mut [u8], off: u64) -> Result<bool> {
-        let len = self.len()?;
-        let want = (len.saturating_sub(off)).min(buf.len() as u64) as usize;
         match sys::pread_full(self.fd(), buf, off, libc::RWF_NOWAIT) {
-            Ok(n) => Ok(n >= want),
+            Ok(n) if n == buf.len() => Ok(true),
+            // Short: past end of file (then all there was) or not all cached. Only this rare
+            // case pays the fstat.
+            Ok(n) => Ok(n as u64 >= self.len()?.saturating_sub(off).min(buf.len() as u64)),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
             Err(e) => Err(self.err("preadv2(RWF_NOWAIT)", e)),
         }
