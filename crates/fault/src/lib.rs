@@ -66,7 +66,7 @@ pub mod error;
 pub mod policy;
 pub mod probe;
 pub mod region;
-mod sig;
+pub mod sig;
 pub mod sys;
 pub mod tracker;
 

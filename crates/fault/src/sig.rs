@@ -6,10 +6,10 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A signal handler with `SA_SIGINFO` signature.
-pub(crate) type SigHandler = extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void);
+pub type SigHandler = extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void);
 
 /// One installed handler and the disposition it replaced.
-pub(crate) struct Chain {
+pub struct Chain {
     /// 0 = not installed, 1 = installing, 2 = installed (previous disposition is valid).
     state: AtomicU8,
     prev: UnsafeCell<libc::sigaction>,
@@ -19,9 +19,15 @@ pub(crate) struct Chain {
 // observing state == 2 (Acquire); afterwards it is immutable.
 unsafe impl Sync for Chain {}
 
+impl Default for Chain {
+    fn default() -> Self {
+        Chain::new()
+    }
+}
+
 impl Chain {
     /// A chain slot with nothing installed.
-    pub(crate) const fn new() -> Chain {
+    pub const fn new() -> Chain {
         Chain {
             state: AtomicU8::new(0),
             // SAFETY: sigaction is plain old data; all-zero is a valid (SIG_DFL) value.
@@ -31,7 +37,7 @@ impl Chain {
 
     /// Installs `handler` for `sig` with `flags` (plus `SA_SIGINFO`) once per process; later
     /// calls do nothing. Returns an error message naming sigaction on failure.
-    pub(crate) fn install(&self, sig: i32, handler: SigHandler, flags: i32) -> Result<(), i32> {
+    pub fn install(&self, sig: i32, handler: SigHandler, flags: i32) -> Result<(), i32> {
         if self.state.load(Ordering::Acquire) == 2 {
             return Ok(());
         }
@@ -70,7 +76,7 @@ impl Chain {
     /// * `SIG_DFL` / `SIG_IGN` → the default disposition is restored, so that a synchronous
     ///   fault re-raises when the instruction restarts and kills the process as it would have
     ///   without us; a signal sent by `kill` is re-raised explicitly.
-    pub(crate) fn forward(&self, sig: i32, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    pub fn forward(&self, sig: i32, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
         if self.state.load(Ordering::Acquire) != 2 {
             reset_default_and_reraise(sig, info);
             return;

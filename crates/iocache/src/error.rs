@@ -42,6 +42,20 @@ pub enum Error {
         pgno: u64,
     },
 
+    /// A page of a zero-copy view vanished (the file was truncated under it without the lease
+    /// being able to make the view private): the guard filled it with zeros.
+    #[error(
+        "the file was truncated under a zero-copy view: the bytes past the new end read as zeros"
+    )]
+    Truncated,
+
+    /// The fd is open write-only: z-READ needs to read it.
+    #[error("{}: open write-only; z-READ needs a readable file", path.display())]
+    NotReadable {
+        /// The fd's path.
+        path: PathBuf,
+    },
+
     /// A system call failed.
     #[error("{op} on {}: {source}", path.display())]
     Io {

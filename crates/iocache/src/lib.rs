@@ -10,17 +10,29 @@
 //! for clean ones, and `POSIX_FADV_DONTNEED` trimming to keep the page cache's share of the
 //! budget when no memory cgroup does.
 //!
+//! z-READ (Ch. 4) is the other half: [`ZFile::zread`] returns views into the page cache without
+//! a copy, [`ZFile::zread_into`] remaps a caller's buffer onto it copy-on-write where the loss
+//! model expects that to pay, under a read lease that keeps both consistent.
+//!
 //! Files: [`sys`] (the system calls), [`file`] (the data file, buffered and direct),
-//! [`pool`] (frames, table, replacement, the modes' I/O paths), [`error`].
+//! [`pool`] (frames, table, replacement, the modes' I/O paths), [`zread`] (views, remapped
+//! buffers, privatisation), [`model`] (the loss model), [`lease`] (the lease-break watcher),
+//! [`guard`] (the SIGBUS guard), [`error`].
 
 pub mod error;
 pub mod file;
+pub mod guard;
+pub mod lease;
+pub mod model;
 pub mod pool;
 pub mod sys;
+pub mod zread;
 
 pub use error::{Error, Result};
 pub use file::DataFile;
+pub use model::Model;
 pub use pool::{
     Access, AfterHit, ColdRead, EvictClean, Mode, Options, PageGuard, Pool, Probe, RawPin, Stats,
 };
 pub use sys::CacheStat;
+pub use zread::{zforget, zread, zread_into, View, ZFile, ZOptions, ZStats, ZeroCopy};

@@ -215,10 +215,10 @@ struct State {
     to_drop: Vec<u64>,
 }
 
-/// Locked anonymous memory holding the frames.
+/// Anonymous memory holding the frames, locked when asked and allowed.
 struct Arena {
+    _map: crate::sys::AnonMap,
     ptr: *mut u8,
-    len: usize,
     locked: bool,
 }
 
@@ -229,37 +229,15 @@ unsafe impl Sync for Arena {}
 
 impl Arena {
     fn new(len: usize, lock: bool) -> Result<Arena> {
-        // SAFETY: a fresh private anonymous mapping; checked for MAP_FAILED below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::InvalidOption(format!(
-                "cannot map a {len}-byte pool: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        // SAFETY: the mapping just made; mlock failing (RLIMIT_MEMLOCK) leaves it usable.
-        let locked = lock && unsafe { libc::mlock(ptr, len) } == 0;
+        let map = crate::sys::AnonMap::new(len)
+            .map_err(|e| Error::InvalidOption(format!("cannot map a {len}-byte pool: {e}")))?;
+        // mlock failing (RLIMIT_MEMLOCK) leaves the arena usable.
+        let locked = lock && map.lock();
         Ok(Arena {
-            ptr: ptr.cast(),
-            len,
+            ptr: map.as_ptr(),
+            _map: map,
             locked,
         })
-    }
-}
-
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in `new`, no longer referenced (the pool is dropping).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 

@@ -1,6 +1,7 @@
 //! The system calls iocache is built on, each wrapped once: `cachestat(2)` (what of a file range
 //! the page cache holds), `posix_fadvise`, `sync_file_range`, and whole-buffer `pread`/`pwrite`/
-//! `preadv2` that retry interrupted and short transfers.
+//! `preadv2` that retry interrupted and short transfers; for z-READ the mappings (`mmap`,
+//! `MADV_POPULATE_*`), read leases and `fstat`.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -173,6 +174,212 @@ pub fn pwrite_full(fd: RawFd, buf: &[u8], off: u64) -> io::Result<()> {
         done += n as usize;
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mappings (z-READ)
+// ---------------------------------------------------------------------------------------------
+
+/// `MADV_POPULATE_READ` (Linux 5.14): map the range's pages readable; an unmappable page is an
+/// error (`EFAULT`), not a `SIGBUS`.
+pub const MADV_POPULATE_READ: libc::c_int = 22;
+/// `MADV_POPULATE_WRITE` (Linux 5.14): fault the range's pages writable (breaking
+/// copy-on-write of a private file mapping).
+pub const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// `mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0)`: a read-only shared mapping of a file.
+pub fn map_shared_ro(fd: RawFd, len: usize) -> io::Result<*mut u8> {
+    // SAFETY: a fresh mapping chosen by the kernel; nothing existing is replaced.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
+/// `mmap(addr, len, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_FIXED, fd, off)`: replaces the pages at
+/// `addr` with a copy-on-write view of the file.
+///
+/// # Safety
+/// `addr..addr+len` must be page-aligned memory the caller owns and may replace: whatever was
+/// mapped there is discarded.
+pub unsafe fn map_private_fixed(addr: *mut u8, len: usize, fd: RawFd, off: u64) -> io::Result<()> {
+    // SAFETY: the caller owns the range (this function's contract).
+    let p = unsafe {
+        libc::mmap(
+            addr.cast(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_FIXED,
+            fd,
+            off as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A private anonymous mapping owned by its value (unmapped on drop): the pool's frames, the
+/// loss model's scratch buffer.
+pub struct AnonMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; its users synchronise access to its bytes.
+unsafe impl Send for AnonMap {}
+// SAFETY: as above.
+unsafe impl Sync for AnonMap {}
+
+impl AnonMap {
+    /// Maps `len` bytes of zeroed, private, anonymous memory.
+    pub fn new(len: usize) -> io::Result<AnonMap> {
+        // SAFETY: a fresh private anonymous mapping; checked for MAP_FAILED below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(AnonMap {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// The first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Pins it in memory (`mlock`); false when `RLIMIT_MEMLOCK` refuses (it stays usable).
+    pub fn lock(&self) -> bool {
+        // SAFETY: the mapping made in `new`.
+        unsafe { libc::mlock(self.ptr.cast(), self.len) == 0 }
+    }
+
+    /// Makes it fresh anonymous memory again, whatever was mapped over parts of it since.
+    pub fn reset(&self) -> io::Result<()> {
+        // SAFETY: replaces this value's own range with fresh anonymous memory.
+        let p = unsafe {
+            libc::mmap(
+                self.ptr.cast(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for AnonMap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in `new`; no reference into it outlives the value.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// `madvise(addr, len, advice)`, retrying `EINTR` (populate can be interrupted).
+pub fn madvise(addr: *mut u8, len: usize, advice: libc::c_int) -> io::Result<()> {
+    loop {
+        // SAFETY: madvise validates the range itself; the advice values used here (populate,
+        // DONTNEED on a file mapping) do not change what the memory holds.
+        let rc = unsafe { libc::madvise(addr.cast(), len, advice) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leases (z-READ consistency)
+// ---------------------------------------------------------------------------------------------
+
+/// `fcntl(fd, F_SETLEASE, F_RDLCK)` with the lease-break signal `sig` sent to thread `tid`
+/// (`F_SETSIG`, `F_SETOWN_EX` `F_OWNER_TID`). Fails with `EAGAIN` while anyone has the file
+/// open for writing (this process included).
+pub fn take_read_lease(fd: RawFd, sig: libc::c_int, tid: libc::pid_t) -> io::Result<()> {
+    #[repr(C)]
+    struct FOwnerEx {
+        kind: libc::c_int,
+        pid: libc::pid_t,
+    }
+    const F_OWNER_TID: libc::c_int = 0;
+    // include/uapi/asm-generic/fcntl.h
+    const F_SETSIG: libc::c_int = 10;
+    const F_SETOWN_EX: libc::c_int = 15;
+    let own = FOwnerEx {
+        kind: F_OWNER_TID,
+        pid: tid,
+    };
+    // SAFETY: fcntl on a caller-owned fd with a properly laid out f_owner_ex.
+    unsafe {
+        if libc::fcntl(fd, F_SETSIG, sig) < 0
+            || libc::fcntl(fd, F_SETOWN_EX, &own as *const FOwnerEx) < 0
+            || libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// `fcntl(fd, F_SETLEASE, F_UNLCK)`: lets a blocked opener or truncater proceed.
+pub fn release_lease(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain fcntl on a caller-owned fd.
+    if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fstat(fd)`.
+pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain old data; fstat fills it for a valid fd.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
 }
 
 #[cfg(test)]
