@@ -29,13 +29,17 @@ fi
 #     prefault` run plain and under `tiermem prefault run` (memcached under libmemcached's
 #     memcslap; x264 and vips, the PARSEC members Debian packages), beside sqlite3, sort,
 #     python3 and redis.
+#   fio, libsqlite3-dev: unmodified fio reading through libtiermem_zread_preload.so (z-READ,
+#     verify=crc32c), and the iocache SQLite VFS extension and TPC-C-like driver, built against
+#     the system libsqlite3 and loaded into the unmodified sqlite3 shell.
 APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procps
   libpmemobj-dev
   redis-server redis-tools
   maven default-jdk-headless
   fonts-dejavu-core
   tokyocabinet-bin sqlite3
-  memcached libmemcached-tools x264 libvips-tools)
+  memcached libmemcached-tools x264 libvips-tools
+  fio libsqlite3-dev)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
