@@ -10,7 +10,8 @@
 //! cache's share at the end (`cachestat`) and the pages held twice; the parent reads the
 //! group's peak charge (`memory.max_usage_in_bytes`). Modes are interleaved per pool fraction.
 //!
-//! The z-READ half of the issue (#19 part 2) is not built yet: its keys are reported as null.
+//! The z-READ half runs first ([`crate::zread`]): every read method in a worker of its own on a
+//! warm page cache, with the `zread_*` ratios against `pread` measured in the same run.
 
 use crate::snapshot::Cgroup;
 use crate::worker::{self, Worker};
@@ -54,6 +55,9 @@ pub struct IocacheOpts {
     /// library's); the other runs at the 50 % pool as a variant.
     #[arg(long, value_parser = ["leave", "drop"])]
     pub after_hit: Option<String>,
+    /// Run only one half: the DBIO buffer pool or z-READ (the other's keys are null).
+    #[arg(long, value_parser = ["dbio", "zread"])]
+    pub only: Option<String>,
 }
 
 /// One run's request to its worker.
@@ -138,8 +142,10 @@ pub struct DbioRow {
 pub struct IocacheReport {
     /// The buffer-pool runs.
     pub dbio: Vec<DbioRow>,
-    /// z-READ runs: not built yet (empty).
-    pub zread: Vec<serde_json::Value>,
+    /// z-READ cells (median of the repetitions).
+    pub zread: Vec<crate::zread::ZreadRow>,
+    /// The loss model's table (Table 4.2) as measured on this machine in this run.
+    pub zread_model: serde_json::Value,
     /// YCSB-B at 2× the budget, the pool fraction where the ratio is best: dbio over buffered.
     pub dbio_over_buffered: Option<f64>,
     /// The same against direct.
@@ -148,14 +154,25 @@ pub struct IocacheReport {
     pub dbio_best_over_best: Option<f64>,
     /// The pool fraction of `dbio_over_buffered`.
     pub dbio_over_buffered_fraction: Option<f64>,
-    /// z-READ ratios: not built yet (null).
+    /// `zread` over `pread`, 4 KiB random reads, warm, 2 threads, data untouched.
     pub zread_over_read_4k: Option<f64>,
-    /// See `zread_over_read_4k`.
+    /// The same at 16 KiB.
     pub zread_over_read_16k: Option<f64>,
-    /// See `zread_over_read_4k`.
+    /// The same at 128 KiB.
+    pub zread_over_read_128k: Option<f64>,
+    /// 16 KiB, every word summed after each read.
     pub zread_over_read_16k_consumed: Option<f64>,
-    /// See `zread_over_read_4k`.
+    /// `zread_into` (loss model on) over `pread`, 16 KiB and 128 KiB, pure reads.
+    pub zread_into_over_read_16k: Option<f64>,
+    /// See `zread_into_over_read_16k`.
+    pub zread_into_over_read_128k: Option<f64>,
+    /// `zread_into` with the model over `pread`: the worst of the r/w mixes 100:0, 90:10,
+    /// 75:25 and 50:50 at 16 and 128 KiB.
     pub zread_into_min_over_read: Option<f64>,
+    /// Without the model (always remap), 50:50: the loss the model avoids (paper −15 %).
+    pub zread_into_nomodel_over_read_16k_50_50: Option<f64>,
+    /// See `zread_into_nomodel_over_read_16k_50_50`.
+    pub zread_into_nomodel_over_read_128k_50_50: Option<f64>,
     /// The device's 4 KiB random O_DIRECT read latency, µs (median of 2000).
     pub device_read_4k_us: f64,
     /// Budget, data sizes, operations, repetitions.
@@ -495,6 +512,11 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
         None => ah_name(lib.after_hit),
     };
     let mut configs = Vec::new();
+    let shapes = if o.only.as_deref() == Some("zread") {
+        Vec::new()
+    } else {
+        shapes
+    };
     for &(workload, read_pct, dob) in &shapes {
         for &fraction in &FRACTIONS {
             for mode in ["buffered", "direct", "dbio"] {
@@ -537,14 +559,18 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
         }
     }
     progress::plan("bench iocache", Some((configs.len() * reps) as u64));
+    let z = if o.only.as_deref() == Some("dbio") {
+        crate::zread::ZreadResult::default()
+    } else {
+        crate::zread::run(&dir, quick, reps)?
+    };
     let mut rows = Vec::new();
     let mut device_read_4k_us = 0.0;
     let mut data: Option<(f64, DataDir, u64)> = None;
     let mut notes = vec![
-        "z-READ (zread, zread_into, the loss model, the preload library) is not built yet: its \
-         keys are null"
+        "sqlite TPC-C-like runs, fio through the preload, on-disk z-READ and the co-runner's \
+         slowdown are not measured here yet"
             .to_string(),
-        "sqlite TPC-C-like runs and the chart are not built yet".to_string(),
     ];
     // Configurations of one data size share a file; within it, every repetition runs all of
     // them in turn (modes interleaved, never one mode's repetitions back to back).
@@ -639,15 +665,27 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     }
     Ok(IocacheReport {
         dbio: rows,
-        zread: Vec::new(),
+        zread: z.rows,
+        zread_model: z.model,
         dbio_over_buffered: over_buffered.map(|x| round3(x.0)),
         dbio_over_direct: over_direct.map(|x| round3(x.0)),
         dbio_best_over_best: best_over_best,
         dbio_over_buffered_fraction: over_buffered.map(|x| x.1),
-        zread_over_read_4k: None,
-        zread_over_read_16k: None,
-        zread_over_read_16k_consumed: None,
-        zread_into_min_over_read: None,
+        zread_over_read_4k: z.keys.get("zread_over_read_4k").copied(),
+        zread_over_read_16k: z.keys.get("zread_over_read_16k").copied(),
+        zread_over_read_128k: z.keys.get("zread_over_read_128k").copied(),
+        zread_over_read_16k_consumed: z.keys.get("zread_over_read_16k_consumed").copied(),
+        zread_into_over_read_16k: z.keys.get("zread_into_over_read_16k").copied(),
+        zread_into_over_read_128k: z.keys.get("zread_into_over_read_128k").copied(),
+        zread_into_min_over_read: z.keys.get("zread_into_min_over_read").copied(),
+        zread_into_nomodel_over_read_16k_50_50: z
+            .keys
+            .get("zread_into_nomodel_over_read_16k_50_50")
+            .copied(),
+        zread_into_nomodel_over_read_128k_50_50: z
+            .keys
+            .get("zread_into_nomodel_over_read_128k_50_50")
+            .copied(),
         device_read_4k_us: round3(device_read_4k_us),
         config: serde_json::json!({
             "budget_bytes": budget,
@@ -656,6 +694,7 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
             "operations": "warm-up 2 x data pages, then 2 x data pages timed",
             "distribution": "scrambled zipfian 0.99 (YCSB's)",
             "dir": dir,
+            "zread": z.config,
         }),
         notes,
         machine: machine::describe(),
@@ -710,6 +749,53 @@ impl Report for IocacheReport {
             f(self.dbio_over_direct),
             f(self.dbio_best_over_best),
             self.device_read_4k_us
+        );
+        println!(
+            "\nz-READ (GiB/s, median; random unless said; 'mix' = % of reads followed by a write-back)"
+        );
+        println!(
+            "{:<20} {:>6} {:<10} {:>2} {:<6} {:>4} {:>8} {:>8} {:>9}",
+            "method", "KiB", "pattern", "t", "summed", "mix", "GiB/s", "cpu/wall", "copied"
+        );
+        for r in &self.zread {
+            println!(
+                "{:<20} {:>6} {:<10} {:>2} {:<6} {:>4} {:>8.3} {:>8.2} {:>9}",
+                r.method,
+                r.size / 1024,
+                r.pattern,
+                r.threads,
+                if r.consume { "yes" } else { "no" },
+                r.write_pct,
+                r.gib_per_s,
+                r.cpu_per_wall,
+                r.model_copy_share
+                    .map_or("-".to_string(), |x| format!("{:.0}%", x * 100.0))
+            );
+        }
+        if let Some(rows) = self.zread_model.as_array() {
+            println!(
+                "loss model (Table 4.2 re-measured, ns): pages read read+mod zread zread+mod+cow"
+            );
+            for r in rows {
+                println!(
+                    "  {:>3} {:>8} {:>8} {:>8} {:>8}",
+                    r["pages"],
+                    r["read_ns"],
+                    r["read_mod_ns"],
+                    r["zread_ns"],
+                    r["zread_mod_cow_ns"]
+                );
+            }
+        }
+        println!(
+            "zread_over_read_4k {}, _16k {}, _128k {}, _16k_consumed {}; zread_into_min_over_read {} (without the model at 50:50: 16k {}, 128k {})",
+            f(self.zread_over_read_4k),
+            f(self.zread_over_read_16k),
+            f(self.zread_over_read_128k),
+            f(self.zread_over_read_16k_consumed),
+            f(self.zread_into_min_over_read),
+            f(self.zread_into_nomodel_over_read_16k_50_50),
+            f(self.zread_into_nomodel_over_read_128k_50_50)
         );
         for n in &self.notes {
             println!("note: {n}");

@@ -26,6 +26,7 @@ pub mod snapshot;
 pub mod stats;
 pub mod vnvm;
 pub mod worker;
+pub mod zread;
 
 use clap::Args;
 

@@ -203,6 +203,23 @@
 #define NV_SHARED 2
 
 /**
+ * Zero copy under a read lease (the default): impossible while anyone has the file open for
+ * writing; then every read copies until the lease can be taken again.
+ */
+#define TIERMEM_ZREAD_LEASE 0
+
+/**
+ * Zero copy because the caller declares every write of the file goes through
+ * `tiermem_zread_write` (the file is opened read-write, no lease).
+ */
+#define TIERMEM_ZREAD_EXCLUSIVE 1
+
+/**
+ * Never zero copy: every read copies (the baseline, through the same API).
+ */
+#define TIERMEM_ZREAD_NEVER 2
+
+/**
  * A buffer pool (opaque).
  */
 typedef struct TiermemIocache TiermemIocache;
@@ -236,6 +253,18 @@ typedef struct TiermemSnapshotMemory TiermemSnapshotMemory;
  * A written-page tracker (opaque).
  */
 typedef struct TiermemTracker TiermemTracker;
+
+/**
+ * A file opened for z-READ (opaque). Usable from several threads at once; closed once, by
+ * `tiermem_zread_close`.
+ */
+typedef struct TiermemZfile TiermemZfile;
+
+/**
+ * A view returned by `tiermem_zread` (opaque): its bytes stay valid and unchanged until
+ * `tiermem_zread_release` or the close of its file.
+ */
+typedef struct TiermemZview TiermemZview;
 
 /**
  * A vnvm instance (opaque): the pools of one directory, its workers and its regions. Thread
@@ -635,6 +664,102 @@ typedef struct TiermemSnapshotReport {
    */
   uint64_t spilled_pages;
 } TiermemSnapshotReport;
+
+/**
+ * Options of `tiermem_zread_open` (`tiermem_zread_options_default` fills the defaults).
+ */
+typedef struct TiermemZreadOptions {
+  /**
+   * TIERMEM_ZREAD_LEASE (default), _EXCLUSIVE or _NEVER.
+   */
+  int zero_copy;
+  /**
+   * Mapped, unreferenced view bytes above which released view pages are unmapped in bulk
+   * (default 256 MiB).
+   */
+  uint64_t zap_after;
+  /**
+   * Non-zero (default): when the lease breaks, live views and remapped buffers are made
+   * private so they keep their bytes. 0 only to test the SIGBUS guard.
+   */
+  int privatise;
+  /**
+   * Non-zero (default): `tiermem_zread_into` asks the loss model whether a remap pays;
+   * 0: it remaps whenever the buffer and offset are equally page-aligned.
+   */
+  int model;
+} TiermemZreadOptions;
+
+/**
+ * A file's counters since it was opened (`tiermem_zread_stats`).
+ */
+typedef struct TiermemZreadStats {
+  /**
+   * `tiermem_zread` calls.
+   */
+  uint64_t zreads;
+  /**
+   * Views returned without a copy.
+   */
+  uint64_t zero_copy_views;
+  /**
+   * Views that are copies (no lease, or a page could not be mapped).
+   */
+  uint64_t copied_views;
+  /**
+   * `MADV_POPULATE_READ` calls for views.
+   */
+  uint64_t populate_calls;
+  /**
+   * Pages those calls mapped.
+   */
+  uint64_t populated_pages;
+  /**
+   * Bulk unmaps of released view pages.
+   */
+  uint64_t zaps;
+  /**
+   * Pages those unmapped.
+   */
+  uint64_t zapped_pages;
+  /**
+   * `tiermem_zread_into` calls.
+   */
+  uint64_t into_calls;
+  /**
+   * Buffer pages `tiermem_zread_into` remapped onto the page cache.
+   */
+  uint64_t into_remapped_pages;
+  /**
+   * Bytes `tiermem_zread_into` copied (unaligned head and tail, the model's choice, no
+   * lease).
+   */
+  uint64_t into_copied_bytes;
+  /**
+   * Requests the loss model sent to the copy path.
+   */
+  uint64_t model_copies;
+  /**
+   * Leases broken by another opener for writing or a truncation.
+   */
+  uint64_t lease_breaks;
+  /**
+   * View pages made private on breaks or exclusive writes.
+   */
+  uint64_t privatised_pages;
+  /**
+   * Remapped buffers made private on breaks or exclusive writes.
+   */
+  uint64_t privatised_buffers;
+  /**
+   * Writes through `tiermem_zread_write`.
+   */
+  uint64_t writes;
+  /**
+   * 1 when reads are zero-copy now (a lease is held, or exclusive mode), else 0.
+   */
+  int zero_copy_now;
+} TiermemZreadStats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1400,6 +1525,111 @@ int nv_root(struct nv_instance *inst, struct nv_region *region, uint64_t tid, ui
  * `tid`. Errors: EINVAL / EALREADY (not an allocated block), and those of nv_tx_alloc.
  */
 int nv_set_root(struct nv_instance *inst, struct nv_region *region, uint64_t tid, uint64_t off);
+
+/**
+ * Fills `*out` with the default options (lease mode, zap after 256 MiB, privatise on, model
+ * on). Returns 0, or -EINVAL for NULL.
+ */
+int tiermem_zread_options_default(struct TiermemZreadOptions *out);
+
+/**
+ * Opens the regular file `path` for z-READ (`opts` NULL: defaults): read-only, or read-write
+ * in exclusive mode. In lease mode a lease that cannot be taken now (the file is open for
+ * writing somewhere) leaves the file copying until it can. Returns the handle, or NULL with
+ * `errno` set (see the mapping at the top of this file).
+ */
+struct TiermemZfile *tiermem_zread_open(const char *path, const struct TiermemZreadOptions *opts);
+
+/**
+ * Opens the file behind the caller's `fd` (which stays the caller's: z-READ opens its own
+ * description of the same file) for z-READ. A write-only fd is `EBADF`, a directory
+ * `EISDIR`, a pipe or socket `EINVAL`. Returns the handle, or NULL with `errno` set.
+ */
+struct TiermemZfile *tiermem_zread_open_fd(int fd, const struct TiermemZreadOptions *opts);
+
+/**
+ * Reads `len` bytes at `off` (fewer at end of file, 0 past it) as a view: stores the address
+ * of its bytes in `*out_ptr` and their count in `*out_len`. The bytes are the page cache's own
+ * pages when zero copy is allowed (see `tiermem_zread_view_is_zero_copy`), else a private
+ * copy; either way they are read-only and do not change until the view is released, whoever
+ * writes or truncates the file meanwhile. Never raises SIGBUS. Returns the view, or NULL with
+ * `errno` set (EINVAL for a NULL argument, EBADF for a closed file, a read's errno).
+ */
+struct TiermemZview *tiermem_zread(const struct TiermemZfile *z,
+                                   uint64_t off,
+                                   size_t len,
+                                   const uint8_t **out_ptr,
+                                   size_t *out_len);
+
+/**
+ * Releases a view of `z`: its bytes must not be read afterwards. Returns 0, -EINVAL when the
+ * view is NULL or belongs to another file, -EBADF when `z` or the view is not open.
+ */
+int tiermem_zread_release(const struct TiermemZfile *z, struct TiermemZview *view);
+
+/**
+ * Whether a view's bytes are the file's: 0 when they are, -ESTALE when one of its pages
+ * vanished under it (the file was truncated while privatisation was off, and the SIGBUS guard
+ * read zeros there), -EINVAL/-EBADF for a NULL or released view.
+ */
+int tiermem_zread_check(const struct TiermemZview *view);
+
+/**
+ * 1 when the view's bytes are the page cache's own pages (no copy was made), 0 when they are a
+ * copy, -EINVAL/-EBADF for a NULL or released view.
+ */
+int tiermem_zread_view_is_zero_copy(const struct TiermemZview *view);
+
+/**
+ * Reads `len` bytes at `off` into `buf` (fewer at end of file; the rest of `buf` is zeroed).
+ * Where `buf` and `off` are equally page-aligned, whole pages of `buf` are remapped
+ * copy-on-write onto the page cache when zero copy is allowed and the loss model (or
+ * `model = 0`) says so; everything else is copied. Remapped pages become a private file
+ * mapping: keep such buffers for I/O, and do not hand them back to an allocator that assumes
+ * `MADV_DONTNEED` zero-fills memory (glibc's thread arenas, jemalloc). Returns the bytes read
+ * (≥ 0) or -errno.
+ */
+ptrdiff_t tiermem_zread_into(const struct TiermemZfile *z, uint64_t off, uint8_t *buf, size_t len);
+
+/**
+ * Writes `len` bytes of `buf` at `off` (TIERMEM_ZREAD_EXCLUSIVE only, else -EPERM): live views
+ * of the written pages keep their old bytes, and buffers remapped onto them are made private
+ * first. Returns 0 or -errno.
+ */
+int tiermem_zread_write(const struct TiermemZfile *z, uint64_t off, const uint8_t *buf, size_t len);
+
+/**
+ * 1 when reads of `z` are zero-copy now; 0 when they copy, with the reason as
+ * `tiermem_last_error()` (no lease: the file is open for writing somewhere; the lease was
+ * broken; TIERMEM_ZREAD_NEVER); -EINVAL/-EBADF for a bad handle.
+ */
+int tiermem_zread_is_zero_copy(const struct TiermemZfile *z);
+
+/**
+ * Fills `*out` with the counters of `z` since it was opened. Returns 0 or -errno.
+ */
+int tiermem_zread_stats(const struct TiermemZfile *z, struct TiermemZreadStats *out);
+
+/**
+ * Releases every view of `z` still held (their bytes must not be read afterwards) and closes
+ * it (its lease is released; buffers it remapped keep their bytes). Returns 0, or
+ * -EINVAL/-EBADF for a NULL or already closed handle.
+ */
+int tiermem_zread_close(struct TiermemZfile *z);
+
+/**
+ * `tiermem_zread_into` on the file behind the caller's `fd`, with default options (lease
+ * mode): the file is opened for z-READ at the first call and kept (recognised by device and
+ * inode on every call, an `fstat`) until `tiermem_zforget(fd)`. Returns the bytes read or
+ * -errno (-EBADF for a write-only fd, -EINVAL for a NULL buffer or a non-regular file).
+ */
+ptrdiff_t tiermem_zread_into_fd(int fd, uint64_t off, uint8_t *buf, size_t len);
+
+/**
+ * Forgets the z-READ state of the caller's `fd` (call before closing it, to release the lease
+ * at once). Returns 0.
+ */
+int tiermem_zforget(int fd);
 
 #ifdef __cplusplus
 }  // extern "C"

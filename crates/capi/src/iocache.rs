@@ -154,6 +154,8 @@ fn iocache_fail(e: Error) -> c_int {
         Error::NoDirectIo { .. } => libc::EOPNOTSUPP,
         Error::AllPinned { .. } | Error::Pinned { .. } => libc::EBUSY,
         Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        // z-READ's errors; the pool never returns them.
+        Error::Truncated | Error::NotReadable { .. } => libc::EIO,
     };
     fail(errno, e)
 }

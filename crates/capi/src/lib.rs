@@ -25,6 +25,7 @@ mod pheap;
 mod prefault;
 mod snapshot;
 mod vnvm;
+mod zread;
 
 pub use error::*;
 pub use fault::*;
@@ -36,6 +37,7 @@ pub use pheap::*;
 pub use prefault::*;
 pub use snapshot::*;
 pub use vnvm::*;
+pub use zread::*;
 
 /// The library's version as a NUL-terminated string ("MAJOR.MINOR.PATCH"); static storage.
 #[no_mangle]

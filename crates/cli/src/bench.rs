@@ -75,6 +75,9 @@ pub enum BenchCommand {
     /// Internal: the process one run of `bench iocache` runs in.
     #[command(hide = true)]
     IocacheRun,
+    /// Internal: the process one z-READ method of `bench iocache` runs in.
+    #[command(hide = true)]
+    ZreadRun,
 }
 
 /// Run one benchmark.
@@ -107,7 +110,8 @@ impl BenchCommand {
             | BenchCommand::MigrateCase
             | BenchCommand::PheapRun
             | BenchCommand::PrefaultRun
-            | BenchCommand::IocacheRun => return None,
+            | BenchCommand::IocacheRun
+            | BenchCommand::ZreadRun => return None,
         })
     }
 }
@@ -128,5 +132,6 @@ fn run_inner(cmd: BenchCommand) -> Result<()> {
         BenchCommand::PrefaultRun => prefault::run_worker_main(),
         BenchCommand::Iocache(o) => print_report(&iocache::run(&o)?, o.bench.json),
         BenchCommand::IocacheRun => iocache::run_worker_main(),
+        BenchCommand::ZreadRun => tiermem_bench::zread::run_worker_main(),
     }
 }

@@ -195,8 +195,9 @@ fn bench_fault_quick_json_reports_scan_1gib_ms() {
 }
 
 /// The tour's steps, in order (`tiermem tour --only` accepts these).
-const TOUR_STEPS: [&str; 10] = [
-    "doctor", "media", "fault", "vnvm", "kv", "migrate", "pheap", "prefault", "snapshot", "iocache",
+const TOUR_STEPS: [&str; 11] = [
+    "doctor", "media", "fault", "vnvm", "kv", "migrate", "pheap", "prefault", "snapshot",
+    "iocache", "zread",
 ];
 
 /// The rows of the tour's closing table: (step, result).

@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tiermem_fault::sig::Chain;
 
-/// Guarded ranges at once (one per live view mapping generation).
-pub const SLOTS: usize = 256;
+/// Guarded ranges at once (one per live view mapping generation, so per file read with
+/// zero copy). The handler scans them only on a `SIGBUS`.
+pub const SLOTS: usize = 4096;
 
 struct Slot {
     start: AtomicUsize,

@@ -123,12 +123,20 @@ pub fn fdatasync(fd: RawFd) -> io::Result<()> {
 pub fn pread_full(fd: RawFd, buf: &mut [u8], off: u64, flags: libc::c_int) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
-        let iov = libc::iovec {
-            iov_base: buf[done..].as_mut_ptr().cast(),
-            iov_len: buf.len() - done,
+        let rest = &mut buf[done..];
+        let at = (off + done as u64) as libc::off_t;
+        let n = if flags == 0 {
+            // Plain pread: no iovec to import (cheaper per call than preadv2).
+            // SAFETY: the pointer and length describe the live, writable remainder of `buf`.
+            unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), at) }
+        } else {
+            let iov = libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            };
+            // SAFETY: one iovec over the live, writable remainder of `buf`.
+            unsafe { libc::preadv2(fd, &iov, 1, at, flags) }
         };
-        // SAFETY: one iovec over the live, writable remainder of `buf`.
-        let n = unsafe { libc::preadv2(fd, &iov, 1, (off + done as u64) as libc::off_t, flags) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

@@ -33,7 +33,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::error::{Error, Result};
 use crate::guard::{self, Guard};
 use crate::lease::{self, OnBreak};
-use crate::model::Model;
+use crate::model::{Decision, Model};
 use crate::sys;
 
 /// The page size z-READ remaps and populates in.
@@ -639,13 +639,34 @@ impl ZFile {
         let n = whole.min(in_file);
         let fp0 = first / PAGE as u64;
         let bufp = addr + head;
-        if n == 0 || (sh.opts.model && !sh.remap_pays(bufp, fp0, n)) {
+        let decision = if n == 0 {
+            Decision::Copy
+        } else if sh.opts.model {
+            sh.decide(bufp, fp0, n)
+        } else {
+            Decision::Remap
+        };
+        if decision == Decision::Copy {
             drop(g);
-            if n > 0 {
-                add(&sh.c.model_copies, 1);
+            if n == 0 {
+                return sh.copy_into(off, buf);
             }
-            return sh.copy_into(off, buf);
+            add(&sh.c.model_copies, 1);
+            // One copy in 16 is timed: the model's observed LAT_read.
+            let timed = COPIES.with(|c| {
+                let v = c.get().wrapping_add(1);
+                c.set(v);
+                v % 16 == 0
+            });
+            let t = timed.then(Instant::now);
+            let r = sh.copy_into(off, buf);
+            if let Some(t) = t {
+                let ns = t.elapsed().as_nanos() as f64 * (n * PAGE) as f64 / len as f64;
+                Model::global().observe(n, false, false, ns);
+            }
+            return r;
         }
+        let t = Instant::now();
         let mut done = 0;
         while done < n {
             let k = (n - done).min(BATCH_PAGES);
@@ -662,6 +683,21 @@ impl ZFile {
                     sh.note_buffers(at as usize, foff / PAGE as u64, k);
                 }
             } else {
+                if mapped.is_err() {
+                    // Before Linux 6.12 a failed MAP_FIXED may have unmapped the old pages
+                    // already: put memory back under the buffer before copying into it.
+                    // SAFETY: the same whole pages of `buf`, ours to replace (see above).
+                    unsafe {
+                        libc::mmap(
+                            at.cast(),
+                            k * PAGE,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                            -1,
+                            0,
+                        )
+                    };
+                }
                 // SAFETY: the same whole pages of `buf` (now file-backed or still the
                 // caller's): a copy into them is an ordinary write.
                 let s = unsafe { std::slice::from_raw_parts_mut(at, k * PAGE) };
@@ -676,6 +712,10 @@ impl ZFile {
             done += k;
         }
         drop(g);
+        if sh.opts.model {
+            let ns = t.elapsed().as_nanos() as f64;
+            Model::global().observe(n, true, decision == Decision::Explore, ns);
+        }
         let fd = sh.fd.as_raw_fd();
         if head > 0 {
             sys::pread_full(fd, &mut buf[..head], off, 0).map_err(|e| sh.io("pread", e))?;
@@ -716,7 +756,8 @@ impl ZFile {
         }
         {
             let mut b = sh.buffers.lock();
-            for fp in p0 as u64..p1 as u64 {
+            let none = b.by_file.is_empty();
+            for fp in (p0 as u64..p1 as u64).filter(|_| !none) {
                 if let Some(bufs) = b.by_file.remove(&fp) {
                     for a in bufs {
                         b.by_buf.remove(&a);
@@ -741,6 +782,8 @@ impl ZFile {
 }
 
 thread_local! {
+    /// Copies chosen by the model on this thread (one in 16 is timed).
+    static COPIES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Per buffer address: estimated P(cow) and whether its last read remapped it.
     static BUFFERS: RefCell<HashMap<usize, (f32, bool, u32)>> = RefCell::new(HashMap::new());
 }
@@ -913,7 +956,7 @@ impl Shared {
     fn copy_into(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
         let n =
             sys::pread_full(self.fd.as_raw_fd(), buf, off, 0).map_err(|e| self.io("pread", e))?;
-        add(&self.c.into_copied_bytes, buf.len() as u64);
+        add(&self.c.into_copied_bytes, n as u64);
         let addr = buf.as_ptr() as usize;
         let head = (PAGE - addr % PAGE) % PAGE;
         if head < buf.len() {
@@ -924,7 +967,7 @@ impl Shared {
 
     /// The loss model's verdict for remapping `n` buffer pages at `bufp` onto file pages from
     /// `fp0`, with P(cow) the larger of the data's write share and the buffer's history.
-    fn remap_pays(&self, bufp: usize, fp0: u64, n: usize) -> bool {
+    fn decide(&self, bufp: usize, fp0: u64, n: usize) -> Decision {
         let (mut r, mut w) = (0u64, 0u64);
         for p in fp0..fp0 + n as u64 {
             if let (Some(a), Some(b)) = (self.reads.get(p as usize), self.writes.get(p as usize)) {
@@ -953,7 +996,7 @@ impl Shared {
             }
             e.0 as f64
         });
-        Model::global().remap_pays(n, p_data.max(p_buf))
+        Model::global().decide(n, p_data.max(p_buf))
     }
 
     fn note_buffers(&self, at: usize, fp: u64, k: usize) {

@@ -200,6 +200,62 @@ fn another_process_writing_and_truncating_never_changes_held_views_or_buffers() 
 }
 
 #[test]
+fn a_thread_writing_its_buffer_during_privatisation_loses_no_write() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let p = make(dir.path(), "f", 64, 8);
+    let z = ZFile::open(&p, no_model()).unwrap();
+    let b = Buf::new(16 * PAGE);
+    let stop = AtomicBool::new(false);
+    let mut breaks = 0;
+    std::thread::scope(|s| {
+        for round in 0..6u64 {
+            // Remap the buffer (retaking the lease first if the last round broke it).
+            let buf = b.slice(0, 16 * PAGE);
+            for _ in 0..200 {
+                z.zread_into(0, buf).unwrap();
+                if z.stats().into_remapped_pages > round * 16 {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(12));
+            }
+            let base = b.0.as_ptr() as usize;
+            let stop = &stop;
+            let writer = s.spawn(move || {
+                let mut v = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    v += 1;
+                    for pg in 0..16 {
+                        let at = (base + pg * PAGE) as *mut u64;
+                        // SAFETY: inside the test's buffer, written by this thread only.
+                        unsafe {
+                            at.write_volatile(v);
+                            assert_eq!(at.read_volatile(), v, "a write was lost");
+                        }
+                    }
+                }
+                v
+            });
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            run(&format!(
+                "dd if=/dev/zero of={} bs=1 count=1 seek=100000 conv=notrunc status=none",
+                p.display()
+            ));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            stop.store(true, Ordering::Relaxed);
+            let last = writer.join().unwrap();
+            stop.store(false, Ordering::Relaxed);
+            for pg in 0..16 {
+                let w = u64::from_le_bytes(b.slice(pg * PAGE, 8)[..8].try_into().unwrap());
+                assert_eq!(w, last);
+            }
+            breaks = z.stats().lease_breaks;
+        }
+    });
+    assert!(breaks >= 6, "every round broke the lease ({breaks})");
+}
+
+#[test]
 fn a_write_completed_before_zread_is_seen_whole() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let p = make(dir.path(), "f", 64, 4);

@@ -2,7 +2,7 @@
 //! this machine can do and what the basic operations cost) and `tiermem tour` (this file: the
 //! quick-start job). The tour walks through every built subsystem on the embedded
 //! default devices (emulated pools under $TIERMEM_DIR), one step each — `doctor`, `media`,
-//! `fault`, `vnvm`, `kv`, `migrate`, `pheap`, `prefault`, `snapshot`, `iocache` (one module per step in this crate) — checking
+//! `fault`, `vnvm`, `kv`, `migrate`, `pheap`, `prefault`, `snapshot`, `iocache`, `zread` (one module per step in this crate) — checking
 //! every result it prints. A step whose prerequisite is missing (root, network namespaces,
 //! redis-tools, sqlite3, the preload library) is skipped with the reason; a failing step does not
 //! stop the others. The tour ends with a table (step, result, time, where to go next) and fails
@@ -29,6 +29,7 @@ mod pheap;
 mod prefault;
 mod snapshot;
 mod vnvm;
+mod zread;
 
 use anyhow::{bail, Context, Result};
 use std::io::IsTerminal;
@@ -70,7 +71,7 @@ struct Step {
     run: fn(&Ctx) -> Result<Outcome>,
 }
 
-const STEPS: [Step; 10] = [
+const STEPS: [Step; 11] = [
     Step {
         name: "doctor",
         title: "this machine (tiermem doctor --quick)",
@@ -130,6 +131,12 @@ const STEPS: [Step; 10] = [
         title: "a database buffer pool with the page cache as its victim cache (DBIO)",
         next: "tiermem bench iocache --quick",
         run: iocache::run,
+    },
+    Step {
+        name: "zread",
+        title: "zero-copy reads from the page cache that a writer cannot change (z-READ)",
+        next: "tiermem bench iocache --quick --only zread",
+        run: zread::run,
     },
 ];
 

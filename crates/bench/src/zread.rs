@@ -1,0 +1,721 @@
+//! The z-READ half of `tiermem bench iocache`: reads of a warm page cache through `pread`,
+//! `read`, `mmap`+`memcpy`, io_uring `READ_FIXED`, [`ZFile::zread`] and [`ZFile::zread_into`]
+//! (with and without the loss model), side by side in one run.
+//!
+//! Each method runs in a worker process of its own (`bench zread-run`), kept for the whole
+//! benchmark so that its state (open files, mappings, rings) is set up once, and the cells are
+//! run method after method, interleaved per cell. Every thread reads its own file (128 MiB,
+//! 32 MiB with `--quick`; §4.4.2), after a warm-up pass over it with the method itself and a
+//! short random warm-up; then for a fixed time: random or sequential offsets aligned to the
+//! request size, data untouched or summed (every 8-byte word) after each read. Mixes: each
+//! operation is a read, or (with the mix's probability) a read, a write of one byte per page of
+//! the buffer and a write of the buffer back to the file — `pwrite` for the copy baseline,
+//! [`ZFile::write_at`] (exclusive mode) for z-READ.
+
+use crate::progress;
+use crate::worker::{self, Worker};
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tiermem_iocache::{ZFile, ZOptions, ZeroCopy};
+
+const PAGE: usize = 4096;
+
+/// The read methods, in the order they run in each cell.
+pub const METHODS: [&str; 7] = [
+    "pread",
+    "read",
+    "mmap_memcpy",
+    "io_uring_fixed",
+    "zread",
+    "zread_into",
+    "zread_into_nomodel",
+];
+
+/// One cell's request to a method's worker.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct Req {
+    method: String,
+    files: Vec<PathBuf>,
+    size: usize,
+    random: bool,
+    consume: bool,
+    /// Percent of operations that modify the buffer and write it back (0 = pure reads).
+    write_pct: u32,
+    seconds: f64,
+    seed: u64,
+}
+
+/// One cell's figures from its worker.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct Reply {
+    ops: u64,
+    bytes: u64,
+    wall_s: f64,
+    cpu_s: f64,
+    /// Pages remapped by zread_into, and how many requests the model copied (z-READ methods).
+    remapped_pages: u64,
+    model_copies: u64,
+    into_calls: u64,
+    zero_copy_views: u64,
+}
+
+/// One row of the z-READ report (the median of the repetitions).
+#[derive(Serialize, Debug, Clone)]
+pub struct ZreadRow {
+    /// `pread`, `read`, `mmap_memcpy`, `io_uring_fixed`, `zread`, `zread_into` (loss model on)
+    /// or `zread_into_nomodel` (always remap).
+    pub method: String,
+    /// Request size in bytes.
+    pub size: usize,
+    /// `random` or `sequential`.
+    pub pattern: String,
+    /// Threads, each on its own file.
+    pub threads: usize,
+    /// Data summed after each read.
+    pub consume: bool,
+    /// Percent of operations that also modify the buffer and write it back.
+    pub write_pct: u32,
+    /// Bytes read per second, GiB (median).
+    pub gib_per_s: f64,
+    /// Smallest and largest of the repetitions.
+    pub gib_per_s_min: f64,
+    /// See `gib_per_s_min`.
+    pub gib_per_s_max: f64,
+    /// Operations per second (median run).
+    pub ops_per_s: f64,
+    /// CPU seconds per second of wall time of the worker (median run).
+    pub cpu_per_wall: f64,
+    /// zread_into: share of requests (warm-up included) the loss model sent to the copy path.
+    pub model_copy_share: Option<f64>,
+}
+
+/// What the z-READ half reports into `bench iocache`.
+#[derive(Default)]
+pub struct ZreadResult {
+    /// All cells.
+    pub rows: Vec<ZreadRow>,
+    /// The loss model measured by a worker (Table 4.2 re-measured).
+    pub model: serde_json::Value,
+    /// Ratios and their notes.
+    pub keys: HashMap<&'static str, f64>,
+    /// Configuration echoed into the report.
+    pub config: serde_json::Value,
+}
+
+/// The worker side: answers cells for one method.
+pub fn run_worker_main() -> Result<()> {
+    let mut st = WorkerState::default();
+    worker::serve(|r: Req| Ok(Some(serde_json::to_value(st.cell(&r)?)?)))
+}
+
+#[derive(Default)]
+struct WorkerState {
+    zfiles: HashMap<(PathBuf, bool), ZFile>,
+    files: HashMap<PathBuf, std::fs::File>,
+    maps: HashMap<PathBuf, (usize, usize)>,
+}
+
+/// Page-aligned memory for a thread's buffer.
+struct Buf(tiermem_iocache::sys::AnonMap);
+
+impl Buf {
+    fn new(len: usize) -> Result<Buf> {
+        Ok(Buf(tiermem_iocache::sys::AnonMap::new(len.max(PAGE))?))
+    }
+    fn get(&mut self, len: usize) -> &mut [u8] {
+        // SAFETY: the mapping is at least len bytes (new) and only this thread uses it.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr(), len) }
+    }
+}
+
+fn sum_words(b: &[u8]) -> u64 {
+    b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .fold(0u64, |a, x| a.wrapping_add(x))
+}
+
+/// One thread's reader, owning what its method needs.
+enum Reader {
+    Pread(std::fs::File),
+    Read(std::fs::File),
+    Mmap {
+        file: std::fs::File,
+        base: usize,
+    },
+    Uring {
+        file: std::fs::File,
+        ring: Box<io_uring::IoUring>,
+    },
+    Zread(ZFile),
+    ZreadInto(ZFile),
+}
+
+impl WorkerState {
+    fn file(&mut self, p: &Path, write: bool) -> Result<std::fs::File> {
+        if !self.files.contains_key(p) {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .open(p)
+                .with_context(|| format!("open {}", p.display()))?;
+            self.files.insert(p.to_path_buf(), f);
+        }
+        Ok(self.files[p].try_clone()?)
+    }
+
+    fn reader(&mut self, r: &Req, p: &Path) -> Result<Reader> {
+        let mix = r.write_pct > 0;
+        Ok(match r.method.as_str() {
+            "pread" => Reader::Pread(self.file(p, mix)?),
+            "read" => Reader::Read(self.file(p, mix)?),
+            "mmap_memcpy" => {
+                let file = self.file(p, mix)?;
+                let len = file.metadata()?.len() as usize;
+                let base = match self.maps.get(p) {
+                    Some(&(b, _)) => b,
+                    None => {
+                        // SAFETY: a fresh shared read-only mapping of the file, kept for the
+                        // worker's life (never unmapped while readers use it).
+                        let b = unsafe {
+                            libc::mmap(
+                                std::ptr::null_mut(),
+                                len,
+                                libc::PROT_READ,
+                                libc::MAP_SHARED,
+                                file.as_raw_fd(),
+                                0,
+                            )
+                        };
+                        if b == libc::MAP_FAILED {
+                            bail!("mmap {}: {}", p.display(), std::io::Error::last_os_error());
+                        }
+                        self.maps.insert(p.to_path_buf(), (b as usize, len));
+                        b as usize
+                    }
+                };
+                Reader::Mmap { file, base }
+            }
+            "io_uring_fixed" => Reader::Uring {
+                file: self.file(p, mix)?,
+                ring: Box::new(io_uring::IoUring::new(8).context("io_uring setup")?),
+            },
+            m @ ("zread" | "zread_into" | "zread_into_nomodel") => {
+                let key = (p.to_path_buf(), mix);
+                let z = match self.zfiles.get(&key) {
+                    Some(z) => z.clone(),
+                    None => {
+                        let z = ZFile::open(
+                            p,
+                            ZOptions {
+                                zero_copy: if mix {
+                                    ZeroCopy::Exclusive
+                                } else {
+                                    ZeroCopy::Lease
+                                },
+                                model: m != "zread_into_nomodel",
+                                ..ZOptions::default()
+                            },
+                        )?;
+                        if let Some(why) = z.zero_copy_reason() {
+                            bail!("{}: no zero copy: {why}", p.display());
+                        }
+                        self.zfiles.insert(key, z.clone());
+                        z
+                    }
+                };
+                if m == "zread" {
+                    Reader::Zread(z)
+                } else {
+                    Reader::ZreadInto(z)
+                }
+            }
+            m => bail!("unknown method {m}"),
+        })
+    }
+
+    fn cell(&mut self, r: &Req) -> Result<Reply> {
+        let mut readers = Vec::new();
+        for p in &r.files {
+            readers.push((self.reader(r, p)?, std::fs::metadata(p)?.len()));
+        }
+        let before: Vec<_> = readers
+            .iter()
+            .map(|(rd, _)| match rd {
+                Reader::Zread(z) | Reader::ZreadInto(z) => Some(z.stats()),
+                _ => None,
+            })
+            .collect();
+        let c0 = crate::cpu::process_ns();
+        let t0 = Instant::now();
+        let results: Vec<Result<(u64, u64)>> = std::thread::scope(|s| {
+            let hs: Vec<_> = readers
+                .iter_mut()
+                .enumerate()
+                .map(|(i, (rd, len))| {
+                    let len = *len;
+                    s.spawn(move || thread_body(rd, len, r, r.seed + i as u64))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow!("a reader panicked")))
+                })
+                .collect()
+        });
+        let wall_s = t0.elapsed().as_secs_f64();
+        let cpu_s = (crate::cpu::process_ns() - c0) as f64 / 1e9;
+        let mut out = Reply {
+            wall_s,
+            cpu_s,
+            ..Reply::default()
+        };
+        for res in results {
+            let (ops, bytes) = res?;
+            out.ops += ops;
+            out.bytes += bytes;
+        }
+        for ((rd, _), b) in readers.iter().zip(before) {
+            if let (Reader::Zread(z) | Reader::ZreadInto(z), Some(b)) = (rd, b) {
+                let a = z.stats();
+                out.remapped_pages += a.into_remapped_pages - b.into_remapped_pages;
+                out.model_copies += a.model_copies - b.model_copies;
+                out.into_calls += a.into_calls - b.into_calls;
+                out.zero_copy_views += a.zero_copy_views - b.zero_copy_views;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Reads at `off` into the thread's buffer (or a view); returns a value derived from the data
+/// when `consume`, and whether the buffer is now modifiable (to write back).
+fn one_read(rd: &mut Reader, buf: &mut Buf, off: u64, size: usize, consume: bool) -> Result<u64> {
+    Ok(match rd {
+        Reader::Pread(f) => {
+            let b = buf.get(size);
+            f.read_exact_at(b, off)?;
+            if consume {
+                sum_words(b)
+            } else {
+                0
+            }
+        }
+        Reader::Read(f) => {
+            let b = buf.get(size);
+            // SAFETY: lseek and read on an owned fd into a live buffer of `size` bytes.
+            let n = unsafe {
+                libc::lseek(f.as_raw_fd(), off as libc::off_t, libc::SEEK_SET);
+                libc::read(f.as_raw_fd(), b.as_mut_ptr().cast(), size)
+            };
+            if n != size as isize {
+                bail!("read returned {n}");
+            }
+            if consume {
+                sum_words(b)
+            } else {
+                0
+            }
+        }
+        Reader::Mmap { base, .. } => {
+            let b = buf.get(size);
+            // SAFETY: off + size ≤ the file's length, inside the worker's mapping of it.
+            let src =
+                unsafe { std::slice::from_raw_parts((*base + off as usize) as *const u8, size) };
+            b.copy_from_slice(src);
+            if consume {
+                sum_words(b)
+            } else {
+                0
+            }
+        }
+        Reader::Uring { file, ring } => {
+            let b = buf.get(size);
+            let e = io_uring::opcode::ReadFixed::new(
+                io_uring::types::Fd(file.as_raw_fd()),
+                b.as_mut_ptr(),
+                size as u32,
+                0,
+            )
+            .offset(off)
+            .build();
+            // SAFETY: the buffer is registered (index 0) and outlives the operation, which is
+            // waited for below.
+            unsafe { ring.submission().push(&e) }.map_err(|_| anyhow!("sq full"))?;
+            ring.submit_and_wait(1)?;
+            let cqe = ring.completion().next().ok_or_else(|| anyhow!("no cqe"))?;
+            if cqe.result() != size as i32 {
+                bail!("READ_FIXED returned {}", cqe.result());
+            }
+            if consume {
+                sum_words(b)
+            } else {
+                0
+            }
+        }
+        Reader::Zread(z) => {
+            let v = z.zread(off, size)?;
+            if v.len() != size {
+                bail!("short view");
+            }
+            if consume {
+                sum_words(&v)
+            } else {
+                0
+            }
+        }
+        Reader::ZreadInto(z) => {
+            let b = buf.get(size);
+            if z.zread_into(off, b)? != size {
+                bail!("short zread_into");
+            }
+            if consume {
+                sum_words(b)
+            } else {
+                0
+            }
+        }
+    })
+}
+
+fn write_back(rd: &mut Reader, buf: &mut Buf, off: u64, size: usize) -> Result<()> {
+    let b = buf.get(size);
+    for p in (0..size).step_by(PAGE) {
+        b[p] = b[p].wrapping_add(1);
+    }
+    match rd {
+        Reader::Pread(f)
+        | Reader::Read(f)
+        | Reader::Mmap { file: f, .. }
+        | Reader::Uring { file: f, .. } => f.write_all_at(b, off)?,
+        Reader::ZreadInto(z) | Reader::Zread(z) => z.write_at(off, b)?,
+    }
+    Ok(())
+}
+
+fn thread_body(rd: &mut Reader, len: u64, r: &Req, seed: u64) -> Result<(u64, u64)> {
+    let size = r.size;
+    let slots = len / size as u64;
+    if slots == 0 {
+        bail!("file smaller than one request");
+    }
+    let mut buf = Buf::new(size)?;
+    if let Reader::Uring { ring, .. } = rd {
+        let iov = libc::iovec {
+            iov_base: buf.0.as_ptr().cast(),
+            iov_len: size.max(PAGE),
+        };
+        // SAFETY: the buffer lives until the thread returns, after the ring's last operation;
+        // registering again replaces nothing (each cell makes a new ring).
+        unsafe { ring.submitter().register_buffers(&[iov]) }.context("register_buffers")?;
+    }
+    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = |i: u64| -> u64 {
+        if r.random {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % slots) * size as u64
+        } else {
+            (i % slots) * size as u64
+        }
+    };
+    let mut acc = 0u64;
+    // Warm-up: one sequential pass with the method itself, then a short random phase.
+    for s in 0..slots {
+        acc = acc.wrapping_add(one_read(rd, &mut buf, s * size as u64, size, r.consume)?);
+    }
+    let warm_until = Instant::now() + Duration::from_secs_f64(r.seconds / 4.0);
+    let mut i = 0u64;
+    while Instant::now() < warm_until {
+        for _ in 0..32 {
+            let off = next(i);
+            acc = acc.wrapping_add(one_read(rd, &mut buf, off, size, r.consume)?);
+            i += 1;
+        }
+    }
+    let mut dice = seed ^ 0xd1ce_5eed;
+    let t_end = Instant::now() + Duration::from_secs_f64(r.seconds);
+    let mut ops = 0u64;
+    loop {
+        for _ in 0..16 {
+            let off = next(i);
+            i += 1;
+            acc = acc.wrapping_add(one_read(rd, &mut buf, off, size, r.consume)?);
+            if r.write_pct > 0 {
+                dice = dice
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                if ((dice >> 33) % 100) < r.write_pct as u64 {
+                    write_back(rd, &mut buf, off, size)?;
+                }
+            }
+            ops += 1;
+        }
+        if Instant::now() >= t_end {
+            break;
+        }
+    }
+    std::hint::black_box(acc);
+    Ok((ops, ops * size as u64))
+}
+
+/// Writes `threads` files of `bytes` each (pseudo-random words) under `dir`, read once so the
+/// page cache holds them (warm, §4.4.2).
+fn make_files(dir: &Path, prefix: &str, threads: usize, bytes: usize) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for t in 0..threads {
+        let p = dir.join(format!("{prefix}-{t}-{}", std::process::id()));
+        let f = std::fs::File::create(&p).with_context(|| format!("create {}", p.display()))?;
+        let mut x = 0x1234_5678u64 + t as u64;
+        let chunk: Vec<u8> = (0..1 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        for o in (0..bytes).step_by(chunk.len()) {
+            f.write_all_at(&chunk, o as u64)?;
+        }
+        f.sync_all()?;
+        out.push(p);
+    }
+    Ok(out)
+}
+
+/// Cells: (size, random, threads, consume, write_pct, methods).
+type Cell = (usize, bool, usize, bool, u32, Vec<&'static str>);
+
+fn cells(quick: bool) -> Vec<Cell> {
+    let all: Vec<&'static str> = METHODS.to_vec();
+    let mix: Vec<&'static str> = vec!["pread", "zread_into", "zread_into_nomodel"];
+    let mut c = Vec::new();
+    let threads: &[usize] = if quick { &[2] } else { &[1, 2] };
+    for &t in threads {
+        for &size in &[4096usize, 16384, 131072] {
+            c.push((size, true, t, false, 0, all.clone()));
+            if !quick || size == 16384 {
+                c.push((size, true, t, true, 0, all.clone()));
+            }
+        }
+    }
+    if !quick {
+        for &size in &[4096usize, 16384, 131072] {
+            c.push((size, false, 2, false, 0, all.clone()));
+        }
+    }
+    for &size in &[16384usize, 131072] {
+        for &w in &[0u32, 10, 25, 50] {
+            c.push((size, true, 2, false, w, mix.clone()));
+        }
+    }
+    c
+}
+
+/// Runs the z-READ cells: `reps` repetitions of every cell, methods interleaved.
+pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
+    let file_bytes = if quick { 32 << 20 } else { 128 << 20 };
+    let seconds = if quick { 0.3 } else { 1.0 };
+    std::fs::create_dir_all(dir)?;
+    progress::note(&format!(
+        "z-READ: writing 4 files of {} MiB in {}",
+        file_bytes >> 20,
+        dir.display()
+    ));
+    let read_files = make_files(dir, "zread", 2, file_bytes)?;
+    let mix_files = make_files(dir, "zmix", 2, file_bytes)?;
+    let cleanup: Vec<PathBuf> = read_files.iter().chain(&mix_files).cloned().collect();
+    let _rm = RemoveOnDrop(cleanup.clone());
+    let cells = cells(quick);
+    progress::grow((cells.len() * reps) as u64);
+    let mut workers: HashMap<&str, Worker> = HashMap::new();
+    for m in METHODS {
+        workers.insert(
+            m,
+            Worker::spawn(
+                &format!("zread {m}"),
+                &["bench".to_string(), "zread-run".to_string()],
+                Duration::from_secs(600),
+                Vec::new(),
+            )?,
+        );
+    }
+    let mut runs: Vec<HashMap<&str, Vec<Reply>>> = vec![HashMap::new(); cells.len()];
+    for rep in 0..reps {
+        for (ci, (size, random, threads, consume, w, methods)) in cells.iter().enumerate() {
+            progress::step(&format!(
+                "z-READ {} KiB {} {}t{}{} (rep {})",
+                size / 1024,
+                if *random { "random" } else { "seq" },
+                threads,
+                if *consume { " summed" } else { "" },
+                if *w > 0 {
+                    format!(" {}:{}", 100 - w, w)
+                } else {
+                    String::new()
+                },
+                rep + 1
+            ));
+            // Rotate the order per repetition so no method always runs first.
+            let n = methods.len();
+            for k in 0..n {
+                let m = methods[(k + rep + ci) % n];
+                let files = if *w > 0 { &mix_files } else { &read_files };
+                let req = Req {
+                    method: m.to_string(),
+                    files: files[..*threads].to_vec(),
+                    size: *size,
+                    random: *random,
+                    consume: *consume,
+                    write_pct: *w,
+                    seconds,
+                    seed: 7 + rep as u64,
+                };
+                let wk = workers.get_mut(m).ok_or_else(|| anyhow!("no worker {m}"))?;
+                let rep: Reply = wk.call(&req, "a cell")?;
+                runs[ci].entry(m).or_default().push(rep);
+            }
+        }
+    }
+    for (_, w) in workers.drain() {
+        w.finish()?;
+    }
+    let mut rows = Vec::new();
+    for (ci, (size, random, threads, consume, w, methods)) in cells.iter().enumerate() {
+        for m in methods {
+            let mut v = runs[ci].remove(m).unwrap_or_default();
+            if v.is_empty() {
+                continue;
+            }
+            let g = |r: &Reply| r.bytes as f64 / r.wall_s / (1u64 << 30) as f64;
+            v.sort_by(|a, b| g(a).total_cmp(&g(b)));
+            let med = v[v.len() / 2].clone();
+            let into = m.starts_with("zread_into");
+            rows.push(ZreadRow {
+                method: m.to_string(),
+                size: *size,
+                pattern: if *random { "random" } else { "sequential" }.into(),
+                threads: *threads,
+                consume: *consume,
+                write_pct: *w,
+                gib_per_s: r3(g(&med)),
+                gib_per_s_min: r3(g(&v[0])),
+                gib_per_s_max: r3(g(&v[v.len() - 1])),
+                ops_per_s: (med.ops as f64 / med.wall_s).round(),
+                cpu_per_wall: r3(med.cpu_s / med.wall_s),
+                model_copy_share: into
+                    .then(|| r3(med.model_copies as f64 / med.into_calls.max(1) as f64)),
+            });
+        }
+    }
+    let get = |m: &str, size: usize, consume: bool, w: u32| {
+        rows.iter()
+            .find(|r| {
+                r.method == m
+                    && r.size == size
+                    && r.pattern == "random"
+                    && r.threads == 2
+                    && r.consume == consume
+                    && r.write_pct == w
+            })
+            .map(|r| r.gib_per_s)
+    };
+    let ratio = |m: &str, size, consume, w| {
+        Some(get(m, size, consume, w)? / get("pread", size, consume, w)?)
+    };
+    let mut keys = HashMap::new();
+    let mut put = |k: &'static str, v: Option<f64>| {
+        if let Some(v) = v {
+            keys.insert(k, r3(v));
+        }
+    };
+    put("zread_over_read_4k", ratio("zread", 4096, false, 0));
+    put("zread_over_read_16k", ratio("zread", 16384, false, 0));
+    put("zread_over_read_128k", ratio("zread", 131072, false, 0));
+    put(
+        "zread_over_read_16k_consumed",
+        ratio("zread", 16384, true, 0),
+    );
+    put(
+        "zread_into_over_read_16k",
+        ratio("zread_into", 16384, false, 0),
+    );
+    put(
+        "zread_into_over_read_128k",
+        ratio("zread_into", 131072, false, 0),
+    );
+    let mins: Vec<f64> = [16384usize, 131072]
+        .iter()
+        .flat_map(|&s| [0u32, 10, 25, 50].map(|w| ratio("zread_into", s, false, w)))
+        .flatten()
+        .collect();
+    if mins.len() == 8 {
+        put(
+            "zread_into_min_over_read",
+            mins.iter().copied().reduce(f64::min),
+        );
+    }
+    put(
+        "zread_into_nomodel_over_read_16k_50_50",
+        ratio("zread_into_nomodel", 16384, false, 50),
+    );
+    put(
+        "zread_into_nomodel_over_read_128k_50_50",
+        ratio("zread_into_nomodel", 131072, false, 50),
+    );
+    let model = measure_model(dir)?;
+    Ok(ZreadResult {
+        rows,
+        model,
+        keys,
+        config: serde_json::json!({
+            "file_bytes_per_thread": file_bytes,
+            "seconds_per_cell": seconds,
+            "repetitions": reps,
+            "warm_up": "a sequential pass with the method, then a quarter of the cell's time of its own pattern",
+            "mix": "write_pct of the operations modify one byte per page of the buffer and write it back (pwrite; z-READ: write_at in exclusive mode)",
+        }),
+    })
+}
+
+/// The loss model as a fresh process measures it (Table 4.2 re-measured).
+fn measure_model(dir: &Path) -> Result<serde_json::Value> {
+    let m = tiermem_iocache::Model::calibrate(dir, 101)?;
+    let rows: Vec<_> = m
+        .rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "pages": r.pages,
+                "read_ns": r.read_ns.round(),
+                "read_mod_ns": r.read_mod_ns.round(),
+                "zread_ns": r.zread_ns.round(),
+                "zread_mod_cow_ns": r.zread_mod_cow_ns.round(),
+                "read_minus_zread_ns": r.saving_ns().round(),
+                "cow_ns": r.cow_ns().round(),
+            })
+        })
+        .collect();
+    Ok(serde_json::Value::Array(rows))
+}
+
+struct RemoveOnDrop(Vec<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn r3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
