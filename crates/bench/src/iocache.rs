@@ -173,6 +173,10 @@ pub struct IocacheReport {
     pub zread_into_nomodel_over_read_16k_50_50: Option<f64>,
     /// See `zread_into_nomodel_over_read_16k_50_50`.
     pub zread_into_nomodel_over_read_128k_50_50: Option<f64>,
+    /// Unmodified fio (psync, random 16 KiB reads, 2 jobs) through the preload over plain fio.
+    pub fio_zread_preload_over_plain_16k: Option<f64>,
+    /// The same with the loss model off (remap whenever aligned).
+    pub fio_zread_preload_nomodel_over_plain_16k: Option<f64>,
     /// The device's 4 KiB random O_DIRECT read latency, µs (median of 2000).
     pub device_read_4k_us: f64,
     /// Budget, data sizes, operations, repetitions.
@@ -491,6 +495,9 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     let budget = o.budget_mib.unwrap_or(if quick { 128 } else { 512 }) << 20;
     let reps = o.reps.unwrap_or(3).max(1);
     let dir = o.dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+    if let Some(p) = &o.bench.plot {
+        crate::plot::check_path(p)?;
+    }
     clear_leftovers(&dir);
     let shapes: Vec<(&'static str, u64, f64)> = if quick {
         vec![("ycsb-b", 95, 2.0)]
@@ -568,10 +575,13 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     let mut device_read_4k_us = 0.0;
     let mut data: Option<(f64, DataDir, u64)> = None;
     let mut notes = vec![
-        "sqlite TPC-C-like runs, fio through the preload, on-disk z-READ and the co-runner's \
-         slowdown are not measured here yet"
+        "sqlite TPC-C-like runs, on-disk z-READ and the co-runner's slowdown are not measured \
+         here yet"
             .to_string(),
     ];
+    if let Some(n) = &z.fio_note {
+        notes.push(n.clone());
+    }
     // Configurations of one data size share a file; within it, every repetition runs all of
     // them in turn (modes interleaved, never one mode's repetitions back to back).
     let mut groups: Vec<(f64, Vec<usize>)> = Vec::new();
@@ -663,7 +673,7 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     if rows.iter().any(|r| !r.locked) {
         notes.push("some pools could not be mlocked (RLIMIT_MEMLOCK)".into());
     }
-    Ok(IocacheReport {
+    let report = IocacheReport {
         dbio: rows,
         zread: z.rows,
         zread_model: z.model,
@@ -686,6 +696,11 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
             .keys
             .get("zread_into_nomodel_over_read_128k_50_50")
             .copied(),
+        fio_zread_preload_over_plain_16k: z.keys.get("fio_zread_preload_over_plain_16k").copied(),
+        fio_zread_preload_nomodel_over_plain_16k: z
+            .keys
+            .get("fio_zread_preload_nomodel_over_plain_16k")
+            .copied(),
         device_read_4k_us: round3(device_read_4k_us),
         config: serde_json::json!({
             "budget_bytes": budget,
@@ -698,7 +713,105 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
         }),
         notes,
         machine: machine::describe(),
-    })
+    };
+    if let Some(p) = &o.bench.plot {
+        plot(&report, p)?;
+    }
+    Ok(report)
+}
+
+/// The charts: z-READ GiB/s per request size and method (random, warm, 2 threads, data
+/// untouched) to `path`; the buffer pool's ops/s per pool fraction and mode (YCSB-B, 2× the
+/// budget) to `<stem>-dbio.<ext>` beside it.
+fn plot(r: &IocacheReport, path: &Path) -> Result<()> {
+    if !r.zread.is_empty() {
+        let sizes = [4096usize, 16384, 131072];
+        let methods = crate::zread::METHODS;
+        let values: Vec<Vec<Option<f64>>> = methods
+            .iter()
+            .map(|m| {
+                sizes
+                    .iter()
+                    .map(|&s| {
+                        r.zread
+                            .iter()
+                            .find(|x| {
+                                x.method == *m
+                                    && x.size == s
+                                    && x.pattern == "random"
+                                    && x.threads == 2
+                                    && !x.consume
+                                    && x.write_pct == 0
+                            })
+                            .map(|x| x.gib_per_s)
+                    })
+                    .collect()
+            })
+            .collect();
+        let bars: Vec<crate::plot::Bars<'_>> = methods
+            .iter()
+            .zip(&values)
+            .map(|(m, v)| crate::plot::Bars {
+                label: m,
+                values: v,
+            })
+            .collect();
+        crate::plot::bars(
+            path,
+            "tiermem bench iocache: z-READ, random reads of a warm page cache, 2 threads",
+            "GiB/s (log scale; zread: data not touched)",
+            &["4 KiB", "16 KiB", "128 KiB"],
+            &bars,
+        )?;
+    }
+    if !r.dbio.is_empty() {
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("iocache");
+        let ext = path.extension().and_then(|s| s.to_str()).unwrap_or("png");
+        let p2 = path.with_file_name(format!("{stem}-dbio.{ext}"));
+        let modes = ["buffered", "direct", "dbio"];
+        let values: Vec<Vec<Option<f64>>> = modes
+            .iter()
+            .map(|m| {
+                FRACTIONS
+                    .iter()
+                    .map(|&f| {
+                        r.dbio
+                            .iter()
+                            .find(|x| {
+                                x.mode == *m
+                                    && x.workload == "ycsb-b"
+                                    && x.data_over_budget == 2.0
+                                    && x.pool_fraction == f
+                                    && (x.mode != "dbio"
+                                        || x.evict_clean == ec_name(Options::default().evict_clean))
+                                    && (x.mode != "dbio"
+                                        || x.after_hit == ah_name(Options::default().after_hit))
+                            })
+                            .map(|x| x.ops_per_s)
+                    })
+                    .collect()
+            })
+            .collect();
+        let bars: Vec<crate::plot::Bars<'_>> = modes
+            .iter()
+            .zip(&values)
+            .map(|(m, v)| crate::plot::Bars {
+                label: m,
+                values: v,
+            })
+            .collect();
+        crate::plot::bars(
+            &p2,
+            "tiermem bench iocache: YCSB-B on data twice the budget, memory cgroup = budget",
+            "operations/s (log scale)",
+            &["pool 25 %", "pool 50 %", "pool 75 %"],
+            &bars,
+        )?;
+    }
+    Ok(())
 }
 
 fn round3(x: f64) -> f64 {

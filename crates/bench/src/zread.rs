@@ -105,6 +105,8 @@ pub struct ZreadResult {
     pub keys: HashMap<&'static str, f64>,
     /// Configuration echoed into the report.
     pub config: serde_json::Value,
+    /// Why fio did not run, if it did not.
+    pub fio_note: Option<String>,
 }
 
 /// The worker side: answers cells for one method.
@@ -670,8 +672,19 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
         "zread_into_nomodel_over_read_128k_50_50",
         ratio("zread_into_nomodel", 131072, false, 50),
     );
+    let (fio_rows, fio_note) = fio(&read_files, quick, reps);
+    rows.extend(fio_rows);
+    put(
+        "fio_zread_preload_over_plain_16k",
+        fio_ratio(&rows, "fio_zread_preload", 16384),
+    );
+    put(
+        "fio_zread_preload_nomodel_over_plain_16k",
+        fio_ratio(&rows, "fio_zread_preload_nomodel", 16384),
+    );
     let model = measure_model(dir)?;
     Ok(ZreadResult {
+        fio_note,
         rows,
         model,
         keys,
@@ -718,4 +731,146 @@ impl Drop for RemoveOnDrop {
 
 fn r3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+
+/// The preload library: `$TIERMEM_ZREAD_PRELOAD`, else `libtiermem_zread_preload.so` next to
+/// this executable (`cargo build --release --workspace` puts it there).
+fn preload_lib() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TIERMEM_ZREAD_PRELOAD") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.join("libtiermem_zread_preload.so");
+    p.exists().then_some(p)
+}
+
+/// Unmodified fio, random reads of the warm files with two jobs (one file each), plain and
+/// through `libtiermem_zread_preload.so` (loss model on, and off: remap whenever aligned).
+fn fio(files: &[PathBuf], quick: bool, reps: usize) -> (Vec<ZreadRow>, Option<String>) {
+    let Some(lib) = preload_lib() else {
+        return (
+            Vec::new(),
+            Some("fio through the preload: libtiermem_zread_preload.so not found next to this executable (set TIERMEM_ZREAD_PRELOAD)".into()),
+        );
+    };
+    if std::process::Command::new("fio")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return (
+            Vec::new(),
+            Some(
+                "fio through the preload: fio is not installed (scripts/setup.sh installs it)"
+                    .into(),
+            ),
+        );
+    }
+    let runtime = if quick { 1 } else { 3 };
+    let variants = [
+        "fio_psync",
+        "fio_zread_preload",
+        "fio_zread_preload_nomodel",
+    ];
+    let mut out = Vec::new();
+    for size in [4096usize, 16384] {
+        let mut runs: HashMap<&str, Vec<(f64, f64)>> = HashMap::new();
+        for rep in 0..reps {
+            for k in 0..variants.len() {
+                let v = variants[(k + rep) % variants.len()];
+                progress::note(&format!(
+                    "z-READ: {v} {} KiB (rep {})",
+                    size / 1024,
+                    rep + 1
+                ));
+                let mut cmd = std::process::Command::new("fio");
+                cmd.args([
+                    "--readonly",
+                    "--ioengine=psync",
+                    "--rw=randread",
+                    &format!("--bs={size}"),
+                    "--time_based",
+                    &format!("--runtime={runtime}"),
+                    "--iomem_align=4096",
+                    "--invalidate=0",
+                    "--group_reporting",
+                    "--output-format=json",
+                ]);
+                for (i, f) in files.iter().enumerate() {
+                    cmd.arg(format!("--name=j{i}"));
+                    cmd.arg(format!("--filename={}", f.display()));
+                }
+                if v != "fio_psync" {
+                    cmd.env("LD_PRELOAD", &lib);
+                    let names: Vec<String> =
+                        files.iter().map(|f| f.display().to_string()).collect();
+                    cmd.env("TIERMEM_ZREAD", names.join(":"));
+                    if v.ends_with("nomodel") {
+                        cmd.env("TIERMEM_ZREAD_MODEL", "0");
+                    }
+                }
+                let res = cmd.output();
+                let Ok(o) = res else {
+                    return (out, Some("fio could not be started".into()));
+                };
+                if !o.status.success() {
+                    return (
+                        out,
+                        Some(format!(
+                            "fio failed ({v}): {}",
+                            String::from_utf8_lossy(&o.stderr)
+                                .lines()
+                                .last()
+                                .unwrap_or("")
+                        )),
+                    );
+                }
+                let j: serde_json::Value = match serde_json::from_slice(&o.stdout) {
+                    Ok(j) => j,
+                    Err(e) => return (out, Some(format!("fio's JSON: {e}"))),
+                };
+                let job = &j["jobs"][0];
+                let bw = job["read"]["bw_bytes"].as_f64().unwrap_or(0.0);
+                let cpu = (job["usr_cpu"].as_f64().unwrap_or(0.0)
+                    + job["sys_cpu"].as_f64().unwrap_or(0.0))
+                    / 100.0;
+                runs.entry(v)
+                    .or_default()
+                    .push((bw / (1u64 << 30) as f64, cpu));
+            }
+        }
+        for v in variants {
+            let mut r = runs.remove(v).unwrap_or_default();
+            if r.is_empty() {
+                continue;
+            }
+            r.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (g, cpu) = r[r.len() / 2];
+            out.push(ZreadRow {
+                method: v.to_string(),
+                size,
+                pattern: "random".into(),
+                threads: files.len(),
+                consume: false,
+                write_pct: 0,
+                gib_per_s: r3(g),
+                gib_per_s_min: r3(r[0].0),
+                gib_per_s_max: r3(r[r.len() - 1].0),
+                ops_per_s: (g * (1u64 << 30) as f64 / size as f64).round(),
+                // fio's usr+sys CPU of one job over its runtime (group-reported).
+                cpu_per_wall: r3(cpu * files.len() as f64),
+                model_copy_share: None,
+            });
+        }
+    }
+    (out, None)
+}
+
+fn fio_ratio(rows: &[ZreadRow], m: &str, size: usize) -> Option<f64> {
+    let g = |m: &str| {
+        rows.iter()
+            .find(|r| r.method == m && r.size == size)
+            .map(|r| r.gib_per_s)
+    };
+    Some(g(m)? / g("fio_psync")?)
 }
