@@ -730,6 +730,33 @@ impl ZFile {
         Ok(((file_len - off) as usize).min(len))
     }
 
+    /// Whether [`ZFile::zread_into`] would remap (some of) a `len`-byte buffer at `buf` for a
+    /// read at `off` now — aligned alike, zero copy on, and the loss model for it — rather than
+    /// copy. A caller that can copy more cheaply by itself (the preload library, with the
+    /// program's own `pread`) asks first and copies when the answer is no.
+    pub fn would_remap(&self, off: u64, buf: *const u8, len: usize) -> bool {
+        let sh = &self.sh;
+        let addr = buf as usize;
+        let head = ((PAGE - addr % PAGE) % PAGE).min(len);
+        let n = (len - head) / PAGE;
+        if (addr as u64 ^ off) % PAGE as u64 != 0 || n == 0 {
+            return false;
+        }
+        let g = sh.cur.read();
+        let Some(gen) = g.as_ref() else {
+            drop(g);
+            // Copy mode: try to retake the lease (rate-limited) for the next read.
+            sh.enable(false);
+            return false;
+        };
+        let first = off + head as u64;
+        if first >= gen.file_len {
+            return false;
+        }
+        drop(g);
+        !sh.opts.model || sh.decide(addr + head, first / PAGE as u64, n) != Decision::Copy
+    }
+
     /// Writes `data` at `off` ([`ZeroCopy::Exclusive`] only: the file's one writer). Live views
     /// of the written pages are made private first and remapped buffers holding them are
     /// copied-on-write in place, so both keep the bytes they had.

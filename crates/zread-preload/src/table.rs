@@ -171,6 +171,16 @@ pub fn zfile(fd: libc::c_int, dev: u64, ino: u64, opts: &ZOptions) -> Option<ZFi
     }
 }
 
+/// The file made for (`dev`, `ino`), if it is made already (never makes one: the caller has
+/// not checked that an fd still refers to it).
+pub fn ready(dev: u64, ino: u64) -> Option<ZFile> {
+    let g = FILES.lock();
+    match &g.as_ref()?.get(&(dev, ino))?.z {
+        Z::Ready(z) => Some(z.clone()),
+        _ => None,
+    }
+}
+
 /// The counters of every file made in this process, summed (dropped and live), and the number
 /// of live ones. Only tries the locks (`None` if one is held): it runs at exit, possibly from
 /// a signal handler that interrupted a holder.
