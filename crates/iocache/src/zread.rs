@@ -659,7 +659,7 @@ impl ZFile {
                 v % 16 == 0
             });
             let t = timed.then(Instant::now);
-            let r = sh.copy_into(off, buf);
+            let r = sh.copy_into_quiet(off, buf);
             if let Some(t) = t {
                 let ns = t.elapsed().as_nanos() as f64 * (n * PAGE) as f64 / len as f64;
                 Model::global().observe(n, false, false, ns);
@@ -704,11 +704,6 @@ impl ZFile {
                 sys::pread_full(sh.fd.as_raw_fd(), s, foff, 0).map_err(|e| sh.io("pread", e))?;
                 add(&sh.c.into_copied_bytes, (k * PAGE) as u64);
             }
-            for p in 0..k as u64 {
-                if let Some(c) = sh.reads.get((foff / PAGE as u64 + p) as usize) {
-                    c.fetch_add(1, Ordering::Relaxed);
-                }
-            }
             done += k;
         }
         drop(g);
@@ -726,7 +721,6 @@ impl ZFile {
                 .map_err(|e| sh.io("pread", e))?;
         }
         add(&sh.c.into_copied_bytes, (head + len - tail) as u64);
-        remember(bufp, n, true);
         Ok(((file_len - off) as usize).min(len))
     }
 
@@ -812,7 +806,8 @@ thread_local! {
     /// Copies chosen by the model on this thread (one in 16 is timed).
     static COPIES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Per buffer address: estimated P(cow) and whether its last read remapped it.
-    static BUFFERS: RefCell<HashMap<usize, (f32, bool, u32)>> = RefCell::new(HashMap::new());
+    static BUFFERS: RefCell<rustc_hash::FxHashMap<usize, (f32, bool, u32)>> =
+        RefCell::new(rustc_hash::FxHashMap::default());
 }
 
 fn remember(buf: usize, pages: usize, remapped: bool) {
@@ -980,15 +975,22 @@ impl Shared {
         })
     }
 
+    /// Copies, and notes the buffer as copied for the model's history of it.
     fn copy_into(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
-        let n =
-            sys::pread_full(self.fd.as_raw_fd(), buf, off, 0).map_err(|e| self.io("pread", e))?;
-        add(&self.c.into_copied_bytes, n as u64);
+        let n = self.copy_into_quiet(off, buf)?;
         let addr = buf.as_ptr() as usize;
         let head = (PAGE - addr % PAGE) % PAGE;
         if head < buf.len() {
             remember(addr + head, (buf.len() - head) / PAGE, false);
         }
+        Ok(n)
+    }
+
+    /// Copies (the model has already noted its decision).
+    fn copy_into_quiet(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let n =
+            sys::pread_full(self.fd.as_raw_fd(), buf, off, 0).map_err(|e| self.io("pread", e))?;
+        add(&self.c.into_copied_bytes, n as u64);
         Ok(n)
     }
 
@@ -998,7 +1000,8 @@ impl Shared {
         let (mut r, mut w) = (0u64, 0u64);
         for p in fp0..fp0 + n as u64 {
             if let (Some(a), Some(b)) = (self.reads.get(p as usize), self.writes.get(p as usize)) {
-                r += a.load(Ordering::Relaxed) as u64;
+                // This read counts too: the paper's per-page read and write counts.
+                r += a.fetch_add(1, Ordering::Relaxed) as u64 + 1;
                 w += b.load(Ordering::Relaxed) as u64;
             }
         }
@@ -1007,11 +1010,13 @@ impl Shared {
         } else {
             w as f64 / (r + w) as f64
         };
-        let p_buf = BUFFERS.with(|b| {
+        let model = Model::global();
+        BUFFERS.with(|b| {
             let mut b = b.borrow_mut();
-            let Some(e) = b.get_mut(&bufp) else {
-                return 0.0;
-            };
+            if b.len() > 4096 && !b.contains_key(&bufp) {
+                b.clear();
+            }
+            let e = b.entry(bufp).or_insert((0.0, false, 0));
             if e.1 && e.2 > 0 {
                 // Last read remapped it: how much of it has been written since?
                 if let Some(c) = cowed_pages(bufp, e.2 as usize) {
@@ -1021,9 +1026,11 @@ impl Shared {
                 // Copied last time: forget slowly, so the remap is tried again.
                 e.0 *= 0.8;
             }
-            e.0 as f64
-        });
-        Model::global().decide(n, p_data.max(p_buf))
+            let d = model.decide(n, p_data.max(e.0 as f64));
+            e.1 = d != Decision::Copy;
+            e.2 = n as u32;
+            d
+        })
     }
 
     fn note_buffers(&self, at: usize, fp: u64, k: usize) {
