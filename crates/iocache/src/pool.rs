@@ -899,6 +899,85 @@ impl Pool {
         }
     }
 
+    /// Drops every page numbered `first` or higher from the pool *without writing it back*
+    /// (a dirty page's changes are lost): for a caller that knows the file is newer than the
+    /// pool (another process wrote it) or is cutting the file short. Waits for eviction writes
+    /// of those pages in flight to land first. Returns the pages dropped. [`Error::Pinned`] (and
+    /// nothing dropped) if a guard holds one of them.
+    pub fn discard_from(&self, first: u64) -> Result<usize> {
+        let mut st = self.state.lock();
+        while st.writing.iter().any(|&p| p >= first) {
+            self.written.wait(&mut st);
+        }
+        let victims: Vec<(u64, usize)> = st
+            .table
+            .iter()
+            .filter(|(&p, _)| p >= first)
+            .map(|(&p, &f)| (p, f))
+            .collect();
+        if let Some(&(pgno, _)) = victims.iter().find(|&&(_, f)| st.frames[f].pins > 0) {
+            return Err(Error::Pinned { pgno });
+        }
+        // Unpinned frames have no latch holder (a guard, a flush or a load pins first).
+        for &(p, f) in &victims {
+            st.table.remove(&p);
+            st.frames[f] = EMPTY;
+            st.free.push(f);
+        }
+        Ok(victims.len())
+    }
+
+    /// Cuts the file to `len` bytes: pages wholly past `len` leave the pool unwritten
+    /// ([`Pool::discard_from`]), the pool's copy of the page `len` falls in (if held and `len`
+    /// is not a page boundary) gets zeros past `len`, then the file is truncated. A later
+    /// write-back of that straddling page lengthens the file to the page's end again (with
+    /// zeros); callers that need an exact length not on a page boundary truncate again after
+    /// [`Pool::flush`]. [`Error::Pinned`] if a guard holds a page concerned (the file is then
+    /// not truncated; the straddling page may already be zeroed past `len`).
+    pub fn truncate(&self, len: u64) -> Result<()> {
+        let ps = self.opts.page_size as u64;
+        let keep = len.div_ceil(ps);
+        let tail = len % ps;
+        if tail != 0 {
+            // The straddling page: pin it if held, zero past `len` in its frame.
+            let pgno = len / ps;
+            let frame = {
+                let mut st = self.state.lock();
+                while st.writing.contains(&pgno) {
+                    self.written.wait(&mut st);
+                }
+                match st.table.get(&pgno).copied() {
+                    Some(f) if st.frames[f].pins > 0 => return Err(Error::Pinned { pgno }),
+                    Some(f) => {
+                        st.frames[f].pins += 1;
+                        Some(f)
+                    }
+                    None => None,
+                }
+            };
+            if let Some(f) = frame {
+                let w = self.latches[f].write();
+                // SAFETY: exclusive latch held; f < frames.
+                let page = unsafe { self.frame_mut(f) };
+                page[tail as usize..].fill(0);
+                drop(w);
+                self.unpin(f, false);
+            }
+        }
+        self.discard_from(keep)?;
+        let len_t = libc::off_t::try_from(len)
+            .map_err(|_| Error::InvalidOption(format!("length {len} is out of range")))?;
+        // SAFETY: ftruncate on the pool's own open descriptor; no memory is involved.
+        if unsafe { libc::ftruncate(self.file.fd(), len_t) } != 0 {
+            return Err(Error::Io {
+                op: "ftruncate",
+                path: self.file.path().to_path_buf(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
     /// Writes every dirty page back (`Buffered`: through the page cache; `Direct` and `Dbio`:
     /// with `O_DIRECT`, the write-direct path) and keeps it cached, clean. Waits for writers
     /// holding a page, so the calling thread must not hold a [`PageGuard`] itself. Returns the

@@ -422,3 +422,56 @@ fn kill_9_after_sync_loses_nothing() {
         std::fs::remove_file(&path).unwrap();
     }
 }
+
+#[test]
+fn discard_and_truncate_drop_pages_unwritten_and_cut_the_file() {
+    for mode in [Mode::Buffered, Mode::Direct, Mode::Dbio] {
+        let dir = scratch();
+        let path = dir.path().join("data");
+        let pool = Pool::open(&path, opts(mode, 8, 16)).unwrap();
+        for p in 0..6u64 {
+            let mut g = pool.get_page(p, Access::Write).unwrap();
+            g.as_mut_slice().unwrap().copy_from_slice(&fill(p, 0x11));
+        }
+        pool.sync().unwrap();
+        for p in 0..6u64 {
+            let mut g = pool.get_page(p, Access::Write).unwrap();
+            g.as_mut_slice().unwrap().copy_from_slice(&fill(p, 0x22));
+        }
+        // Pages 4 and 5: dirty, dropped without write-back; the file keeps the synced bytes.
+        {
+            let _pin = pool.get_page(5, Access::Read).unwrap();
+            assert!(matches!(
+                pool.discard_from(4),
+                Err(Error::Pinned { pgno: 5 })
+            ));
+        }
+        assert_eq!(pool.discard_from(4).unwrap(), 2, "{mode:?}");
+        assert_eq!(pool.resident(), 4);
+        assert_eq!(
+            &pool.get_page(5, Access::Read).unwrap()[..],
+            &fill(5, 0x11)[..]
+        );
+        // Truncate inside page 3: pages 4.. gone, page 3 zero past the cut, file cut.
+        let cut = 3 * PS as u64 + 100;
+        pool.truncate(cut).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), cut, "{mode:?}");
+        assert!(!pool.resident_pages().contains(&5));
+        let g = pool.get_page(3, Access::Read).unwrap();
+        assert_eq!(&g[..100], &fill(3, 0x22)[..100]);
+        assert!(g[100..].iter().all(|&b| b == 0), "{mode:?}");
+        drop(g);
+        assert!(pool
+            .get_page(4, Access::Read)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0));
+        // A page-aligned truncate, then the rest written back: exactly what was kept.
+        pool.truncate(2 * PS as u64).unwrap();
+        pool.sync().unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 * PS as u64);
+        assert_eq!(file_page(&path, 1), fill(1, 0x22));
+        assert_eq!(pool.discard_from(0).unwrap(), 2);
+        assert_eq!(pool.resident(), 0);
+    }
+}
