@@ -142,6 +142,12 @@ pub struct DbioRow {
 pub struct IocacheReport {
     /// The buffer-pool runs.
     pub dbio: Vec<DbioRow>,
+    /// SQLite TPC-C-like runs through the VFS, one row per mode at the same pool size.
+    pub tpcc: Vec<crate::tpcc::TpccRow>,
+    /// tpmC, dbio over buffered (paper +24 %).
+    pub tpcc_dbio_over_buffered: Option<f64>,
+    /// tpmC, dbio over direct (paper +128 %).
+    pub tpcc_dbio_over_direct: Option<f64>,
     /// z-READ cells (median of the repetitions).
     pub zread: Vec<crate::zread::ZreadRow>,
     /// The loss model's table (Table 4.2) as measured on this machine in this run.
@@ -352,7 +358,8 @@ fn make_data(dir: &Path, pages: u64) -> Result<DataDir> {
 }
 
 /// Drops the file's page cache (after writing back whatever is dirty).
-fn drop_cache(file: &Path) -> Result<()> {
+/// Writes `file`'s dirty pages and drops it from the page cache.
+pub(crate) fn drop_cache(file: &Path) -> Result<()> {
     let f = std::fs::File::open(file)?;
     f.sync_data()?;
     tiermem_iocache::sys::fadvise(
@@ -459,7 +466,8 @@ fn one_config(
 }
 
 /// Removes what an earlier run killed by a signal left: its cgroup (`tiermem-iocache-PID`) and
-/// data file (`DIR/data-PID`), for PIDs no longer running.
+/// files (`DIR/data-PID`, z-READ's `DIR/zread-T-PID`, the TPC-C databases
+/// `DIR/tpcc-*-PID.db[-journal]`), for PIDs no longer running.
 fn clear_leftovers(dir: &Path) {
     let dead = |name: &str, prefix: &str| {
         name.strip_prefix(prefix)
@@ -483,7 +491,9 @@ fn clear_leftovers(dir: &Path) {
         }
     }
     for n in names(dir) {
-        if dead(&n, "data-") {
+        let stem = n.trim_end_matches("-journal").trim_end_matches(".db");
+        let owner = stem.rsplit_once('-').map_or("", |(_, pid)| pid);
+        if dead(owner, "") {
             let _ = std::fs::remove_file(dir.join(n));
         }
     }
@@ -574,11 +584,8 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     let mut rows = Vec::new();
     let mut device_read_4k_us = 0.0;
     let mut data: Option<(f64, DataDir, u64)> = None;
-    let mut notes = vec![
-        "sqlite TPC-C-like runs, on-disk z-READ and the co-runner's slowdown are not measured \
-         here yet"
-            .to_string(),
-    ];
+    let mut notes =
+        vec!["on-disk z-READ and the co-runner's slowdown are not measured here yet".to_string()];
     if let Some(n) = &z.fio_note {
         notes.push(n.clone());
     }
@@ -614,6 +621,11 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
         }
     }
     drop(data);
+    let tp = if o.only.as_deref() == Some("zread") {
+        crate::tpcc::TpccResult::default()
+    } else {
+        crate::tpcc::run(&dir, quick, reps)?
+    };
     for (c, mut runs) in configs.iter().zip(runs_of) {
         runs.sort_by(|a, b| a.0.ops_per_s.total_cmp(&b.0.ops_per_s));
         let (min, max) = (runs[0].0.ops_per_s, runs[runs.len() - 1].0.ops_per_s);
@@ -673,7 +685,15 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     if rows.iter().any(|r| !r.locked) {
         notes.push("some pools could not be mlocked (RLIMIT_MEMLOCK)".into());
     }
+    if let Some(n) = &tp.note {
+        notes.push(n.clone());
+    }
+    let tpmc = |m: &str| tp.rows.iter().find(|r| r.mode == m).map(|r| r.tpmc);
+    let tratio = |b: &str| Some(round3(tpmc("dbio")? / tpmc(b)?.max(1.0)));
     let report = IocacheReport {
+        tpcc_dbio_over_buffered: tratio("buffered"),
+        tpcc_dbio_over_direct: tratio("direct"),
+        tpcc: tp.rows.clone(),
         dbio: rows,
         zread: z.rows,
         zread_model: z.model,
@@ -710,6 +730,7 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
             "distribution": "scrambled zipfian 0.99 (YCSB's)",
             "dir": dir,
             "zread": z.config,
+            "tpcc": tp.config,
         }),
         notes,
         machine: machine::describe(),
@@ -863,6 +884,27 @@ impl Report for IocacheReport {
             f(self.dbio_best_over_best),
             self.device_read_4k_us
         );
+        if !self.tpcc.is_empty() {
+            println!("\nsqlite TPC-C-like through the iocache VFS (tpmC, median; min-max)");
+            for r in &self.tpcc {
+                println!(
+                    "  {:<8} pool {:>3.0} %  tpmC {:>9.0} ({:.0}-{:.0})  txns {:>7}  errors {}  peak {} MiB",
+                    r.mode,
+                    r.pool_fraction * 100.0,
+                    r.tpmc,
+                    r.tpmc_min,
+                    r.tpmc_max,
+                    r.txns,
+                    r.errors,
+                    r.max_usage_bytes >> 20
+                );
+            }
+            println!(
+                "  tpcc_dbio_over_buffered {}, tpcc_dbio_over_direct {}",
+                f(self.tpcc_dbio_over_buffered),
+                f(self.tpcc_dbio_over_direct)
+            );
+        }
         println!(
             "\nz-READ (GiB/s, median; random unless said; 'mix' = % of reads followed by a write-back)"
         );

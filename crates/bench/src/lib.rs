@@ -24,6 +24,7 @@ pub mod prefault;
 pub mod progress;
 pub mod snapshot;
 pub mod stats;
+pub mod tpcc;
 pub mod vnvm;
 pub mod worker;
 pub mod zread;
