@@ -50,6 +50,9 @@ pub struct TpccResult {
     pub note: Option<String>,
 }
 
+/// One run: tpmC, transactions, errors, the cgroup's peak, its OOM kills.
+type Run = (f64, u64, u64, u64, u64);
+
 fn driver() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let p = exe.parent()?.join("tiermem-tpcc");
@@ -99,7 +102,7 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<TpccResult> {
     }
     let db_bytes = std::fs::metadata(&base)?.len();
     let modes = ["buffered", "direct", "dbio"];
-    let mut runs: Vec<Vec<(f64, u64, u64, u64, u64)>> = vec![Vec::new(); modes.len()];
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); modes.len()];
     progress::grow((reps * modes.len()) as u64);
     for rep in 0..reps {
         for k in 0..modes.len() {

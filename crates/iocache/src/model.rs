@@ -279,6 +279,26 @@ impl Model {
         Decision::Copy
     }
 
+    /// True when a copy is certain for `pages` pages whatever `P(cow)` is — the remap costs
+    /// more even without writes — and no exploring remap is due: the caller may copy without
+    /// working out `P(cow)`. Counts the request towards the next exploration.
+    pub fn copy_certain(&self, pages: usize) -> bool {
+        let (i, _) = self.bucket(pages);
+        let (read, zread) = self.latencies(pages);
+        if zread < read {
+            return false;
+        }
+        COPIES_SINCE_REMAP.with(|c| {
+            let n = c[i].get() + 1;
+            if n >= self.observed[i].explore_every.load(Ordering::Relaxed) {
+                // Due: `decide` explores (and resets the count).
+                return false;
+            }
+            c[i].set(n);
+            true
+        })
+    }
+
     /// Records that a request of `pages` pages took `ns` by copy (`remap` false) or by remap;
     /// `explored` says the remap was an exploration (see [`Model`]).
     pub fn observe(&self, pages: usize, remap: bool, explored: bool, ns: f64) {

@@ -128,7 +128,7 @@ pub fn pread_full(fd: RawFd, buf: &mut [u8], off: u64, flags: libc::c_int) -> io
         let n = if flags == 0 {
             // Plain pread: no iovec to import (cheaper per call than preadv2).
             // SAFETY: the pointer and length describe the live, writable remainder of `buf`.
-            unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), at) }
+            unsafe { libc::pread64(fd, rest.as_mut_ptr().cast(), rest.len(), at) }
         } else {
             let iov = libc::iovec {
                 iov_base: rest.as_mut_ptr().cast(),
@@ -149,7 +149,9 @@ pub fn pread_full(fd: RawFd, buf: &mut [u8], off: u64, flags: libc::c_int) -> io
         }
         done += n as usize;
     }
-    buf[done..].fill(0);
+    if done < buf.len() {
+        buf[done..].fill(0);
+    }
     Ok(done)
 }
 

@@ -641,6 +641,10 @@ impl ZFile {
         let bufp = addr + head;
         let decision = if n == 0 {
             Decision::Copy
+        } else if sh.opts.model && Model::global().copy_certain(n) {
+            // The remap costs more than the copy even without writes: no need to work out
+            // P(cow) (per-page counts, the buffer's history) for this request.
+            Decision::Copy
         } else if sh.opts.model {
             sh.decide(bufp, fp0, n)
         } else {
