@@ -168,6 +168,10 @@ pub struct IocacheReport {
     pub zread_over_read_128k: Option<f64>,
     /// 16 KiB, every word summed after each read.
     pub zread_over_read_16k_consumed: Option<f64>,
+    /// 16 KiB random reads of the files on disk (page cache dropped, no warm-up; paper ≈ 1).
+    pub zread_over_read_16k_on_disk: Option<f64>,
+    /// The same for `zread_into`.
+    pub zread_into_over_read_16k_on_disk: Option<f64>,
     /// `zread_into` (loss model on) over `pread`, 16 KiB and 128 KiB, pure reads.
     pub zread_into_over_read_16k: Option<f64>,
     /// See `zread_into_over_read_16k`.
@@ -705,6 +709,8 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
         zread_over_read_16k: z.keys.get("zread_over_read_16k").copied(),
         zread_over_read_128k: z.keys.get("zread_over_read_128k").copied(),
         zread_over_read_16k_consumed: z.keys.get("zread_over_read_16k_consumed").copied(),
+        zread_over_read_16k_on_disk: z.keys.get("zread_over_read_16k_on_disk").copied(),
+        zread_into_over_read_16k_on_disk: z.keys.get("zread_into_over_read_16k_on_disk").copied(),
         zread_into_over_read_16k: z.keys.get("zread_into_over_read_16k").copied(),
         zread_into_over_read_128k: z.keys.get("zread_into_over_read_128k").copied(),
         zread_into_min_over_read: z.keys.get("zread_into_min_over_read").copied(),

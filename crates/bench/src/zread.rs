@@ -48,6 +48,9 @@ struct Req {
     write_pct: u32,
     seconds: f64,
     seed: u64,
+    /// On disk: the files' page cache dropped before the cell, no warm-up.
+    #[serde(default)]
+    cold: bool,
 }
 
 /// One cell's figures from its worker.
@@ -72,7 +75,7 @@ pub struct ZreadRow {
     pub method: String,
     /// Request size in bytes.
     pub size: usize,
-    /// `random` or `sequential`.
+    /// `random`, `sequential`, or `random_on_disk` (the page cache dropped first, no warm-up).
     pub pattern: String,
     /// Threads, each on its own file.
     pub threads: usize,
@@ -240,7 +243,28 @@ impl WorkerState {
         })
     }
 
+    /// Lets go of every page this worker keeps mapped (views, mmap), so that dropping the page
+    /// cache drops the files.
+    fn release(&mut self) {
+        for z in self.zfiles.values() {
+            z.zap_now();
+        }
+        for (_, (base, len)) in self.maps.drain() {
+            // SAFETY: a mapping this worker made and no reader uses between cells.
+            unsafe { libc::munmap(base as *mut libc::c_void, len) };
+        }
+    }
+
     fn cell(&mut self, r: &Req) -> Result<Reply> {
+        if r.method == "release" {
+            self.release();
+            return Ok(Reply::default());
+        }
+        if r.cold {
+            for p in &r.files {
+                crate::iocache::drop_cache(p)?;
+            }
+        }
         let mut readers = Vec::new();
         for p in &r.files {
             readers.push((self.reader(r, p)?, std::fs::metadata(p)?.len()));
@@ -428,11 +452,13 @@ fn thread_body(rd: &mut Reader, len: u64, r: &Req, seed: u64) -> Result<(u64, u6
         }
     };
     let mut acc = 0u64;
-    // Warm-up: one sequential pass with the method itself, then a short random phase.
-    for s in 0..slots {
+    // Warm-up: one sequential pass with the method itself, then a short random phase (none on
+    // disk).
+    for s in (0..slots).filter(|_| !r.cold) {
         acc = acc.wrapping_add(one_read(rd, &mut buf, s * size as u64, size, r.consume)?);
     }
-    let warm_until = Instant::now() + Duration::from_secs_f64(r.seconds / 4.0);
+    let warm_until =
+        Instant::now() + Duration::from_secs_f64(if r.cold { 0.0 } else { r.seconds / 4.0 });
     let mut i = 0u64;
     while Instant::now() < warm_until {
         for _ in 0..32 {
@@ -467,6 +493,20 @@ fn thread_body(rd: &mut Reader, len: u64, r: &Req, seed: u64) -> Result<(u64, u6
     Ok((ops, ops * size as u64))
 }
 
+fn release_req() -> Req {
+    Req {
+        method: "release".into(),
+        files: Vec::new(),
+        size: PAGE,
+        random: false,
+        consume: false,
+        write_pct: 0,
+        seconds: 0.0,
+        seed: 0,
+        cold: false,
+    }
+}
+
 /// Writes `threads` files of `bytes` each (pseudo-random words) under `dir`, read once so the
 /// page cache holds them (warm, §4.4.2).
 fn make_files(dir: &Path, prefix: &str, threads: usize, bytes: usize) -> Result<Vec<PathBuf>> {
@@ -492,8 +532,8 @@ fn make_files(dir: &Path, prefix: &str, threads: usize, bytes: usize) -> Result<
     Ok(out)
 }
 
-/// Cells: (size, random, threads, consume, write_pct, methods).
-type Cell = (usize, bool, usize, bool, u32, Vec<&'static str>);
+/// Cells: (size, random, threads, consume, write_pct, methods, on disk).
+type Cell = (usize, bool, usize, bool, u32, Vec<&'static str>, bool);
 
 fn cells(quick: bool) -> Vec<Cell> {
     let all: Vec<&'static str> = METHODS.to_vec();
@@ -502,22 +542,32 @@ fn cells(quick: bool) -> Vec<Cell> {
     let threads: &[usize] = if quick { &[2] } else { &[1, 2] };
     for &t in threads {
         for &size in &[4096usize, 16384, 131072] {
-            c.push((size, true, t, false, 0, all.clone()));
+            c.push((size, true, t, false, 0, all.clone(), false));
             if !quick || size == 16384 {
-                c.push((size, true, t, true, 0, all.clone()));
+                c.push((size, true, t, true, 0, all.clone(), false));
             }
         }
     }
     if !quick {
         for &size in &[4096usize, 16384, 131072] {
-            c.push((size, false, 2, false, 0, all.clone()));
+            c.push((size, false, 2, false, 0, all.clone(), false));
         }
     }
     for &size in &[16384usize, 131072] {
         for &w in &[0u32, 10, 25, 50] {
-            c.push((size, true, 2, false, w, mix.clone()));
+            c.push((size, true, 2, false, w, mix.clone(), false));
         }
     }
+    // On disk (last: every worker lets go of its mappings first).
+    c.push((
+        16384,
+        true,
+        2,
+        false,
+        0,
+        vec!["pread", "zread", "zread_into"],
+        true,
+    ));
     c
 }
 
@@ -579,6 +629,7 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
                     write_pct: *w,
                     seconds,
                     seed: 7 + rep as u64,
+                    cold: *cold,
                 };
                 let wk = workers.get_mut(m).ok_or_else(|| anyhow!("no worker {m}"))?;
                 let rep: Reply = wk.call(&req, "a cell")?;
@@ -590,7 +641,7 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
         w.finish()?;
     }
     let mut rows = Vec::new();
-    for (ci, (size, random, threads, consume, w, methods)) in cells.iter().enumerate() {
+    for (ci, (size, random, threads, consume, w, methods, cold)) in cells.iter().enumerate() {
         for m in methods {
             let mut v = runs[ci].remove(m).unwrap_or_default();
             if v.is_empty() {
@@ -603,7 +654,12 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
             rows.push(ZreadRow {
                 method: m.to_string(),
                 size: *size,
-                pattern: if *random { "random" } else { "sequential" }.into(),
+                pattern: match (*cold, *random) {
+                    (true, _) => "random_on_disk",
+                    (false, true) => "random",
+                    (false, false) => "sequential",
+                }
+                .into(),
                 threads: *threads,
                 consume: *consume,
                 write_pct: *w,

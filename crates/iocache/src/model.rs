@@ -52,7 +52,7 @@ impl Row {
 /// more — every `mmap` takes the address space's lock for writing, and replacing a mapping
 /// other CPUs may cache sends them TLB shootdowns — so the model also keeps a moving average of
 /// the latencies it observes (every remap, one copy in 16) and uses those once it has them.
-/// While it keeps choosing the copy for a size, it tries a remap now and then (every 64th
+/// While it keeps choosing the copy for a size, it tries a remap now and then (every 256th
 /// request at first, doubling each time the remap is confirmed slower, up to every 65536th)
 /// so that its picture of the remap stays current.
 #[derive(Debug, serde::Serialize)]
@@ -89,7 +89,7 @@ pub enum Decision {
     Explore,
 }
 
-const EXPLORE_FIRST: u64 = 64;
+const EXPLORE_FIRST: u64 = 256;
 const EXPLORE_MAX: u64 = 1 << 16;
 
 /// Request sizes (pages) the model measures; larger requests are remapped in 32-page batches.

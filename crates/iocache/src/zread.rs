@@ -728,6 +728,16 @@ impl ZFile {
         Ok(((file_len - off) as usize).min(len))
     }
 
+    /// Unmaps now every page of the view mapping that no live view holds (what happens by
+    /// itself once `zap_after` bytes are mapped and unreferenced): the pages stay in the page
+    /// cache, and nothing of this process keeps them there any more.
+    pub fn zap_now(&self) {
+        let g = self.sh.cur.read().clone();
+        if let Some(g) = g {
+            g.zap(&self.sh.c);
+        }
+    }
+
     /// Whether [`ZFile::zread_into`] would remap (some of) a `len`-byte buffer at `buf` for a
     /// read at `off` now — aligned alike, zero copy on, and the loss model for it — rather than
     /// copy. A caller that can copy more cheaply by itself (the preload library, with the
