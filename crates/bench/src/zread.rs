@@ -558,7 +558,7 @@ fn cells(quick: bool) -> Vec<Cell> {
             c.push((size, true, 2, false, w, mix.clone(), false));
         }
     }
-    // On disk (last: every worker lets go of its mappings first).
+    // On disk (every worker lets go of its mappings first).
     c.push((
         16384,
         true,
@@ -601,9 +601,17 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
     }
     let mut runs: Vec<HashMap<&str, Vec<Reply>>> = vec![HashMap::new(); cells.len()];
     for rep in 0..reps {
-        for (ci, (size, random, threads, consume, w, methods)) in cells.iter().enumerate() {
+        for (ci, (size, random, threads, consume, w, methods, cold)) in cells.iter().enumerate() {
+            if *cold {
+                // Every worker lets go of the pages it keeps mapped, or they stay cached.
+                for m in METHODS {
+                    if let Some(wk) = workers.get_mut(m) {
+                        let _: Reply = wk.call(&release_req(), "release")?;
+                    }
+                }
+            }
             progress::step(&format!(
-                "z-READ {} KiB {} {}t{}{} (rep {})",
+                "z-READ {} KiB {} {}t{}{}{} (rep {})",
                 size / 1024,
                 if *random { "random" } else { "seq" },
                 threads,
@@ -613,6 +621,7 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
                 } else {
                     String::new()
                 },
+                if *cold { " on disk" } else { "" },
                 rep + 1
             ));
             // Rotate the order per repetition so no method always runs first.
