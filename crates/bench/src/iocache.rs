@@ -589,7 +589,7 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     let mut device_read_4k_us = 0.0;
     let mut data: Option<(f64, DataDir, u64)> = None;
     let mut notes =
-        vec!["on-disk z-READ and the co-runner's slowdown are not measured here yet".to_string()];
+        vec!["the co-runner's slowdown (paper §4.4.5) is not measured here yet".to_string()];
     if let Some(n) = &z.fio_note {
         notes.push(n.clone());
     }

@@ -171,7 +171,11 @@ impl Gen {
         let base = if map_len == 0 {
             std::ptr::null_mut()
         } else {
-            sys::map_shared_ro(fd, map_len)?
+            let b = sys::map_shared_ro(fd, map_len)?;
+            // No fault read-around (it would read 128 KiB around every page a view misses):
+            // `populate` asks for exactly the pages it maps, in one read.
+            let _ = sys::madvise(b, map_len, libc::MADV_RANDOM);
+            b
         };
         let mut g = Gen {
             guard: None,
@@ -960,6 +964,9 @@ impl Shared {
             }
             // SAFETY: p..q lies inside the mapping.
             let at = unsafe { gen.base.add(p * PAGE) };
+            // Pages not in the page cache are read with one request for the run (readahead of
+            // exactly it), not one fault at a time.
+            let _ = sys::madvise(at, (q - p) * PAGE, libc::MADV_WILLNEED);
             if sys::madvise(at, (q - p) * PAGE, sys::MADV_POPULATE_READ).is_err() {
                 return Err(());
             }
