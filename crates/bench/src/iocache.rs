@@ -183,6 +183,11 @@ pub struct IocacheReport {
     pub zread_into_nomodel_over_read_16k_50_50: Option<f64>,
     /// See `zread_into_nomodel_over_read_16k_50_50`.
     pub zread_into_nomodel_over_read_128k_50_50: Option<f64>,
+    /// The co-runner's slowdown (§4.4.5; paper 144 % beside read, 11 % beside z-READ): a
+    /// memory-copying program's time beside one `pread` reader over alone, minus 1.
+    pub corunner_slowdown_pread: Option<f64>,
+    /// The same beside one `zread` reader.
+    pub corunner_slowdown_zread: Option<f64>,
     /// Unmodified fio (psync, random 16 KiB reads, 2 jobs) through the preload over plain fio.
     pub fio_zread_preload_over_plain_16k: Option<f64>,
     /// The same with the loss model off (remap whenever aligned).
@@ -588,8 +593,7 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     let mut rows = Vec::new();
     let mut device_read_4k_us = 0.0;
     let mut data: Option<(f64, DataDir, u64)> = None;
-    let mut notes =
-        vec!["the co-runner's slowdown (paper §4.4.5) is not measured here yet".to_string()];
+    let mut notes = Vec::new();
     if let Some(n) = &z.fio_note {
         notes.push(n.clone());
     }
@@ -722,6 +726,8 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
             .keys
             .get("zread_into_nomodel_over_read_128k_50_50")
             .copied(),
+        corunner_slowdown_pread: z.keys.get("corunner_slowdown_pread").copied(),
+        corunner_slowdown_zread: z.keys.get("corunner_slowdown_zread").copied(),
         fio_zread_preload_over_plain_16k: z.keys.get("fio_zread_preload_over_plain_16k").copied(),
         fio_zread_preload_nomodel_over_plain_16k: z
             .keys
@@ -957,6 +963,11 @@ impl Report for IocacheReport {
             f(self.zread_into_min_over_read),
             f(self.zread_into_nomodel_over_read_16k_50_50),
             f(self.zread_into_nomodel_over_read_128k_50_50)
+        );
+        println!(
+            "co-runner slowdown beside a pread reader {}, beside a zread reader {} (paper 1.44 and 0.11)",
+            f(self.corunner_slowdown_pread),
+            f(self.corunner_slowdown_zread)
         );
         for n in &self.notes {
             println!("note: {n}");

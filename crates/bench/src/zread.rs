@@ -263,6 +263,9 @@ impl WorkerState {
             self.release();
             return Ok(Reply::default());
         }
+        if r.method == "stream" {
+            return stream(r.seconds);
+        }
         let mut cached_before = 0;
         if r.cold {
             for p in &r.files {
@@ -506,6 +509,128 @@ fn thread_body(rd: &mut Reader, len: u64, r: &Req, seed: u64) -> Result<(u64, u6
     Ok((ops, ops * size as u64))
 }
 
+/// The co-runner (§4.4.5): one thread copying a 64 MiB buffer into another for `seconds`, a
+/// memory-bandwidth-bound program beside the readers.
+fn stream(seconds: f64) -> Result<Reply> {
+    const LEN: usize = 64 << 20;
+    let a = tiermem_iocache::sys::AnonMap::new(LEN)?;
+    let b = tiermem_iocache::sys::AnonMap::new(LEN)?;
+    // SAFETY: both mappings are LEN bytes, owned here, disjoint.
+    let (src, dst) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(a.as_ptr(), LEN),
+            std::slice::from_raw_parts_mut(b.as_ptr(), LEN),
+        )
+    };
+    src.fill(1);
+    dst.fill(2);
+    let c0 = crate::cpu::process_ns();
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(seconds);
+    let mut bytes = 0u64;
+    while Instant::now() < end {
+        for (d, s) in dst.chunks_mut(1 << 20).zip(src.chunks(1 << 20)) {
+            d.copy_from_slice(s);
+            bytes += s.len() as u64;
+        }
+        std::hint::black_box(&dst[0]);
+    }
+    Ok(Reply {
+        ops: bytes >> 20,
+        bytes,
+        wall_s: t0.elapsed().as_secs_f64(),
+        cpu_s: (crate::cpu::process_ns() - c0) as f64 / 1e9,
+        ..Reply::default()
+    })
+}
+
+/// The co-runner's slowdown: its copy rate alone, then beside one reader thread of `pread`
+/// and of `zread` (128 KiB random reads of a warm file, data untouched), each pair run at once
+/// (2 CPUs: one each). Rows `corunner_alone`, `corunner_with_pread`, `corunner_with_zread`
+/// (GiB/s copied by the co-runner).
+fn corunner(
+    workers: &mut HashMap<&str, Worker>,
+    stream_w: &mut Worker,
+    file: &Path,
+    seconds: f64,
+    reps: usize,
+) -> Result<Vec<ZreadRow>> {
+    let sreq = Req {
+        method: "stream".into(),
+        seconds,
+        ..release_req()
+    };
+    let mut runs: HashMap<&str, Vec<f64>> = HashMap::new();
+    for rep in 0..reps {
+        progress::note(&format!("z-READ: co-runner (rep {})", rep + 1));
+        let alone: Reply = stream_w.call(&sreq, "the co-runner")?;
+        runs.entry("corunner_alone")
+            .or_default()
+            .push(alone.bytes as f64 / alone.wall_s);
+        for m in ["pread", "zread"] {
+            let rd = workers.get_mut(m).ok_or_else(|| anyhow!("no worker {m}"))?;
+            let req = Req {
+                method: m.into(),
+                files: vec![file.to_path_buf()],
+                size: 131072,
+                random: true,
+                consume: false,
+                write_pct: 0,
+                seconds,
+                seed: 99 + rep as u64,
+                cold: false,
+            };
+            // The reader warms up (a pass and a quarter of the time) before its timed phase;
+            // the co-runner starts with it and runs as long, overlapping the timed phase.
+            let (s, r) = std::thread::scope(|sc| {
+                let h = sc.spawn(|| stream_w.call::<Reply>(&sreq, "the co-runner"));
+                let r = rd.call::<Reply>(&req, "a reader beside the co-runner");
+                (
+                    h.join().map_err(|_| anyhow!("co-runner thread panicked")),
+                    r,
+                )
+            });
+            let s = s??;
+            r?;
+            runs.entry(if m == "pread" {
+                "corunner_with_pread"
+            } else {
+                "corunner_with_zread"
+            })
+            .or_default()
+            .push(s.bytes as f64 / s.wall_s);
+        }
+    }
+    let mut rows = Vec::new();
+    for k in [
+        "corunner_alone",
+        "corunner_with_pread",
+        "corunner_with_zread",
+    ] {
+        let mut v = runs.remove(k).unwrap_or_default();
+        if v.is_empty() {
+            continue;
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        let g = |x: f64| r3(x / (1u64 << 30) as f64);
+        rows.push(ZreadRow {
+            method: k.to_string(),
+            size: 131072,
+            pattern: "random".into(),
+            threads: 1,
+            consume: false,
+            write_pct: 0,
+            gib_per_s: g(v[v.len() / 2]),
+            gib_per_s_min: g(v[0]),
+            gib_per_s_max: g(v[v.len() - 1]),
+            ops_per_s: 0.0,
+            cpu_per_wall: 1.0,
+            model_copy_share: None,
+        });
+    }
+    Ok(rows)
+}
+
 fn release_req() -> Req {
     Req {
         method: "release".into(),
@@ -665,6 +790,14 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
             }
         }
     }
+    let mut stream_w = Worker::spawn(
+        "zread co-runner",
+        &["bench".to_string(), "zread-run".to_string()],
+        Duration::from_secs(600),
+        Vec::new(),
+    )?;
+    let co_rows = corunner(&mut workers, &mut stream_w, &read_files[0], seconds, reps)?;
+    stream_w.finish()?;
     for (_, w) in workers.drain() {
         w.finish()?;
     }
@@ -769,6 +902,21 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
         "zread_into_nomodel_over_read_128k_50_50",
         ratio("zread_into_nomodel", 131072, false, 50),
     );
+    let co = |m: &str| co_rows.iter().find(|r| r.method == m).map(|r| r.gib_per_s);
+    // Slowdown = the co-runner's time to do its work beside the reader over alone, minus 1.
+    put(
+        "corunner_slowdown_pread",
+        co("corunner_alone")
+            .zip(co("corunner_with_pread"))
+            .map(|(a, w)| a / w - 1.0),
+    );
+    put(
+        "corunner_slowdown_zread",
+        co("corunner_alone")
+            .zip(co("corunner_with_zread"))
+            .map(|(a, w)| a / w - 1.0),
+    );
+    rows.extend(co_rows);
     let (fio_rows, fio_note) = fio(&read_files, quick, reps);
     rows.extend(fio_rows);
     put(
