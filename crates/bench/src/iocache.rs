@@ -753,6 +753,26 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     Ok(report)
 }
 
+/// One grouped bar chart: a series per label, one value per group.
+fn labelled_bars(
+    path: &Path,
+    labels: &[&str],
+    title: &str,
+    y_label: &str,
+    groups: &[&str],
+    values: &[Vec<Option<f64>>],
+) -> Result<()> {
+    let bars: Vec<crate::plot::Bars<'_>> = labels
+        .iter()
+        .zip(values)
+        .map(|(m, v)| crate::plot::Bars {
+            label: m,
+            values: v,
+        })
+        .collect();
+    crate::plot::bars(path, title, y_label, groups, &bars)
+}
+
 /// The charts: z-READ GiB/s per request size and method (random, warm, 2 threads, data
 /// untouched) to `path`; the buffer pool's ops/s per pool fraction and mode (YCSB-B, 2× the
 /// budget) to `<stem>-dbio.<ext>` beside it.
@@ -781,20 +801,13 @@ fn plot(r: &IocacheReport, path: &Path) -> Result<()> {
                     .collect()
             })
             .collect();
-        let bars: Vec<crate::plot::Bars<'_>> = methods
-            .iter()
-            .zip(&values)
-            .map(|(m, v)| crate::plot::Bars {
-                label: m,
-                values: v,
-            })
-            .collect();
-        crate::plot::bars(
+        labelled_bars(
             path,
+            &methods,
             "tiermem bench iocache: z-READ, random reads of a warm page cache, 2 threads",
             "GiB/s (log scale; zread: data not touched)",
             &["4 KiB", "16 KiB", "128 KiB"],
-            &bars,
+            &values,
         )?;
     }
     if !r.dbio.is_empty() {
@@ -828,20 +841,13 @@ fn plot(r: &IocacheReport, path: &Path) -> Result<()> {
                     .collect()
             })
             .collect();
-        let bars: Vec<crate::plot::Bars<'_>> = modes
-            .iter()
-            .zip(&values)
-            .map(|(m, v)| crate::plot::Bars {
-                label: m,
-                values: v,
-            })
-            .collect();
-        crate::plot::bars(
+        labelled_bars(
             &p2,
+            &modes,
             "tiermem bench iocache: YCSB-B on data twice the budget, memory cgroup = budget",
             "operations/s (log scale)",
             &["pool 25 %", "pool 50 %", "pool 75 %"],
-            &bars,
+            &values,
         )?;
     }
     Ok(())

@@ -141,6 +141,15 @@ impl Buf {
     }
 }
 
+/// The data's sum when the cell consumes it (every 8-byte word), else nothing is touched.
+fn digest(b: &[u8], consume: bool) -> u64 {
+    if consume {
+        sum_words(b)
+    } else {
+        0
+    }
+}
+
 fn sum_words(b: &[u8]) -> u64 {
     b.chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
@@ -336,11 +345,7 @@ fn one_read(rd: &mut Reader, buf: &mut Buf, off: u64, size: usize, consume: bool
         Reader::Pread(f) => {
             let b = buf.get(size);
             f.read_exact_at(b, off)?;
-            if consume {
-                sum_words(b)
-            } else {
-                0
-            }
+            digest(b, consume)
         }
         Reader::Read(f) => {
             let b = buf.get(size);
@@ -352,11 +357,7 @@ fn one_read(rd: &mut Reader, buf: &mut Buf, off: u64, size: usize, consume: bool
             if n != size as isize {
                 bail!("read returned {n}");
             }
-            if consume {
-                sum_words(b)
-            } else {
-                0
-            }
+            digest(b, consume)
         }
         Reader::Mmap { base, .. } => {
             let b = buf.get(size);
@@ -364,11 +365,7 @@ fn one_read(rd: &mut Reader, buf: &mut Buf, off: u64, size: usize, consume: bool
             let src =
                 unsafe { std::slice::from_raw_parts((*base + off as usize) as *const u8, size) };
             b.copy_from_slice(src);
-            if consume {
-                sum_words(b)
-            } else {
-                0
-            }
+            digest(b, consume)
         }
         Reader::Uring { file, ring } => {
             let b = buf.get(size);
@@ -388,33 +385,21 @@ fn one_read(rd: &mut Reader, buf: &mut Buf, off: u64, size: usize, consume: bool
             if cqe.result() != size as i32 {
                 bail!("READ_FIXED returned {}", cqe.result());
             }
-            if consume {
-                sum_words(b)
-            } else {
-                0
-            }
+            digest(b, consume)
         }
         Reader::Zread(z) => {
             let v = z.zread(off, size)?;
             if v.len() != size {
                 bail!("short view");
             }
-            if consume {
-                sum_words(&v)
-            } else {
-                0
-            }
+            digest(&v, consume)
         }
         Reader::ZreadInto(z) => {
             let b = buf.get(size);
             if z.zread_into(off, b)? != size {
                 bail!("short zread_into");
             }
-            if consume {
-                sum_words(b)
-            } else {
-                0
-            }
+            digest(b, consume)
         }
     })
 }

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Mutex, Weak};
 
 /// What the watcher calls when a lease of a registered fd breaks.
 pub trait OnBreak: Send + Sync {
@@ -139,10 +139,4 @@ pub fn forget(fd: RawFd) {
         .unwrap_or_else(|e| e.into_inner())
         .remove(&fd);
     let _ = crate::sys::release_lease(fd);
-}
-
-/// Keeps a strong hook alive for tests that need a `Weak<dyn OnBreak>` from an `Arc`.
-pub fn weak_of<T: OnBreak + 'static>(a: &Arc<T>) -> Weak<dyn OnBreak> {
-    let w: Weak<T> = Arc::downgrade(a);
-    w
 }

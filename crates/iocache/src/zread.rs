@@ -538,18 +538,7 @@ impl ZFile {
                 }
                 return sh.copy_view(off, len);
             };
-            if off >= gen.file_len {
-                if sh.opts.zero_copy == ZeroCopy::Exclusive
-                    && sh.size.load(Ordering::Acquire) > gen.file_len
-                {
-                    drop(g);
-                    sh.retire();
-                    continue;
-                }
-                return Ok(View {
-                    inner: ViewInner::Owned(Vec::new()),
-                });
-            }
+            // Exclusive mode: the file grew past this mapping under a read reaching past it.
             if sh.opts.zero_copy == ZeroCopy::Exclusive
                 && off + len as u64 > gen.file_len
                 && sh.size.load(Ordering::Acquire) > gen.file_len
@@ -557,6 +546,11 @@ impl ZFile {
                 drop(g);
                 sh.retire();
                 continue;
+            }
+            if off >= gen.file_len {
+                return Ok(View {
+                    inner: ViewInner::Owned(Vec::new()),
+                });
             }
             let end = (off + len as u64).min(gen.file_len);
             let p0 = (off / PAGE as u64) as usize;
@@ -601,6 +595,17 @@ impl ZFile {
     /// would for `O_DIRECT`), and do not hand their memory back to an allocator that assumes
     /// `MADV_DONTNEED` zero-fills it.
     pub fn zread_into(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.zread_into_as(off, buf, None)
+    }
+
+    /// [`ZFile::zread_into`] without asking the loss model again: for a caller that just asked
+    /// [`ZFile::would_remap`] and was told yes (the preload library). Still copies what is
+    /// unaligned, past the end of the file, or while zero copy is off.
+    pub fn zread_into_remapping(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.zread_into_as(off, buf, Some(Decision::Remap))
+    }
+
+    fn zread_into_as(&self, off: u64, buf: &mut [u8], decided: Option<Decision>) -> Result<usize> {
         let sh = &self.sh;
         add(&sh.c.into_calls, 1);
         let len = buf.len();
@@ -645,6 +650,8 @@ impl ZFile {
         let bufp = addr + head;
         let decision = if n == 0 {
             Decision::Copy
+        } else if let Some(d) = decided {
+            d
         } else if sh.opts.model && Model::global().copy_certain(n) {
             // The remap costs more than the copy even without writes: no need to work out
             // P(cow) (per-page counts, the buffer's history) for this request.
@@ -766,7 +773,9 @@ impl ZFile {
             return false;
         }
         drop(g);
-        !sh.opts.model || sh.decide(addr + head, first / PAGE as u64, n) != Decision::Copy
+        !sh.opts.model
+            || (!Model::global().copy_certain(n)
+                && sh.decide(addr + head, first / PAGE as u64, n) != Decision::Copy)
     }
 
     /// Writes `data` at `off` ([`ZeroCopy::Exclusive`] only: the file's one writer). Live views

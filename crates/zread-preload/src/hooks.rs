@@ -388,8 +388,11 @@ fn serve_inner(
         PASSED.fetch_add(1, Relaxed);
         return None;
     }
+    // Whether the model was asked already (and said remap): zread_into need not ask again.
+    let mut remap_decided = false;
     if let Some(z) = table::ready(dev, ino) {
-        if !z.would_remap(pos, buf.cast::<u8>(), len) {
+        remap_decided = z.would_remap(pos, buf.cast::<u8>(), len);
+        if !remap_decided {
             // The loss model would copy: the program's own read does that best, and needs no
             // check that the fd is still the file's (the fstat below costs as much as a 4 KiB
             // copy).
@@ -408,7 +411,12 @@ fn serve_inner(
     // SAFETY: buf..buf+len is the caller's writable buffer (the read's contract), lent to us
     // for the duration of the call.
     let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
-    let n = match z.zread_into(pos, b) {
+    let r = if remap_decided {
+        z.zread_into_remapping(pos, b)
+    } else {
+        z.zread_into(pos, b)
+    };
+    let n = match r {
         Ok(n) => n,
         Err(_) => {
             FALLBACKS.fetch_add(1, Relaxed);
@@ -490,6 +498,24 @@ pub unsafe extern "C" fn pread64(
     unsafe { (real::pread64())(fd, buf, count, off) }
 }
 
+/// A vectored read of a served fd with one `iovec` and a usable offset (`off`: as
+/// [`serve`]'s; `None`: flags the library does not serve), through z-READ; `None`: the real
+/// call.
+///
+/// # Safety
+/// `iov` points to `cnt` readable `iovec`s.
+unsafe fn serve_vectored(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: Option<Option<i64>>,
+) -> Option<isize> {
+    table::recorded(fd)?;
+    // SAFETY: this function's contract.
+    let (b, l) = unsafe { single(iov, cnt) }?;
+    serve(fd, b, l, off?)
+}
+
 /// `preadv(2)`: one `iovec` on a served fd goes through z-READ.
 ///
 /// # Safety
@@ -501,13 +527,9 @@ pub unsafe extern "C" fn preadv(
     cnt: c_int,
     off: libc::off_t,
 ) -> isize {
-    if table::recorded(fd).is_some() {
-        // SAFETY: the caller passes cnt readable iovecs.
-        if let Some((b, l)) = unsafe { single(iov, cnt) } {
-            if let Some(n) = serve(fd, b, l, Some(off)) {
-                return n;
-            }
-        }
+    // SAFETY: the caller passes cnt readable iovecs.
+    if let Some(n) = unsafe { serve_vectored(fd, iov, cnt, Some(Some(off))) } {
+        return n;
     }
     // SAFETY: the caller's preadv, unchanged.
     unsafe { (real::preadv())(fd, iov, cnt, off) }
@@ -524,13 +546,9 @@ pub unsafe extern "C" fn preadv64(
     cnt: c_int,
     off: libc::off_t,
 ) -> isize {
-    if table::recorded(fd).is_some() {
-        // SAFETY: the caller passes cnt readable iovecs.
-        if let Some((b, l)) = unsafe { single(iov, cnt) } {
-            if let Some(n) = serve(fd, b, l, Some(off)) {
-                return n;
-            }
-        }
+    // SAFETY: the caller passes cnt readable iovecs.
+    if let Some(n) = unsafe { serve_vectored(fd, iov, cnt, Some(Some(off))) } {
+        return n;
     }
     // SAFETY: the caller's preadv64, unchanged.
     unsafe { (real::preadv64())(fd, iov, cnt, off) }
@@ -558,13 +576,9 @@ pub unsafe extern "C" fn preadv2(
     off: libc::off_t,
     flags: c_int,
 ) -> isize {
-    if table::recorded(fd).is_some() {
-        // SAFETY: the caller passes cnt readable iovecs.
-        if let (Some((b, l)), Some(o)) = (unsafe { single(iov, cnt) }, v2_offset(off, flags)) {
-            if let Some(n) = serve(fd, b, l, o) {
-                return n;
-            }
-        }
+    // SAFETY: the caller passes cnt readable iovecs.
+    if let Some(n) = unsafe { serve_vectored(fd, iov, cnt, v2_offset(off, flags)) } {
+        return n;
     }
     // SAFETY: the caller's preadv2, unchanged.
     unsafe { (real::preadv2())(fd, iov, cnt, off, flags) }
@@ -582,13 +596,9 @@ pub unsafe extern "C" fn preadv64v2(
     off: libc::off_t,
     flags: c_int,
 ) -> isize {
-    if table::recorded(fd).is_some() {
-        // SAFETY: the caller passes cnt readable iovecs.
-        if let (Some((b, l)), Some(o)) = (unsafe { single(iov, cnt) }, v2_offset(off, flags)) {
-            if let Some(n) = serve(fd, b, l, o) {
-                return n;
-            }
-        }
+    // SAFETY: the caller passes cnt readable iovecs.
+    if let Some(n) = unsafe { serve_vectored(fd, iov, cnt, v2_offset(off, flags)) } {
+        return n;
     }
     // SAFETY: the caller's preadv64v2, unchanged.
     unsafe { (real::preadv64v2())(fd, iov, cnt, off, flags) }
