@@ -119,8 +119,10 @@ impl Model {
         })
     }
 
-    /// Measures Table 4.2 on a scratch file in `dir`: `reps` requests per cell, medians.
+    /// Measures Table 4.2 on a scratch file in `dir`: `reps` requests per cell (at least one),
+    /// medians.
     pub fn calibrate(dir: &std::path::Path, reps: usize) -> crate::Result<Model> {
+        let reps = reps.max(1);
         let io = |op: &'static str, e: std::io::Error| crate::Error::Io {
             op,
             path: dir.to_path_buf(),
