@@ -49,7 +49,7 @@ pub struct IocacheOpts {
     pub reps: Option<usize>,
     /// dbio's evict-clean path in the main rows (default: the library's, readahead); the others
     /// run at the 50 % pool as variants.
-    #[arg(long, value_parser = ["write", "readahead", "drop"])]
+    #[arg(long, value_parser = ["write", "readahead", "readahead-all", "drop"])]
     pub evict_clean: Option<String>,
     /// dbio's treatment of pages read from the page cache in the main rows (default: the
     /// library's); the other runs at the 50 % pool as a variant.
@@ -215,6 +215,7 @@ fn evict_clean_of(s: &str) -> Result<EvictClean> {
     Ok(match s {
         "write" => EvictClean::Write,
         "readahead" => EvictClean::Readahead,
+        "readahead-all" => EvictClean::ReadaheadAll,
         "drop" => EvictClean::Drop,
         _ => bail!("unknown evict-clean policy {s:?}"),
     })
@@ -414,6 +415,7 @@ fn ec_name(e: EvictClean) -> &'static str {
     match e {
         EvictClean::Write => "write",
         EvictClean::Readahead => "readahead",
+        EvictClean::ReadaheadAll => "readahead-all",
         EvictClean::Drop => "drop",
     }
 }
@@ -558,7 +560,7 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
             }
             if workload == "ycsb-b" && dob == 2.0 && fraction == 0.5 {
                 // The other evict-clean paths, and dropping pages read from the page cache.
-                for ec in ["write", "readahead", "drop"]
+                for ec in ["write", "readahead", "readahead-all", "drop"]
                     .into_iter()
                     .filter(|&e| e != main_ec)
                 {
@@ -634,6 +636,11 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     } else {
         crate::tpcc::run(&dir, quick, reps)?
     };
+    // ops/s per configuration in repetition order, for the ratios within a repetition.
+    let per_rep: Vec<Vec<f64>> = runs_of
+        .iter()
+        .map(|v| v.iter().map(|r| r.0.ops_per_s).collect())
+        .collect();
     for (c, mut runs) in configs.iter().zip(runs_of) {
         runs.sort_by(|a, b| a.0.ops_per_s.total_cmp(&b.0.ops_per_s));
         let (min, max) = (runs[0].0.ops_per_s, runs[runs.len() - 1].0.ops_per_s);
@@ -660,36 +667,47 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
             oom_kills: ooms,
         });
     }
-    let find = |mode: &str, f: f64| {
-        rows.iter()
-            .find(|r| {
-                r.workload == "ycsb-b"
-                    && r.data_over_budget == 2.0
-                    && r.pool_fraction == f
-                    && r.mode == mode
-                    && (r.evict_clean == main_ec || r.evict_clean == "-")
-                    && (r.after_hit == main_ah || r.after_hit == "-")
-            })
-            .map(|r| r.ops_per_s)
+    // The ratio keys compare configurations within one repetition (they ran minutes apart at
+    // most; the device's latency drifts more than that between repetitions) and take the
+    // median over repetitions.
+    let find = |mode: &str, f: f64, rep: usize| {
+        let i = configs.iter().position(|c| {
+            c.workload == "ycsb-b"
+                && c.data_over_budget == 2.0
+                && c.fraction == f
+                && c.mode == mode
+                && (c.mode != "dbio"
+                    || (c.evict_clean == main_ec && c.after_hit == main_ah))
+        })?;
+        per_rep[i].get(rep).copied()
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
     };
     let ratio_at = |base: &str| {
         FRACTIONS
             .iter()
-            .filter_map(|&f| Some((find("dbio", f)? / find(base, f)?, f)))
+            .filter_map(|&f| {
+                let r = (0..reps).filter_map(|k| Some(find("dbio", f, k)? / find(base, f, k)?));
+                Some((median(r.collect())?, f))
+            })
             .max_by(|a, b| a.0.total_cmp(&b.0))
     };
-    let best = |mode: &str| {
+    let best = |mode: &str, k: usize| {
         FRACTIONS
             .iter()
-            .filter_map(|&f| find(mode, f))
+            .filter_map(|&f| find(mode, f, k))
             .max_by(|a, b| a.total_cmp(b))
     };
     let over_buffered = ratio_at("buffered");
     let over_direct = ratio_at("direct");
-    let best_over_best = match (best("dbio"), best("buffered"), best("direct")) {
-        (Some(d), Some(b), Some(x)) => Some(round3(d / b.max(x))),
-        _ => None,
-    };
+    let best_over_best = median(
+        (0..reps)
+            .filter_map(|k| Some(best("dbio", k)? / best("buffered", k)?.max(best("direct", k)?)))
+            .collect(),
+    )
+    .map(round3);
     if rows.iter().any(|r| !r.locked) {
         notes.push("some pools could not be mlocked (RLIMIT_MEMLOCK)".into());
     }

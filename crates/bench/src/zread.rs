@@ -51,6 +51,9 @@ struct Req {
     /// On disk: the files' page cache dropped before the cell, no warm-up.
     #[serde(default)]
     cold: bool,
+    /// A slice after the first of an interleaved cell: no warm-up, no write-back first.
+    #[serde(default)]
+    slice: u32,
 }
 
 /// One cell's figures from its worker.
@@ -69,6 +72,23 @@ struct Reply {
     #[serde(default)]
     cached_before: u64,
 }
+
+impl Reply {
+    /// Adds another slice of the same cell.
+    fn add(&mut self, o: &Reply) {
+        self.ops += o.ops;
+        self.bytes += o.bytes;
+        self.wall_s += o.wall_s;
+        self.cpu_s += o.cpu_s;
+        self.remapped_pages += o.remapped_pages;
+        self.model_copies += o.model_copies;
+        self.into_calls += o.into_calls;
+        self.zero_copy_views += o.zero_copy_views;
+    }
+}
+
+/// The methods of the read/write mix cells.
+const MIX_METHODS: [&str; 3] = ["pread", "zread_into", "zread_into_nomodel"];
 
 /// One row of the z-READ report (the median of the repetitions).
 #[derive(Serialize, Debug, Clone)]
@@ -283,6 +303,13 @@ impl WorkerState {
                 cached_before += tiermem_iocache::sys::cachestat(f.as_raw_fd(), 0, 0)?.nr_cache;
             }
         }
+        if r.write_pct > 0 && r.slice == 0 {
+            // The previous cell's write-backs go to the device now, not during this cell's
+            // timing (the flusher would otherwise run in whichever method's cell comes later).
+            for p in &r.files {
+                std::fs::File::open(p)?.sync_data()?;
+            }
+        }
         let mut readers = Vec::new();
         for p in &r.files {
             readers.push((self.reader(r, p)?, std::fs::metadata(p)?.len()));
@@ -449,11 +476,12 @@ fn thread_body(rd: &mut Reader, len: u64, r: &Req, seed: u64) -> Result<(u64, u6
     let mut acc = 0u64;
     // Warm-up: one sequential pass with the method itself, then a short random phase (none on
     // disk).
-    for s in (0..slots).filter(|_| !r.cold) {
+    let warm = !r.cold && r.slice == 0;
+    for s in (0..slots).filter(|_| warm) {
         acc = acc.wrapping_add(one_read(rd, &mut buf, s * size as u64, size, r.consume)?);
     }
     let warm_until =
-        Instant::now() + Duration::from_secs_f64(if r.cold { 0.0 } else { r.seconds / 4.0 });
+        Instant::now() + Duration::from_secs_f64(if warm { r.seconds / 4.0 } else { 0.0 });
     let mut i = 0u64;
     while Instant::now() < warm_until {
         for _ in 0..32 {
@@ -564,6 +592,7 @@ fn corunner(
                 seconds,
                 seed: 99 + rep as u64,
                 cold: false,
+                slice: 0,
             };
             // The reader warms up (a pass and a quarter of the time) before its timed phase;
             // the co-runner starts with it and runs as long, overlapping the timed phase.
@@ -627,6 +656,7 @@ fn release_req() -> Req {
         seconds: 0.0,
         seed: 0,
         cold: false,
+        slice: 0,
     }
 }
 
@@ -660,7 +690,7 @@ type Cell = (usize, bool, usize, bool, u32, Vec<&'static str>, bool);
 
 fn cells(quick: bool) -> Vec<Cell> {
     let all: Vec<&'static str> = METHODS.to_vec();
-    let mix: Vec<&'static str> = vec!["pread", "zread_into", "zread_into_nomodel"];
+    let mix: Vec<&'static str> = MIX_METHODS.to_vec();
     let mut c = Vec::new();
     let threads: &[usize] = if quick { &[2] } else { &[1, 2] };
     for &t in threads {
@@ -739,39 +769,59 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
                 if *cold { " on disk" } else { "" },
                 rep + 1
             ));
-            // Rotate the order per repetition so no method always runs first.
+            // Rotate the order per repetition so no method always runs first. The mix cells,
+            // whose ratios are the must-have compared at ~0.95, run in slices, the methods
+            // taking turns: each method's figure is the sum over slices spread across the same
+            // seconds, so the host's drift falls on all of them alike.
             let n = methods.len();
-            for k in 0..n {
-                let m = methods[(k + rep + ci) % n];
-                let files = if *w > 0 { &mix_files } else { &read_files };
-                let req = Req {
-                    method: m.to_string(),
-                    files: files[..*threads].to_vec(),
-                    size: *size,
-                    random: *random,
-                    consume: *consume,
-                    write_pct: *w,
-                    seconds,
-                    seed: 7 + rep as u64,
-                    cold: *cold,
-                };
-                if *cold {
-                    // Every worker lets go of the pages it keeps mapped, or they stay cached.
-                    for w in METHODS {
-                        if let Some(wk) = workers.get_mut(w) {
-                            let _: Reply = wk.call(&release_req(), "release")?;
+            let slices: u32 = if methods.len() == MIX_METHODS.len() && !*cold {
+                if quick {
+                    6
+                } else {
+                    10
+                }
+            } else {
+                1
+            };
+            for slice in 0..slices {
+                for k in 0..n {
+                    let m = methods[(k + rep + ci) % n];
+                    let files = if *w > 0 { &mix_files } else { &read_files };
+                    let req = Req {
+                        method: m.to_string(),
+                        files: files[..*threads].to_vec(),
+                        size: *size,
+                        random: *random,
+                        consume: *consume,
+                        write_pct: *w,
+                        seconds: seconds / slices as f64,
+                        seed: 7 + rep as u64 * 1000 + slice as u64,
+                        cold: *cold,
+                        slice,
+                    };
+                    if *cold {
+                        // Every worker lets go of the pages it keeps mapped, or they stay cached.
+                        for w in METHODS {
+                            if let Some(wk) = workers.get_mut(w) {
+                                let _: Reply = wk.call(&release_req(), "release")?;
+                            }
                         }
                     }
+                    let wk = workers.get_mut(m).ok_or_else(|| anyhow!("no worker {m}"))?;
+                    let got: Reply = wk.call(&req, "a cell")?;
+                    if *cold && got.cached_before > 0 {
+                        progress::note(&format!(
+                            "z-READ on disk: {m} started with {} of the files' pages still cached",
+                            got.cached_before
+                        ));
+                    }
+                    let v = runs[ci].entry(m).or_default();
+                    if slice == 0 {
+                        v.push(got);
+                    } else if let Some(last) = v.last_mut() {
+                        last.add(&got);
+                    }
                 }
-                let wk = workers.get_mut(m).ok_or_else(|| anyhow!("no worker {m}"))?;
-                let rep: Reply = wk.call(&req, "a cell")?;
-                if *cold && rep.cached_before > 0 {
-                    progress::note(&format!(
-                        "z-READ on disk: {m} started with {} of the files' pages still cached",
-                        rep.cached_before
-                    ));
-                }
-                runs[ci].entry(m).or_default().push(rep);
             }
         }
     }
@@ -786,6 +836,18 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
     for (_, w) in workers.drain() {
         w.finish()?;
     }
+    // GiB/s per cell and method in repetition order, for the ratios within a repetition.
+    let per_rep: Vec<HashMap<&str, Vec<f64>>> = runs
+        .iter()
+        .map(|c| {
+            c.iter()
+                .map(|(m, v)| {
+                    let g = v.iter().map(|r| r.bytes as f64 / r.wall_s / (1u64 << 30) as f64);
+                    (*m, g.collect())
+                })
+                .collect()
+        })
+        .collect();
     let mut rows = Vec::new();
     for (ci, (size, random, threads, consume, w, methods, cold)) in cells.iter().enumerate() {
         for m in methods {
@@ -819,20 +881,17 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
             });
         }
     }
-    let get = |m: &str, size: usize, consume: bool, w: u32| {
-        rows.iter()
-            .find(|r| {
-                r.method == m
-                    && r.size == size
-                    && r.pattern == "random"
-                    && r.threads == 2
-                    && r.consume == consume
-                    && r.write_pct == w
-            })
-            .map(|r| r.gib_per_s)
-    };
-    let ratio = |m: &str, size, consume, w| {
-        Some(get(m, size, consume, w)? / get("pread", size, consume, w)?)
+    // A ratio key is the median over repetitions of the ratio within one repetition: the two
+    // methods ran back to back there, so drift between repetitions (the host, write-back)
+    // cancels instead of adding to the spread.
+    let ratio = |m: &str, size: usize, consume: bool, w: u32| {
+        let ci = cells.iter().position(|c| {
+            c.0 == size && c.1 && c.2 == 2 && c.3 == consume && c.4 == w && !c.6
+        })?;
+        let (a, b) = (per_rep[ci].get(m)?, per_rep[ci].get("pread")?);
+        let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        r.sort_by(f64::total_cmp);
+        r.get(r.len() / 2).copied()
     };
     let mut keys = HashMap::new();
     let mut put = |k: &'static str, v: Option<f64>| {

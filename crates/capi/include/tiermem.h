@@ -75,7 +75,8 @@
 #define TIERMEM_IOCACHE_EVICT_WRITE 0
 
 /**
- * Evict-clean: POSIX_FADV_WILLNEED (an asynchronous read).
+ * Evict-clean: POSIX_FADV_WILLNEED (an asynchronous read) for pages hit in the pool since their
+ * load; the others are let go.
  */
 #define TIERMEM_IOCACHE_EVICT_READAHEAD 1
 
@@ -83,6 +84,12 @@
  * Evict-clean: nothing.
  */
 #define TIERMEM_IOCACHE_EVICT_DROP 2
+
+/**
+ * Evict-clean: readahead every clean victim the page cache lacks, not only pages hit in the
+ * pool since their load (`EvictClean::ReadaheadAll`).
+ */
+#define TIERMEM_IOCACHE_EVICT_READAHEAD_ALL 3
 
 /**
  * Cold reads: buffered while the page cache's share is more than twice the pool, else direct.

@@ -30,10 +30,14 @@ pub const TIERMEM_IOCACHE_DIRECT: c_int = 1;
 pub const TIERMEM_IOCACHE_DBIO: c_int = 2;
 /// Evict-clean: write the identical bytes through the page cache.
 pub const TIERMEM_IOCACHE_EVICT_WRITE: c_int = 0;
-/// Evict-clean: POSIX_FADV_WILLNEED (an asynchronous read).
+/// Evict-clean: POSIX_FADV_WILLNEED (an asynchronous read) for pages hit in the pool since their
+/// load; the others are let go.
 pub const TIERMEM_IOCACHE_EVICT_READAHEAD: c_int = 1;
 /// Evict-clean: nothing.
 pub const TIERMEM_IOCACHE_EVICT_DROP: c_int = 2;
+/// Evict-clean: readahead every clean victim the page cache lacks, not only pages hit in the
+/// pool since their load (`EvictClean::ReadaheadAll`).
+pub const TIERMEM_IOCACHE_EVICT_READAHEAD_ALL: c_int = 3;
 
 /// Cold reads: buffered while the page cache's share is more than twice the pool, else direct.
 pub const TIERMEM_IOCACHE_COLD_AUTO: c_int = 0;
@@ -112,6 +116,7 @@ fn to_options(o: &TiermemIocacheOptions) -> Result<Options, c_int> {
         TIERMEM_IOCACHE_EVICT_WRITE => EvictClean::Write,
         TIERMEM_IOCACHE_EVICT_READAHEAD => EvictClean::Readahead,
         TIERMEM_IOCACHE_EVICT_DROP => EvictClean::Drop,
+        TIERMEM_IOCACHE_EVICT_READAHEAD_ALL => EvictClean::ReadaheadAll,
         m => {
             return Err(fail(
                 libc::EINVAL,

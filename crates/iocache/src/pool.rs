@@ -4,8 +4,11 @@
 //! | event | `Buffered` | `Direct` | `Dbio` |
 //! |---|---|---|---|
 //! | miss | `pread` | `O_DIRECT` read | cached (`cachestat` or `RWF_NOWAIT`)? `pread` : `O_DIRECT` read |
-//! | evict dirty | `pwrite` | `O_DIRECT` write | `pwrite` + `sync_file_range(WRITE)` (*evict-dirty*) |
+//! | evict dirty | `pwrite` | `O_DIRECT` write | `pwrite`, + `sync_file_range(WRITE)` of the file every [`WRITEBACK_BATCH`] (*evict-dirty*) |
 //! | evict clean | nothing | nothing | cached? nothing : [`EvictClean`] (*evict-clean*) |
+//!
+//! Under a buffered cold read ([`ColdRead`]) `Dbio` tries `preadv2(RWF_NOWAIT)` and then
+//! `pread` on a miss, and does nothing on a clean eviction: every page came through the cache.
 //! | flush | `pwrite` | `O_DIRECT` write | `O_DIRECT` write (*write-direct*) |
 //!
 //! The page cache then holds, in `Dbio`, what the pool let go of: the pool's victim cache
@@ -43,18 +46,27 @@ pub enum Mode {
 pub enum EvictClean {
     /// Write the identical bytes through the page cache: one device write, no read.
     Write,
-    /// `POSIX_FADV_WILLNEED`: one asynchronous device read brings it back into the cache.
+    /// `POSIX_FADV_WILLNEED` (one asynchronous device read brings it back into the cache) for a
+    /// page hit in the pool since its load; the others are let go. Under a skewed load most
+    /// victims were touched once (a cold page passing through): a simulation of YCSB-B's
+    /// zipfian 0.99 put their readaheads at 57–77 % of all, for 0–2 points of page-cache hits
+    /// (docs/iocache.md has the measured figures).
     Readahead,
+    /// `POSIX_FADV_WILLNEED` for every such page.
+    ReadaheadAll,
     /// Let it go: a later miss reads it from the device.
     Drop,
 }
 
-/// How `Dbio` learns whether the page cache holds a page on a miss.
+/// How `Dbio` learns whether the page cache holds a page on a miss whose cold read is
+/// `O_DIRECT` (under a buffered cold read it is always `RWF_NOWAIT`, then `pread`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Probe {
     /// `cachestat(2)` of the page's range, then `pread` or an `O_DIRECT` read.
     Cachestat,
     /// `preadv2(RWF_NOWAIT)` first (one call when cached), an `O_DIRECT` read when it fails.
+    /// Measured on 6.18: a failing `RWF_NOWAIT` still starts the page's device read (the
+    /// forced one-page readahead), so a miss costs two device reads.
     Nowait,
 }
 
@@ -145,6 +157,9 @@ impl Default for Options {
 pub const TRIM_EVERY: u64 = 64;
 /// Pages read from the page cache dropped together under [`AfterHit::Drop`].
 pub const DROP_BATCH: usize = 32;
+/// `Dbio` dirty evictions between two starts of the file's write-back (one
+/// `sync_file_range(WRITE)` over the whole file, so the device gets them as one batch).
+pub const WRITEBACK_BATCH: u64 = 32;
 /// No page in a frame.
 const NONE: u64 = u64::MAX;
 
@@ -189,6 +204,8 @@ struct Meta {
     pins: u32,
     dirty: bool,
     referenced: bool,
+    /// Hit in the pool since its load ([`EvictClean::Readahead`] caches only these).
+    reused: bool,
     /// The load into this frame failed: waiters retry, the last unpin frees it.
     failed: bool,
 }
@@ -198,6 +215,7 @@ const EMPTY: Meta = Meta {
     pins: 0,
     dirty: false,
     referenced: false,
+    reused: false,
     failed: false,
 };
 
@@ -272,6 +290,8 @@ pub struct Pool {
     /// Signalled when an eviction write completes (`State::writing` shrinks).
     written: Condvar,
     counters: Counters,
+    /// `Dbio` dirty evictions since the file's write-back was last started.
+    unstarted: AtomicU64,
 }
 
 impl std::fmt::Debug for Pool {
@@ -410,6 +430,7 @@ impl Pool {
             }),
             written: Condvar::new(),
             counters: Counters::default(),
+            unstarted: AtomicU64::new(0),
             opts,
         })
     }
@@ -463,6 +484,7 @@ impl Pool {
                 let m = &mut st.frames[f];
                 m.pins += 1;
                 m.referenced = true;
+                m.reused = true;
                 drop(st);
                 let latch = self.latch(f, access);
                 let mut st = self.state.lock();
@@ -502,6 +524,7 @@ impl Pool {
                 pins: 1,
                 dirty: false,
                 referenced: true,
+                reused: false,
                 failed: false,
             };
             drop(st);
@@ -512,7 +535,7 @@ impl Pool {
             if old.pgno != NONE {
                 // SAFETY: exclusive latch held; f < frames.
                 let data = unsafe { self.frame_ref(f) };
-                let res = self.evict_io(old.pgno, old.dirty, data);
+                let res = self.evict_io(old.pgno, old.dirty, old.reused, data);
                 let mut st = self.state.lock();
                 st.writing.remove(&old.pgno);
                 self.written.notify_all();
@@ -533,7 +556,7 @@ impl Pool {
                     return Err(e);
                 }
                 drop(st);
-                self.note_demoted(old.pgno, old.dirty);
+                self.note_demoted(old.pgno, old.dirty, old.reused);
             }
             // SAFETY: exclusive latch held; f < frames.
             let res = self.load(pgno, unsafe { self.frame_mut(f) });
@@ -665,7 +688,11 @@ impl Pool {
                 bump(&self.counters.direct_reads);
             }
             Mode::Dbio => {
+                let cold_buffered = self.cold_buffered();
                 let hit = match self.opts.probe {
+                    // A miss is read through the page cache anyway: try the cache first
+                    // (`RWF_NOWAIT` starts the device read of a miss, which is wanted here).
+                    _ if cold_buffered => self.file.read_cached(buf, off)?,
                     Probe::Cachestat => {
                         let pages = ps.div_ceil(4096);
                         if self.file.cached_pages(off, ps)? >= pages {
@@ -682,7 +709,8 @@ impl Pool {
                     if self.opts.after_hit == AfterHit::Drop {
                         self.queue_drop(pgno)?;
                     }
-                } else if self.cold_buffered() {
+                } else if cold_buffered {
+                    // The RWF_NOWAIT attempt started this very read; pread waits for it.
                     self.file.read_buffered(buf, off)?;
                     bump(&self.counters.buffered_reads);
                     self.note_cached(pgno);
@@ -705,7 +733,7 @@ impl Pool {
     }
 
     /// The write-back (and, for `Dbio`, the caching) of an evicted page.
-    fn evict_io(&self, pgno: u64, dirty: bool, data: &[u8]) -> Result<()> {
+    fn evict_io(&self, pgno: u64, dirty: bool, reused: bool, data: &[u8]) -> Result<()> {
         let off = self.offset(pgno);
         let ps = self.opts.page_size as u64;
         if dirty {
@@ -724,10 +752,19 @@ impl Pool {
             }
             (Mode::Dbio, true) => {
                 self.file.write_buffered(data, off)?;
-                self.file.start_writeback(off, ps)?;
                 bump(&self.counters.buffered_writes);
+                // Cgroup v1 does not throttle a group's dirty pages: start their write-back
+                // every WRITEBACK_BATCH evictions, all at once (one call and one batch of
+                // device requests rather than one of each per page).
+                if self.unstarted.fetch_add(1, Ordering::Relaxed) + 1 >= WRITEBACK_BATCH {
+                    self.unstarted.store(0, Ordering::Relaxed);
+                    self.file.start_writeback(0, 0)?;
+                }
             }
             (Mode::Buffered | Mode::Direct, false) => {}
+            // Read through the page cache when loaded: it is there unless the kernel found
+            // colder pages than it to keep, exactly as in `Buffered`.
+            (Mode::Dbio, false) if self.cold_buffered() => {}
             (Mode::Dbio, false) => {
                 if self.file.cached_pages(off, ps)? >= ps.div_ceil(4096) {
                     bump(&self.counters.evict_clean_cached);
@@ -738,7 +775,8 @@ impl Pool {
                         self.file.write_buffered(data, off)?;
                         bump(&self.counters.buffered_writes);
                     }
-                    EvictClean::Readahead => {
+                    EvictClean::Readahead if !reused => {}
+                    EvictClean::Readahead | EvictClean::ReadaheadAll => {
                         self.file.read_ahead(off, ps)?;
                         bump(&self.counters.evict_clean_readahead);
                     }
@@ -750,11 +788,18 @@ impl Pool {
     }
 
     /// Records that an eviction left `pgno` in the page cache (for the budget).
-    fn note_demoted(&self, pgno: u64, dirty: bool) {
+    fn note_demoted(&self, pgno: u64, dirty: bool, reused: bool) {
         let left = match self.opts.mode {
             Mode::Buffered => dirty,
             Mode::Direct => false,
-            Mode::Dbio => dirty || self.opts.evict_clean != EvictClean::Drop,
+            Mode::Dbio => {
+                dirty
+                    || match self.opts.evict_clean {
+                        EvictClean::Write | EvictClean::ReadaheadAll => true,
+                        EvictClean::Readahead => reused,
+                        EvictClean::Drop => false,
+                    }
+            }
         };
         if left {
             self.note_cached(pgno);
@@ -878,7 +923,7 @@ impl Pool {
         drop(st);
         let w = self.latches[f].write();
         // SAFETY: exclusive latch held; f < frames.
-        let res = self.evict_io(pgno, m.dirty, unsafe { self.frame_ref(f) });
+        let res = self.evict_io(pgno, m.dirty, m.reused, unsafe { self.frame_ref(f) });
         drop(w);
         let mut st = self.state.lock();
         st.writing.remove(&pgno);
@@ -888,7 +933,7 @@ impl Pool {
                 st.frames[f] = EMPTY;
                 st.free.push(f);
                 drop(st);
-                self.note_demoted(pgno, m.dirty);
+                self.note_demoted(pgno, m.dirty, m.reused);
                 Ok(true)
             }
             Err(e) => {

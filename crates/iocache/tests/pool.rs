@@ -69,7 +69,12 @@ fn configs() -> Vec<Options> {
             ..opts(Mode::Dbio, 4, 8)
         },
     ];
-    for ec in [EvictClean::Write, EvictClean::Readahead, EvictClean::Drop] {
+    for ec in [
+        EvictClean::Write,
+        EvictClean::Readahead,
+        EvictClean::ReadaheadAll,
+        EvictClean::Drop,
+    ] {
         for probe in [Probe::Cachestat, Probe::Nowait] {
             for after_hit in [AfterHit::Leave, AfterHit::Drop] {
                 v.push(Options {
@@ -206,6 +211,49 @@ fn dbio_serves_misses_from_the_page_cache_it_filled() {
     )
     .unwrap();
     pool.file().drop_cached(0, 0).unwrap();
+    // Even pages are hit in the pool once more after their load; odd ones pass through.
+    for p in 0..pages {
+        for _ in 0..(1 + (p % 2 == 0) as usize) {
+            assert_eq!(
+                &pool.get_page(p, Access::Read).unwrap()[..],
+                &fill(p, 1)[..]
+            );
+        }
+    }
+    let first = pool.stats();
+    assert_eq!(first.cache_hits, 0, "{first:?}");
+    assert_eq!(first.direct_reads, pages);
+    // Evict-clean (readahead) put the reused victims back in the page cache, not the others
+    // (the last 8 pages are still pooled).
+    assert_eq!(first.evict_clean_readahead, (pages - 8) / 2, "{first:?}");
+    for p in (0..pages - 8).rev() {
+        let cached = pool.file().cached_pages(p * PS as u64, PS as u64).unwrap();
+        assert_eq!(cached, (p % 2 == 0) as u64, "page {p}: {first:?}");
+    }
+}
+
+#[test]
+fn readahead_all_caches_every_clean_victim() {
+    let dir = scratch();
+    let path = dir.path().join("data");
+    let pages = 64u64;
+    {
+        let f = std::fs::File::create(&path).unwrap();
+        for p in 0..pages {
+            f.write_at(&fill(p, 1), p * PS as u64).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    let pool = Pool::open(
+        &path,
+        Options {
+            cold_read: ColdRead::Direct,
+            evict_clean: EvictClean::ReadaheadAll,
+            ..opts(Mode::Dbio, 8, 128)
+        },
+    )
+    .unwrap();
+    pool.file().drop_cached(0, 0).unwrap();
     for p in 0..pages {
         assert_eq!(
             &pool.get_page(p, Access::Read).unwrap()[..],
@@ -215,7 +263,7 @@ fn dbio_serves_misses_from_the_page_cache_it_filled() {
     let first = pool.stats();
     assert_eq!(first.cache_hits, 0, "{first:?}");
     assert_eq!(first.direct_reads, pages);
-    // Evict-clean (write) left the victims in the page cache: the second pass hits there.
+    // The victims are in the page cache: the second pass hits there.
     for p in 0..pages {
         assert_eq!(
             &pool.get_page(p, Access::Read).unwrap()[..],
