@@ -676,8 +676,7 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
                 && c.data_over_budget == 2.0
                 && c.fraction == f
                 && c.mode == mode
-                && (c.mode != "dbio"
-                    || (c.evict_clean == main_ec && c.after_hit == main_ah))
+                && (c.mode != "dbio" || (c.evict_clean == main_ec && c.after_hit == main_ah))
         })?;
         per_rep[i].get(rep).copied()
     };

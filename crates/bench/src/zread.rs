@@ -842,7 +842,9 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
         .map(|c| {
             c.iter()
                 .map(|(m, v)| {
-                    let g = v.iter().map(|r| r.bytes as f64 / r.wall_s / (1u64 << 30) as f64);
+                    let g = v
+                        .iter()
+                        .map(|r| r.bytes as f64 / r.wall_s / (1u64 << 30) as f64);
                     (*m, g.collect())
                 })
                 .collect()
@@ -885,9 +887,9 @@ pub fn run(dir: &Path, quick: bool, reps: usize) -> Result<ZreadResult> {
     // methods ran back to back there, so drift between repetitions (the host, write-back)
     // cancels instead of adding to the spread.
     let ratio = |m: &str, size: usize, consume: bool, w: u32| {
-        let ci = cells.iter().position(|c| {
-            c.0 == size && c.1 && c.2 == 2 && c.3 == consume && c.4 == w && !c.6
-        })?;
+        let ci = cells
+            .iter()
+            .position(|c| c.0 == size && c.1 && c.2 == 2 && c.3 == consume && c.4 == w && !c.6)?;
         let (a, b) = (per_rep[ci].get(m)?, per_rep[ci].get("pread")?);
         let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
         r.sort_by(f64::total_cmp);
