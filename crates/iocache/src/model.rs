@@ -51,7 +51,7 @@ impl Row {
 /// The start-up table is measured by one thread. In a multi-threaded program a remap costs
 /// more — every `mmap` takes the address space's lock for writing, and replacing a mapping
 /// other CPUs may cache sends them TLB shootdowns — so the model also keeps a moving average of
-/// the latencies it observes (every remap, one copy in 16) and uses those once it has them.
+/// the latencies it observes (every remap, one copy in 64) and uses those once it has them.
 /// While it keeps choosing the copy for a size, it tries a remap now and then (every 256th
 /// request at first, doubling each time the remap is confirmed slower, up to every 65536th)
 /// so that its picture of the remap stays current.
@@ -265,18 +265,17 @@ impl Model {
             COPIES_SINCE_REMAP.with(|c| c[i].set(0));
             return Decision::Remap;
         }
-        if p < 0.5 {
-            // Counted per thread: a shared counter would bounce between the CPUs on every
-            // request.
-            let explore = COPIES_SINCE_REMAP.with(|c| {
-                let n = c[i].get() + 1;
-                let due = n >= o.explore_every.load(Ordering::Relaxed);
-                c[i].set(if due { 0 } else { n });
-                due
-            });
-            if explore {
-                return Decision::Explore;
-            }
+        // Counted per thread: a shared counter would bounce between the CPUs on every request.
+        // The count restarts when due even if no remap is tried (P(cow) ≥ ½): left due, it
+        // would send every later request through the full decision (`copy_certain` false).
+        let due = COPIES_SINCE_REMAP.with(|c| {
+            let n = c[i].get() + 1;
+            let due = n >= o.explore_every.load(Ordering::Relaxed);
+            c[i].set(if due { 0 } else { n });
+            due
+        });
+        if due && p < 0.5 {
+            return Decision::Explore;
         }
         Decision::Copy
     }

@@ -7,8 +7,8 @@
 //! | evict dirty | `pwrite` | `O_DIRECT` write | `pwrite`, + `sync_file_range(WRITE)` of the file every [`WRITEBACK_BATCH`] (*evict-dirty*) |
 //! | evict clean | nothing | nothing | cached? nothing : [`EvictClean`] (*evict-clean*) |
 //!
-//! Under a buffered cold read ([`ColdRead`]) `Dbio` tries `preadv2(RWF_NOWAIT)` and then
-//! `pread` on a miss, and does nothing on a clean eviction: every page came through the cache.
+//! Under a buffered cold read ([`ColdRead`]) `Dbio` does nothing on a clean eviction: every
+//! page came through the cache.
 //! | flush | `pwrite` | `O_DIRECT` write | `O_DIRECT` write (*write-direct*) |
 //!
 //! The page cache then holds, in `Dbio`, what the pool let go of: the pool's victim cache
@@ -59,14 +59,14 @@ pub enum EvictClean {
 }
 
 /// How `Dbio` learns whether the page cache holds a page on a miss whose cold read is
-/// `O_DIRECT` (under a buffered cold read it is always `RWF_NOWAIT`, then `pread`).
+/// `O_DIRECT` (under a buffered cold read it is always `cachestat`, then `pread`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Probe {
     /// `cachestat(2)` of the page's range, then `pread` or an `O_DIRECT` read.
     Cachestat,
     /// `preadv2(RWF_NOWAIT)` first (one call when cached), an `O_DIRECT` read when it fails.
-    /// Measured on 6.18: a failing `RWF_NOWAIT` still starts the page's device read (the
-    /// forced one-page readahead), so a miss costs two device reads.
+    /// Measured on 6.18: a failing `RWF_NOWAIT` still starts a device read (readahead, in
+    /// large folios, even under `POSIX_FADV_RANDOM`), so a miss costs two device reads.
     Nowait,
 }
 
@@ -690,9 +690,14 @@ impl Pool {
             Mode::Dbio => {
                 let cold_buffered = self.cold_buffered();
                 let hit = match self.opts.probe {
-                    // A miss is read through the page cache anyway: try the cache first
-                    // (`RWF_NOWAIT` starts the device read of a miss, which is wanted here).
-                    _ if cold_buffered => self.file.read_cached(buf, off)?,
+                    // Not `RWF_NOWAIT` before a buffered cold read, though the read it starts
+                    // on a miss would be wanted: it reads large folios around the page
+                    // (measured on 6.18 under POSIX_FADV_RANDOM, where `pread` reads one).
+                    _ if cold_buffered => {
+                        let cached = self.file.cached_pages(off, ps)? >= ps.div_ceil(4096);
+                        self.file.read_buffered(buf, off)?;
+                        cached
+                    }
                     Probe::Cachestat => {
                         let pages = ps.div_ceil(4096);
                         if self.file.cached_pages(off, ps)? >= pages {
@@ -710,8 +715,6 @@ impl Pool {
                         self.queue_drop(pgno)?;
                     }
                 } else if cold_buffered {
-                    // The RWF_NOWAIT attempt started this very read; pread waits for it.
-                    self.file.read_buffered(buf, off)?;
                     bump(&self.counters.buffered_reads);
                     self.note_cached(pgno);
                 } else {

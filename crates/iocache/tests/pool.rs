@@ -312,8 +312,9 @@ fn the_page_cache_share_of_the_budget_is_kept() {
         let cached = pool.file().cached_pages(0, 0).unwrap();
         assert!(
             cached <= 48 + tiermem_iocache::pool::TRIM_EVERY,
-            "round {round}: {cached} pages cached, allowance 48 (+{} between checks)",
-            tiermem_iocache::pool::TRIM_EVERY
+            "round {round}: {cached} pages cached, allowance 48 (+{} between checks): {:?}",
+            tiermem_iocache::pool::TRIM_EVERY,
+            pool.stats()
         );
     }
     assert!(pool.stats().trimmed_pages > 0);
