@@ -49,7 +49,7 @@ pub struct IocacheOpts {
     pub reps: Option<usize>,
     /// dbio's evict-clean path in the main rows (default: the library's, readahead); the others
     /// run at the 50 % pool as variants.
-    #[arg(long, value_parser = ["write", "readahead", "readahead-all", "drop"])]
+    #[arg(long, value_parser = ["write", "readahead", "readahead-all", "readahead-reused", "drop"])]
     pub evict_clean: Option<String>,
     /// dbio's treatment of pages read from the page cache in the main rows (default: the
     /// library's); the other runs at the 50 % pool as a variant.
@@ -216,6 +216,7 @@ fn evict_clean_of(s: &str) -> Result<EvictClean> {
         "write" => EvictClean::Write,
         "readahead" => EvictClean::Readahead,
         "readahead-all" => EvictClean::ReadaheadAll,
+        "readahead-reused" => EvictClean::ReadaheadReused,
         "drop" => EvictClean::Drop,
         _ => bail!("unknown evict-clean policy {s:?}"),
     })
@@ -416,6 +417,7 @@ fn ec_name(e: EvictClean) -> &'static str {
         EvictClean::Write => "write",
         EvictClean::Readahead => "readahead",
         EvictClean::ReadaheadAll => "readahead-all",
+        EvictClean::ReadaheadReused => "readahead-reused",
         EvictClean::Drop => "drop",
     }
 }
@@ -560,7 +562,7 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
             }
             if workload == "ycsb-b" && dob == 2.0 && fraction == 0.5 {
                 // The other evict-clean paths, and dropping pages read from the page cache.
-                for ec in ["write", "readahead", "readahead-all", "drop"]
+                for ec in ["write", "readahead", "readahead-reused", "drop"]
                     .into_iter()
                     .filter(|&e| e != main_ec)
                 {

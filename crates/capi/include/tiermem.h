@@ -75,8 +75,8 @@
 #define TIERMEM_IOCACHE_EVICT_WRITE 0
 
 /**
- * Evict-clean: POSIX_FADV_WILLNEED (an asynchronous read) for pages hit in the pool since their
- * load; the others are let go.
+ * Evict-clean: POSIX_FADV_WILLNEED (an asynchronous read) of every victim while the page cache's
+ * share is at least the pool, else only of victims hit in the pool since their load.
  */
 #define TIERMEM_IOCACHE_EVICT_READAHEAD 1
 
@@ -90,6 +90,12 @@
  * pool since their load (`EvictClean::ReadaheadAll`).
  */
 #define TIERMEM_IOCACHE_EVICT_READAHEAD_ALL 3
+
+/**
+ * Evict-clean: readahead only victims hit in the pool since their load
+ * (`EvictClean::ReadaheadReused`).
+ */
+#define TIERMEM_IOCACHE_EVICT_READAHEAD_REUSED 4
 
 /**
  * Cold reads: buffered while the page cache's share is more than twice the pool, else direct.

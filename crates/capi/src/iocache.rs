@@ -30,14 +30,17 @@ pub const TIERMEM_IOCACHE_DIRECT: c_int = 1;
 pub const TIERMEM_IOCACHE_DBIO: c_int = 2;
 /// Evict-clean: write the identical bytes through the page cache.
 pub const TIERMEM_IOCACHE_EVICT_WRITE: c_int = 0;
-/// Evict-clean: POSIX_FADV_WILLNEED (an asynchronous read) for pages hit in the pool since their
-/// load; the others are let go.
+/// Evict-clean: POSIX_FADV_WILLNEED (an asynchronous read) of every victim while the page cache's
+/// share is at least the pool, else only of victims hit in the pool since their load.
 pub const TIERMEM_IOCACHE_EVICT_READAHEAD: c_int = 1;
 /// Evict-clean: nothing.
 pub const TIERMEM_IOCACHE_EVICT_DROP: c_int = 2;
 /// Evict-clean: readahead every clean victim the page cache lacks, not only pages hit in the
 /// pool since their load (`EvictClean::ReadaheadAll`).
 pub const TIERMEM_IOCACHE_EVICT_READAHEAD_ALL: c_int = 3;
+/// Evict-clean: readahead only victims hit in the pool since their load
+/// (`EvictClean::ReadaheadReused`).
+pub const TIERMEM_IOCACHE_EVICT_READAHEAD_REUSED: c_int = 4;
 
 /// Cold reads: buffered while the page cache's share is more than twice the pool, else direct.
 pub const TIERMEM_IOCACHE_COLD_AUTO: c_int = 0;
@@ -117,6 +120,7 @@ fn to_options(o: &TiermemIocacheOptions) -> Result<Options, c_int> {
         TIERMEM_IOCACHE_EVICT_READAHEAD => EvictClean::Readahead,
         TIERMEM_IOCACHE_EVICT_DROP => EvictClean::Drop,
         TIERMEM_IOCACHE_EVICT_READAHEAD_ALL => EvictClean::ReadaheadAll,
+        TIERMEM_IOCACHE_EVICT_READAHEAD_REUSED => EvictClean::ReadaheadReused,
         m => {
             return Err(fail(
                 libc::EINVAL,

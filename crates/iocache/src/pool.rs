@@ -6,10 +6,10 @@
 //! | miss | `pread` | `O_DIRECT` read | cached (`cachestat` or `RWF_NOWAIT`)? `pread` : `O_DIRECT` read |
 //! | evict dirty | `pwrite` | `O_DIRECT` write | `pwrite`, + `sync_file_range(WRITE)` of the file every [`WRITEBACK_BATCH`] (*evict-dirty*) |
 //! | evict clean | nothing | nothing | cached? nothing : [`EvictClean`] (*evict-clean*) |
+//! | flush | `pwrite` | `O_DIRECT` write | `O_DIRECT` write (*write-direct*) |
 //!
 //! Under a buffered cold read ([`ColdRead`]) `Dbio` does nothing on a clean eviction: every
 //! page came through the cache.
-//! | flush | `pwrite` | `O_DIRECT` write | `O_DIRECT` write (*write-direct*) |
 //!
 //! The page cache then holds, in `Dbio`, what the pool let go of: the pool's victim cache
 //! (DBIO, §3.3). Without a memory cgroup the pool keeps the page cache's share of the budget
@@ -46,14 +46,19 @@ pub enum Mode {
 pub enum EvictClean {
     /// Write the identical bytes through the page cache: one device write, no read.
     Write,
-    /// `POSIX_FADV_WILLNEED` (one asynchronous device read brings it back into the cache) for a
-    /// page hit in the pool since its load; the others are let go. Under a skewed load most
-    /// victims were touched once (a cold page passing through): a simulation of YCSB-B's
-    /// zipfian 0.99 put their readaheads at 57–77 % of all, for 0–2 points of page-cache hits
-    /// (docs/iocache.md has the measured figures).
+    /// [`EvictClean::ReadaheadAll`] while the page cache's share of the budget is at least the
+    /// pool, else [`EvictClean::ReadaheadReused`]. A cache as large as the pool keeps a victim
+    /// about as long as the pool kept it, long enough for a page touched once to come back;
+    /// a smaller one rarely does (measured, YCSB-B zipfian 0.99: at a 50 % pool selecting
+    /// cut the cache hits of misses from 0.50–0.52 to 0.29–0.32, at 75 % from ~0.15–0.22 to
+    /// 0.14–0.19 for 10–15 % fewer device reads; docs/iocache.md).
     Readahead,
-    /// `POSIX_FADV_WILLNEED` for every such page.
+    /// `POSIX_FADV_WILLNEED` (one asynchronous device read brings it back into the cache) for
+    /// every such page.
     ReadaheadAll,
+    /// `POSIX_FADV_WILLNEED` only for a page hit in the pool since its load; the others (under
+    /// a skewed load most victims: cold pages passing through once) are let go.
+    ReadaheadReused,
     /// Let it go: a later miss reads it from the device.
     Drop,
 }
@@ -204,7 +209,7 @@ struct Meta {
     pins: u32,
     dirty: bool,
     referenced: bool,
-    /// Hit in the pool since its load ([`EvictClean::Readahead`] caches only these).
+    /// Hit in the pool since its load ([`EvictClean::ReadaheadReused`] caches only these).
     reused: bool,
     /// The load into this frame failed: waiters retry, the last unpin frees it.
     failed: bool,
@@ -726,6 +731,20 @@ impl Pool {
         Ok(())
     }
 
+    /// The evict-clean path in force: [`EvictClean::Readahead`] resolved by the pool's and the
+    /// page cache's sizes.
+    fn evict_clean(&self) -> EvictClean {
+        match self.opts.evict_clean {
+            EvictClean::Readahead
+                if self.opts.budget - self.opts.pool_bytes >= self.opts.pool_bytes =>
+            {
+                EvictClean::ReadaheadAll
+            }
+            EvictClean::Readahead => EvictClean::ReadaheadReused,
+            e => e,
+        }
+    }
+
     /// Whether `Dbio` reads uncached misses through the page cache ([`ColdRead`]).
     fn cold_buffered(&self) -> bool {
         match self.opts.cold_read {
@@ -778,8 +797,10 @@ impl Pool {
                         self.file.write_buffered(data, off)?;
                         bump(&self.counters.buffered_writes);
                     }
-                    EvictClean::Readahead if !reused => {}
-                    EvictClean::Readahead | EvictClean::ReadaheadAll => {
+                    _ if !reused && self.evict_clean() == EvictClean::ReadaheadReused => {}
+                    EvictClean::Readahead
+                    | EvictClean::ReadaheadAll
+                    | EvictClean::ReadaheadReused => {
                         self.file.read_ahead(off, ps)?;
                         bump(&self.counters.evict_clean_readahead);
                     }
@@ -799,7 +820,9 @@ impl Pool {
                 dirty
                     || match self.opts.evict_clean {
                         EvictClean::Write | EvictClean::ReadaheadAll => true,
-                        EvictClean::Readahead => reused,
+                        EvictClean::Readahead | EvictClean::ReadaheadReused => {
+                            reused || self.evict_clean() == EvictClean::ReadaheadAll
+                        }
                         EvictClean::Drop => false,
                     }
             }

@@ -73,6 +73,7 @@ fn configs() -> Vec<Options> {
         EvictClean::Write,
         EvictClean::Readahead,
         EvictClean::ReadaheadAll,
+        EvictClean::ReadaheadReused,
         EvictClean::Drop,
     ] {
         for probe in [Probe::Cachestat, Probe::Nowait] {
@@ -190,8 +191,9 @@ fn a_direct_write_after_an_evict_dirty_reads_back_newest() {
     );
 }
 
-#[test]
-fn dbio_serves_misses_from_the_page_cache_it_filled() {
+/// Reads 64 pages through an 8-frame pool, the even ones twice; returns the stats and checks
+/// that the readaheads were those of the reused (even) victims, in the page cache when asked.
+fn readahead_of_reused_victims(ec: EvictClean, budget_pages: u64, check_cached: bool) {
     let dir = scratch();
     let path = dir.path().join("data");
     let pages = 64u64;
@@ -206,7 +208,8 @@ fn dbio_serves_misses_from_the_page_cache_it_filled() {
         &path,
         Options {
             cold_read: ColdRead::Direct,
-            ..opts(Mode::Dbio, 8, 128)
+            evict_clean: ec,
+            ..opts(Mode::Dbio, 8, budget_pages)
         },
     )
     .unwrap();
@@ -223,13 +226,24 @@ fn dbio_serves_misses_from_the_page_cache_it_filled() {
     let first = pool.stats();
     assert_eq!(first.cache_hits, 0, "{first:?}");
     assert_eq!(first.direct_reads, pages);
-    // Evict-clean (readahead) put the reused victims back in the page cache, not the others
-    // (the last 8 pages are still pooled).
+    // Evict-clean (readahead) asked for the reused victims, not the others (the last 8 pages
+    // are still pooled).
     assert_eq!(first.evict_clean_readahead, (pages - 8) / 2, "{first:?}");
-    for p in (0..pages - 8).rev() {
+    for p in (0..pages - 8).rev().filter(|_| check_cached) {
         let cached = pool.file().cached_pages(p * PS as u64, PS as u64).unwrap();
         assert_eq!(cached, (p % 2 == 0) as u64, "page {p}: {first:?}");
     }
+}
+
+#[test]
+fn dbio_readahead_reused_caches_the_reused_victims() {
+    readahead_of_reused_victims(EvictClean::ReadaheadReused, 128, true);
+}
+
+#[test]
+fn dbio_readahead_selects_when_the_cache_share_is_below_the_pool() {
+    // Budget 12 pages, pool 8: the page cache's share (4) is below the pool.
+    readahead_of_reused_victims(EvictClean::Readahead, 12, false);
 }
 
 #[test]
