@@ -681,7 +681,6 @@ impl Pool {
     /// Reads page `pgno` into `buf` the way the mode does.
     fn load(&self, pgno: u64, buf: &mut [u8]) -> Result<()> {
         let off = self.offset(pgno);
-        let ps = self.opts.page_size as u64;
         match self.opts.mode {
             Mode::Buffered => {
                 self.file.read_buffered(buf, off)?;
@@ -699,13 +698,12 @@ impl Pool {
                     // on a miss would be wanted: it reads large folios around the page
                     // (measured on 6.18 under POSIX_FADV_RANDOM, where `pread` reads one).
                     _ if cold_buffered => {
-                        let cached = self.file.cached_pages(off, ps)? >= ps.div_ceil(4096);
+                        let cached = self.page_cached(off)?;
                         self.file.read_buffered(buf, off)?;
                         cached
                     }
                     Probe::Cachestat => {
-                        let pages = ps.div_ceil(4096);
-                        if self.file.cached_pages(off, ps)? >= pages {
+                        if self.page_cached(off)? {
                             self.file.read_buffered(buf, off)?;
                             true
                         } else {
@@ -729,6 +727,12 @@ impl Pool {
             }
         }
         Ok(())
+    }
+
+    /// Whether the page cache holds every byte of the page at `off` (`cachestat`).
+    fn page_cached(&self, off: u64) -> Result<bool> {
+        let ps = self.opts.page_size as u64;
+        Ok(self.file.cached_pages(off, ps)? >= ps.div_ceil(4096))
     }
 
     /// The evict-clean path in force: [`EvictClean::Readahead`] resolved by the pool's and the
@@ -788,23 +792,20 @@ impl Pool {
             // colder pages than it to keep, exactly as in `Buffered`.
             (Mode::Dbio, false) if self.cold_buffered() => {}
             (Mode::Dbio, false) => {
-                if self.file.cached_pages(off, ps)? >= ps.div_ceil(4096) {
+                if self.page_cached(off)? {
                     bump(&self.counters.evict_clean_cached);
                     return Ok(());
                 }
-                match self.opts.evict_clean {
-                    EvictClean::Write => {
+                match (self.evict_clean(), reused) {
+                    (EvictClean::Write, _) => {
                         self.file.write_buffered(data, off)?;
                         bump(&self.counters.buffered_writes);
                     }
-                    _ if !reused && self.evict_clean() == EvictClean::ReadaheadReused => {}
-                    EvictClean::Readahead
-                    | EvictClean::ReadaheadAll
-                    | EvictClean::ReadaheadReused => {
+                    (EvictClean::ReadaheadAll, _) | (EvictClean::ReadaheadReused, true) => {
                         self.file.read_ahead(off, ps)?;
                         bump(&self.counters.evict_clean_readahead);
                     }
-                    EvictClean::Drop => {}
+                    _ => {}
                 }
             }
         }
@@ -818,11 +819,10 @@ impl Pool {
             Mode::Direct => false,
             Mode::Dbio => {
                 dirty
-                    || match self.opts.evict_clean {
+                    || match self.evict_clean() {
                         EvictClean::Write | EvictClean::ReadaheadAll => true,
-                        EvictClean::Readahead | EvictClean::ReadaheadReused => {
-                            reused || self.evict_clean() == EvictClean::ReadaheadAll
-                        }
+                        // (`Readahead` is resolved to one of the other two.)
+                        EvictClean::Readahead | EvictClean::ReadaheadReused => reused,
                         EvictClean::Drop => false,
                     }
             }

@@ -191,19 +191,23 @@ fn a_direct_write_after_an_evict_dirty_reads_back_newest() {
     );
 }
 
-/// Reads 64 pages through an 8-frame pool, the even ones twice; returns the stats and checks
-/// that the readaheads were those of the reused (even) victims, in the page cache when asked.
-fn readahead_of_reused_victims(ec: EvictClean, budget_pages: u64, check_cached: bool) {
+/// A scratch file of `pages` pages, page `p` holding `fill(p, 1)`, written to the device.
+fn filled_file(pages: u64) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = scratch();
     let path = dir.path().join("data");
-    let pages = 64u64;
-    {
-        let f = std::fs::File::create(&path).unwrap();
-        for p in 0..pages {
-            f.write_at(&fill(p, 1), p * PS as u64).unwrap();
-        }
-        f.sync_all().unwrap();
+    let f = std::fs::File::create(&path).unwrap();
+    for p in 0..pages {
+        f.write_at(&fill(p, 1), p * PS as u64).unwrap();
     }
+    f.sync_all().unwrap();
+    (dir, path)
+}
+
+/// Reads 64 pages through an 8-frame pool, the even ones twice, and checks
+/// that the readaheads were those of the reused (even) victims, in the page cache when asked.
+fn readahead_of_reused_victims(ec: EvictClean, budget_pages: u64, check_cached: bool) {
+    let pages = 64u64;
+    let (_dir, path) = filled_file(pages);
     let pool = Pool::open(
         &path,
         Options {
@@ -248,16 +252,8 @@ fn dbio_readahead_selects_when_the_cache_share_is_below_the_pool() {
 
 #[test]
 fn readahead_all_caches_every_clean_victim() {
-    let dir = scratch();
-    let path = dir.path().join("data");
     let pages = 64u64;
-    {
-        let f = std::fs::File::create(&path).unwrap();
-        for p in 0..pages {
-            f.write_at(&fill(p, 1), p * PS as u64).unwrap();
-        }
-        f.sync_all().unwrap();
-    }
+    let (_dir, path) = filled_file(pages);
     let pool = Pool::open(
         &path,
         Options {
