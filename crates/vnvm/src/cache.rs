@@ -155,6 +155,11 @@ pub(crate) struct CacheState {
     pub(crate) need_space: bool,
     /// The writeback worker is waiting for work (below the start threshold, no space request).
     pub(crate) wb_idle: bool,
+    /// The redo worker put an edge chunk together from the DRAM cache since its last publish.
+    /// The DRAM cache may hold bytes of transactions staged but not yet linked (group commit
+    /// copies a transaction's data there before `sync_to` links it), so the publish links
+    /// everything staged before its records make such a chunk count for recovery.
+    pub(crate) dram_filled: bool,
 }
 
 impl CacheState {
@@ -186,6 +191,7 @@ impl CacheState {
             ndirty: 0,
             need_space: false,
             wb_idle: false,
+            dram_filled: false,
         }
     }
     pub(crate) fn list(&mut self, s: PState) -> &mut Lru {

@@ -190,14 +190,69 @@ fn check_area(
     let want = replay(dir, seed, k, shared, n);
     if bytes[c..hi] != want[..] {
         let at = (0..want.len()).find(|&x| bytes[c + x] != want[x]).unwrap();
+        let last = (0..want.len()).rfind(|&x| bytes[c + x] != want[x]).unwrap();
+        let count = (0..want.len()).filter(|&x| bytes[c + x] != want[x]).count();
         panic!(
             "worker {k}: {what} after {n} transactions differs at +{at}: {:#04x} != {:#04x} \
-             (seed {seed})",
+             ({count} bytes differ in +{at}..=+{last}; {}; acked {acked}, entered {entered}; \
+             events: {}) (seed {seed})",
             bytes[c + at],
-            want[at]
+            want[at],
+            writers_of(seed, k, shared, n, c + at, bytes[c + at]),
+            std::fs::read_to_string(dir.join("events"))
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(12)
+                .collect::<Vec<_>>()
+                .join(" | ")
         );
     }
     n
+}
+
+/// Diagnosis of a mismatch at region offset `off`: the last transactions (up to `n`) that wrote
+/// it, with the byte each wrote, and which of them (up to `n + 4`: uncommitted ones too) wrote
+/// `found`.
+fn writers_of(seed: u64, k: usize, shared: bool, n: u64, off: usize, found: u8) -> String {
+    let (_, lo, hi) = span(k, shared);
+    let mut hist = Vec::new();
+    for i in 1..=n + 4 {
+        for (o, b) in tx_writes(seed, k, i, shared, lo, hi) {
+            if (o..o + b.len()).contains(&off) {
+                hist.push((i, b[off - o]));
+            }
+        }
+    }
+    let found_by: Vec<u64> = hist
+        .iter()
+        .filter(|h| h.1 == found)
+        .map(|h| h.0)
+        .rev()
+        .take(3)
+        .collect();
+    let tail: Vec<String> = hist
+        .iter()
+        .rev()
+        .take(6)
+        .map(|(i, b)| format!("tx {i} wrote {b:#04x}"))
+        .collect();
+    format!(
+        "last writers: {}; the found byte was written by tx {found_by:?}",
+        tail.join(", ")
+    )
+}
+
+/// Append a line to the run's event log (kills and restarts), shown when a check fails.
+fn event(dir: &Path, what: &str) {
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("events"))
+    {
+        let _ = writeln!(f, "{} {what}", tiermem_media::now_ns() / 1_000_000);
+    }
 }
 
 /// The overlap area holds only whole slots of committed transactions.
@@ -323,6 +378,13 @@ fn soak_child() {
         a[2],
         a[3],
     );
+    event(
+        dir,
+        &format!(
+            "worker {k} (pid {}) started: private {pi}, shared {si}, acks {a:?}",
+            std::process::id()
+        ),
+    );
     let put = |x: usize, v: u64| ack.write_all_at(&v.to_le_bytes(), 8 * x as u64).unwrap();
     // The counters are the truth now (a transaction that entered commit may be there or not).
     put(0, pi);
@@ -425,6 +487,7 @@ fn soak_processes_private_and_shared_with_kills() {
             for (k, c) in kids.iter_mut().enumerate() {
                 kill(c, k);
             }
+            event(dir, "killed all");
             let rep = recover(cfg(dir).dir).unwrap();
             verify_all(dir, seed);
             eprintln!(
@@ -442,6 +505,7 @@ fn soak_processes_private_and_shared_with_kills() {
             // One dies: a live user reaps it; its next incarnation checks its data.
             let k = (rng >> 8) as usize % WORKERS;
             kill(&mut kids[k], k);
+            event(dir, &format!("killed worker {k} acks {:?}", acks(dir, k)));
             kills += 1;
             kids[k] = spawn(dir, k, seed);
         }
