@@ -52,8 +52,10 @@ pub struct IocacheOpts {
     #[arg(long, value_parser = ["write", "readahead", "readahead-all", "readahead-reused", "drop"])]
     pub evict_clean: Option<String>,
     /// dbio's treatment of pages read from the page cache in the main rows (default: the
-    /// library's); the other runs at the 50 % pool as a variant.
-    #[arg(long, value_parser = ["leave", "drop"])]
+    /// library's, auto: drop them when cold misses are read O_DIRECT, leave them under buffered
+    /// cold reads); the other choice (leave for auto and drop, drop for leave) runs at the
+    /// 50 % pool as a variant.
+    #[arg(long, value_parser = ["leave", "drop", "auto"])]
     pub after_hit: Option<String>,
     /// Run only one half: the DBIO buffer pool or z-READ (the other's keys are null).
     #[arg(long, value_parser = ["dbio", "zread"])]
@@ -255,10 +257,10 @@ fn one_run(r: &RunReq) -> Result<RunReply> {
             } else {
                 evict_clean_of(&r.evict_clean)?
             },
-            after_hit: if r.after_hit == "drop" {
-                AfterHit::Drop
-            } else {
-                AfterHit::Leave
+            after_hit: match r.after_hit.as_str() {
+                "drop" => AfterHit::Drop,
+                "leave" => AfterHit::Leave,
+                _ => Options::default().after_hit,
             },
             // The cgroup holds the budget; the library trims only without one.
             enforce_budget: r.cgroup_procs.is_none(),
@@ -426,6 +428,7 @@ fn ah_name(a: AfterHit) -> &'static str {
     match a {
         AfterHit::Leave => "leave",
         AfterHit::Drop => "drop",
+        AfterHit::Auto => "auto",
     }
 }
 
@@ -538,8 +541,8 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
     });
     let main_ah = match o.after_hit.as_deref() {
         Some("drop") => "drop",
-        Some(_) => "leave",
-        None => ah_name(lib.after_hit),
+        Some("leave") => "leave",
+        _ => ah_name(lib.after_hit),
     };
     let mut configs = Vec::new();
     let shapes = if o.only.as_deref() == Some("zread") {
@@ -583,7 +586,8 @@ pub fn run(o: &IocacheOpts) -> Result<IocacheReport> {
                     fraction,
                     mode: "dbio",
                     evict_clean: main_ec,
-                    after_hit: if main_ah == "drop" { "leave" } else { "drop" },
+                    // (`auto` drops at this size: cold reads are O_DIRECT here.)
+                    after_hit: if main_ah == "leave" { "drop" } else { "leave" },
                 });
             }
         }

@@ -334,7 +334,7 @@ typedef struct TiermemIocacheOptions {
    */
   int mode;
   /**
-   * TIERMEM_IOCACHE_EVICT_* (default WRITE).
+   * TIERMEM_IOCACHE_EVICT_* (default READAHEAD).
    */
   int evict_clean;
   /**
@@ -342,7 +342,8 @@ typedef struct TiermemIocacheOptions {
    */
   int probe_nowait;
   /**
-   * Non-zero: drop a page read from the page cache (default 0: leave it there).
+   * 1: drop a page read from the page cache; 0: leave it there; -1 (the default): drop it
+   * when uncached misses are read O_DIRECT, leave it under buffered cold reads.
    */
   int drop_after_hit;
   /**

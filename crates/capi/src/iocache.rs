@@ -57,11 +57,12 @@ pub struct TiermemIocacheOptions {
     pub page_size: u32,
     /// TIERMEM_IOCACHE_BUFFERED, _DIRECT or _DBIO (default DBIO).
     pub mode: c_int,
-    /// TIERMEM_IOCACHE_EVICT_* (default WRITE).
+    /// TIERMEM_IOCACHE_EVICT_* (default READAHEAD).
     pub evict_clean: c_int,
     /// Non-zero: probe with preadv2(RWF_NOWAIT) instead of cachestat (default 0).
     pub probe_nowait: c_int,
-    /// Non-zero: drop a page read from the page cache (default 0: leave it there).
+    /// 1: drop a page read from the page cache; 0: leave it there; -1 (the default): drop it
+    /// when uncached misses are read O_DIRECT, leave it under buffered cold reads.
     pub drop_after_hit: c_int,
     /// dbio's read of an uncached miss: TIERMEM_IOCACHE_COLD_AUTO (default), _DIRECT or
     /// _BUFFERED.
@@ -146,10 +147,16 @@ fn to_options(o: &TiermemIocacheOptions) -> Result<Options, c_int> {
         } else {
             Probe::Cachestat
         },
-        after_hit: if o.drop_after_hit != 0 {
-            AfterHit::Drop
-        } else {
-            AfterHit::Leave
+        after_hit: match o.drop_after_hit {
+            -1 => AfterHit::Auto,
+            0 => AfterHit::Leave,
+            1 => AfterHit::Drop,
+            m => {
+                return Err(fail(
+                    libc::EINVAL,
+                    format!("drop_after_hit {m}: 1, 0 or -1"),
+                ))
+            }
         },
         enforce_budget: o.enforce_budget != 0,
         lock: o.lock != 0,
@@ -182,9 +189,19 @@ pub extern "C" fn tiermem_iocache_options_default(out: *mut TiermemIocacheOption
             *out = TiermemIocacheOptions {
                 page_size: d.page_size as u32,
                 mode: TIERMEM_IOCACHE_DBIO,
-                evict_clean: TIERMEM_IOCACHE_EVICT_WRITE,
+                evict_clean: match d.evict_clean {
+                    EvictClean::Write => TIERMEM_IOCACHE_EVICT_WRITE,
+                    EvictClean::Readahead => TIERMEM_IOCACHE_EVICT_READAHEAD,
+                    EvictClean::Drop => TIERMEM_IOCACHE_EVICT_DROP,
+                    EvictClean::ReadaheadAll => TIERMEM_IOCACHE_EVICT_READAHEAD_ALL,
+                    EvictClean::ReadaheadReused => TIERMEM_IOCACHE_EVICT_READAHEAD_REUSED,
+                },
                 probe_nowait: 0,
-                drop_after_hit: c_int::from(d.after_hit == AfterHit::Drop),
+                drop_after_hit: match d.after_hit {
+                    AfterHit::Auto => -1,
+                    AfterHit::Leave => 0,
+                    AfterHit::Drop => 1,
+                },
                 cold_read: TIERMEM_IOCACHE_COLD_AUTO,
                 enforce_budget: 1,
                 lock: 1,

@@ -77,7 +77,7 @@ fn configs() -> Vec<Options> {
         EvictClean::Drop,
     ] {
         for probe in [Probe::Cachestat, Probe::Nowait] {
-            for after_hit in [AfterHit::Leave, AfterHit::Drop] {
+            for after_hit in [AfterHit::Leave, AfterHit::Drop, AfterHit::Auto] {
                 v.push(Options {
                     evict_clean: ec,
                     probe,
@@ -248,6 +248,45 @@ fn dbio_readahead_reused_caches_the_reused_victims() {
 fn dbio_readahead_selects_when_the_cache_share_is_below_the_pool() {
     // Budget 12 pages, pool 8: the page cache's share (4) is below the pool.
     readahead_of_reused_victims(EvictClean::Readahead, 12, false);
+}
+
+/// Two passes over 64 pages through an 8-frame pool with every clean victim read back: the
+/// pages dropped from the page cache after their hit there.
+fn dropped_after_hits(after_hit: AfterHit, cold_read: ColdRead) -> u64 {
+    let pages = 64u64;
+    let (_dir, path) = filled_file(pages);
+    let pool = Pool::open(
+        &path,
+        Options {
+            cold_read,
+            evict_clean: EvictClean::ReadaheadAll,
+            after_hit,
+            ..opts(Mode::Dbio, 8, 128)
+        },
+    )
+    .unwrap();
+    pool.file().drop_cached(0, 0).unwrap();
+    for p in (0..pages).chain(0..pages) {
+        assert_eq!(
+            &pool.get_page(p, Access::Read).unwrap()[..],
+            &fill(p, 1)[..]
+        );
+    }
+    let s = pool.stats();
+    assert!(s.cache_hits >= pages - 8 - 1, "{s:?}");
+    s.dropped_after_hit
+}
+
+#[test]
+fn after_hit_auto_drops_under_direct_cold_reads_and_leaves_under_buffered_ones() {
+    // O_DIRECT cold reads: the page cache is the victim cache, a hit page leaves it (in
+    // batches of DROP_BATCH, so at least the full batches of the ≥ 55 hits).
+    let n = dropped_after_hits(AfterHit::Auto, ColdRead::Direct);
+    assert!(n >= 32, "{n} pages dropped");
+    assert_eq!(n, dropped_after_hits(AfterHit::Drop, ColdRead::Direct));
+    // Buffered cold reads: clean evictions count on the cache holding every page.
+    assert_eq!(dropped_after_hits(AfterHit::Auto, ColdRead::Buffered), 0);
+    assert_eq!(dropped_after_hits(AfterHit::Leave, ColdRead::Direct), 0);
 }
 
 #[test]
