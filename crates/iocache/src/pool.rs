@@ -89,8 +89,8 @@ pub enum AfterHit {
     /// pool's victim cache, and a page held twice wastes a victim's room), `Leave` under a
     /// buffered cold read ([`ColdRead`]: every page came through the cache, and a clean
     /// eviction counts on finding it there). Measured at the 50 % pool, YCSB-B at twice the
-    /// budget, five runs: `Drop` 1.07–1.36× buffered (median 1.30), `Leave` 0.89–1.42×
-    /// (median 1.04); see docs/iocache.md.
+    /// budget: `Drop` 1.07–1.36× buffered in seven runs (median 1.30), `Leave` 0.89–1.42× in
+    /// six (median 1.03); see docs/iocache.md.
     Auto,
 }
 
