@@ -448,19 +448,9 @@ mod tests {
     #[test]
     fn acknowledged_commits_survive_when_no_pool_write_reached_the_disk() {
         for paused in [true, false] {
-            let d = tempfile::Builder::new()
-                .prefix("tiermem-vnvm-journal")
-                .tempdir_in("/var/tmp")
-                .unwrap();
-            let cfg = VnvmConfig {
-                dir: d.path().join("inst"),
-                log_size: 16 * 4096,
-                cache_size: 16 * 4096,
-                max_tx_age: Duration::from_secs(600),
-                redo_paused: paused,
-                ..VnvmConfig::default()
-            };
-            let file = d.path().join("data");
+            let (d, mut cfg, file) =
+                crate::tests::small_disk_instance("tiermem-vnvm-journal", paused);
+            cfg.max_tx_age = Duration::from_secs(600);
             let vn = nv_init(&cfg).unwrap();
             assert!(
                 vn.inner.journal.is_some(),
@@ -524,7 +514,6 @@ mod tests {
             put_back("log.pool", &[(0, &log0)]);
             put_back("meta.pool", &[(objs.0, &objs0), (words.0, &words0)]);
 
-            let mut cfg = cfg;
             cfg.redo_paused = false;
             let vn = nv_init(&cfg).unwrap();
             let r = vn.nv_allocate(&file, 1 << 16, Mode::Private).unwrap();

@@ -876,6 +876,40 @@ mod tests {
     pub(crate) static COMMIT_WAIT_MS: std::sync::atomic::AtomicU64 =
         std::sync::atomic::AtomicU64::new(0);
 
+    /// A small instance's configuration on a disk file system (msync-backed pools, so the
+    /// commit journal and the slow redo poll): 16 log pages, 16 cache pages, the redo worker
+    /// paused or not. Returns the temporary directory (the instance is its `inst`), the
+    /// configuration and the path of a data file beside the instance.
+    pub(crate) fn small_disk_instance(
+        prefix: &str,
+        redo_paused: bool,
+    ) -> (tempfile::TempDir, VnvmConfig, std::path::PathBuf) {
+        let d = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let cfg = VnvmConfig {
+            dir: d.path().join("inst"),
+            log_size: 16 * 4096,
+            cache_size: 16 * 4096,
+            redo_paused,
+            ..VnvmConfig::default()
+        };
+        let file = d.path().join("data");
+        (d, cfg, file)
+    }
+
+    /// Log `len` bytes of `byte` at offset `off` of region `r` in transaction `tid` (in one
+    /// `nv_write`: the tests keep them within one log page).
+    pub(crate) fn write_fill(vn: &Vnvm, r: &Region, tid: Tid, off: usize, byte: u8, len: usize) {
+        assert!(off + len <= r.len(), "the write lies in the region");
+        // SAFETY: off + len lies within the region (asserted above).
+        let n = vn
+            .nv_write(tid, unsafe { r.as_ptr().add(off) }, &vec![byte; len])
+            .unwrap();
+        assert_eq!(n, len);
+    }
+
     /// A commit that finds no free log object (here: all taken, as a leak would) waits for
     /// one, and after its wait fails with a typed error, leaving the transaction open.
     #[test]

@@ -790,26 +790,11 @@ mod tests {
     /// transaction itself, as the worker's batch does.
     #[test]
     fn an_edge_fill_from_dram_never_leaves_part_of_a_staged_transaction_in_the_file() {
-        let d = tempfile::Builder::new()
-            .prefix("tiermem-vnvm-edgestaged")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        let cfg = VnvmConfig {
-            dir: d.path().join("inst"),
-            log_size: 16 * 4096,
-            cache_size: 16 * 4096,
-            redo_paused: true,
-            ..VnvmConfig::default()
-        };
-        let file = d.path().join("data");
+        let (_d, cfg, file) = crate::tests::small_disk_instance("tiermem-vnvm-edgestaged", true);
         let vn = nv_init(&cfg).unwrap();
         let r = vn.nv_allocate(&file, 8 * 4096, Mode::Private).unwrap();
         let write = |tid: Tid, off: usize, byte: u8| {
-            // SAFETY: every offset used below + 10 lies in the 32 KiB region.
-            let n = vn
-                .nv_write(tid, unsafe { r.as_ptr().add(off) }, &[byte; 10])
-                .unwrap();
-            assert_eq!(n, 10);
+            crate::tests::write_fill(&vn, &r, tid, off, byte, 10);
         };
         // Linked: 10 bytes at the start of chunk 1 of page 1 (an edge: the chunk's other
         // bytes come from DRAM when it is applied).

@@ -425,25 +425,11 @@ mod tests {
     /// of a transaction that never linked, without its data.
     #[test]
     fn a_writeback_never_leaves_part_of_a_staged_transaction_in_the_file() {
-        let d = tempfile::Builder::new()
-            .prefix("tiermem-vnvm-wbstaged")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        let cfg = VnvmConfig {
-            dir: d.path().join("inst"),
-            log_size: 16 * 4096,
-            cache_size: 16 * 4096,
-            ..VnvmConfig::default()
-        };
-        let file = d.path().join("data");
+        let (_d, cfg, file) = crate::tests::small_disk_instance("tiermem-vnvm-wbstaged", false);
         let vn = nv_init(&cfg).unwrap();
         let r = vn.nv_allocate(&file, 8 * 4096, Mode::Private).unwrap();
         let write = |tid: Tid, off: usize, byte: u8| {
-            // SAFETY: every offset used below + 64 lies in the 32 KiB region.
-            let n = vn
-                .nv_write(tid, unsafe { r.as_ptr().add(off) }, &[byte; 64])
-                .unwrap();
-            assert_eq!(n, 64);
+            crate::tests::write_fill(&vn, &r, tid, off, byte, 64);
         };
         // Page 0 becomes dirty in the NVM cache.
         let t1 = vn.nv_txbegin();
