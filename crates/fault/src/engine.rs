@@ -902,6 +902,12 @@ impl Runtime {
     fn run(mut self) {
         let mut msgs = [UffdMsg::default(); 64];
         let mut pfds: Vec<libc::pollfd> = Vec::new();
+        // Reused, like `pfds`: the loop must not allocate while it only polls and reads. A
+        // fork by another thread holds glibc's malloc locks from before the fork until this
+        // thread reads the fork event (a ShareWithChild region's `UFFD_EVENT_FORK`); a malloc
+        // or free here in that window deadlocks both (found by the fork test hanging: the
+        // runtime spinning after the parent's faults allocated this vector every turn).
+        let mut ready: Vec<bool> = Vec::new();
         loop {
             let g = self.engine.gen.load(Ordering::Acquire);
             if g != self.seen_gen {
@@ -912,7 +918,8 @@ impl Runtime {
             // Which contexts to read: all of them while spinning, the ready ones otherwise.
             let n_parents = self.parents.len();
             let total = n_parents + self.children.len();
-            let mut ready = vec![spinning; total];
+            ready.clear();
+            ready.resize(total, spinning);
             if !spinning {
                 self.spin_until = None;
                 pfds.clear();
