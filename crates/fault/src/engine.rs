@@ -27,10 +27,13 @@
 //! # Caveats
 //! * Resolvers and `on_event` callbacks must not `munmap`, `madvise(MADV_DONTNEED)` or `mremap`
 //!   registered memory, nor fork: the runtime thread would wait for itself to read the event.
+//!   Other threads may fork at any time: `fork_guard` parks the runtime at a point where it
+//!   does not allocate while glibc's fork holds the malloc locks.
 //! * Unregistering a region from inside its own resolver deadlocks (it waits for in-flight
 //!   resolutions of that region to finish).
 
 use crate::error::{Error, ResolveError, Result};
+use crate::fork_guard;
 use crate::policy::{Fault, FaultKind, FaultOps, RegionEvent, Resolver};
 use crate::region::{self, ForkPolicy, Modes, RegionInner, RegionSpec, Resolution};
 use crate::sig::{Chain, StackBuf};
@@ -603,6 +606,9 @@ impl Engine {
         )?;
         // Handler contexts are resolved on the runtime thread, which must defer on EAGAIN.
         uffd.set_eagain_retry(in_thread);
+        if want & UFFD_FEATURE_EVENT_FORK != 0 {
+            fork_guard::arm();
+        }
         let ctx = Arc::new(Ctx {
             uffd,
             in_thread,
@@ -630,6 +636,7 @@ impl Engine {
             return Err(Error::last("eventfd"));
         }
         self.wake_fd.store(efd, Ordering::Release);
+        fork_guard::install();
         std::thread::Builder::new()
             .name("tiermem-fault".into())
             .spawn(move || Runtime::new(self, efd).run())
@@ -901,14 +908,17 @@ impl Runtime {
 
     fn run(mut self) {
         let mut msgs = [UffdMsg::default(); 64];
+        // Reused, like `ready` and `held`: see [`fork_guard`] for why this loop allocates only
+        // inside its dispatch sections.
         let mut pfds: Vec<libc::pollfd> = Vec::new();
-        // Reused, like `pfds`: the loop must not allocate while it only polls and reads. A
-        // fork by another thread holds glibc's malloc locks from before the fork until this
-        // thread reads the fork event (a ShareWithChild region's `UFFD_EVENT_FORK`); a malloc
-        // or free here in that window deadlocks both (found by the fork test hanging: the
-        // runtime spinning after the parent's faults allocated this vector every turn).
         let mut ready: Vec<bool> = Vec::new();
+        let mut held: Vec<(usize, UffdMsg)> = Vec::with_capacity(fork_guard::HELD_CAP);
+        fork_guard::runtime_started();
         loop {
+            if !fork_guard::enter_dispatch() {
+                self.ride_out_fork(&mut msgs, &mut held);
+                continue;
+            }
             let g = self.engine.gen.load(Ordering::Acquire);
             if g != self.seen_gen {
                 self.parents = self.engine.state.lock().contexts.clone();
@@ -949,10 +959,19 @@ impl Runtime {
                 } else {
                     500
                 };
+                // A fork may start while this thread sleeps in poll: it must not wait for us.
+                fork_guard::leave_dispatch();
                 // SAFETY: pfds is a valid array of pollfd.
                 let n =
                     unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
+                if !fork_guard::enter_dispatch() {
+                    // The contexts poll found ready are read by ride_out_fork; the next turn
+                    // polls again (level-triggered).
+                    self.ride_out_fork(&mut msgs, &mut held);
+                    continue;
+                }
                 if n < 0 {
+                    fork_guard::leave_dispatch();
                     continue; // EINTR
                 }
                 if pfds[0].revents != 0 {
@@ -975,14 +994,7 @@ impl Runtime {
                     continue;
                 }
                 loop {
-                    let (ctx, is_child) = if i < n_parents {
-                        (self.parents[i].clone(), None)
-                    } else {
-                        (
-                            self.children[i - n_parents].ctx.clone(),
-                            Some(i - n_parents),
-                        )
-                    };
+                    let (ctx, is_child) = self.context_at(i);
                     RT_BUSY.store(true, Ordering::SeqCst);
                     let n = match ctx.uffd.read_msgs(&mut msgs) {
                         Ok(n) => n,
@@ -1004,27 +1016,96 @@ impl Runtime {
                 }
             }
             self.children.extend(new_children);
-            // Every context has now been read dry, so the events that made these faults fail
-            // with EAGAIN have been consumed: retry them (those still failing stay deferred).
-            if !self.deferred.is_empty() {
-                let retry = std::mem::take(&mut self.deferred);
-                for (ctx, m) in retry {
-                    let child = self.children.iter().position(|c| Arc::ptr_eq(&c.ctx, &ctx));
-                    let is_parent = self.parents.iter().any(|c| Arc::ptr_eq(c, &ctx));
-                    if child.is_some() || is_parent {
-                        self.on_pagefault(&ctx, child, &m);
+            self.after_reading();
+            fork_guard::leave_dispatch();
+        }
+    }
+
+    /// Context `i` of the runtime's combined list (parents, then children), and its child index.
+    fn context_at(&self, i: usize) -> (Arc<Ctx>, Option<usize>) {
+        let n_parents = self.parents.len();
+        if i < n_parents {
+            (self.parents[i].clone(), None)
+        } else {
+            (
+                self.children[i - n_parents].ctx.clone(),
+                Some(i - n_parents),
+            )
+        }
+    }
+
+    /// End of a turn, once every context has been read dry: retries the deferred faults and
+    /// forgets dead children.
+    fn after_reading(&mut self) {
+        // The events that made these faults fail with EAGAIN have been consumed: retry them
+        // (those still failing stay deferred).
+        if !self.deferred.is_empty() {
+            let retry = std::mem::take(&mut self.deferred);
+            for (ctx, m) in retry {
+                let child = self.children.iter().position(|c| Arc::ptr_eq(&c.ctx, &ctx));
+                let is_parent = self.parents.iter().any(|c| Arc::ptr_eq(c, &ctx));
+                if child.is_some() || is_parent {
+                    self.on_pagefault(&ctx, child, &m);
+                }
+            }
+        }
+        let before = self.children.len();
+        self.children.retain(|c| !c.dead);
+        if self.children.len() != before {
+            self.engine
+                .stats
+                .children_live
+                .store(self.children.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// A thread of this process is forking (see [`fork_guard`]): read every context without
+    /// allocating, holding the messages in `held` (preallocated), until the fork has returned
+    /// in the parent; then dispatch them in the order they were read. Reading is what lets the
+    /// fork go on: the kernel makes it wait until each `UFFD_EVENT_FORK` has been read.
+    fn ride_out_fork(&mut self, msgs: &mut [UffdMsg; 64], held: &mut Vec<(usize, UffdMsg)>) {
+        let total = self.parents.len() + self.children.len();
+        RT_BUSY.store(true, Ordering::SeqCst);
+        while fork_guard::forking() {
+            for i in 0..total {
+                let room = (held.capacity() - held.len()).min(msgs.len());
+                if room == 0 {
+                    break;
+                }
+                let ctx = if i < self.parents.len() {
+                    &self.parents[i]
+                } else {
+                    &self.children[i - self.parents.len()].ctx
+                };
+                // A read error (a dead child) is seen again, and handled, by the next turn.
+                if let Ok(n) = ctx.uffd.read_msgs(&mut msgs[..room]) {
+                    for m in &msgs[..n] {
+                        held.push((i, *m));
                     }
                 }
             }
-            let before = self.children.len();
-            self.children.retain(|c| !c.dead);
-            if self.children.len() != before {
-                self.engine
-                    .stats
-                    .children_live
-                    .store(self.children.len() as u64, Ordering::Relaxed);
-            }
+            let pause = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 20_000,
+            };
+            // SAFETY: nanosleep with a valid timespec and no remainder.
+            unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
         }
+        if !fork_guard::enter_dispatch() {
+            // Another fork began already; keep holding (the list is dispatched after it).
+            RT_BUSY.store(false, Ordering::SeqCst);
+            return;
+        }
+        let mut new_children = Vec::new();
+        for &(i, m) in held.iter() {
+            let (ctx, is_child) = self.context_at(i);
+            self.dispatch(&ctx, is_child, &m, &mut new_children);
+        }
+        held.clear();
+        self.children.extend(new_children);
+        RT_BUSY.store(false, Ordering::SeqCst);
+        self.after_reading();
+        fork_guard::leave_dispatch();
     }
 
     /// Drops the contexts of children whose address space is gone (exit or exec).

@@ -63,6 +63,7 @@
 pub mod access;
 pub mod engine;
 pub mod error;
+mod fork_guard;
 pub mod policy;
 pub mod probe;
 pub mod region;
