@@ -458,10 +458,12 @@ impl SsdDevice {
         }
         if self.direct {
             let (m, o) = (self.align.mem as u64, self.align.offset as u64);
-            let path = self.path.clone();
+            // Cloned only on the error paths: read_at and write_at allocate nothing when they
+            // succeed (the pager reads from its SIGBUS handler).
+            let path = || self.path.clone();
             if ptr as u64 % m != 0 {
                 return Err(MediaError::Unaligned {
-                    path,
+                    path: path(),
                     what: "buffer address",
                     value: ptr as u64,
                     align: m,
@@ -469,7 +471,7 @@ impl SsdDevice {
             }
             if offset % o != 0 {
                 return Err(MediaError::Unaligned {
-                    path,
+                    path: path(),
                     what: "offset",
                     value: offset,
                     align: o,
@@ -477,7 +479,7 @@ impl SsdDevice {
             }
             if len as u64 % o != 0 {
                 return Err(MediaError::Unaligned {
-                    path,
+                    path: path(),
                     what: "length",
                     value: len as u64,
                     align: o,
@@ -504,6 +506,7 @@ impl SsdDevice {
 
     /// Read exactly `buf.len()` bytes at `offset`. In direct mode the buffer address, offset and
     /// length must be aligned ([`MediaError::Unaligned`]); the range must lie inside the device.
+    /// A successful read allocates nothing and takes no lock (async-signal-safe).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.validate(offset, buf.as_ptr(), buf.len())?;
         pread_exact(self.fd.as_raw_fd(), buf, offset, &self.path)?;

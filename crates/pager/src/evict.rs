@@ -1,0 +1,457 @@
+//! The evictor thread: keeps DRAM under the budget and the paging buffer from filling.
+//!
+//! **Page-out.** Victims are taken in fault order (the FIFO the page-in path feeds; user space
+//! sees no accessed bits, and the buffer is the second chance). Each victim is claimed in the
+//! shadow table (`Resident → Evicting`), then `UFFDIO_MOVE`d out of the region into a scratch
+//! page: the page-table entry moves atomically, so a store racing the eviction either lands in
+//! the moved page or faults and waits for the page to be published. No write-protect round
+//! trip, no `madvise` of region memory (which would wait for the fault engine to read a REMOVE
+//! event). The scratch pages belong to the evictor's own userfaultfd, which asks for no events,
+//! so freeing them after the batch is one `madvise` with no wait. The page is then copied into
+//! an NVM buffer slot (non-temporal stores, the pool's write delay charged) or, with no buffer
+//! slot free, written to the swap file straight from the scratch page (`O_DIRECT`, one
+//! io_uring batch).
+//!
+//! **Latency groups.** Buffer pages are kept in groups of 64 of one latency bound, in eviction
+//! order. When the buffer runs low, whole groups are destaged to the swap file, highest bound
+//! (best effort) first, oldest first, each in one write to 64 consecutive swap slots; the shadow
+//! table is switched `Buffer(s) → Ssd(c+i)` page by page, and a page faulted back in meanwhile
+//! keeps its own copy (its swap slot is freed).
+
+use crate::error::{Error, Result};
+use crate::pager::{Shared, GROUP_PAGES};
+use crate::region::RegionState;
+use crate::shadow::Place;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tiermem_fault::sys::{UFFDIO_REGISTER_MODE_MISSING, UFFD_FEATURE_MOVE, UFFD_FEATURE_SIGBUS};
+use tiermem_fault::{Uffd, PAGE_SIZE};
+use tiermem_media::{now_ns, AlignedBuf, IoOp};
+
+/// One page in the buffer: its FIFO key (region key | page) and its slot.
+#[derive(Clone, Copy)]
+struct Entry {
+    key: u64,
+    slot: u64,
+}
+
+/// Buffer pages of one bound in eviction order.
+struct Group {
+    entries: Vec<Entry>,
+}
+
+/// The evictor's state (owned by its thread).
+pub(crate) struct Evictor {
+    sh: Arc<Shared>,
+    uffd: Uffd,
+    scratch: usize,
+    staging: AlignedBuf,
+    /// The group filling now, per bound.
+    open: HashMap<u64, Group>,
+    /// Full groups per bound, oldest first.
+    closed: BTreeMap<u64, VecDeque<Group>>,
+    victims: Vec<(Arc<RegionState>, usize)>,
+}
+
+// SAFETY: the scratch pages are only touched by the evictor thread.
+unsafe impl Send for Evictor {}
+
+impl Evictor {
+    pub(crate) fn new(sh: Arc<Shared>) -> Result<Evictor> {
+        let uffd = Uffd::open(
+            UFFD_FEATURE_MOVE | UFFD_FEATURE_SIGBUS,
+            "the pager's page-out (UFFDIO_MOVE, Linux 6.8+)",
+        )?;
+        let len = sh.batch * PAGE_SIZE;
+        // SAFETY: anonymous mapping, checked below.
+        let scratch = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if scratch == libc::MAP_FAILED {
+            return Err(Error::last("mmap of the pager's scratch pages"));
+        }
+        // SAFETY: our fresh mapping.
+        unsafe { libc::madvise(scratch, len, libc::MADV_NOHUGEPAGE) };
+        if let Err(e) = uffd.register(scratch as usize, len, UFFDIO_REGISTER_MODE_MISSING) {
+            // SAFETY: our mapping.
+            unsafe { libc::munmap(scratch, len) };
+            return Err(Error::Sys {
+                op: "registering the pager's scratch pages",
+                source: std::io::Error::from_raw_os_error(e),
+            });
+        }
+        let staging = AlignedBuf::for_device(&sh.swap.dev, GROUP_PAGES * PAGE_SIZE)?;
+        Ok(Evictor {
+            victims: Vec::with_capacity(sh.batch),
+            sh,
+            uffd,
+            scratch: scratch as usize,
+            staging,
+            open: HashMap::new(),
+            closed: BTreeMap::new(),
+        })
+    }
+
+    pub(crate) fn run(mut self) {
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: self.sh.kick_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, 20) };
+            let mut v = 0u64;
+            // SAFETY: reading 8 bytes from our eventfd.
+            unsafe { libc::read(self.sh.kick_fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
+            self.sh.kicked.store(false, Ordering::Release);
+            if self.sh.stop.load(Ordering::Acquire) {
+                break;
+            }
+            while self.sh.resident() > self.sh.target_pages {
+                if self.evict_batch() == 0 {
+                    break;
+                }
+                self.destage_if_needed();
+            }
+            self.destage_if_needed();
+            self.sh.rounds.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    fn scratch_page(&self, i: usize) -> usize {
+        self.scratch + i * PAGE_SIZE
+    }
+
+    /// Takes up to one batch of victims out of DRAM; returns how many left it.
+    fn evict_batch(&mut self) -> usize {
+        let sh = self.sh.clone();
+        let room = sh.buffer.as_ref().map_or(0, |b| b.slots.free()) + sh.swap.slots.free();
+        let want = sh.batch.min(room);
+        if want == 0 {
+            sh.c.swap_full.fetch_add(1, Ordering::Relaxed);
+            return 0;
+        }
+        self.victims.clear();
+        {
+            let t = sh.regions.lock();
+            while self.victims.len() < want {
+                let Some(e) = sh.fifo.pop() else { break };
+                if let Some((st, p)) = t.lookup(e) {
+                    if p < st.shadow.len() && st.shadow.cas(p, Place::Resident, Place::Evicting) {
+                        self.victims.push((st, p));
+                    }
+                }
+            }
+        }
+        if self.victims.is_empty() {
+            return 0;
+        }
+        let t0 = now_ns();
+        // Move each victim into its scratch page.
+        let victims = std::mem::take(&mut self.victims);
+        let mut moved: Vec<usize> = Vec::with_capacity(victims.len());
+        let mut out = 0usize;
+        let mut dropped = 0usize;
+        for (i, (st, p)) in victims.iter().enumerate() {
+            match self
+                .uffd
+                .move_pages(self.scratch_page(i), st.page_addr(*p), PAGE_SIZE, 0)
+            {
+                Ok(n) if n == PAGE_SIZE => moved.push(i),
+                Err(libc::ENOENT) => {
+                    // Not present: the program dropped it and the event is still in flight.
+                    st.shadow.set(*p, Place::Zero);
+                    sh.resident.fetch_sub(1, Ordering::AcqRel);
+                    sh.c.dropped.fetch_add(1, Ordering::Relaxed);
+                    dropped += 1;
+                }
+                _ => {
+                    // Shared with another mapping (EBUSY) or refused: it stays.
+                    st.shadow.set(*p, Place::Resident);
+                    let _ = sh.fifo.push(st.key | *p as u64);
+                    sh.c.evict_busy.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        // Destinations: the buffer first, then the swap file.
+        let mut to_ssd: Vec<(usize, u64)> = Vec::new();
+        for &i in &moved {
+            let (st, p) = &victims[i];
+            let slot = sh.buffer.as_ref().and_then(|b| b.slots.alloc());
+            match slot {
+                Some(s) => {
+                    let b = sh.buffer.as_ref().expect("slot from the buffer");
+                    // SAFETY: the scratch page holds the moved page; slot s is ours.
+                    unsafe {
+                        tiermem_media::nt_copy(
+                            b.slot_ptr(s),
+                            self.scratch_page(i) as *const u8,
+                            PAGE_SIZE,
+                        )
+                    };
+                    b.pool.charge_write(PAGE_SIZE as u64);
+                    st.shadow.set(*p, Place::Buffer(s));
+                    let bound = st.bound_ns.load(Ordering::Relaxed);
+                    self.add_to_group(bound, st.key | *p as u64, s);
+                    sh.c.pageouts_buffer.fetch_add(1, Ordering::Relaxed);
+                    sh.h_pageout.record(now_ns().saturating_sub(t0));
+                    out += 1;
+                }
+                None => match sh.swap.slots.alloc() {
+                    Some(s) => to_ssd.push((i, s)),
+                    None => self.put_back(st, *p, i),
+                },
+            }
+        }
+        if !to_ssd.is_empty() {
+            let results = {
+                let mut ops: Vec<IoOp<'_>> = to_ssd
+                    .iter()
+                    .map(|&(i, s)| {
+                        // SAFETY: the scratch page holds the moved page until the madvise below.
+                        let page = unsafe {
+                            std::slice::from_raw_parts(self.scratch_page(i) as *const u8, PAGE_SIZE)
+                        };
+                        IoOp::write(s * PAGE_SIZE as u64, page)
+                    })
+                    .collect();
+                sh.swap.dev.submit_batch(&mut ops)
+            };
+            for (k, &(i, s)) in to_ssd.iter().enumerate() {
+                let (st, p) = &victims[i];
+                let ok = match &results {
+                    Ok(r) => matches!(r[k], Ok(n) if n == PAGE_SIZE),
+                    Err(_) => false,
+                };
+                if ok {
+                    st.shadow.set(*p, Place::Ssd(s));
+                    sh.c.pageouts_ssd.fetch_add(1, Ordering::Relaxed);
+                    sh.h_pageout.record(now_ns().saturating_sub(t0));
+                    out += 1;
+                } else {
+                    sh.c.io_errors.fetch_add(1, Ordering::Relaxed);
+                    sh.swap.slots.release(s);
+                    self.put_back(st, *p, i);
+                }
+            }
+        }
+        // Free the scratch pages (own userfaultfd without events: no wait).
+        // SAFETY: our scratch mapping.
+        unsafe {
+            libc::madvise(
+                self.scratch as *mut libc::c_void,
+                victims.len() * PAGE_SIZE,
+                libc::MADV_DONTNEED,
+            )
+        };
+        sh.resident.fetch_sub(out, Ordering::AcqRel);
+        self.victims = victims;
+        self.victims.clear();
+        out + dropped
+    }
+
+    /// A moved-out page that found no place (swap full, write failed) goes back into its
+    /// region, copied from its scratch page, and stays resident.
+    fn put_back(&self, st: &RegionState, p: usize, i: usize) {
+        // SAFETY: the scratch page holds the moved page.
+        let page =
+            unsafe { std::slice::from_raw_parts(self.scratch_page(i) as *const u8, PAGE_SIZE) };
+        let handle = st.handle.get().and_then(std::sync::Weak::upgrade);
+        // Without a handle the region is being unmapped: its bytes no longer matter.
+        if let Some(h) = handle {
+            if h.install(p * PAGE_SIZE, page).is_err() {
+                self.sh.c.io_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        st.shadow.set(p, Place::Resident);
+        let _ = self.sh.fifo.push(st.key | p as u64);
+        self.sh.c.swap_full.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn add_to_group(&mut self, bound: u64, key: u64, slot: u64) {
+        let g = self.open.entry(bound).or_insert_with(|| Group {
+            entries: Vec::with_capacity(GROUP_PAGES),
+        });
+        g.entries.push(Entry { key, slot });
+        if g.entries.len() == GROUP_PAGES {
+            let full = std::mem::replace(
+                g,
+                Group {
+                    entries: Vec::with_capacity(GROUP_PAGES),
+                },
+            );
+            self.closed.entry(bound).or_default().push_back(full);
+        }
+    }
+
+    /// The next group to destage: the oldest full group of the highest bound, else the largest
+    /// open group.
+    fn take_group(&mut self) -> Option<Group> {
+        if let Some(mut e) = self.closed.last_entry() {
+            let g = e.get_mut().pop_front();
+            if e.get().is_empty() {
+                e.remove();
+            }
+            return g;
+        }
+        let bound = self
+            .open
+            .iter()
+            .filter(|(_, g)| !g.entries.is_empty())
+            .max_by_key(|(b, g)| (g.entries.len(), **b))
+            .map(|(b, _)| *b)?;
+        self.open.remove(&bound)
+    }
+
+    /// Destages groups while the buffer has fewer free slots than its low mark.
+    fn destage_if_needed(&mut self) {
+        let sh = self.sh.clone();
+        let Some(b) = sh.buffer.as_ref() else {
+            return;
+        };
+        let low = (2 * GROUP_PAGES)
+            .max(b.capacity() / 8)
+            .min(b.capacity() / 2);
+        while b.slots.free() < low {
+            if !self.destage_one() {
+                break;
+            }
+        }
+    }
+
+    /// Writes one group's live pages to consecutive swap slots; false when there is nothing to
+    /// destage or no swap space.
+    fn destage_one(&mut self) -> bool {
+        let sh = self.sh.clone();
+        let b = sh.buffer.as_ref().expect("destage needs a buffer");
+        let Some(g) = self.take_group() else {
+            return false;
+        };
+        // The pages still in the buffer at the slot the group recorded.
+        let live: Vec<(Arc<RegionState>, usize, u64)> = {
+            let t = sh.regions.lock();
+            g.entries
+                .iter()
+                .filter_map(|e| {
+                    let (st, p) = t.lookup(e.key)?;
+                    (p < st.shadow.len() && st.shadow.get(p) == Place::Buffer(e.slot))
+                        .then_some((st, p, e.slot))
+                })
+                .collect()
+        };
+        if live.is_empty() {
+            return true;
+        }
+        let n = live.len();
+        let (first, contiguous) = match sh.swap.slots.alloc_cluster() {
+            Some(c) => (c, true),
+            None => match sh.swap.slots.alloc() {
+                Some(s) => (s, false),
+                None => {
+                    self.closed.entry(u64::MAX).or_default().push_front(g);
+                    sh.c.swap_full.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+            },
+        };
+        let mut slots = Vec::with_capacity(n);
+        if contiguous {
+            slots.extend(first..first + n as u64);
+            for s in first + n as u64..first + GROUP_PAGES as u64 {
+                sh.swap.slots.release(s);
+            }
+        } else {
+            slots.push(first);
+            while slots.len() < n {
+                match sh.swap.slots.alloc() {
+                    Some(s) => slots.push(s),
+                    None => break,
+                }
+            }
+        }
+        let m = slots.len();
+        for (k, (_, _, slot)) in live.iter().take(m).enumerate() {
+            // SAFETY: slot is this page's buffer copy (or, if it was faulted in meanwhile, a
+            // slot no one else can be given before this function returns).
+            let src = unsafe { std::slice::from_raw_parts(b.slot_ptr(*slot), PAGE_SIZE) };
+            self.staging[k * PAGE_SIZE..(k + 1) * PAGE_SIZE].copy_from_slice(src);
+        }
+        b.pool.charge_read((m * PAGE_SIZE) as u64);
+        let ok: Vec<bool> = if contiguous {
+            let r = sh
+                .swap
+                .dev
+                .write_at(first * PAGE_SIZE as u64, &self.staging[..m * PAGE_SIZE]);
+            vec![r.is_ok(); m]
+        } else {
+            let mut ops: Vec<IoOp<'_>> = slots
+                .iter()
+                .enumerate()
+                .map(|(k, &s)| {
+                    IoOp::write(
+                        s * PAGE_SIZE as u64,
+                        &self.staging[k * PAGE_SIZE..(k + 1) * PAGE_SIZE],
+                    )
+                })
+                .collect();
+            match sh.swap.dev.submit_batch(&mut ops) {
+                Ok(r) => r
+                    .iter()
+                    .map(|x| matches!(x, Ok(n) if *n == PAGE_SIZE))
+                    .collect(),
+                Err(_) => vec![false; m],
+            }
+        };
+        let mut rest = Group {
+            entries: Vec::new(),
+        };
+        for (k, (st, p, slot)) in live.iter().enumerate() {
+            if k >= m || !ok[k] {
+                if k < m {
+                    sh.c.io_errors.fetch_add(1, Ordering::Relaxed);
+                    sh.swap.slots.release(slots[k]);
+                }
+                rest.entries.push(Entry {
+                    key: st.key | *p as u64,
+                    slot: *slot,
+                });
+                continue;
+            }
+            if st
+                .shadow
+                .cas(*p, Place::Buffer(*slot), Place::Ssd(slots[k]))
+            {
+                b.slots.release(*slot);
+                sh.c.destaged.fetch_add(1, Ordering::Relaxed);
+            } else {
+                sh.swap.slots.release(slots[k]);
+            }
+        }
+        if !rest.entries.is_empty() {
+            self.closed.entry(u64::MAX).or_default().push_front(rest);
+            return rest_progress(m, &ok);
+        }
+        true
+    }
+}
+
+/// Whether a partly failed destage still moved something (so the caller may go on).
+fn rest_progress(m: usize, ok: &[bool]) -> bool {
+    m > 0 && ok.iter().any(|&x| x)
+}
+
+impl Drop for Evictor {
+    fn drop(&mut self) {
+        // SAFETY: our scratch mapping.
+        unsafe { libc::munmap(self.scratch as *mut libc::c_void, self.sh.batch * PAGE_SIZE) };
+    }
+}

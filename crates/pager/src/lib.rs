@@ -1,0 +1,51 @@
+//! # tiermem-pager — NVSwap in user space
+//!
+//! Paging with a DRAM budget, an NVM paging buffer and an SSD regular zone, after NVSwap
+//! (`../shared/papers/001_1e107f9c0b6a8cc5.txt`, Ch. 3), on a stock kernel.
+//!
+//! A [`Pager`] owns a DRAM budget, an NVM paging buffer (a `media` pool with the `nvmm` delay
+//! model) and a swap file on a disk (`O_DIRECT`). [`Pager::map`] gives [`PagedRegion`]s: private
+//! anonymous memory registered with the fault engine. A first touch is a zero fill; beyond the
+//! budget the evictor thread moves pages out, in fault order, into the buffer, or to the swap
+//! file when the buffer is full; a touch of an evicted page copies it back in the faulting
+//! thread. The buffer keeps pages in latency groups of 64 of one bound and destages whole
+//! groups to the swap file, best effort first.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `pager.rs` | options, the shared state, counters, [`Pager`] |
+//! | `region.rs` | [`PagedRegion`], the page-in path (in the SIGBUS handler) |
+//! | `evict.rs` | the evictor: page-out by `UFFDIO_MOVE`, latency groups, destaging |
+//! | `shadow.rs` | the shadow mapping table ([`Place`] of every page) |
+//! | `zones.rs` | the NVM buffer pool and the swap file |
+//! | `slots.rs` | lock-free slot bitmaps |
+//! | `hist.rs` | a lock-free latency histogram |
+//!
+//! ## Not yet built (issue #16)
+//! The latency controller (Eq. 1, Algorithm 1), admission (Eq. 2), prefetch of swap groups into
+//! the buffer, sharing one pool among processes, the LD_PRELOAD shim, the C ABI, the CLI and
+//! the benchmark.
+//!
+//! ## Caveats
+//! * Faults are resolved in the faulting thread: a system call that reads or writes an evicted
+//!   page of a region fails with `EFAULT`.
+//! * Regions are not inherited by `fork` (`MADV_DONTFORK`).
+//! * Needs `UFFDIO_MOVE` (Linux 6.8+).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+#![allow(clippy::manual_is_multiple_of)]
+
+pub mod error;
+mod evict;
+pub mod hist;
+mod pager;
+mod region;
+pub mod shadow;
+pub mod slots;
+mod zones;
+
+pub use error::{Error, Result};
+pub use pager::{Pager, PagerOptions, PagerStats, GROUP_PAGES};
+pub use region::PagedRegion;
+pub use shadow::Place;

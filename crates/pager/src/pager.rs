@@ -1,0 +1,379 @@
+//! The pager: options, the state its regions, faults and evictor share, and its counters.
+
+use crate::error::{Error, Result};
+use crate::evict::Evictor;
+use crate::hist::{AtomicHist, HistSnapshot};
+use crate::region::{PagedRegion, RegionState};
+use crate::zones::{Buffer, Swap};
+use crossbeam_queue::ArrayQueue;
+use parking_lot::Mutex;
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use tiermem_fault::PAGE_SIZE;
+use tiermem_media::DelayModel;
+
+/// Pages in a latency group (the paper's 64).
+pub const GROUP_PAGES: usize = 64;
+
+/// How a [`Pager`] is set up.
+#[derive(Clone, Debug)]
+pub struct PagerOptions {
+    /// DRAM budget in bytes: pages of the pager's regions resident at once, at least one
+    /// latency group (64 pages).
+    pub budget: u64,
+    /// Size of the NVM paging buffer in bytes; 0 pages straight to SSD (the `pager-lru-ssd`
+    /// configuration).
+    pub nvm: u64,
+    /// Delay model of the NVM pool (default: `nvmm`, read +100 ns, write +150 ns).
+    pub nvm_delay: DelayModel,
+    /// Where the pool file goes (default: the media layer's directory, tmpfs).
+    pub nvm_dir: Option<PathBuf>,
+    /// The swap file (regular zone) path; its directory must be on a disk (default:
+    /// `/var/tmp/tiermem-pager-<pid>-<n>.swap`).
+    pub swap_path: Option<PathBuf>,
+    /// Swap file size in bytes (default: 4 × the budget + 64 MiB).
+    pub swap_size: Option<u64>,
+    /// Delay model added to the swap file's real I/O (default: none).
+    pub swap_delay: Option<DelayModel>,
+    /// Pages the evictor moves out per round (default 32, Linux's SWAP_CLUSTER_MAX).
+    pub batch: usize,
+}
+
+impl PagerOptions {
+    /// Defaults with a DRAM budget of `budget` bytes and an NVM buffer of `nvm` bytes.
+    pub fn new(budget: u64, nvm: u64) -> PagerOptions {
+        PagerOptions {
+            budget,
+            nvm,
+            nvm_delay: DelayModel::NVMM,
+            nvm_dir: None,
+            swap_path: None,
+            swap_size: None,
+            swap_delay: None,
+            batch: 32,
+        }
+    }
+}
+
+/// Counters of a pager (monotonic, since it started).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) zero_fills: AtomicU64,
+    pub(crate) pageins_buffer: AtomicU64,
+    pub(crate) pageins_ssd: AtomicU64,
+    pub(crate) pageouts_buffer: AtomicU64,
+    pub(crate) pageouts_ssd: AtomicU64,
+    pub(crate) destaged: AtomicU64,
+    pub(crate) dropped: AtomicU64,
+    pub(crate) over_budget_waits: AtomicU64,
+    pub(crate) swap_full: AtomicU64,
+    pub(crate) evict_busy: AtomicU64,
+    pub(crate) io_errors: AtomicU64,
+    pub(crate) max_resident: AtomicUsize,
+}
+
+/// A snapshot of a pager's counters and latencies.
+#[derive(Clone, Debug)]
+pub struct PagerStats {
+    /// Pages in DRAM now.
+    pub resident_pages: usize,
+    /// Most pages ever in DRAM at once.
+    pub max_resident_pages: usize,
+    /// The budget in pages.
+    pub budget_pages: usize,
+    /// Buffer slots in use / in all.
+    pub buffer_used: usize,
+    /// Buffer slots.
+    pub buffer_slots: usize,
+    /// Swap slots in use.
+    pub swap_used: usize,
+    /// Swap slots.
+    pub swap_slots: usize,
+    /// First touches filled with zeros.
+    pub zero_fills: u64,
+    /// Page-ins served from the NVM buffer (one copy).
+    pub pageins_buffer: u64,
+    /// Page-ins read from the swap file.
+    pub pageins_ssd: u64,
+    /// Page-outs into the buffer.
+    pub pageouts_buffer: u64,
+    /// Page-outs straight to the swap file.
+    pub pageouts_ssd: u64,
+    /// Buffer pages written to the swap file by destaging.
+    pub destaged: u64,
+    /// Pages the program dropped (`MADV_DONTNEED`) or unmapped.
+    pub dropped: u64,
+    /// Faults that waited for the evictor because DRAM was over budget.
+    pub over_budget_waits: u64,
+    /// Evictions given up because the buffer and the swap file were full.
+    pub swap_full: u64,
+    /// Evictions the kernel refused (a page shared with another mapping).
+    pub evict_busy: u64,
+    /// Failed device reads or writes.
+    pub io_errors: u64,
+    /// Page-in latency from the buffer (fault to resolved).
+    pub pagein_buffer: HistSnapshot,
+    /// Page-in latency from the swap file.
+    pub pagein_ssd: HistSnapshot,
+    /// Both page-in kinds together.
+    pub pagein: HistSnapshot,
+    /// Page-out latency (a page leaving DRAM until its copy is in place).
+    pub pageout: HistSnapshot,
+}
+
+/// What regions, their faults and the evictor share.
+pub(crate) struct Shared {
+    pub(crate) budget_pages: usize,
+    /// The evictor works down to this many resident pages.
+    pub(crate) target_pages: usize,
+    /// Faults wait above this many resident pages.
+    pub(crate) cap_pages: usize,
+    pub(crate) batch: usize,
+    pub(crate) resident: AtomicUsize,
+    pub(crate) buffer: Option<Buffer>,
+    pub(crate) swap: Swap,
+    /// Resident pages in fault order (region key | page); may hold stale entries.
+    pub(crate) fifo: ArrayQueue<u64>,
+    pub(crate) regions: Mutex<RegionTable>,
+    pub(crate) c: Counters,
+    pub(crate) h_buffer: AtomicHist,
+    pub(crate) h_ssd: AtomicHist,
+    pub(crate) h_pagein: AtomicHist,
+    pub(crate) h_pageout: AtomicHist,
+    /// eventfd that wakes the evictor.
+    pub(crate) kick_fd: RawFd,
+    pub(crate) kicked: AtomicBool,
+    pub(crate) stop: AtomicBool,
+    /// Rounds the evictor has finished (each ends with no batch or destage in progress).
+    pub(crate) rounds: AtomicU64,
+    /// Aligned pages for swap-file reads in the fault path, claimed lock-free.
+    pub(crate) bounce: crate::region::Bounce,
+}
+
+impl Shared {
+    /// Wakes the evictor (at most one eventfd write until it runs; async-signal-safe).
+    pub(crate) fn kick(&self) {
+        if !self.kicked.swap(true, Ordering::AcqRel) {
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes to our eventfd.
+            unsafe { libc::write(self.kick_fd, &one as *const u64 as *const libc::c_void, 8) };
+        }
+    }
+
+    pub(crate) fn resident(&self) -> usize {
+        self.resident.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: our eventfd, closed once.
+        unsafe { libc::close(self.kick_fd) };
+    }
+}
+
+/// Slot index and generation of each live region. Keys in the FIFO carry both, so an entry of
+/// an unmapped region never matches a region mapped later in the same slot.
+#[derive(Default)]
+pub(crate) struct RegionTable {
+    pub(crate) slots: Vec<Option<Arc<RegionState>>>,
+    pub(crate) gens: Vec<u16>,
+}
+
+/// Bits of a FIFO entry given to the page number.
+pub(crate) const PAGE_BITS: u32 = 36;
+
+impl RegionTable {
+    pub(crate) fn lookup(&self, key: u64) -> Option<(Arc<RegionState>, usize)> {
+        let idx = (key >> (PAGE_BITS + 16)) as usize;
+        let gen = ((key >> PAGE_BITS) & 0xffff) as u16;
+        let page = (key & ((1 << PAGE_BITS) - 1)) as usize;
+        match self.slots.get(idx) {
+            Some(Some(r)) if self.gens[idx] == gen => Some((r.clone(), page)),
+            _ => None,
+        }
+    }
+}
+
+/// A user-space pager: regions whose pages beyond a DRAM budget live in an NVM paging buffer or
+/// an SSD swap file and come back on first access. See the crate documentation.
+pub struct Pager {
+    shared: Arc<Shared>,
+    evictor: Option<JoinHandle<()>>,
+}
+
+static SWAP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Pager {
+    /// Sets up the buffer pool, the swap file and the evictor thread.
+    ///
+    /// Errors: a budget below one latency group or above the memory available, a buffer
+    /// smaller than one group (when not 0), a swap file on tmpfs or that cannot be created,
+    /// a kernel without `UFFDIO_MOVE` (Linux 6.8+).
+    pub fn new(opts: &PagerOptions) -> Result<Pager> {
+        let page = PAGE_SIZE as u64;
+        let budget_pages = (opts.budget / page) as usize;
+        if budget_pages < GROUP_PAGES {
+            return Err(Error::InvalidOption(format!(
+                "the DRAM budget of {} bytes is below one latency group ({} pages, {} bytes)",
+                opts.budget,
+                GROUP_PAGES,
+                GROUP_PAGES as u64 * page
+            )));
+        }
+        if let Some(avail) = tiermem_media::mem_available() {
+            if opts.budget > avail {
+                return Err(Error::BudgetAboveMemory {
+                    budget: opts.budget,
+                    available: avail,
+                });
+            }
+        }
+        if opts.nvm != 0 && opts.nvm / page < GROUP_PAGES as u64 {
+            return Err(Error::InvalidOption(format!(
+                "an NVM buffer of {} bytes is below one latency group ({} bytes); use 0 for none",
+                opts.nvm,
+                GROUP_PAGES as u64 * page
+            )));
+        }
+        if opts.batch == 0 || opts.batch > budget_pages / 2 {
+            return Err(Error::InvalidOption(format!(
+                "the eviction batch must be 1..={} pages (half the budget), not {}",
+                budget_pages / 2,
+                opts.batch
+            )));
+        }
+        // Calibrate the clock now: the first call takes ~20 ms and must not be in a fault.
+        let _ = tiermem_media::now_ns();
+        let seq = SWAP_SEQ.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let buffer = if opts.nvm == 0 {
+            None
+        } else {
+            let dir = match &opts.nvm_dir {
+                Some(d) => d.clone(),
+                None => tiermem_media::ensure_default_dir()?,
+            };
+            let path = dir.join(format!("pager-{pid}-{seq}.pool"));
+            Some(Buffer::create(&path, opts.nvm, opts.nvm_delay)?)
+        };
+        let swap_path = opts
+            .swap_path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("/var/tmp/tiermem-pager-{pid}-{seq}.swap")));
+        let swap_size = opts.swap_size.unwrap_or(4 * opts.budget + (64 << 20));
+        let swap = Swap::create(&swap_path, swap_size, opts.swap_delay)?;
+        // SAFETY: plain syscall.
+        let kick_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if kick_fd < 0 {
+            return Err(Error::last("eventfd"));
+        }
+        let batch = opts.batch;
+        let shared = Arc::new(Shared {
+            budget_pages,
+            target_pages: budget_pages - batch,
+            cap_pages: budget_pages + batch,
+            batch,
+            resident: AtomicUsize::new(0),
+            buffer,
+            swap,
+            fifo: ArrayQueue::new(2 * budget_pages + 4 * batch + 1024),
+            regions: Mutex::new(RegionTable::default()),
+            c: Counters::default(),
+            h_buffer: AtomicHist::new(),
+            h_ssd: AtomicHist::new(),
+            h_pagein: AtomicHist::new(),
+            h_pageout: AtomicHist::new(),
+            kick_fd,
+            kicked: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            rounds: AtomicU64::new(0),
+            bounce: crate::region::Bounce::new(64)?,
+        });
+        let ev = Evictor::new(shared.clone())?;
+        let evictor = std::thread::Builder::new()
+            .name("tiermem-pager".into())
+            .spawn(move || ev.run())
+            .map_err(|source| Error::Sys {
+                op: "spawning the pager's evictor thread",
+                source,
+            })?;
+        Ok(Pager {
+            shared,
+            evictor: Some(evictor),
+        })
+    }
+
+    /// Maps a paged region of `len` bytes (rounded up to pages), zero-filled, whose pages count
+    /// against this pager's budget. Faults are resolved in the faulting thread, so a system call
+    /// that reads or writes an evicted page gets `EFAULT` (touch the buffer first).
+    pub fn map(&self, len: usize) -> Result<PagedRegion> {
+        PagedRegion::map(self.shared.clone(), len)
+    }
+
+    /// The budget in bytes.
+    pub fn budget(&self) -> u64 {
+        (self.shared.budget_pages * PAGE_SIZE) as u64
+    }
+
+    /// Counters and latency histograms now.
+    pub fn stats(&self) -> PagerStats {
+        let s = &self.shared;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (bu, bs) = s.buffer.as_ref().map_or((0, 0), |b| {
+            (b.slots.capacity() - b.slots.free(), b.slots.capacity())
+        });
+        PagerStats {
+            resident_pages: s.resident(),
+            max_resident_pages: s.c.max_resident.load(Ordering::Relaxed),
+            budget_pages: s.budget_pages,
+            buffer_used: bu,
+            buffer_slots: bs,
+            swap_used: s.swap.slots.capacity() - s.swap.slots.free(),
+            swap_slots: s.swap.slots.capacity(),
+            zero_fills: l(&s.c.zero_fills),
+            pageins_buffer: l(&s.c.pageins_buffer),
+            pageins_ssd: l(&s.c.pageins_ssd),
+            pageouts_buffer: l(&s.c.pageouts_buffer),
+            pageouts_ssd: l(&s.c.pageouts_ssd),
+            destaged: l(&s.c.destaged),
+            dropped: l(&s.c.dropped),
+            over_budget_waits: l(&s.c.over_budget_waits),
+            swap_full: l(&s.c.swap_full),
+            evict_busy: l(&s.c.evict_busy),
+            io_errors: l(&s.c.io_errors),
+            pagein_buffer: s.h_buffer.snapshot(),
+            pagein_ssd: s.h_ssd.snapshot(),
+            pagein: s.h_pagein.snapshot(),
+            pageout: s.h_pageout.snapshot(),
+        }
+    }
+
+    /// Waits until the evictor has brought DRAM down to the budget and finished a whole round
+    /// begun after this call (no page-out or destage half done), or 10 s. Tests, benchmarks.
+    pub fn settle(&self) {
+        let s = &self.shared;
+        let r0 = s.rounds.load(Ordering::Acquire);
+        for _ in 0..100_000 {
+            if s.resident() <= s.budget_pages && s.rounds.load(Ordering::Acquire) >= r0 + 2 {
+                return;
+            }
+            s.kick();
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+}
+
+impl Drop for Pager {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.kicked.store(false, Ordering::Release);
+        self.shared.kick();
+        if let Some(h) = self.evictor.take() {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,454 @@
+//! A paged region and its page-in path.
+//!
+//! A region is private anonymous memory registered with the fault engine (MISSING, resolved in
+//! the faulting thread's SIGBUS handler, not inherited by `fork`). Its first touch of a page is
+//! a zero fill; a touch of an evicted page copies it back from the NVM buffer (one
+//! `UFFDIO_COPY` straight from the mapped pool) or reads it from the swap file into a bounce
+//! page first. Everything on that path is async-signal-safe: the shadow table's atomics, the
+//! lock-free slot maps and FIFO, `pread`, one ioctl, an eventfd write.
+
+use crate::error::{Error, Result};
+use crate::pager::{Shared, PAGE_BITS};
+use crate::shadow::{Place, Shadow};
+use crate::slots::SlotMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use tiermem_fault::{
+    Engine, Fault, FaultOps, RegionEvent, RegionHandle, RegionSpec, ResolveError, Resolver,
+    PAGE_SIZE,
+};
+use tiermem_media::now_ns;
+
+#[repr(C, align(4096))]
+struct ZeroPage([u8; PAGE_SIZE]);
+static ZERO: ZeroPage = ZeroPage([0; PAGE_SIZE]);
+
+/// Page-aligned pages for swap-file reads in the fault path (`O_DIRECT` needs alignment),
+/// claimed and released lock-free.
+pub(crate) struct Bounce {
+    mem: *mut u8,
+    n: usize,
+    free: SlotMap,
+}
+
+// SAFETY: the pages are only touched by the thread that claimed them through `free`.
+unsafe impl Send for Bounce {}
+// SAFETY: as above.
+unsafe impl Sync for Bounce {}
+
+impl Bounce {
+    pub(crate) fn new(n: usize) -> Result<Bounce> {
+        // SAFETY: anonymous mapping, checked below.
+        let mem = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n * PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if mem == libc::MAP_FAILED {
+            return Err(Error::last("mmap of the pager's bounce pages"));
+        }
+        Ok(Bounce {
+            mem: mem as *mut u8,
+            n,
+            free: SlotMap::new(n),
+        })
+    }
+
+    /// Claims a page (spinning while all are in use) and returns its index and address; the
+    /// page is the caller's alone until [`Bounce::release`].
+    fn claim(&self) -> (u64, *mut u8) {
+        loop {
+            if let Some(i) = self.free.alloc() {
+                // SAFETY: i < n, so the page is inside the mapping.
+                return (i, unsafe { self.mem.add(i as usize * PAGE_SIZE) });
+            }
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+    }
+
+    fn release(&self, i: u64) {
+        self.free.release(i);
+    }
+}
+
+impl Drop for Bounce {
+    fn drop(&mut self) {
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(self.mem as *mut libc::c_void, self.n * PAGE_SIZE) };
+    }
+}
+
+/// What the pager keeps about one region.
+pub(crate) struct RegionState {
+    pub(crate) base: usize,
+    pub(crate) len: usize,
+    pub(crate) shadow: Shadow,
+    /// Table index and generation, shifted into place: `key | page` is a FIFO entry.
+    pub(crate) key: u64,
+    /// Page-in latency bound in ns (`u64::MAX`: best effort).
+    pub(crate) bound_ns: AtomicU64,
+    /// The engine registration, for the evictor's rare put-back of a page it could not place.
+    pub(crate) handle: OnceLock<Weak<RegionHandle>>,
+}
+
+impl RegionState {
+    pub(crate) fn page_addr(&self, p: usize) -> usize {
+        self.base + p * PAGE_SIZE
+    }
+}
+
+/// A region of memory managed by a [`crate::Pager`]. Dereference it through
+/// [`PagedRegion::as_ptr`]; dropping it unmaps the memory and frees its buffer and swap slots.
+pub struct PagedRegion {
+    state: Arc<RegionState>,
+    shared: Arc<Shared>,
+    handle: Option<Arc<RegionHandle>>,
+}
+
+impl PagedRegion {
+    pub(crate) fn map(shared: Arc<Shared>, len: usize) -> Result<PagedRegion> {
+        if len == 0 {
+            return Err(Error::InvalidOption(
+                "a paged region needs at least one byte".into(),
+            ));
+        }
+        let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let pages = len / PAGE_SIZE;
+        if pages as u64 >= 1 << PAGE_BITS {
+            return Err(Error::InvalidOption(format!(
+                "a paged region is limited to {} bytes",
+                (1u64 << PAGE_BITS) * PAGE_SIZE as u64
+            )));
+        }
+        // SAFETY: anonymous mapping, checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Error::Map {
+                len,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // No transparent huge pages: the pager moves 4 KiB pages.
+        // SAFETY: our fresh mapping.
+        unsafe { libc::madvise(base, len, libc::MADV_NOHUGEPAGE) };
+        let (idx, state) = {
+            let mut t = shared.regions.lock();
+            let idx = match t.slots.iter().position(|s| s.is_none()) {
+                Some(i) => i,
+                None => {
+                    t.slots.push(None);
+                    t.gens.push(0);
+                    t.slots.len() - 1
+                }
+            };
+            if idx >= 1 << 12 {
+                drop(t);
+                // SAFETY: our mapping.
+                unsafe { libc::munmap(base, len) };
+                return Err(Error::InvalidOption(
+                    "a pager holds at most 4096 regions at once".into(),
+                ));
+            }
+            t.gens[idx] = t.gens[idx].wrapping_add(1);
+            let key = ((idx as u64) << (PAGE_BITS + 16)) | ((t.gens[idx] as u64) << PAGE_BITS);
+            let st = Arc::new(RegionState {
+                base: base as usize,
+                len,
+                shadow: Shadow::new(pages),
+                key,
+                bound_ns: AtomicU64::new(u64::MAX),
+                handle: OnceLock::new(),
+            });
+            t.slots[idx] = Some(st.clone());
+            (idx, st)
+        };
+        let resolver = Arc::new(PageIn {
+            st: state.clone(),
+            sh: shared.clone(),
+        });
+        let handle = match Engine::global()
+            .register(RegionSpec::new(base as *mut u8, len).in_thread(), resolver)
+        {
+            Ok(h) => Arc::new(h),
+            Err(e) => {
+                shared.regions.lock().slots[idx] = None;
+                // SAFETY: our mapping.
+                unsafe { libc::munmap(base, len) };
+                return Err(e.into());
+            }
+        };
+        let _ = state.handle.set(Arc::downgrade(&handle));
+        Ok(PagedRegion {
+            state,
+            shared,
+            handle: Some(handle),
+        })
+    }
+
+    /// First byte of the region.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.state.base as *mut u8
+    }
+
+    /// Length in bytes (a page multiple).
+    pub fn len(&self) -> usize {
+        self.state.len
+    }
+
+    /// Never true (regions have at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.state.len == 0
+    }
+
+    /// Sets this region's page-in latency bound (the `pct`th percentile, in ns); `None` makes
+    /// it best effort. Pages of bounded regions are destaged from the buffer last.
+    pub fn set_bound(&self, bound_ns: Option<u64>) {
+        self.state
+            .bound_ns
+            .store(bound_ns.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Where page `p` is now (tests and diagnostics).
+    pub fn place(&self, p: usize) -> Place {
+        self.state.shadow.get(p)
+    }
+}
+
+impl Drop for PagedRegion {
+    fn drop(&mut self) {
+        // Unregister first: no fault runs after this (the engine waits for running ones).
+        drop(self.handle.take());
+        let sh = &self.shared;
+        let idx = (self.state.key >> (PAGE_BITS + 16)) as usize;
+        sh.regions.lock().slots[idx] = None;
+        // The evictor may still hold the state for a batch it started: it sees the region gone
+        // only at its next lookup, so wait for pages it holds in Evicting.
+        let st = &self.state;
+        for p in 0..st.shadow.len() {
+            loop {
+                match st.shadow.get(p) {
+                    Place::Evicting | Place::Loading => {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    Place::Resident => {
+                        if st.shadow.cas(p, Place::Resident, Place::Zero) {
+                            sh.resident.fetch_sub(1, Ordering::AcqRel);
+                        } else {
+                            continue;
+                        }
+                    }
+                    Place::Buffer(s) => {
+                        if st.shadow.cas(p, Place::Buffer(s), Place::Zero) {
+                            if let Some(b) = &sh.buffer {
+                                b.slots.release(s);
+                            }
+                        } else {
+                            continue;
+                        }
+                    }
+                    Place::Ssd(s) => {
+                        if st.shadow.cas(p, Place::Ssd(s), Place::Zero) {
+                            sh.swap.slots.release(s);
+                        } else {
+                            continue;
+                        }
+                    }
+                    Place::Zero => {}
+                }
+                break;
+            }
+        }
+        // SAFETY: our mapping; nothing references it now.
+        unsafe { libc::munmap(st.base as *mut libc::c_void, st.len) };
+    }
+}
+
+/// The resolver of one region: the page-in path.
+struct PageIn {
+    st: Arc<RegionState>,
+    sh: Arc<Shared>,
+}
+
+impl PageIn {
+    /// Before installing a page: wait while DRAM is at its hard cap (the evictor frees it).
+    fn admit(&self) {
+        let sh = &self.sh;
+        if sh.resident() < sh.cap_pages {
+            return;
+        }
+        sh.c.over_budget_waits.fetch_add(1, Ordering::Relaxed);
+        while sh.resident() >= sh.cap_pages && !sh.stop.load(Ordering::Acquire) {
+            sh.kick();
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+    }
+
+    /// After installing page `p`: count it and queue it for eviction in fault order.
+    fn installed(&self, p: usize) {
+        let sh = &self.sh;
+        let n = sh.resident.fetch_add(1, Ordering::AcqRel) + 1;
+        sh.c.max_resident.fetch_max(n, Ordering::Relaxed);
+        let mut e = self.st.key | p as u64;
+        while let Err(back) = sh.fifo.push(e) {
+            e = back;
+            sh.kick();
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+        if n > sh.target_pages {
+            sh.kick();
+        }
+    }
+}
+
+impl Resolver for PageIn {
+    fn resolve(&self, f: &Fault, ops: &FaultOps<'_>) -> std::result::Result<(), ResolveError> {
+        let t0 = now_ns();
+        let p = f.offset / PAGE_SIZE;
+        let st = &self.st;
+        let sh = &self.sh;
+        let mut waits = 0u32;
+        loop {
+            let at = st.shadow.get(p);
+            match at {
+                Place::Loading | Place::Evicting => {}
+                Place::Resident => {
+                    // Present, or dropped by the program with the event still being handled
+                    // (the engine reads REMOVE before the kernel zaps): wait, then zero-fill.
+                    if waits > 100_000 {
+                        ops.copy(f.offset, &ZERO.0, false)?;
+                        return Ok(());
+                    }
+                }
+                Place::Zero => {
+                    if st.shadow.cas(p, at, Place::Loading) {
+                        self.admit();
+                        if let Err(e) = ops.copy(f.offset, &ZERO.0, false) {
+                            st.shadow.set(p, at);
+                            return Err(e);
+                        }
+                        st.shadow.set(p, Place::Resident);
+                        self.installed(p);
+                        sh.c.zero_fills.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                }
+                Place::Buffer(s) => {
+                    if st.shadow.cas(p, at, Place::Loading) {
+                        self.admit();
+                        let b = sh.buffer.as_ref().expect("a buffer slot implies a buffer");
+                        // SAFETY: slot s holds this page's bytes until we release it.
+                        let src = unsafe { std::slice::from_raw_parts(b.slot_ptr(s), PAGE_SIZE) };
+                        if let Err(e) = ops.copy(f.offset, src, false) {
+                            st.shadow.set(p, at);
+                            return Err(e);
+                        }
+                        b.pool.charge_read(PAGE_SIZE as u64);
+                        st.shadow.set(p, Place::Resident);
+                        b.slots.release(s);
+                        self.installed(p);
+                        sh.c.pageins_buffer.fetch_add(1, Ordering::Relaxed);
+                        let d = now_ns().saturating_sub(t0);
+                        sh.h_buffer.record(d);
+                        sh.h_pagein.record(d);
+                        return Ok(());
+                    }
+                }
+                Place::Ssd(s) => {
+                    if st.shadow.cas(p, at, Place::Loading) {
+                        self.admit();
+                        let (bi, page) = sh.bounce.claim();
+                        // SAFETY: the claimed bounce page is ours until released below.
+                        let buf = unsafe { std::slice::from_raw_parts_mut(page, PAGE_SIZE) };
+                        if sh.swap.dev.read_at(s * PAGE_SIZE as u64, buf).is_err() {
+                            sh.bounce.release(bi);
+                            st.shadow.set(p, at);
+                            sh.c.io_errors.fetch_add(1, Ordering::Relaxed);
+                            return Err(ResolveError::Resolver(
+                                "reading the page back from the pager's swap file failed",
+                            ));
+                        }
+                        let r = ops.copy(f.offset, buf, false);
+                        sh.bounce.release(bi);
+                        if let Err(e) = r {
+                            st.shadow.set(p, at);
+                            return Err(e);
+                        }
+                        st.shadow.set(p, Place::Resident);
+                        sh.swap.slots.release(s);
+                        self.installed(p);
+                        sh.c.pageins_ssd.fetch_add(1, Ordering::Relaxed);
+                        let d = now_ns().saturating_sub(t0);
+                        sh.h_ssd.record(d);
+                        sh.h_pagein.record(d);
+                        return Ok(());
+                    }
+                }
+            }
+            waits += 1;
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+    }
+
+    fn on_event(&self, ev: &RegionEvent) {
+        let (offset, len) = match *ev {
+            RegionEvent::Remove { offset, len } | RegionEvent::Unmap { offset, len } => {
+                (offset, len)
+            }
+            _ => return,
+        };
+        let st = &self.st;
+        let sh = &self.sh;
+        let first = offset / PAGE_SIZE;
+        let end = ((offset + len) / PAGE_SIZE).min(st.shadow.len());
+        for p in first..end {
+            loop {
+                let at = st.shadow.get(p);
+                match at {
+                    Place::Zero => break,
+                    // A fault or the evictor holds it for one copy: let it finish.
+                    Place::Loading | Place::Evicting => {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    _ => {}
+                }
+                if !st.shadow.cas(p, at, Place::Zero) {
+                    continue;
+                }
+                match at {
+                    Place::Resident => {
+                        sh.resident.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    Place::Buffer(s) => {
+                        if let Some(b) = &sh.buffer {
+                            b.slots.release(s);
+                        }
+                    }
+                    Place::Ssd(s) => sh.swap.slots.release(s),
+                    _ => {}
+                }
+                sh.c.dropped.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+        }
+    }
+}

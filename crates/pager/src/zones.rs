@@ -1,0 +1,105 @@
+//! The two places an evicted page can be: the NVM paging buffer (a `media` pool, slots of one
+//! page) and the regular zone (an SSD swap file, `O_DIRECT`). Each owns its device and its
+//! [`SlotMap`]; neither knows about regions or groups (the evictor does).
+
+use crate::error::{Error, Result};
+use crate::slots::SlotMap;
+use std::path::{Path, PathBuf};
+use tiermem_fault::PAGE_SIZE;
+use tiermem_media::{DelayModel, Pool, PoolOptions, SsdDevice};
+
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// The NVM paging buffer.
+pub struct Buffer {
+    pub(crate) pool: Pool,
+    pub(crate) slots: SlotMap,
+    path: PathBuf,
+}
+
+impl Buffer {
+    /// Creates a pool of `bytes` (rounded down to pages, plus its header page) at `path` with
+    /// the delay model `delay`. The file is removed when the buffer is dropped.
+    pub fn create(path: &Path, bytes: u64, delay: DelayModel) -> Result<Buffer> {
+        let pages = bytes / PAGE_SIZE as u64;
+        let opts = PoolOptions::new((pages + 1) * PAGE_SIZE as u64)
+            .delay(delay)
+            .tag("pager-buffer");
+        let pool = Pool::create(path, &opts)?;
+        let slots = pool.data_len() / PAGE_SIZE;
+        Ok(Buffer {
+            pool,
+            slots: SlotMap::new(slots),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Address of slot `s` in the mapped pool.
+    #[inline]
+    pub(crate) fn slot_ptr(&self, s: u64) -> *mut u8 {
+        // SAFETY: slots are < capacity, so the offset stays inside the pool's data area.
+        unsafe { self.pool.data_ptr().add(s as usize * PAGE_SIZE) }
+    }
+
+    /// Slots in the buffer.
+    pub fn capacity(&self) -> usize {
+        self.slots.capacity()
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The regular zone: a swap file on a disk.
+pub struct Swap {
+    pub(crate) dev: SsdDevice,
+    pub(crate) slots: SlotMap,
+}
+
+impl Swap {
+    /// Creates a swap file of `bytes` (rounded down to pages) at `path`, opened `O_DIRECT`,
+    /// refusing tmpfs. The file is unlinked at once: it lives as long as the pager.
+    pub fn create(path: &Path, bytes: u64, delay: Option<DelayModel>) -> Result<Swap> {
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let dir = dir.unwrap_or(Path::new("."));
+        if is_tmpfs(dir)? {
+            return Err(Error::SwapOnTmpfs {
+                path: path.to_path_buf(),
+            });
+        }
+        let pages = bytes / PAGE_SIZE as u64;
+        if pages == 0 {
+            return Err(Error::InvalidOption(format!(
+                "the swap file must hold at least one page (got {bytes} bytes)"
+            )));
+        }
+        let dev = SsdDevice::create(path, pages * PAGE_SIZE as u64)?;
+        let _ = std::fs::remove_file(path);
+        if let Some(d) = delay {
+            dev.set_delay(d);
+        }
+        Ok(Swap {
+            dev,
+            slots: SlotMap::new(pages as usize),
+        })
+    }
+}
+
+fn is_tmpfs(dir: &Path) -> Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| Error::InvalidOption(format!("{}: path contains NUL", dir.display())))?;
+    // SAFETY: statfs fills the zeroed struct; c is a valid C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(Error::Sys {
+            op: "statfs of the swap file's directory",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(st.f_type as i64 == TMPFS_MAGIC)
+}

@@ -1,0 +1,292 @@
+//! The pager's data path: every byte written reads back after random trips through the NVM
+//! buffer and the swap file, with threads racing the evictor, program drops, and bad options.
+
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use tiermem_pager::*;
+
+const PS: usize = 4096;
+
+fn swap_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("tiermem-pager-test")
+        .tempdir_in("/var/tmp")
+        .expect("a temp dir on /var/tmp (a disk)")
+}
+
+fn pager(budget_pages: usize, nvm_pages: usize, dir: &tempfile::TempDir) -> Pager {
+    let mut o = PagerOptions::new((budget_pages * PS) as u64, (nvm_pages * PS) as u64);
+    o.swap_path = Some(dir.path().join("swap"));
+    o.swap_size = Some((64 << 20) as u64);
+    o.nvm_delay = tiermem_media::DelayModel::NONE;
+    Pager::new(&o).expect("pager")
+}
+
+fn word(p: usize, round: u64) -> u64 {
+    (p as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ round.wrapping_mul(0xD6E8_FEB8_6659_FD93)
+}
+
+/// Writes the page's word at four places of page `p`.
+fn write_page(r: &PagedRegion, p: usize, v: u64) {
+    for k in [0usize, 1000, 2048, 4088] {
+        // SAFETY: inside the region.
+        unsafe { std::ptr::write_volatile(r.as_ptr().add(p * PS + (k & !7)) as *mut u64, v) };
+    }
+}
+
+fn read_page(r: &PagedRegion, p: usize) -> [u64; 4] {
+    let mut out = [0u64; 4];
+    for (i, k) in [0usize, 1000, 2048, 4088].into_iter().enumerate() {
+        // SAFETY: inside the region.
+        out[i] =
+            unsafe { std::ptr::read_volatile(r.as_ptr().add(p * PS + (k & !7)) as *const u64) };
+    }
+    out
+}
+
+#[test]
+fn every_byte_reads_back_after_trips_through_buffer_and_ssd() {
+    let dir = swap_dir();
+    let budget = 256;
+    let pg = pager(budget, 128, &dir);
+    let pages = 4 * budget;
+    let r = pg.map(pages * PS).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut model = vec![0u64; pages];
+    for round in 1..=3u64 {
+        let mut order: Vec<usize> = (0..pages).collect();
+        for i in (1..pages).rev() {
+            order.swap(i, rng.gen_range(0..=i));
+        }
+        for &p in &order {
+            if model[p] != 0 {
+                assert_eq!(
+                    read_page(&r, p),
+                    [model[p]; 4],
+                    "page {p} before round {round}"
+                );
+            }
+            let v = word(p, round);
+            write_page(&r, p, v);
+            model[p] = v;
+        }
+    }
+    for (p, &want) in model.iter().enumerate() {
+        assert_eq!(read_page(&r, p), [want; 4], "page {p} at the end");
+    }
+    // The whole page, not just the probed words: untouched bytes are still zero.
+    for p in (0..pages).step_by(37) {
+        let s = unsafe { std::slice::from_raw_parts(r.as_ptr().add(p * PS), PS) };
+        let nonzero = s.iter().filter(|&&b| b != 0).count();
+        assert!(nonzero <= 32, "page {p}: {nonzero} stray bytes");
+    }
+    let st = pg.stats();
+    assert!(st.pageouts_buffer > 0 && st.pageins_buffer > 0, "{st:?}");
+    assert!(
+        st.destaged + st.pageouts_ssd > 0 && st.pageins_ssd > 0,
+        "{st:?}"
+    );
+    assert!(
+        st.max_resident_pages <= budget + 32,
+        "resident peaked at {} pages over a budget of {budget}",
+        st.max_resident_pages
+    );
+    assert_eq!(st.io_errors, 0);
+    drop(r);
+    pg.settle();
+    let st = pg.stats();
+    assert_eq!(
+        (st.resident_pages, st.buffer_used, st.swap_used),
+        (0, 0, 0),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn without_a_buffer_pages_go_straight_to_the_swap_file() {
+    let dir = swap_dir();
+    let pg = pager(64, 0, &dir);
+    let pages = 300;
+    let r = pg.map(pages * PS).unwrap();
+    for p in 0..pages {
+        write_page(&r, p, word(p, 1));
+    }
+    for p in (0..pages).rev() {
+        assert_eq!(read_page(&r, p), [word(p, 1); 4], "page {p}");
+    }
+    let st = pg.stats();
+    assert!(st.pageouts_ssd > 0 && st.pageins_ssd > 0, "{st:?}");
+    assert_eq!(st.pageouts_buffer + st.pageins_buffer, 0);
+}
+
+#[test]
+fn threads_writing_while_the_evictor_runs_lose_nothing() {
+    let dir = swap_dir();
+    let budget = 128;
+    let pg = pager(budget, 64, &dir);
+    let pages = 4 * budget;
+    let r = pg.map(pages * PS).unwrap();
+    let base = r.as_ptr() as usize;
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t);
+                let mine: Vec<usize> = (0..pages).filter(|p| p % 3 == t as usize).collect();
+                let mut last = vec![0u64; pages];
+                for i in 0..6000u64 {
+                    let p = mine[rng.gen_range(0..mine.len())];
+                    let a = (base + p * PS + 8 * (i as usize % 512)) as *mut u64;
+                    let at = base + p * PS;
+                    // SAFETY: inside the region; each thread owns its pages.
+                    let seen = unsafe { std::ptr::read_volatile(at as *const u64) };
+                    assert_eq!(seen, last[p], "thread {t} page {p}");
+                    let v = word(p, i + 1);
+                    unsafe {
+                        std::ptr::write_volatile(at as *mut u64, v);
+                        std::ptr::write_volatile(a, v);
+                    }
+                    last[p] = v;
+                }
+                last
+            })
+        })
+        .collect();
+    let lasts: Vec<Vec<u64>> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+    for p in 0..pages {
+        let want = lasts[p % 3][p];
+        let got = unsafe { std::ptr::read_volatile((base + p * PS) as *const u64) };
+        assert_eq!(got, want, "page {p}");
+    }
+    let st = pg.stats();
+    assert!(st.pageins_buffer + st.pageins_ssd > 100, "{st:?}");
+}
+
+#[test]
+fn a_page_the_program_drops_reads_zeros_and_gives_its_slot_back() {
+    let dir = swap_dir();
+    let pg = pager(64, 64, &dir);
+    let pages = 256;
+    let r = pg.map(pages * PS).unwrap();
+    for p in 0..pages {
+        write_page(&r, p, word(p, 1));
+    }
+    pg.settle();
+    // Drop everything: resident pages and evicted ones alike.
+    // SAFETY: the region's own range.
+    assert_eq!(
+        unsafe {
+            libc::madvise(
+                r.as_ptr() as *mut libc::c_void,
+                pages * PS,
+                libc::MADV_DONTNEED,
+            )
+        },
+        0
+    );
+    pg.settle();
+    let st = pg.stats();
+    let places: Vec<(usize, Place)> = (0..pages)
+        .map(|p| (p, r.place(p)))
+        .filter(|(_, x)| *x != Place::Zero)
+        .collect();
+    assert_eq!(
+        (st.buffer_used, st.swap_used, st.resident_pages),
+        (0, 0, 0),
+        "{st:?} {places:?}"
+    );
+    for p in 0..pages {
+        assert_eq!(read_page(&r, p), [0; 4], "page {p}");
+    }
+}
+
+#[test]
+fn bad_options_are_refused_with_the_reason() {
+    let dir = swap_dir();
+    let mut o = PagerOptions::new(16 * PS as u64, 0);
+    o.swap_path = Some(dir.path().join("s"));
+    let e = Pager::new(&o)
+        .err()
+        .expect("budget below one group")
+        .to_string();
+    assert!(e.contains("below one latency group"), "{e}");
+
+    o.budget = 1 << 50;
+    let e = Pager::new(&o)
+        .err()
+        .expect("budget above memory")
+        .to_string();
+    assert!(e.contains("memory available"), "{e}");
+
+    o.budget = 1 << 20;
+    o.nvm = 8 * PS as u64;
+    let e = Pager::new(&o).err().expect("tiny buffer").to_string();
+    assert!(e.contains("buffer"), "{e}");
+
+    o.nvm = 0;
+    o.swap_path = Some(PathBuf::from("/dev/shm/tiermem-pager-test.swap"));
+    let e = Pager::new(&o).err().expect("swap on tmpfs").to_string();
+    assert!(e.contains("tmpfs"), "{e}");
+    assert!(!std::path::Path::new("/dev/shm/tiermem-pager-test.swap").exists());
+
+    o.swap_path = Some(dir.path().join("s"));
+    o.batch = 0;
+    let e = Pager::new(&o).err().expect("batch 0").to_string();
+    assert!(e.contains("batch"), "{e}");
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write(usize, u8),
+    Read(usize),
+    Drop(usize, usize),
+    Settle,
+}
+
+fn op(pages: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..pages, 1..=255u8).prop_map(|(p, b)| Op::Write(p, b)),
+        4 => (0..pages).prop_map(Op::Read),
+        1 => (0..pages, 1..8usize).prop_map(|(p, n)| Op::Drop(p, n)),
+        1 => Just(Op::Settle),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #[test]
+    fn random_operations_match_a_model(ops in proptest::collection::vec(op(256), 200..600)) {
+        let dir = swap_dir();
+        let pg = pager(64, 64, &dir);
+        let pages = 256;
+        let r = pg.map(pages * PS).unwrap();
+        let mut model = vec![0u8; pages];
+        for o in &ops {
+            match *o {
+                Op::Write(p, b) => {
+                    unsafe { std::ptr::write_bytes(r.as_ptr().add(p * PS), b, PS) };
+                    model[p] = b;
+                }
+                Op::Read(p) => {
+                    let s = unsafe { std::slice::from_raw_parts(r.as_ptr().add(p * PS), PS) };
+                    prop_assert!(s.iter().all(|&x| x == model[p]), "page {} want {}", p, model[p]);
+                }
+                Op::Drop(p, n) => {
+                    let n = n.min(pages - p);
+                    let rc = unsafe {
+                        libc::madvise(r.as_ptr().add(p * PS) as *mut libc::c_void, n * PS, libc::MADV_DONTNEED)
+                    };
+                    prop_assert_eq!(rc, 0);
+                    for m in &mut model[p..p + n] {
+                        *m = 0;
+                    }
+                }
+                Op::Settle => pg.settle(),
+            }
+        }
+        for (p, &b) in model.iter().enumerate() {
+            let s = unsafe { std::slice::from_raw_parts(r.as_ptr().add(p * PS), PS) };
+            prop_assert!(s.iter().all(|&x| x == b), "page {} at the end, want {}", p, b);
+        }
+    }
+}
