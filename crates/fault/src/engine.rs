@@ -126,6 +126,22 @@ static SIGBUS_INSTALLED: AtomicBool = AtomicBool::new(false);
 /// waits for this flag to drop and looks again before treating the address as foreign.
 static RT_BUSY: AtomicBool = AtomicBool::new(false);
 
+/// Waits (yielding, at most about a million times) while the runtime thread is reading or
+/// dispatching events. `madvise(MADV_DONTNEED)`, `munmap` and `mremap` return as soon as their
+/// event has been *read*, before [`Resolver::on_event`] has run, so the calling thread can fault
+/// on the range while the resolver still holds its old state. An in-thread resolver that would
+/// act on state an event changes (e.g. page an evicted page back in over a program's drop) calls
+/// this first, before it claims anything an `on_event` might wait for. Async-signal-safe; one
+/// atomic load when no event is in flight.
+pub fn wait_for_event_dispatch() {
+    let mut n = 0u32;
+    while RT_BUSY.load(Ordering::SeqCst) && n < 1_000_000 {
+        n += 1;
+        // SAFETY: sched_yield is async-signal-safe.
+        unsafe { libc::sched_yield() };
+    }
+}
+
 /// A registered region. Unregisters on drop.
 pub struct RegionHandle {
     region: Arc<RegionInner>,
@@ -1092,8 +1108,11 @@ impl Runtime {
             unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
         }
         if !fork_guard::enter_dispatch() {
-            // Another fork began already; keep holding (the list is dispatched after it).
-            RT_BUSY.store(false, Ordering::SeqCst);
+            // Another fork began already; keep holding (the list is dispatched after it, and
+            // RT_BUSY stays up while messages wait undispatched).
+            if held.is_empty() {
+                RT_BUSY.store(false, Ordering::SeqCst);
+            }
             return;
         }
         let mut new_children = Vec::new();

@@ -18,7 +18,9 @@
 //! table is switched `Buffer(s) → Ssd(c+i)` page by page, and a page faulted back in meanwhile
 //! keeps its own copy (its swap slot is freed).
 
+use crate::control::{Controller, TenantWindow};
 use crate::error::{Error, Result};
+use crate::hist::HistSnapshot;
 use crate::pager::{Shared, GROUP_PAGES};
 use crate::region::RegionState;
 use crate::shadow::Place;
@@ -52,6 +54,11 @@ pub(crate) struct Evictor {
     /// Full groups per bound, oldest first.
     closed: BTreeMap<u64, VecDeque<Group>>,
     victims: Vec<(Arc<RegionState>, usize)>,
+    scratch_pages: usize,
+    controller: Controller,
+    window_start: std::time::Instant,
+    last_ssd: HistSnapshot,
+    last_tenant: HashMap<u64, HistSnapshot>,
 }
 
 // SAFETY: the scratch pages are only touched by the evictor thread.
@@ -63,7 +70,12 @@ impl Evictor {
             UFFD_FEATURE_MOVE | UFFD_FEATURE_SIGBUS,
             "the pager's page-out (UFFDIO_MOVE, Linux 6.8+)",
         )?;
-        let len = sh.batch * PAGE_SIZE;
+        let c = &sh.control;
+        let scratch_pages =
+            sh.batch
+                .max(c.fixed_queue)
+                .max(if c.enabled { c.s_max + c.s_reserve } else { 0 });
+        let len = scratch_pages * PAGE_SIZE;
         // SAFETY: anonymous mapping, checked below.
         let scratch = unsafe {
             libc::mmap(
@@ -90,7 +102,12 @@ impl Evictor {
         }
         let staging = AlignedBuf::for_device(&sh.swap.dev, GROUP_PAGES * PAGE_SIZE)?;
         Ok(Evictor {
-            victims: Vec::with_capacity(sh.batch),
+            victims: Vec::with_capacity(scratch_pages),
+            scratch_pages,
+            controller: Controller::new(sh.control.clone()),
+            window_start: std::time::Instant::now(),
+            last_ssd: sh.h_ssd.snapshot(),
+            last_tenant: HashMap::new(),
             sh,
             uffd,
             scratch: scratch as usize,
@@ -116,13 +133,18 @@ impl Evictor {
             if self.sh.stop.load(Ordering::Acquire) {
                 break;
             }
+            if self.window_start.elapsed() >= self.sh.control.window {
+                self.control_step();
+            }
             while self.sh.resident() > self.sh.target_pages {
                 if self.evict_batch() == 0 {
                     break;
                 }
                 self.destage_if_needed();
+                self.prefetch();
             }
             self.destage_if_needed();
+            self.prefetch();
             self.sh.rounds.fetch_add(1, Ordering::Release);
         }
     }
@@ -135,7 +157,17 @@ impl Evictor {
     fn evict_batch(&mut self) -> usize {
         let sh = self.sh.clone();
         let room = sh.buffer.as_ref().map_or(0, |b| b.slots.free()) + sh.swap.slots.free();
-        let want = sh.batch.min(room);
+        // At most S(t) pages a round (the paper's replacement of SWAP_CLUSTER_MAX), minus the
+        // swap reads in flight (reads first), and no more than DRAM needs.
+        let queue = sh.queue.load(Ordering::Relaxed);
+        let reads = sh.inflight_reads.load(Ordering::Relaxed);
+        let need = sh.resident().saturating_sub(sh.target_pages) + sh.batch;
+        let want = queue
+            .saturating_sub(reads)
+            .max(1)
+            .min(need)
+            .min(self.scratch_pages)
+            .min(room);
         if want == 0 {
             sh.c.swap_full.fetch_add(1, Ordering::Relaxed);
             return 0;
@@ -186,7 +218,14 @@ impl Evictor {
         let mut to_ssd: Vec<(usize, u64)> = Vec::new();
         for &i in &moved {
             let (st, p) = &victims[i];
-            let slot = sh.buffer.as_ref().and_then(|b| b.slots.alloc());
+            // With control, only NS tenants page out to the buffer; the others go to the
+            // regular zone. Without, every page goes through the buffer.
+            let via_buffer = !sh.control.enabled || st.ns.load(Ordering::Relaxed);
+            let slot = if via_buffer {
+                sh.buffer.as_ref().and_then(|b| b.slots.alloc())
+            } else {
+                None
+            };
             match slot {
                 Some(s) => {
                     let b = sh.buffer.as_ref().expect("slot from the buffer");
@@ -233,6 +272,7 @@ impl Evictor {
                     Err(_) => false,
                 };
                 if ok {
+                    sh.swap.owner[s as usize].store(st.key | *p as u64, Ordering::Relaxed);
                     st.shadow.set(*p, Place::Ssd(s));
                     sh.c.pageouts_ssd.fetch_add(1, Ordering::Relaxed);
                     sh.h_pageout.record(now_ns().saturating_sub(t0));
@@ -257,6 +297,131 @@ impl Evictor {
         self.victims = victims;
         self.victims.clear();
         out + dropped
+    }
+
+    /// One control window: Algorithm 1 and the monitor decide the queue size and which tenants
+    /// the buffer serves; tenants over their bound get their swap pages prefetched.
+    fn control_step(&mut self) {
+        let sh = self.sh.clone();
+        self.window_start = std::time::Instant::now();
+        let regions: Vec<Arc<RegionState>> =
+            sh.regions.lock().slots.iter().flatten().cloned().collect();
+        let mut tenants = Vec::new();
+        let mut live = HashMap::new();
+        for r in &regions {
+            let now = r.hist.snapshot();
+            let bound = r.bound_ns.load(Ordering::Relaxed);
+            if bound != u64::MAX {
+                let pct = f64::from_bits(r.pct.load(Ordering::Relaxed));
+                let observed = match self.last_tenant.get(&r.key) {
+                    Some(old) => now.since(old).quantile(pct),
+                    None => now.quantile(pct),
+                };
+                tenants.push(TenantWindow {
+                    id: r.key,
+                    bound_ns: bound,
+                    observed_ns: observed,
+                });
+            }
+            live.insert(r.key, now);
+        }
+        self.last_tenant = live;
+        let ssd_now = sh.h_ssd.snapshot();
+        let ssd_tail = ssd_now.since(&self.last_ssd).quantile(0.99);
+        self.last_ssd = ssd_now;
+        let d = self.controller.step(&tenants, ssd_tail);
+        sh.queue.store(d.queue, Ordering::Relaxed);
+        for r in &regions {
+            r.ns.store(d.ns.contains(&r.key), Ordering::Relaxed);
+        }
+        sh.c.ns_tenants.store(d.ns.len(), Ordering::Relaxed);
+        sh.c.last_ssd_tail_ns
+            .store(ssd_tail.unwrap_or(0), Ordering::Relaxed);
+        sh.c.windows.fetch_add(1, Ordering::Relaxed);
+        // The monitor: a tenant over its bound in this window is served by the buffer in the
+        // next one, its swap pages brought there ahead of its faults.
+        for r in regions.iter().filter(|r| d.over.contains(&r.key)) {
+            let mut queued = 0;
+            let mut last = u64::MAX;
+            for p in 0..r.shadow.len() {
+                if let Place::Ssd(s) = r.shadow.get(p) {
+                    let c = s / crate::slots::CLUSTER as u64;
+                    if c != last && sh.prefetch_q.push(c).is_ok() {
+                        last = c;
+                        queued += 1;
+                    }
+                    if queued >= 256 {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Brings queued swap clusters into the buffer: one read per cluster, then each of its
+    /// pages that still lives there and belongs to an NS tenant moves to a buffer slot.
+    fn prefetch(&mut self) {
+        let sh = self.sh.clone();
+        let Some(b) = sh.buffer.as_ref() else {
+            while sh.prefetch_q.pop().is_some() {}
+            return;
+        };
+        while let Some(c) = sh.prefetch_q.pop() {
+            // Keep a group's worth of slots for page-outs.
+            if b.slots.free() < 2 * GROUP_PAGES {
+                while sh.prefetch_q.pop().is_some() {}
+                return;
+            }
+            let first = c * crate::slots::CLUSTER as u64;
+            let n = (crate::slots::CLUSTER as u64).min(sh.swap.slots.capacity() as u64 - first);
+            let cand: Vec<(Arc<RegionState>, usize, u64)> = {
+                let t = sh.regions.lock();
+                (first..first + n)
+                    .filter_map(|s| {
+                        let key = sh.swap.owner[s as usize].load(Ordering::Relaxed);
+                        let (st, p) = t.lookup(key)?;
+                        (p < st.shadow.len()
+                            && st.ns.load(Ordering::Relaxed)
+                            && st.shadow.get(p) == Place::Ssd(s))
+                        .then_some((st, p, s))
+                    })
+                    .collect()
+            };
+            if cand.is_empty() {
+                continue;
+            }
+            let len = n as usize * PAGE_SIZE;
+            if sh
+                .swap
+                .dev
+                .read_at(first * PAGE_SIZE as u64, &mut self.staging[..len])
+                .is_err()
+            {
+                sh.c.io_errors.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            for (st, p, s) in cand {
+                let Some(bs) = b.slots.alloc() else { break };
+                let k = (s - first) as usize;
+                // SAFETY: bs is ours; the staging buffer holds the cluster.
+                unsafe {
+                    tiermem_media::nt_copy(
+                        b.slot_ptr(bs),
+                        self.staging[k * PAGE_SIZE..].as_ptr(),
+                        PAGE_SIZE,
+                    )
+                };
+                if st.shadow.cas(p, Place::Ssd(s), Place::Buffer(bs)) {
+                    sh.swap.slots.release(s);
+                    let bound = st.bound_ns.load(Ordering::Relaxed);
+                    self.add_to_group(bound, st.key | p as u64, bs);
+                    sh.c.prefetched.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    b.slots.release(bs);
+                }
+            }
+            b.pool.charge_write((n as usize * PAGE_SIZE) as u64);
+        }
     }
 
     /// A moved-out page that found no place (swap full, write failed) goes back into its
@@ -452,6 +617,11 @@ fn rest_progress(m: usize, ok: &[bool]) -> bool {
 impl Drop for Evictor {
     fn drop(&mut self) {
         // SAFETY: our scratch mapping.
-        unsafe { libc::munmap(self.scratch as *mut libc::c_void, self.sh.batch * PAGE_SIZE) };
+        unsafe {
+            libc::munmap(
+                self.scratch as *mut libc::c_void,
+                self.scratch_pages * PAGE_SIZE,
+            )
+        };
     }
 }

@@ -15,16 +15,16 @@
 //! |---|---|
 //! | `pager.rs` | options, the shared state, counters, [`Pager`] |
 //! | `region.rs` | [`PagedRegion`], the page-in path (in the SIGBUS handler) |
-//! | `evict.rs` | the evictor: page-out by `UFFDIO_MOVE`, latency groups, destaging |
+//! | `evict.rs` | the evictor: page-out by `UFFDIO_MOVE`, latency groups, destaging, prefetch |
+//! | `control.rs` | latency control: Eq. 1, Algorithm 1, the tail monitor |
 //! | `shadow.rs` | the shadow mapping table ([`Place`] of every page) |
 //! | `zones.rs` | the NVM buffer pool and the swap file |
 //! | `slots.rs` | lock-free slot bitmaps |
 //! | `hist.rs` | a lock-free latency histogram |
 //!
 //! ## Not yet built (issue #16)
-//! The latency controller (Eq. 1, Algorithm 1), admission (Eq. 2), prefetch of swap groups into
-//! the buffer, sharing one pool among processes, the LD_PRELOAD shim, the C ABI, the CLI and
-//! the benchmark.
+//! Admission (Eq. 2), sharing one pool among processes (today a tenant is a region of one
+//! process), the LD_PRELOAD shim, the C ABI, the CLI and the benchmark.
 //!
 //! ## Caveats
 //! * Faults are resolved in the faulting thread: a system call that reads or writes an evicted
@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 #![allow(clippy::manual_is_multiple_of)]
 
+pub mod control;
 pub mod error;
 mod evict;
 pub mod hist;
@@ -45,6 +46,7 @@ pub mod shadow;
 pub mod slots;
 mod zones;
 
+pub use control::{ControlParams, Decision, TenantWindow};
 pub use error::{Error, Result};
 pub use pager::{Pager, PagerOptions, PagerStats, GROUP_PAGES};
 pub use region::PagedRegion;

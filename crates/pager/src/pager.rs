@@ -1,5 +1,6 @@
 //! The pager: options, the state its regions, faults and evictor share, and its counters.
 
+use crate::control::ControlParams;
 use crate::error::{Error, Result};
 use crate::evict::Evictor;
 use crate::hist::{AtomicHist, HistSnapshot};
@@ -38,8 +39,11 @@ pub struct PagerOptions {
     pub swap_size: Option<u64>,
     /// Delay model added to the swap file's real I/O (default: none).
     pub swap_delay: Option<DelayModel>,
-    /// Pages the evictor moves out per round (default 32, Linux's SWAP_CLUSTER_MAX).
+    /// Hard cap above the budget, in pages: a fault waits for the evictor while DRAM holds
+    /// budget + this many pages (default 32, Linux's SWAP_CLUSTER_MAX).
     pub batch: usize,
+    /// Latency control (Eq. 1, Algorithm 1, the monitor).
+    pub control: ControlParams,
 }
 
 impl PagerOptions {
@@ -54,6 +58,7 @@ impl PagerOptions {
             swap_size: None,
             swap_delay: None,
             batch: 32,
+            control: ControlParams::default(),
         }
     }
 }
@@ -73,6 +78,10 @@ pub(crate) struct Counters {
     pub(crate) evict_busy: AtomicU64,
     pub(crate) io_errors: AtomicU64,
     pub(crate) max_resident: AtomicUsize,
+    pub(crate) prefetched: AtomicU64,
+    pub(crate) windows: AtomicU64,
+    pub(crate) ns_tenants: AtomicUsize,
+    pub(crate) last_ssd_tail_ns: AtomicU64,
 }
 
 /// A snapshot of a pager's counters and latencies.
@@ -122,6 +131,16 @@ pub struct PagerStats {
     pub pagein: HistSnapshot,
     /// Page-out latency (a page leaving DRAM until its copy is in place).
     pub pageout: HistSnapshot,
+    /// Swap pages brought into the buffer ahead of a fault (NS tenants).
+    pub prefetched: u64,
+    /// Control windows run.
+    pub windows: u64,
+    /// The SSD queue size S(t) now (reserve included).
+    pub queue: usize,
+    /// Tenants served by the buffer in the current window.
+    pub ns_tenants: usize,
+    /// The last window's SSD page-in p99 (ns; 0 when the SSD served none).
+    pub last_ssd_p99_ns: u64,
 }
 
 /// What regions, their faults and the evictor share.
@@ -132,6 +151,13 @@ pub(crate) struct Shared {
     /// Faults wait above this many resident pages.
     pub(crate) cap_pages: usize,
     pub(crate) batch: usize,
+    pub(crate) control: ControlParams,
+    /// The SSD queue size S(t): swap-file requests the pager keeps in flight, reads first.
+    pub(crate) queue: AtomicUsize,
+    /// Swap-file reads in flight (faults).
+    pub(crate) inflight_reads: AtomicUsize,
+    /// Swap clusters to bring into the buffer (an NS tenant faulted on one).
+    pub(crate) prefetch_q: ArrayQueue<u64>,
     pub(crate) resident: AtomicUsize,
     pub(crate) buffer: Option<Buffer>,
     pub(crate) swap: Swap,
@@ -239,6 +265,18 @@ impl Pager {
                 GROUP_PAGES as u64 * page
             )));
         }
+        let c = &opts.control;
+        if !(c.gamma > 0.0 && c.gamma <= 1.0)
+            || c.s_min == 0
+            || c.s_max < c.s_min
+            || c.fixed_queue == 0
+            || c.window.is_zero()
+        {
+            return Err(Error::InvalidOption(format!(
+                "control parameters need 0 < γ ≤ 1, 1 ≤ S_min ≤ S_max, a queue of at least 1 \
+                 and a window above 0: {c:?}"
+            )));
+        }
         if opts.batch == 0 || opts.batch > budget_pages / 2 {
             return Err(Error::InvalidOption(format!(
                 "the eviction batch must be 1..={} pages (half the budget), not {}",
@@ -277,6 +315,14 @@ impl Pager {
             target_pages: budget_pages - batch,
             cap_pages: budget_pages + batch,
             batch,
+            queue: AtomicUsize::new(if opts.control.enabled {
+                opts.control.fixed_queue + opts.control.s_reserve
+            } else {
+                opts.control.fixed_queue
+            }),
+            control: opts.control.clone(),
+            inflight_reads: AtomicUsize::new(0),
+            prefetch_q: ArrayQueue::new(4096),
             resident: AtomicUsize::new(0),
             buffer,
             swap,
@@ -349,6 +395,11 @@ impl Pager {
             pagein_ssd: s.h_ssd.snapshot(),
             pagein: s.h_pagein.snapshot(),
             pageout: s.h_pageout.snapshot(),
+            prefetched: l(&s.c.prefetched),
+            windows: l(&s.c.windows),
+            queue: s.queue.load(Ordering::Relaxed),
+            ns_tenants: s.c.ns_tenants.load(Ordering::Relaxed),
+            last_ssd_p99_ns: l(&s.c.last_ssd_tail_ns),
         }
     }
 

@@ -8,10 +8,11 @@
 //! lock-free slot maps and FIFO, `pread`, one ioctl, an eventfd write.
 
 use crate::error::{Error, Result};
+use crate::hist::AtomicHist;
 use crate::pager::{Shared, PAGE_BITS};
 use crate::shadow::{Place, Shadow};
 use crate::slots::SlotMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use tiermem_fault::{
     Engine, Fault, FaultOps, RegionEvent, RegionHandle, RegionSpec, ResolveError, Resolver,
@@ -95,6 +96,12 @@ pub(crate) struct RegionState {
     pub(crate) bound_ns: AtomicU64,
     /// The engine registration, for the evictor's rare put-back of a page it could not place.
     pub(crate) handle: OnceLock<Weak<RegionHandle>>,
+    /// Percentile the bound applies to (f64 bits, e.g. 0.99).
+    pub(crate) pct: AtomicU64,
+    /// This region's page-ins (buffer and swap file), for the monitor.
+    pub(crate) hist: AtomicHist,
+    /// Served by the buffer this window (Algorithm 1's NS, or over its bound last window).
+    pub(crate) ns: AtomicBool,
 }
 
 impl RegionState {
@@ -173,6 +180,9 @@ impl PagedRegion {
                 key,
                 bound_ns: AtomicU64::new(u64::MAX),
                 handle: OnceLock::new(),
+                pct: AtomicU64::new(0.99f64.to_bits()),
+                hist: AtomicHist::new(),
+                ns: AtomicBool::new(false),
             });
             t.slots[idx] = Some(st.clone());
             (idx, st)
@@ -215,12 +225,36 @@ impl PagedRegion {
         self.state.len == 0
     }
 
-    /// Sets this region's page-in latency bound (the `pct`th percentile, in ns); `None` makes
-    /// it best effort. Pages of bounded regions are destaged from the buffer last.
-    pub fn set_bound(&self, bound_ns: Option<u64>) {
-        self.state
-            .bound_ns
-            .store(bound_ns.unwrap_or(u64::MAX), Ordering::Relaxed);
+    /// Bounds this region's page-in latency: its `pct` quantile (0 < pct < 1, e.g. 0.99) must
+    /// stay at or below `bound_ns`. The controller holds it (Algorithm 1 and the monitor), and
+    /// its pages are destaged from the buffer after best-effort ones.
+    pub fn set_bound(&self, pct: f64, bound_ns: u64) -> Result<()> {
+        if !(pct > 0.0 && pct < 1.0) || bound_ns == 0 || bound_ns == u64::MAX {
+            return Err(Error::InvalidOption(format!(
+                "a page-in bound is a percentile in (0, 1) and a latency in ns above 0, not \
+                 p{} ≤ {bound_ns} ns",
+                pct * 100.0
+            )));
+        }
+        self.state.pct.store(pct.to_bits(), Ordering::Relaxed);
+        self.state.bound_ns.store(bound_ns, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Makes this region best effort again.
+    pub fn clear_bound(&self) {
+        self.state.bound_ns.store(u64::MAX, Ordering::Relaxed);
+        self.state.ns.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether the controller serves this region from the NVM buffer this window.
+    pub fn served_by_buffer(&self) -> bool {
+        self.state.ns.load(Ordering::Relaxed)
+    }
+
+    /// This region's page-in latencies so far.
+    pub fn pagein_hist(&self) -> crate::hist::HistSnapshot {
+        self.state.hist.snapshot()
     }
 
     /// Where page `p` is now (tests and diagnostics).
@@ -325,6 +359,9 @@ impl Resolver for PageIn {
         let st = &self.st;
         let sh = &self.sh;
         let mut waits = 0u32;
+        // A program's MADV_DONTNEED returns once its REMOVE event is read, before on_event has
+        // marked the pages Zero: let that finish before paging old bytes back in over a drop.
+        tiermem_fault::engine::wait_for_event_dispatch();
         loop {
             let at = st.shadow.get(p);
             match at {
@@ -368,6 +405,7 @@ impl Resolver for PageIn {
                         let d = now_ns().saturating_sub(t0);
                         sh.h_buffer.record(d);
                         sh.h_pagein.record(d);
+                        st.hist.record(d);
                         return Ok(());
                     }
                 }
@@ -375,9 +413,12 @@ impl Resolver for PageIn {
                     if st.shadow.cas(p, at, Place::Loading) {
                         self.admit();
                         let (bi, page) = sh.bounce.claim();
+                        sh.inflight_reads.fetch_add(1, Ordering::AcqRel);
                         // SAFETY: the claimed bounce page is ours until released below.
                         let buf = unsafe { std::slice::from_raw_parts_mut(page, PAGE_SIZE) };
-                        if sh.swap.dev.read_at(s * PAGE_SIZE as u64, buf).is_err() {
+                        let read = sh.swap.dev.read_at(s * PAGE_SIZE as u64, buf);
+                        sh.inflight_reads.fetch_sub(1, Ordering::AcqRel);
+                        if read.is_err() {
                             sh.bounce.release(bi);
                             st.shadow.set(p, at);
                             sh.c.io_errors.fetch_add(1, Ordering::Relaxed);
@@ -398,6 +439,12 @@ impl Resolver for PageIn {
                         let d = now_ns().saturating_sub(t0);
                         sh.h_ssd.record(d);
                         sh.h_pagein.record(d);
+                        st.hist.record(d);
+                        if st.ns.load(Ordering::Relaxed) {
+                            // NS: bring the rest of its swap cluster into the buffer.
+                            let _ = sh.prefetch_q.push(s / crate::slots::CLUSTER as u64);
+                            sh.kick();
+                        }
                         return Ok(());
                     }
                 }

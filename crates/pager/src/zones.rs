@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::slots::SlotMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use tiermem_fault::PAGE_SIZE;
 use tiermem_media::{DelayModel, Pool, PoolOptions, SsdDevice};
 
@@ -57,6 +58,9 @@ impl Drop for Buffer {
 pub struct Swap {
     pub(crate) dev: SsdDevice,
     pub(crate) slots: SlotMap,
+    /// The FIFO key (region key | page) last written to each slot: prefetch finds a cluster's
+    /// pages through it, and trusts it only where the shadow table agrees.
+    pub(crate) owner: Box<[AtomicU64]>,
 }
 
 impl Swap {
@@ -84,6 +88,7 @@ impl Swap {
         Ok(Swap {
             dev,
             slots: SlotMap::new(pages as usize),
+            owner: (0..pages).map(|_| AtomicU64::new(u64::MAX)).collect(),
         })
     }
 }

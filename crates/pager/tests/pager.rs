@@ -15,11 +15,18 @@ fn swap_dir() -> tempfile::TempDir {
         .expect("a temp dir on /var/tmp (a disk)")
 }
 
-fn pager(budget_pages: usize, nvm_pages: usize, dir: &tempfile::TempDir) -> Pager {
+fn options(budget_pages: usize, nvm_pages: usize, dir: &tempfile::TempDir) -> PagerOptions {
     let mut o = PagerOptions::new((budget_pages * PS) as u64, (nvm_pages * PS) as u64);
     o.swap_path = Some(dir.path().join("swap"));
     o.swap_size = Some((64 << 20) as u64);
     o.nvm_delay = tiermem_media::DelayModel::NONE;
+    o
+}
+
+/// A pager without latency control: every page goes through the buffer (when there is one).
+fn pager(budget_pages: usize, nvm_pages: usize, dir: &tempfile::TempDir) -> Pager {
+    let mut o = options(budget_pages, nvm_pages, dir);
+    o.control.enabled = false;
     Pager::new(&o).expect("pager")
 }
 
@@ -233,6 +240,59 @@ fn bad_options_are_refused_with_the_reason() {
     o.batch = 0;
     let e = Pager::new(&o).err().expect("batch 0").to_string();
     assert!(e.contains("batch"), "{e}");
+}
+
+#[test]
+fn the_controller_serves_a_tenant_over_its_bound_from_the_buffer_and_prefetches_it() {
+    let dir = swap_dir();
+    let mut o = options(128, 256, &dir);
+    o.control.window = std::time::Duration::from_millis(30);
+    let pg = Pager::new(&o).unwrap();
+    let pages = 512;
+    let tight = pg.map(pages * PS).unwrap();
+    let loose = pg.map(pages * PS).unwrap();
+    // Best effort first: with control on, best-effort pages page out to the swap file.
+    for p in 0..pages {
+        write_page(&tight, p, word(p, 1));
+        write_page(&loose, p, word(p, 2));
+    }
+    pg.settle();
+    let st = pg.stats();
+    assert!(st.pageouts_ssd > 0 && st.pageouts_buffer == 0, "{st:?}");
+    assert!(!tight.served_by_buffer());
+    // An impossible bound: the monitor sees the tenant over it and moves it to the buffer.
+    tight.set_bound(0.99, 1).unwrap();
+    let mut rounds = 0;
+    while !tight.served_by_buffer() {
+        for p in (0..pages).step_by(3) {
+            assert_eq!(read_page(&tight, p), [word(p, 1); 4], "page {p}");
+        }
+        rounds += 1;
+        assert!(
+            rounds < 500,
+            "the tenant never moved to the buffer: {:?}",
+            pg.stats()
+        );
+    }
+    assert!(!loose.served_by_buffer());
+    for p in 0..pages {
+        assert_eq!(read_page(&loose, p), [word(p, 2); 4], "page {p}");
+    }
+    pg.settle();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    pg.settle();
+    let st = pg.stats();
+    assert!(
+        st.pageouts_buffer > 0,
+        "NS pages page out to the buffer: {st:?}"
+    );
+    assert!(st.windows > 0 && st.prefetched > 0, "{st:?}");
+    for p in 0..pages {
+        assert_eq!(read_page(&tight, p), [word(p, 1); 4], "page {p}");
+        assert_eq!(read_page(&loose, p), [word(p, 2); 4], "page {p}");
+    }
+    assert!(tight.set_bound(1.5, 10).is_err());
+    assert!(tight.set_bound(0.99, 0).is_err());
 }
 
 #[derive(Clone, Debug)]
