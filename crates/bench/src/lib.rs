@@ -18,6 +18,7 @@ pub mod machine;
 pub mod media;
 pub mod migrate;
 pub mod migrate_kv;
+pub mod pager;
 pub mod pheap;
 pub mod plot;
 pub mod prefault;

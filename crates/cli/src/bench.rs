@@ -58,6 +58,15 @@ pub enum BenchCommand {
     /// pools of 25/50/75 % of it: ops/s, pool and page-cache hit ratios, device I/O per
     /// operation, peak memory, pages held twice, and the ratios dbio/buffered and dbio/direct.
     Iocache(iocache::IocacheOpts),
+    /// The pager (NVSwap) against kernel swap: a probe owning D bytes of 1 KB records runs
+    /// YCSB-A, timing every operation; page-in p50/p99 per system (kernel-swap in a memory
+    /// cgroup with a swap file of its own, pager-lru-ssd, pager-nolc, pager bounded at half of
+    /// kernel swap's p99), page-out p99, throughput, CPU, the ratios, and a page-in CDF (PNG).
+    /// D = 2 GiB (256 MiB with --quick), budget D/2, NVM buffer D/4.
+    Pager(tiermem_bench::pager::PagerBenchOpts),
+    /// Internal: the probe process of `bench pager`.
+    #[command(hide = true)]
+    PagerRun,
     /// Internal: the process one system of `bench vnvm` runs in, driven by `bench vnvm` over
     /// its stdin and stdout (one JSON request and one reply per line).
     #[command(hide = true)]
@@ -106,11 +115,13 @@ impl BenchCommand {
             BenchCommand::Prefault(_) => "bench prefault",
             BenchCommand::Snapshot(_) => "bench snapshot",
             BenchCommand::Iocache(_) => "bench iocache",
+            BenchCommand::Pager(_) => "bench pager",
             BenchCommand::VnvmWorker(_)
             | BenchCommand::MigrateCase
             | BenchCommand::PheapRun
             | BenchCommand::PrefaultRun
             | BenchCommand::IocacheRun
+            | BenchCommand::PagerRun
             | BenchCommand::ZreadRun => return None,
         })
     }
@@ -133,5 +144,7 @@ fn run_inner(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Iocache(o) => print_report(&iocache::run(&o)?, o.bench.json),
         BenchCommand::IocacheRun => iocache::run_worker_main(),
         BenchCommand::ZreadRun => tiermem_bench::zread::run_worker_main(),
+        BenchCommand::Pager(o) => print_report(&tiermem_bench::pager::run(&o)?, o.bench.json),
+        BenchCommand::PagerRun => tiermem_bench::pager::run_worker_main(),
     }
 }

@@ -49,6 +49,21 @@ pub enum Error {
     #[error(transparent)]
     Media(#[from] tiermem_media::MediaError),
 
+    /// A page-in bound that the zones cannot serve beside the ones admitted (Eq. 2).
+    #[error(
+        "a page-in bound of {bound_ns} ns does not fit: with it the bounds ask for {demand_iops:.0} \
+         page-ins per second and the swap file and the NVM buffer serve {capacity_iops:.0} \
+         (tiermem pager calibrate); loosen it or run best effort"
+    )]
+    Infeasible {
+        /// The bound asked for.
+        bound_ns: u64,
+        /// Eq. 2's demand with it.
+        demand_iops: f64,
+        /// The zones' calibrated capacity.
+        capacity_iops: f64,
+    },
+
     /// A system call failed.
     #[error("{op}: {source}")]
     Sys {

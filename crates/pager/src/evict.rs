@@ -59,6 +59,8 @@ pub(crate) struct Evictor {
     window_start: std::time::Instant,
     last_ssd: HistSnapshot,
     last_tenant: HashMap<u64, HistSnapshot>,
+    /// `TIERMEM_PAGER_TRACE` set: one line per control window on stderr.
+    trace: bool,
 }
 
 // SAFETY: the scratch pages are only touched by the evictor thread.
@@ -108,6 +110,7 @@ impl Evictor {
             window_start: std::time::Instant::now(),
             last_ssd: sh.h_ssd.snapshot(),
             last_tenant: HashMap::new(),
+            trace: std::env::var_os("TIERMEM_PAGER_TRACE").is_some(),
             sh,
             uffd,
             scratch: scratch as usize,
@@ -218,9 +221,15 @@ impl Evictor {
         let mut to_ssd: Vec<(usize, u64)> = Vec::new();
         for &i in &moved {
             let (st, p) = &victims[i];
-            // With control, only NS tenants page out to the buffer; the others go to the
-            // regular zone. Without, every page goes through the buffer.
-            let via_buffer = !sh.control.enabled || st.ns.load(Ordering::Relaxed);
+            // With control, NS tenants page out to the buffer and the others to the regular
+            // zone, except while more than half the buffer is free: that spare half takes
+            // anyone's pages (destaged first, best effort before bounded) instead of idling.
+            // Without control, every page goes through the buffer.
+            let spare = sh
+                .buffer
+                .as_ref()
+                .is_some_and(|b| b.slots.free() > b.capacity() / 2);
+            let via_buffer = !sh.control.enabled || st.ns.load(Ordering::Relaxed) || spare;
             let slot = if via_buffer {
                 sh.buffer.as_ref().and_then(|b| b.slots.alloc())
             } else {
@@ -338,6 +347,23 @@ impl Evictor {
         sh.c.last_ssd_tail_ns
             .store(ssd_tail.unwrap_or(0), Ordering::Relaxed);
         sh.c.windows.fetch_add(1, Ordering::Relaxed);
+        if self.trace {
+            eprintln!(
+                "tiermem-pager: window {}: ssd p99 {:?} µs, queue {}, tenants {:?}, ns {}, over {}, \
+                 inflight reads {}, buffer free {:?}",
+                sh.c.windows.load(Ordering::Relaxed),
+                ssd_tail.map(|v| v / 1000),
+                d.queue,
+                tenants
+                    .iter()
+                    .map(|t| (t.bound_ns / 1000, t.observed_ns.map(|o| o / 1000)))
+                    .collect::<Vec<_>>(),
+                d.ns.len(),
+                d.over.len(),
+                sh.inflight_reads.load(Ordering::Relaxed),
+                sh.buffer.as_ref().map(|b| b.slots.free()),
+            );
+        }
         // The monitor: a tenant over its bound in this window is served by the buffer in the
         // next one, its swap pages brought there ahead of its faults.
         for r in regions.iter().filter(|r| d.over.contains(&r.key)) {

@@ -17,13 +17,14 @@
 //! | `region.rs` | [`PagedRegion`], the page-in path (in the SIGBUS handler) |
 //! | `evict.rs` | the evictor: page-out by `UFFDIO_MOVE`, latency groups, destaging, prefetch |
 //! | `control.rs` | latency control: Eq. 1, Algorithm 1, the tail monitor |
+//! | `admission.rs` | admission: the zones' calibrated capacity, Eq. 2's demand |
 //! | `shadow.rs` | the shadow mapping table ([`Place`] of every page) |
 //! | `zones.rs` | the NVM buffer pool and the swap file |
 //! | `slots.rs` | lock-free slot bitmaps |
 //! | `hist.rs` | a lock-free latency histogram |
 //!
 //! ## Not yet built (issue #16)
-//! Admission (Eq. 2), sharing one pool among processes (today a tenant is a region of one
+//! Sharing one pool among processes (today a tenant is a region of one
 //! process), the LD_PRELOAD shim, the C ABI, the CLI and the benchmark.
 //!
 //! ## Caveats
@@ -36,6 +37,7 @@
 #![warn(missing_docs)]
 #![allow(clippy::manual_is_multiple_of)]
 
+pub mod admission;
 pub mod control;
 pub mod error;
 mod evict;
@@ -46,8 +48,9 @@ pub mod shadow;
 pub mod slots;
 mod zones;
 
+pub use admission::{admit, calibrate, demand_iops, Capacity};
 pub use control::{ControlParams, Decision, TenantWindow};
 pub use error::{Error, Result};
 pub use pager::{Pager, PagerOptions, PagerStats, GROUP_PAGES};
-pub use region::PagedRegion;
+pub use region::{thread_pageins, PagedRegion};
 pub use shadow::Place;

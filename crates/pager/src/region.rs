@@ -313,6 +313,23 @@ impl Drop for PagedRegion {
     }
 }
 
+thread_local! {
+    /// Page-ins (buffer or swap file, not zero fills) resolved on this thread.
+    static THREAD_PAGEINS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Page-ins (from the buffer or the swap file; first-touch zero fills excluded) that faults of
+/// the calling thread have taken so far. A probe reads it around an operation to know whether
+/// the operation paged in, as `getrusage(RUSAGE_THREAD).ru_majflt` tells for kernel swap.
+pub fn thread_pageins() -> u64 {
+    THREAD_PAGEINS.with(|c| c.get())
+}
+
+fn count_thread_pagein() {
+    // A const-initialised Copy thread local: no allocation, no destructor (signal-safe).
+    THREAD_PAGEINS.with(|c| c.set(c.get() + 1));
+}
+
 /// The resolver of one region: the page-in path.
 struct PageIn {
     st: Arc<RegionState>,
@@ -402,6 +419,7 @@ impl Resolver for PageIn {
                         b.slots.release(s);
                         self.installed(p);
                         sh.c.pageins_buffer.fetch_add(1, Ordering::Relaxed);
+                        count_thread_pagein();
                         let d = now_ns().saturating_sub(t0);
                         sh.h_buffer.record(d);
                         sh.h_pagein.record(d);
@@ -436,6 +454,7 @@ impl Resolver for PageIn {
                         sh.swap.slots.release(s);
                         self.installed(p);
                         sh.c.pageins_ssd.fetch_add(1, Ordering::Relaxed);
+                        count_thread_pagein();
                         let d = now_ns().saturating_sub(t0);
                         sh.h_ssd.record(d);
                         sh.h_pagein.record(d);

@@ -251,14 +251,16 @@ fn the_controller_serves_a_tenant_over_its_bound_from_the_buffer_and_prefetches_
     let pages = 512;
     let tight = pg.map(pages * PS).unwrap();
     let loose = pg.map(pages * PS).unwrap();
-    // Best effort first: with control on, best-effort pages page out to the swap file.
+    // Best effort first: with control on, best-effort pages fill the buffer's spare half, then
+    // page out to the swap file.
     for p in 0..pages {
         write_page(&tight, p, word(p, 1));
         write_page(&loose, p, word(p, 2));
     }
     pg.settle();
     let st = pg.stats();
-    assert!(st.pageouts_ssd > 0 && st.pageouts_buffer == 0, "{st:?}");
+    assert!(st.pageouts_ssd > 0, "{st:?}");
+    assert!(st.buffer_used <= st.buffer_slots / 2 + 1, "{st:?}");
     assert!(!tight.served_by_buffer());
     // An impossible bound: the monitor sees the tenant over it and moves it to the buffer.
     tight.set_bound(0.99, 1).unwrap();
