@@ -485,6 +485,90 @@ typedef struct tiermem_migrate_source_report {
 } tiermem_migrate_source_report;
 
 /**
+ * Pager options (`tiermem_pager_options_default` fills the defaults).
+ */
+typedef struct TiermemPagerOptions {
+  /**
+   * DRAM budget of all regions together, bytes (default 256 MiB; at least 64 pages).
+   */
+  uint64_t budget_bytes;
+  /**
+   * NVM paging buffer, bytes (default 128 MiB; 0: page straight to the swap file).
+   */
+  uint64_t nvm_bytes;
+  /**
+   * Swap file path on a disk (NULL: /var/tmp/tiermem-pager-PID-N.swap). Unlinked at once.
+   */
+  const char *swap_path;
+  /**
+   * Swap file size, bytes (0: 4 × the budget + 64 MiB).
+   */
+  uint64_t swap_bytes;
+  /**
+   * Non-zero: latency control on (default 1).
+   */
+  int control;
+} TiermemPagerOptions;
+
+/**
+ * A pager's counters (`tiermem_pager_stats`).
+ */
+typedef struct TiermemPagerStats {
+  /**
+   * Pages in DRAM now.
+   */
+  uint64_t resident_pages;
+  /**
+   * Most pages in DRAM at once.
+   */
+  uint64_t max_resident_pages;
+  /**
+   * The budget in pages.
+   */
+  uint64_t budget_pages;
+  /**
+   * Buffer slots in use.
+   */
+  uint64_t buffer_used;
+  /**
+   * Swap slots in use.
+   */
+  uint64_t swap_used;
+  /**
+   * First touches filled with zeros.
+   */
+  uint64_t zero_fills;
+  /**
+   * Page-ins from the NVM buffer.
+   */
+  uint64_t pageins_buffer;
+  /**
+   * Page-ins from the swap file.
+   */
+  uint64_t pageins_ssd;
+  /**
+   * Page-outs into the buffer.
+   */
+  uint64_t pageouts_buffer;
+  /**
+   * Page-outs to the swap file.
+   */
+  uint64_t pageouts_ssd;
+  /**
+   * Buffer pages destaged to the swap file.
+   */
+  uint64_t destaged;
+  /**
+   * Page-in p99 so far, ns (0 before the first page-in).
+   */
+  uint64_t pagein_p99_ns;
+  /**
+   * The SSD queue size S(t).
+   */
+  uint64_t queue;
+} TiermemPagerStats;
+
+/**
  * Options of `nvh_open` when it creates a heap (ignored when the heap exists: its geometry
  * is in its file). Zero fields take the defaults.
  */
@@ -1141,6 +1225,46 @@ int tiermem_migrate_target_faults(const struct tiermem_migrate_target *target,
  * the FAM directory (`tiermem migrate rm` removes them).
  */
 void tiermem_migrate_target_free(struct tiermem_migrate_target *target);
+
+/**
+ * Fills `*o` with the defaults. -EINVAL for NULL.
+ */
+int tiermem_pager_options_default(struct TiermemPagerOptions *o);
+
+/**
+ * Starts this process's pager (NULL options: the defaults): the buffer pool, the swap file and
+ * the evictor thread. -EEXIST if it runs already.
+ */
+int tiermem_pager_init(const struct TiermemPagerOptions *o);
+
+/**
+ * Maps a paged region of `len` bytes (zero-filled) and returns its address, NULL on error
+ * (see `tiermem_last_error`). Faults are resolved in the faulting thread: a system call that
+ * reads or writes an evicted page gets EFAULT.
+ */
+void *tiermem_pager_map(size_t len);
+
+/**
+ * Unmaps the region starting at `ptr`, freeing its buffer and swap slots. -ENOENT if `ptr`
+ * is not a region's start.
+ */
+int tiermem_pager_unmap(void *ptr);
+
+/**
+ * Bounds the page-in latency of the region at `ptr`: its `pct` quantile (0 < pct < 1) at most
+ * `bound_ns`. -ENOENT for an unknown region, -EINVAL for a bound out of range.
+ */
+int tiermem_pager_set_bound(void *ptr, double pct, uint64_t bound_ns);
+
+/**
+ * Fills `*out` with the pager's counters.
+ */
+int tiermem_pager_stats(struct TiermemPagerStats *out);
+
+/**
+ * Stops the pager (evictor thread, buffer, swap file). -EBUSY while regions are mapped.
+ */
+int tiermem_pager_shutdown(void);
 
 /**
  * Opens the persistent heap whose checkpoint file is `path` (NULL: this program's and user's

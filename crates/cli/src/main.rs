@@ -8,6 +8,7 @@ mod bench;
 mod iocache_cmd;
 mod kv_cmd;
 mod migrate_cmd;
+mod pager_cmd;
 mod pheap_cmd;
 mod pool_cmd;
 mod prefault_cmd;
@@ -96,8 +97,15 @@ enum Command {
         #[command(subcommand)]
         action: iocache_cmd::IocacheCommand,
     },
+    /// The pager (NVSwap: paging past a DRAM budget through an NVM buffer and a swap file):
+    /// calibrate the zones' capacity.
+    Pager {
+        #[command(subcommand)]
+        action: pager_cmd::PagerCommand,
+    },
     /// The quick-start job: every subsystem at work, each result checked (doctor, media, fault,
-    /// vnvm, kv, migrate, pheap, prefault, snapshot, iocache), then a table of what ran. Steps
+    /// vnvm, kv, migrate, pheap, prefault, snapshot, iocache, pager, zread), then a table of what
+    /// ran. Steps
     /// whose prerequisites are missing are skipped; the exit status is non-zero when a step
     /// failed.
     Tour {
@@ -152,6 +160,7 @@ fn main() -> ExitCode {
         Command::Pheap { action } => pheap_cmd::run(action),
         Command::Snapshot { action } => snapshot_cmd::run(action),
         Command::Iocache { action } => iocache_cmd::run(action),
+        Command::Pager { action } => pager_cmd::run(action),
         Command::Prefault { action } => prefault_cmd::run(action),
         Command::Tour { dir, only } => tour::run(dir, &only),
     };

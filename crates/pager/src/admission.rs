@@ -29,6 +29,11 @@ pub struct Capacity {
 /// Measures [`Capacity`]: `dir` is where the swap file would go (a disk), `nvm_delay` the
 /// buffer's delay model, `per_level` the time spent at each concurrency.
 pub fn calibrate(dir: &Path, nvm_delay: DelayModel, per_level: Duration) -> Result<Capacity> {
+    if crate::zones::is_tmpfs(dir)? {
+        return Err(Error::SwapOnTmpfs {
+            path: dir.to_path_buf(),
+        });
+    }
     let path = dir.join(format!(
         "tiermem-pager-calibrate-{}.tmp",
         std::process::id()

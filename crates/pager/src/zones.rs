@@ -93,7 +93,8 @@ impl Swap {
     }
 }
 
-fn is_tmpfs(dir: &Path) -> Result<bool> {
+/// Whether `dir` is on tmpfs (`statfs`'s `f_type`).
+pub(crate) fn is_tmpfs(dir: &Path) -> Result<bool> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| Error::InvalidOption(format!("{}: path contains NUL", dir.display())))?;

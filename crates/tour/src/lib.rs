@@ -2,7 +2,7 @@
 //! this machine can do and what the basic operations cost) and `tiermem tour` (this file: the
 //! quick-start job). The tour walks through every built subsystem on the embedded
 //! default devices (emulated pools under $TIERMEM_DIR), one step each — `doctor`, `media`,
-//! `fault`, `vnvm`, `kv`, `migrate`, `pheap`, `prefault`, `snapshot`, `iocache`, `zread` (one module per step in this crate) — checking
+//! `fault`, `vnvm`, `kv`, `migrate`, `pheap`, `prefault`, `snapshot`, `iocache`, `pager`, `zread` (one module per step in this crate) — checking
 //! every result it prints. A step whose prerequisite is missing (root, network namespaces,
 //! redis-tools, sqlite3, the preload library) is skipped with the reason; a failing step does not
 //! stop the others. The tour ends with a table (step, result, time, where to go next) and fails
@@ -25,6 +25,7 @@ mod iocache;
 mod kv;
 mod media;
 mod migrate;
+mod pager;
 mod pheap;
 mod prefault;
 mod snapshot;
@@ -71,7 +72,7 @@ struct Step {
     run: fn(&Ctx) -> Result<Outcome>,
 }
 
-const STEPS: [Step; 11] = [
+const STEPS: [Step; 12] = [
     Step {
         name: "doctor",
         title: "this machine (tiermem doctor --quick)",
@@ -131,6 +132,12 @@ const STEPS: [Step; 11] = [
         title: "a database buffer pool with the page cache as its victim cache (DBIO)",
         next: "tiermem bench iocache --quick",
         run: iocache::run,
+    },
+    Step {
+        name: "pager",
+        title: "paging past a DRAM budget through an NVM buffer and a swap file (NVSwap)",
+        next: "tiermem bench pager --quick",
+        run: pager::run,
     },
     Step {
         name: "zread",
