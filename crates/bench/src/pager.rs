@@ -93,6 +93,11 @@ struct RunReply {
     max_resident_bytes: Option<u64>,
     leaked_slots: Option<u64>,
     queue: Option<usize>,
+    /// The pager's own view of its page-ins in the timed part: from the swap file, from the
+    /// buffer (p99, µs), and faults that waited for the evictor at the hard cap.
+    ssd_pagein_p99_us: Option<f64>,
+    buffer_pagein_p99_us: Option<f64>,
+    over_budget_waits: Option<u64>,
 }
 
 /// One row of the report.
@@ -113,6 +118,11 @@ pub struct Row {
     pub nvm_served_frac: Option<f64>,
     pub budget_respected: bool,
     pub peak_bytes: u64,
+    /// Pager rows: page-in p99 from the swap file and from the buffer, µs, and faults that
+    /// waited for the evictor at the hard cap (the timed part).
+    pub ssd_pagein_p99_us: Option<f64>,
+    pub buffer_pagein_p99_us: Option<f64>,
+    pub over_budget_waits: Option<u64>,
 }
 
 /// Bounds met per case (null: the case did not run).
@@ -432,6 +442,10 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
         reply.nvm_served_frac = Some(from_nvm as f64 / (from_nvm + from_ssd).max(1) as f64);
         reply.max_resident_bytes = Some((s1.max_resident_pages * PAGE) as u64);
         reply.queue = Some(s1.queue);
+        let us = |v: Option<u64>| v.map(|n| n as f64 / 1000.0);
+        reply.ssd_pagein_p99_us = us(s1.pagein_ssd.since(&s0.pagein_ssd).quantile(0.99));
+        reply.buffer_pagein_p99_us = us(s1.pagein_buffer.since(&s0.pagein_buffer).quantile(0.99));
+        reply.over_budget_waits = Some(s1.over_budget_waits - s0.over_budget_waits);
         drop(region.take());
         pg.settle();
         let s2 = pg.stats();
@@ -729,6 +743,9 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
             nvm_served_frac: m.reply.nvm_served_frac,
             budget_respected: m.budget_ok,
             peak_bytes: m.peak,
+            ssd_pagein_p99_us: m.reply.ssd_pagein_p99_us,
+            buffer_pagein_p99_us: m.reply.buffer_pagein_p99_us,
+            over_budget_waits: m.reply.over_budget_waits,
         })
         .collect();
     let get = |s: &str| rows.iter().find(|r| r.system == s);

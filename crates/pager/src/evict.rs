@@ -31,6 +31,12 @@ use tiermem_fault::sys::{UFFDIO_REGISTER_MODE_MISSING, UFFD_FEATURE_MOVE, UFFD_F
 use tiermem_fault::{Uffd, PAGE_SIZE};
 use tiermem_media::{now_ns, AlignedBuf, IoOp};
 
+/// Swap-file writes the evictor keeps in flight at once.
+const WRITE_DEPTH: usize = 8;
+
+/// Pages per write when a group is destaged.
+const DESTAGE_PIECE: usize = 16;
+
 /// One page in the buffer: its FIFO key (region key | page) and its slot.
 #[derive(Clone, Copy)]
 struct Entry {
@@ -261,26 +267,10 @@ impl Evictor {
             }
         }
         if !to_ssd.is_empty() {
-            let results = {
-                let mut ops: Vec<IoOp<'_>> = to_ssd
-                    .iter()
-                    .map(|&(i, s)| {
-                        // SAFETY: the scratch page holds the moved page until the madvise below.
-                        let page = unsafe {
-                            std::slice::from_raw_parts(self.scratch_page(i) as *const u8, PAGE_SIZE)
-                        };
-                        IoOp::write(s * PAGE_SIZE as u64, page)
-                    })
-                    .collect();
-                sh.swap.dev.submit_batch(&mut ops)
-            };
+            let ok = self.write_runs(&to_ssd);
             for (k, &(i, s)) in to_ssd.iter().enumerate() {
                 let (st, p) = &victims[i];
-                let ok = match &results {
-                    Ok(r) => matches!(r[k], Ok(n) if n == PAGE_SIZE),
-                    Err(_) => false,
-                };
-                if ok {
+                if ok[k] {
                     sh.swap.owner[s as usize].store(st.key | *p as u64, Ordering::Relaxed);
                     st.shadow.set(*p, Place::Ssd(s));
                     sh.c.pageouts_ssd.fetch_add(1, Ordering::Relaxed);
@@ -450,6 +440,48 @@ impl Evictor {
         }
     }
 
+    /// Writes scratch pages to swap slots (`(scratch index, slot)` pairs): runs where both
+    /// are consecutive become one request of up to a group's size, and at most
+    /// [`WRITE_DEPTH`] requests are in flight at once, so a page-in's read waits behind a few
+    /// writes, not a whole round's. Returns, per pair, whether its page was written.
+    fn write_runs(&self, pairs: &[(usize, u64)]) -> Vec<bool> {
+        let mut runs: Vec<(usize, usize)> = Vec::new(); // (first pair, length)
+        for (k, &(i, s)) in pairs.iter().enumerate() {
+            match runs.last_mut() {
+                Some((f, n))
+                    if *n < GROUP_PAGES
+                        && pairs[*f + *n - 1].0 + 1 == i
+                        && pairs[*f + *n - 1].1 + 1 == s =>
+                {
+                    *n += 1
+                }
+                _ => runs.push((k, 1)),
+            }
+        }
+        let mut ok = vec![false; pairs.len()];
+        for chunk in runs.chunks(WRITE_DEPTH) {
+            let mut ops: Vec<IoOp<'_>> = chunk
+                .iter()
+                .map(|&(f, n)| {
+                    let (i, s) = pairs[f];
+                    // SAFETY: the scratch pages i..i+n hold moved pages until the batch ends.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(self.scratch_page(i) as *const u8, n * PAGE_SIZE)
+                    };
+                    IoOp::write(s * PAGE_SIZE as u64, bytes)
+                })
+                .collect();
+            if let Ok(r) = self.sh.swap.dev.submit_batch(&mut ops) {
+                for (&(f, n), res) in chunk.iter().zip(r) {
+                    if matches!(res, Ok(b) if b == n * PAGE_SIZE) {
+                        ok[f..f + n].iter_mut().for_each(|x| *x = true);
+                    }
+                }
+            }
+        }
+        ok
+    }
+
     /// A moved-out page that found no place (swap full, write failed) goes back into its
     /// region, copied from its scratch page, and stays resident.
     fn put_back(&self, st: &RegionState, p: usize, i: usize) {
@@ -578,11 +610,18 @@ impl Evictor {
         }
         b.pool.charge_read((m * PAGE_SIZE) as u64);
         let ok: Vec<bool> = if contiguous {
-            let r = sh
-                .swap
-                .dev
-                .write_at(first * PAGE_SIZE as u64, &self.staging[..m * PAGE_SIZE]);
-            vec![r.is_ok(); m]
+            // In pieces of DESTAGE_PIECE pages, one after the other: a page-in's read then
+            // waits behind one piece, not the whole group.
+            let mut ok = vec![false; m];
+            for c in (0..m).step_by(DESTAGE_PIECE) {
+                let e = (c + DESTAGE_PIECE).min(m);
+                let r = sh.swap.dev.write_at(
+                    (first + c as u64) * PAGE_SIZE as u64,
+                    &self.staging[c * PAGE_SIZE..e * PAGE_SIZE],
+                );
+                ok[c..e].iter_mut().for_each(|x| *x = r.is_ok());
+            }
+            ok
         } else {
             let mut ops: Vec<IoOp<'_>> = slots
                 .iter()

@@ -312,7 +312,9 @@ impl Pager {
         let batch = opts.batch;
         let shared = Arc::new(Shared {
             budget_pages,
-            target_pages: budget_pages - batch,
+            // Like kswapd's high watermark: the evictor works down to 1/32 of the budget below
+            // it, so faults rarely meet the hard cap while it destages a group.
+            target_pages: budget_pages - batch.max(budget_pages / 32),
             cap_pages: budget_pages + batch,
             batch,
             queue: AtomicUsize::new(if opts.control.enabled {

@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::slots::SlotMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use tiermem_fault::PAGE_SIZE;
 use tiermem_media::{DelayModel, Pool, PoolOptions, SsdDevice};
@@ -15,23 +15,23 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 pub struct Buffer {
     pub(crate) pool: Pool,
     pub(crate) slots: SlotMap,
-    path: PathBuf,
 }
 
 impl Buffer {
     /// Creates a pool of `bytes` (rounded down to pages, plus its header page) at `path` with
-    /// the delay model `delay`. The file is removed when the buffer is dropped.
+    /// the delay model `delay`, and unlinks the file at once: the buffer lives exactly as long
+    /// as its mapping, so a process killed with pages in it leaves nothing behind on tmpfs.
     pub fn create(path: &Path, bytes: u64, delay: DelayModel) -> Result<Buffer> {
         let pages = bytes / PAGE_SIZE as u64;
         let opts = PoolOptions::new((pages + 1) * PAGE_SIZE as u64)
             .delay(delay)
             .tag("pager-buffer");
         let pool = Pool::create(path, &opts)?;
+        let _ = std::fs::remove_file(path);
         let slots = pool.data_len() / PAGE_SIZE;
         Ok(Buffer {
             pool,
             slots: SlotMap::new(slots),
-            path: path.to_path_buf(),
         })
     }
 
@@ -45,12 +45,6 @@ impl Buffer {
     /// Slots in the buffer.
     pub fn capacity(&self) -> usize {
         self.slots.capacity()
-    }
-}
-
-impl Drop for Buffer {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 

@@ -297,6 +297,65 @@ fn the_controller_serves_a_tenant_over_its_bound_from_the_buffer_and_prefetches_
     assert!(tight.set_bound(0.99, 0).is_err());
 }
 
+/// The child of the kill -9 test: pages out to the buffer and the swap file, says so, waits.
+#[test]
+fn kill_child() {
+    let Some(dir) = std::env::var_os("TIERMEM_PAGER_KILL_CHILD") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let mut o = PagerOptions::new(64 * PS as u64, 512 * PS as u64);
+    o.swap_path = Some(dir.join("swap"));
+    o.swap_size = Some(16 << 20);
+    o.nvm_dir = Some(dir.clone());
+    o.control.enabled = false;
+    let pg = Pager::new(&o).unwrap();
+    let r = pg.map(1024 * PS).unwrap();
+    for p in 0..1024 {
+        write_page(&r, p, word(p, 1));
+    }
+    pg.settle();
+    let st = pg.stats();
+    assert!(st.buffer_used > 0 && st.swap_used > 0, "{st:?}");
+    println!("READY");
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    loop {
+        // Keep faulting while the parent kills us.
+        for p in (0..512).step_by(7) {
+            read_page(&r, p);
+        }
+    }
+}
+
+#[test]
+fn a_process_killed_with_pages_out_leaves_no_file_behind() {
+    use std::io::BufRead;
+    for round in 0..20 {
+        let dir = swap_dir();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "kill_child", "--nocapture", "--test-threads=1"])
+            .env("TIERMEM_PAGER_KILL_CHILD", dir.path())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let ready = std::io::BufReader::new(out)
+            .lines()
+            .map_while(|l| l.ok())
+            .any(|l| l.contains("READY"));
+        assert!(ready, "round {round}: the child never paged out");
+        child.kill().unwrap();
+        let st = child.wait().unwrap();
+        assert!(!st.success());
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .collect();
+        assert!(left.is_empty(), "round {round}: left behind {left:?}");
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Write(usize, u8),
