@@ -566,17 +566,6 @@ impl Drop for ZswapOff {
     }
 }
 
-fn is_tmpfs(dir: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs fills a zeroed struct.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == 0x0102_1994 }
-}
-
 struct Measured {
     /// Bytes the kernel-swap cgroup allowed over the budget (0 for the pager).
     limit_over_budget: u64,
@@ -648,7 +637,7 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
     let warmup_s = if quick { 3.0 } else { 10.0 };
     let dir = o.dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    if is_tmpfs(&dir) {
+    if tiermem_media::on_tmpfs(&dir).unwrap_or(false) {
         bail!(
             "{}: tmpfs is memory, not a disk; give --dir on ext4 or xfs",
             dir.display()

@@ -99,8 +99,6 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup/memory";
 const DIR_ENV: &str = "TIERMEM_BENCH_SNAPSHOT_DIR";
 /// The default storage directory (on disk, not tmpfs).
 const DEFAULT_DIR: &str = "/var/tmp/tiermem-bench-snapshot";
-/// statfs's f_type of tmpfs.
-const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// `tiermem bench snapshot` options.
 #[derive(Args, Clone, Debug, Default)]
@@ -1375,15 +1373,7 @@ impl Drop for Cleanup {
 }
 
 fn is_tmpfs(dir: &Path) -> Result<bool> {
-    let c = CString::new(dir.as_os_str().as_bytes()).context("storage path")?;
-    // SAFETY: statfs fills a plain-data struct from a NUL-terminated path.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; `c` and `st` outlive the call.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("statfs {}", dir.display()));
-    }
-    Ok(st.f_type as i64 == TMPFS_MAGIC)
+    tiermem_media::on_tmpfs(dir).with_context(|| format!("statfs {}", dir.display()))
 }
 
 fn storage_root(o: &SnapshotOpts) -> PathBuf {

@@ -63,7 +63,7 @@ pub use delay::{
     DELAY_SLEEP_ENV,
 };
 pub use error::{MediaError, Result};
-pub use memory::{mem_available, populate_write};
+pub use memory::{mem_available, on_tmpfs, populate_write};
 pub use persist::{
     cpu_features, cpu_has_tsc_invariant, fence, flush_lines, flush_slice, nt_copy, nt_copy_slice,
     CpuFeatures, PersistMethod, CACHE_LINE,

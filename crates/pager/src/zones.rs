@@ -9,8 +9,6 @@ use std::sync::atomic::AtomicU64;
 use tiermem_fault::PAGE_SIZE;
 use tiermem_media::{DelayModel, Pool, PoolOptions, SsdDevice};
 
-const TMPFS_MAGIC: i64 = 0x0102_1994;
-
 /// The NVM paging buffer.
 pub struct Buffer {
     pub(crate) pool: Pool,
@@ -87,19 +85,10 @@ impl Swap {
     }
 }
 
-/// Whether `dir` is on tmpfs (`statfs`'s `f_type`).
+/// Whether `dir` is on tmpfs (the media layer's check, with the pager's error).
 pub(crate) fn is_tmpfs(dir: &Path) -> Result<bool> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| Error::InvalidOption(format!("{}: path contains NUL", dir.display())))?;
-    // SAFETY: statfs fills the zeroed struct; c is a valid C string.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(Error::Sys {
-            op: "statfs of the swap file's directory",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(st.f_type as i64 == TMPFS_MAGIC)
+    tiermem_media::on_tmpfs(dir).map_err(|source| Error::Sys {
+        op: "statfs of the swap file's directory",
+        source,
+    })
 }

@@ -301,17 +301,7 @@ fn which(program: &str) -> Option<PathBuf> {
 
 /// True when `dir` is on a tmpfs (memory-backed: syncs cost nothing), or when that is unknown.
 fn on_tmpfs(dir: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return true;
-    };
-    // SAFETY: `c` is a NUL-terminated path and `st` a properly sized, writable statfs buffer.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; statfs only writes `st`.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return true;
-    }
-    st.f_type == libc::TMPFS_MAGIC
+    tiermem_media::on_tmpfs(dir).unwrap_or(true)
 }
 
 /// True when running as root (network namespaces, userfaultfd for everyone).
