@@ -195,9 +195,9 @@ fn bench_fault_quick_json_reports_scan_1gib_ms() {
 }
 
 /// The tour's steps, in order (`tiermem tour --only` accepts these).
-const TOUR_STEPS: [&str; 11] = [
+const TOUR_STEPS: [&str; 12] = [
     "doctor", "media", "fault", "vnvm", "kv", "migrate", "pheap", "prefault", "snapshot",
-    "iocache", "zread",
+    "iocache", "pager", "zread",
 ];
 
 /// The rows of the tour's closing table: (step, result).

@@ -34,6 +34,9 @@ use tiermem_media::{now_ns, AlignedBuf, IoOp};
 /// Swap-file writes the evictor keeps in flight at once.
 const WRITE_DEPTH: usize = 8;
 
+/// Swap clusters prefetched into the buffer per evictor round.
+const PREFETCH_PER_ROUND: usize = 4;
+
 /// Pages per write when a group is destaged.
 const DESTAGE_PIECE: usize = 16;
 
@@ -382,7 +385,15 @@ impl Evictor {
             while sh.prefetch_q.pop().is_some() {}
             return;
         };
-        while let Some(c) = sh.prefetch_q.pop() {
+        // A few clusters a round: each is a 256 KiB read the evictor waits for, and page-outs
+        // must not starve behind a monitor's whole queue (up to 256 clusters a window).
+        for _ in 0..PREFETCH_PER_ROUND {
+            if sh.inflight_reads.load(Ordering::Relaxed) >= sh.queue.load(Ordering::Relaxed) {
+                return;
+            }
+            let Some(c) = sh.prefetch_q.pop() else {
+                return;
+            };
             // Keep a group's worth of slots for page-outs.
             if b.slots.free() < 2 * GROUP_PAGES {
                 while sh.prefetch_q.pop().is_some() {}
