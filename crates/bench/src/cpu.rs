@@ -127,13 +127,15 @@ mod tests {
         assert!(process_cpu_s(u32::MAX).is_none());
         assert_eq!(per_cpu(10.0, 0.0), None);
         assert_eq!(per_cpu(10.0, 2.0), Some(5.0));
-        // The calling thread's own clock is exact: a millisecond of spinning shows.
+        // The calling thread's own clock counts its spinning: it reaches 1 ms while the thread
+        // spins (the wall clock may run ahead of it on a VM whose vCPU is preempted, so the
+        // check is that the thread clock gets there, not how fast).
         let a = this_thread_ns();
-        let end = std::time::Instant::now() + std::time::Duration::from_millis(1);
-        while std::time::Instant::now() < end {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while this_thread_ns() - a < 1_000_000 && std::time::Instant::now() < deadline {
             std::hint::spin_loop();
         }
         let spun = (this_thread_ns() - a) as f64 / 1e9;
-        assert!(spun >= 0.0008, "1 ms of spinning counted as {spun} s");
+        assert!(spun >= 0.001, "10 s of spinning counted as {spun} s");
     }
 }
