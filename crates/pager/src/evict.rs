@@ -14,7 +14,7 @@
 //!
 //! **Latency groups.** Buffer pages are kept in groups of 64 of one latency bound, in eviction
 //! order. When the buffer runs low, whole groups are destaged to the swap file, highest bound
-//! (best effort) first, oldest first, each in one write to 64 consecutive swap slots; the shadow
+//! (best effort) first, oldest first, each to 64 consecutive swap slots in 16-page writes; the shadow
 //! table is switched `Buffer(s) → Ssd(c+i)` page by page, and a page faulted back in meanwhile
 //! keeps its own copy (its swap slot is freed).
 

@@ -3,7 +3,7 @@
 //! The evictor thread allocates; faults free (a page read back into DRAM gives its slot up),
 //! from a signal handler, so both sides are lock-free word operations. Allocation is next-fit
 //! from a cursor; [`SlotMap::alloc_cluster`] takes one whole free word, 64 consecutive slots,
-//! for a latency group destaged in one write (the paper's cluster-based slot management).
+//! for a latency group destaged to consecutive slots (the paper's cluster-based slot management).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
