@@ -566,6 +566,11 @@ typedef struct TiermemPagerStats {
    * The SSD queue size S(t).
    */
   uint64_t queue;
+  /**
+   * Page-outs and destages that wrote nothing: the page was clean and its swap slot still
+   * held its bytes.
+   */
+  uint64_t clean_pageouts;
 } TiermemPagerStats;
 
 /**

@@ -59,6 +59,9 @@ pub struct TiermemPagerStats {
     pub pagein_p99_ns: u64,
     /// The SSD queue size S(t).
     pub queue: u64,
+    /// Page-outs and destages that wrote nothing: the page was clean and its swap slot still
+    /// held its bytes.
+    pub clean_pageouts: u64,
 }
 
 struct Global {
@@ -246,6 +249,7 @@ pub extern "C" fn tiermem_pager_stats(out: *mut TiermemPagerStats) -> c_int {
                 destaged: s.destaged,
                 pagein_p99_ns: s.pagein.quantile(0.99).unwrap_or(0),
                 queue: s.queue as u64,
+                clean_pageouts: s.pageouts_clean + s.destaged_clean,
             }
         };
         0

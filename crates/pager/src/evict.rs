@@ -70,6 +70,8 @@ pub(crate) struct Evictor {
     last_tenant: HashMap<u64, HistSnapshot>,
     /// `TIERMEM_PAGER_TRACE` set: one line per control window on stderr.
     trace: bool,
+    /// Where [`Evictor::reclaim`] looks next.
+    reclaim_cursor: usize,
 }
 
 // SAFETY: the scratch pages are only touched by the evictor thread.
@@ -120,6 +122,7 @@ impl Evictor {
             last_ssd: sh.h_ssd.snapshot(),
             last_tenant: HashMap::new(),
             trace: std::env::var_os("TIERMEM_PAGER_TRACE").is_some(),
+            reclaim_cursor: 0,
             sh,
             uffd,
             scratch: scratch as usize,
@@ -168,7 +171,13 @@ impl Evictor {
     /// Takes up to one batch of victims out of DRAM; returns how many left it.
     fn evict_batch(&mut self) -> usize {
         let sh = self.sh.clone();
-        let room = sh.buffer.as_ref().map_or(0, |b| b.slots.free()) + sh.swap.slots.free();
+        let free =
+            |sh: &Shared| sh.buffer.as_ref().map_or(0, |b| b.slots.free()) + sh.swap.slots.free();
+        let mut room = free(&sh);
+        // Full, but kept copies hold slots: take some back (those pages are written again).
+        while room < sh.batch && self.reclaim(false) {
+            room = free(&sh);
+        }
         // At most S(t) pages a round (the paper's replacement of SWAP_CLUSTER_MAX), minus the
         // swap reads in flight (reads first), and no more than DRAM needs.
         let queue = sh.queue.load(Ordering::Relaxed);
@@ -213,6 +222,9 @@ impl Evictor {
                 Ok(n) if n == PAGE_SIZE => moved.push(i),
                 Err(libc::ENOENT) => {
                     // Not present: the program dropped it and the event is still in flight.
+                    if let Some(k) = st.shadow.take_kept(*p) {
+                        sh.swap.slots.release(k);
+                    }
                     st.shadow.set(*p, Place::Zero);
                     sh.resident.fetch_sub(1, Ordering::AcqRel);
                     sh.c.dropped.fetch_add(1, Ordering::Relaxed);
@@ -227,9 +239,22 @@ impl Evictor {
             }
         }
         // Destinations: the buffer first, then the swap file.
-        let mut to_ssd: Vec<(usize, u64)> = Vec::new();
+        let mut need_ssd: Vec<usize> = Vec::new();
         for &i in &moved {
             let (st, p) = &victims[i];
+            // Clean if it still hashes to what its kept swap slot holds; a dirty page's kept
+            // slot is stale and freed.
+            // SAFETY: the scratch page holds the moved page until the batch ends.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(self.scratch_page(i) as *const u8, PAGE_SIZE) };
+            let h = xxhash_rust::xxh3::xxh3_128(bytes);
+            let clean = st.shadow.kept(*p).is_some() && st.shadow.sum(*p) == h;
+            st.shadow.set_sum(*p, h);
+            if !clean {
+                if let Some(k) = st.shadow.take_kept(*p) {
+                    sh.swap.slots.release(k);
+                }
+            }
             // With control, NS tenants page out to the buffer and the others to the regular
             // zone, except while more than half the buffer is free: that spare half takes
             // anyone's pages (destaged first, best effort before bounded) instead of idling.
@@ -263,11 +288,56 @@ impl Evictor {
                     sh.h_pageout.record(now_ns().saturating_sub(t0));
                     out += 1;
                 }
-                None => match sh.swap.slots.alloc() {
-                    Some(s) => to_ssd.push((i, s)),
-                    None => self.put_back(st, *p, i),
-                },
+                None if clean => {
+                    // Its bytes are already in its kept slot: no write.
+                    let k = st.shadow.take_kept(*p).expect("a clean page keeps a slot");
+                    st.shadow.set(*p, Place::Ssd(k));
+                    sh.c.pageouts_clean.fetch_add(1, Ordering::Relaxed);
+                    sh.h_pageout.record(now_ns().saturating_sub(t0));
+                    out += 1;
+                }
+                None => need_ssd.push(i),
             }
+        }
+        // Swap slots: whole clusters while a run is long enough to use one (consecutive slots
+        // make one write of the run), single slots for the rest.
+        let mut to_ssd: Vec<(usize, u64)> = Vec::with_capacity(need_ssd.len());
+        let mut k = 0;
+        while k < need_ssd.len() {
+            let left = need_ssd.len() - k;
+            let cluster = if left >= DESTAGE_PIECE {
+                sh.swap
+                    .slots
+                    .alloc_cluster()
+                    .or_else(|| self.reclaim(true).then(|| sh.swap.slots.alloc_cluster())?)
+            } else {
+                None
+            };
+            if let Some(c) = cluster {
+                let n = left.min(GROUP_PAGES);
+                for j in 0..GROUP_PAGES {
+                    if j < n {
+                        to_ssd.push((need_ssd[k + j], c + j as u64));
+                    } else {
+                        sh.swap.slots.release(c + j as u64);
+                    }
+                }
+                k += n;
+                continue;
+            }
+            let single = sh
+                .swap
+                .slots
+                .alloc()
+                .or_else(|| self.reclaim(false).then(|| sh.swap.slots.alloc()).flatten());
+            match single {
+                Some(s) => to_ssd.push((need_ssd[k], s)),
+                None => {
+                    let (st, p) = &victims[need_ssd[k]];
+                    self.put_back(st, *p, need_ssd[k]);
+                }
+            }
+            k += 1;
         }
         if !to_ssd.is_empty() {
             let ok = self.write_runs(&to_ssd);
@@ -394,8 +464,10 @@ impl Evictor {
             let Some(c) = sh.prefetch_q.pop() else {
                 return;
             };
-            // Keep a group's worth of slots for page-outs.
-            if b.slots.free() < 2 * GROUP_PAGES {
+            // Only into room destaging would not have to make again: prefetching more than the
+            // buffer holds spare cycles pages between buffer and swap file (measured: 630,000
+            // pages prefetched and destaged again in a 10 s quick run).
+            if b.slots.free() < 2 * buffer_low(b) {
                 while sh.prefetch_q.pop().is_some() {}
                 return;
             }
@@ -438,8 +510,10 @@ impl Evictor {
                         PAGE_SIZE,
                     )
                 };
-                if st.shadow.cas(p, Place::Ssd(s), Place::Buffer(bs)) {
-                    sh.swap.slots.release(s);
+                // Claimed (Evicting) while its kept slot is recorded.
+                if st.shadow.cas(p, Place::Ssd(s), Place::Evicting) {
+                    st.shadow.set_kept(p, s);
+                    st.shadow.set(p, Place::Buffer(bs));
                     let bound = st.bound_ns.load(Ordering::Relaxed);
                     self.add_to_group(bound, st.key | p as u64, bs);
                     sh.c.prefetched.fetch_add(1, Ordering::Relaxed);
@@ -491,6 +565,66 @@ impl Evictor {
             }
         }
         ok
+    }
+
+    /// Frees swap space held by kept copies (pages resident or in the buffer whose swap slot the
+    /// pager kept, like the kernel's swap cache): their slots are stolen, and those pages are
+    /// written again when they leave. With `whole`, frees one cluster whose used slots are all
+    /// kept copies (for a contiguous write); without, every kept slot of the first cluster that
+    /// has any. Looks at up to 512 clusters from where it stopped last; true if it freed what
+    /// was asked.
+    fn reclaim(&mut self, whole: bool) -> bool {
+        let sh = self.sh.clone();
+        let slots = &sh.swap.slots;
+        let words = slots.words();
+        let t = sh.regions.lock();
+        for _ in 0..words.min(512) {
+            let w = self.reclaim_cursor % words;
+            self.reclaim_cursor = (w + 1) % words;
+            if whole && slots.capacity() - w * 64 < 64 {
+                continue;
+            }
+            let used = slots.used_mask(w);
+            if whole && used == 0 {
+                return true;
+            }
+            let mut kept = Vec::with_capacity(used.count_ones() as usize);
+            let mut bits = used;
+            while bits != 0 {
+                let s = (w * 64) as u64 + bits.trailing_zeros() as u64;
+                bits &= bits - 1;
+                let key = sh.swap.owner[s as usize].load(Ordering::Relaxed);
+                // For a whole cluster, only copies of resident pages: a buffer page's copy makes
+                // its destage free, and stealing it to destage another group trades one write
+                // for another.
+                match t.lookup(key) {
+                    Some((st, p))
+                        if p < st.shadow.len()
+                            && st.shadow.kept(p) == Some(s)
+                            && (!whole || st.shadow.get(p) == Place::Resident) =>
+                    {
+                        kept.push((st, p, s))
+                    }
+                    _ if whole => break,
+                    _ => {}
+                }
+            }
+            if kept.is_empty() || (whole && kept.len() != used.count_ones() as usize) {
+                continue;
+            }
+            let mut freed = 0;
+            for (st, p, s) in kept {
+                if st.shadow.steal_kept(p, s) {
+                    slots.release(s);
+                    freed += 1;
+                }
+            }
+            sh.c.kept_reclaimed.fetch_add(freed, Ordering::Relaxed);
+            if (whole && slots.used_mask(w) == 0) || (!whole && freed > 0) {
+                return true;
+            }
+        }
+        false
     }
 
     /// A moved-out page that found no place (swap full, write failed) goes back into its
@@ -552,9 +686,7 @@ impl Evictor {
         let Some(b) = sh.buffer.as_ref() else {
             return;
         };
-        let low = (2 * GROUP_PAGES)
-            .max(b.capacity() / 8)
-            .min(b.capacity() / 2);
+        let low = buffer_low(b);
         while b.slots.free() < low {
             if !self.destage_one() {
                 break;
@@ -582,13 +714,42 @@ impl Evictor {
                 })
                 .collect()
         };
+        // Pages whose kept swap slot still holds their bytes go back to it with no write.
+        let live: Vec<(Arc<RegionState>, usize, u64)> = live
+            .into_iter()
+            .filter(|(st, p, slot)| {
+                if st.shadow.kept(*p).is_none() {
+                    return true;
+                }
+                if st.shadow.cas(*p, Place::Buffer(*slot), Place::Evicting) {
+                    let k = st
+                        .shadow
+                        .take_kept(*p)
+                        .expect("checked above; only we change it");
+                    st.shadow.set(*p, Place::Ssd(k));
+                    b.slots.release(*slot);
+                    sh.c.destaged_clean.fetch_add(1, Ordering::Relaxed);
+                }
+                false
+            })
+            .collect();
         if live.is_empty() {
             return true;
         }
         let n = live.len();
-        let (first, contiguous) = match sh.swap.slots.alloc_cluster() {
+        let cluster = sh
+            .swap
+            .slots
+            .alloc_cluster()
+            .or_else(|| self.reclaim(true).then(|| sh.swap.slots.alloc_cluster())?);
+        let (first, contiguous) = match cluster {
             Some(c) => (c, true),
-            None => match sh.swap.slots.alloc() {
+            None => match sh
+                .swap
+                .slots
+                .alloc()
+                .or_else(|| self.reclaim(false).then(|| sh.swap.slots.alloc()).flatten())
+            {
                 Some(s) => (s, false),
                 None => {
                     self.closed.entry(u64::MAX).or_default().push_front(g);
@@ -634,23 +795,26 @@ impl Evictor {
             }
             ok
         } else {
-            let mut ops: Vec<IoOp<'_>> = slots
-                .iter()
-                .enumerate()
-                .map(|(k, &s)| {
-                    IoOp::write(
-                        s * PAGE_SIZE as u64,
-                        &self.staging[k * PAGE_SIZE..(k + 1) * PAGE_SIZE],
-                    )
-                })
-                .collect();
-            match sh.swap.dev.submit_batch(&mut ops) {
-                Ok(r) => r
+            // Scattered slots: single-page writes, at most WRITE_DEPTH in flight.
+            let mut ok = Vec::with_capacity(m);
+            for (c, chunk) in slots.chunks(WRITE_DEPTH).enumerate() {
+                let mut ops: Vec<IoOp<'_>> = chunk
                     .iter()
-                    .map(|x| matches!(x, Ok(n) if *n == PAGE_SIZE))
-                    .collect(),
-                Err(_) => vec![false; m],
+                    .enumerate()
+                    .map(|(j, &s)| {
+                        let k = c * WRITE_DEPTH + j;
+                        IoOp::write(
+                            s * PAGE_SIZE as u64,
+                            &self.staging[k * PAGE_SIZE..(k + 1) * PAGE_SIZE],
+                        )
+                    })
+                    .collect();
+                match sh.swap.dev.submit_batch(&mut ops) {
+                    Ok(r) => ok.extend(r.iter().map(|x| matches!(x, Ok(n) if *n == PAGE_SIZE))),
+                    Err(_) => ok.resize(ok.len() + chunk.len(), false),
+                }
             }
+            ok
         };
         let mut rest = Group {
             entries: Vec::new(),
@@ -667,6 +831,7 @@ impl Evictor {
                 });
                 continue;
             }
+            sh.swap.owner[slots[k] as usize].store(st.key | *p as u64, Ordering::Relaxed);
             if st
                 .shadow
                 .cas(*p, Place::Buffer(*slot), Place::Ssd(slots[k]))
@@ -683,6 +848,14 @@ impl Evictor {
         }
         true
     }
+}
+
+/// Free buffer slots below which groups are destaged: an eighth of the buffer, at least two
+/// groups, at most half.
+fn buffer_low(b: &crate::zones::Buffer) -> usize {
+    (2 * GROUP_PAGES)
+        .max(b.capacity() / 8)
+        .min(b.capacity() / 2)
 }
 
 /// Whether a partly failed destage still moved something (so the caller may go on).

@@ -72,6 +72,9 @@ pub(crate) struct Counters {
     pub(crate) pageouts_buffer: AtomicU64,
     pub(crate) pageouts_ssd: AtomicU64,
     pub(crate) destaged: AtomicU64,
+    pub(crate) pageouts_clean: AtomicU64,
+    pub(crate) destaged_clean: AtomicU64,
+    pub(crate) kept_reclaimed: AtomicU64,
     pub(crate) dropped: AtomicU64,
     pub(crate) over_budget_waits: AtomicU64,
     pub(crate) swap_full: AtomicU64,
@@ -113,6 +116,12 @@ pub struct PagerStats {
     pub pageouts_ssd: u64,
     /// Buffer pages written to the swap file by destaging.
     pub destaged: u64,
+    /// Page-outs that wrote nothing: the page was clean and its swap slot still held it.
+    pub pageouts_clean: u64,
+    /// Buffer pages destaged with no write, for the same reason.
+    pub destaged_clean: u64,
+    /// Kept swap copies given up to make room for page-outs (those pages are written again).
+    pub kept_reclaimed: u64,
     /// Pages the program dropped (`MADV_DONTNEED`) or unmapped.
     pub dropped: u64,
     /// Faults that waited for the evictor because DRAM was over budget.
@@ -388,6 +397,9 @@ impl Pager {
             pageouts_buffer: l(&s.c.pageouts_buffer),
             pageouts_ssd: l(&s.c.pageouts_ssd),
             destaged: l(&s.c.destaged),
+            pageouts_clean: l(&s.c.pageouts_clean),
+            destaged_clean: l(&s.c.destaged_clean),
+            kept_reclaimed: l(&s.c.kept_reclaimed),
             dropped: l(&s.c.dropped),
             over_budget_waits: l(&s.c.over_budget_waits),
             swap_full: l(&s.c.swap_full),

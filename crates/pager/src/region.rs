@@ -307,6 +307,10 @@ impl Drop for PagedRegion {
                 }
                 break;
             }
+            // Zero now, and no fault or evictor can claim it again: its kept slot is ours.
+            if let Some(k) = st.shadow.take_kept(p) {
+                sh.swap.slots.release(k);
+            }
         }
         // SAFETY: our mapping; nothing references it now.
         unsafe { libc::munmap(st.base as *mut libc::c_void, st.len) };
@@ -450,8 +454,10 @@ impl Resolver for PageIn {
                             st.shadow.set(p, at);
                             return Err(e);
                         }
+                        // Keep the swap copy: a clean eviction then needs no write (see
+                        // `shadow`); the evictor reclaims kept copies when it needs the space.
+                        st.shadow.set_kept(p, s);
                         st.shadow.set(p, Place::Resident);
-                        sh.swap.slots.release(s);
                         self.installed(p);
                         sh.c.pageins_ssd.fetch_add(1, Ordering::Relaxed);
                         count_thread_pagein();
@@ -497,9 +503,14 @@ impl Resolver for PageIn {
                     }
                     _ => {}
                 }
-                if !st.shadow.cas(p, at, Place::Zero) {
+                // Claim it (a kept slot may only change under a claim), then drop it.
+                if !st.shadow.cas(p, at, Place::Evicting) {
                     continue;
                 }
+                if let Some(k) = st.shadow.take_kept(p) {
+                    sh.swap.slots.release(k);
+                }
+                st.shadow.set(p, Place::Zero);
                 match at {
                     Place::Resident => {
                         sh.resident.fetch_sub(1, Ordering::AcqRel);

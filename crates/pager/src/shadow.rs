@@ -14,6 +14,16 @@
 //!
 //! `Loading` and `Evicting` are held by one thread for the length of one copy; a fault that
 //! finds them waits (yields) until they end.
+//!
+//! **Kept swap copies.** A page read back from the swap file keeps its slot while it is resident
+//! or in the buffer (the kernel's swap cache does the same), and the table records, per page,
+//! that slot and a 128-bit hash (XXH3) of the bytes last paged out. An eviction whose page hashes
+//! to the same value is clean: it goes back to its kept slot with no write. Invariant: a kept
+//! slot exists only while the page is `Resident`, `Buffer`, `Loading` or `Evicting`, and only the
+//! thread that holds the page (a fault in `Loading`, the evictor or a drop in `Evicting`, or the
+//! evictor for a `Buffer` page it claims) sets or takes it, except that the evictor may *steal*
+//! a kept slot at any time to free swap space (one compare-and-swap: the slot goes to exactly one
+//! of them); the hash is the evictor's alone.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -67,6 +77,10 @@ impl Place {
 /// One entry per page of a region.
 pub struct Shadow {
     entries: Box<[AtomicU64]>,
+    /// Kept swap slot + 1 per page (0: none).
+    kept: Box<[AtomicU64]>,
+    /// XXH3-128 of each page's bytes when it was last paged out (two words per page).
+    sums: Box<[AtomicU64]>,
 }
 
 impl Shadow {
@@ -74,7 +88,48 @@ impl Shadow {
     pub fn new(pages: usize) -> Shadow {
         Shadow {
             entries: (0..pages).map(|_| AtomicU64::new(0)).collect(),
+            kept: (0..pages).map(|_| AtomicU64::new(0)).collect(),
+            sums: (0..2 * pages).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// The swap slot page `p` keeps (a copy of its bytes as last paged out), if any.
+    pub fn kept(&self, p: usize) -> Option<u64> {
+        self.kept[p].load(Ordering::Acquire).checked_sub(1)
+    }
+
+    /// Records `slot` as page `p`'s kept swap copy. Only the thread holding the page may call
+    /// this, and only when the page keeps no slot yet.
+    pub fn set_kept(&self, p: usize, slot: u64) {
+        self.kept[p].store(slot + 1, Ordering::Release);
+    }
+
+    /// Forgets page `p`'s kept slot and returns it (the caller frees or reuses it). Only the
+    /// thread holding the page may call this.
+    pub fn take_kept(&self, p: usize) -> Option<u64> {
+        self.kept[p].swap(0, Ordering::AcqRel).checked_sub(1)
+    }
+
+    /// Takes page `p`'s kept slot away if it is still `slot` (the evictor reclaiming swap space
+    /// whatever the page's state); true if the caller now owns the slot. Safe against the
+    /// holder's [`Shadow::take_kept`]: exactly one of them gets the slot.
+    pub fn steal_kept(&self, p: usize, slot: u64) -> bool {
+        self.kept[p]
+            .compare_exchange(slot + 1, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The hash recorded for page `p` at its last page-out (0 before any).
+    pub fn sum(&self, p: usize) -> u128 {
+        let lo = self.sums[2 * p].load(Ordering::Relaxed) as u128;
+        let hi = self.sums[2 * p + 1].load(Ordering::Relaxed) as u128;
+        (hi << 64) | lo
+    }
+
+    /// Records the hash of page `p`'s bytes as paged out now (the evictor only).
+    pub fn set_sum(&self, p: usize, h: u128) {
+        self.sums[2 * p].store(h as u64, Ordering::Relaxed);
+        self.sums[2 * p + 1].store((h >> 64) as u64, Ordering::Relaxed);
     }
 
     /// Number of pages.
@@ -140,5 +195,20 @@ mod tests {
         s.set(1, Place::Buffer(9));
         assert_eq!(s.get(1), Place::Buffer(9));
         assert_eq!(s.get(0), Place::Zero);
+    }
+
+    #[test]
+    fn a_kept_slot_and_a_sum_are_per_page() {
+        let s = Shadow::new(3);
+        assert_eq!(s.kept(1), None);
+        s.set_kept(1, 0);
+        assert_eq!(s.kept(1), Some(0));
+        assert_eq!(s.kept(2), None);
+        assert_eq!(s.take_kept(1), Some(0));
+        assert_eq!(s.take_kept(1), None);
+        let h = (7u128 << 64) | 9;
+        s.set_sum(2, h);
+        assert_eq!(s.sum(2), h);
+        assert_eq!(s.sum(1), 0);
     }
 }

@@ -101,6 +101,19 @@ impl SlotMap {
         None
     }
 
+    /// Bitmap words (clusters), the last one possibly partial.
+    pub fn words(&self) -> usize {
+        self.words.len()
+    }
+
+    /// The used slots of word `w` as a bit mask (bit i: slot `64 w + i`).
+    pub fn used_mask(&self, w: usize) -> u64 {
+        let lo = w * 64;
+        let n = (self.slots - lo).min(64);
+        let valid = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+        !self.words[w].load(Ordering::Acquire) & valid
+    }
+
     /// Gives slot `s` back. Freeing a free slot is a bug in the caller; it is ignored (debug
     /// builds assert) so a count never goes wrong.
     pub fn release(&self, s: u64) {

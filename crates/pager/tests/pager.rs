@@ -127,6 +127,119 @@ fn without_a_buffer_pages_go_straight_to_the_swap_file() {
     assert_eq!(st.pageouts_buffer + st.pageins_buffer, 0);
 }
 
+/// Reads everything twice (clean trips), then rewrites every third page: clean pages go back to
+/// their kept swap slot with no write, and a page written meanwhile is never mistaken for clean.
+#[allow(clippy::needless_range_loop)] // pages and their model words side by side
+fn clean_trips(nvm_pages: usize) {
+    let dir = swap_dir();
+    let pg = pager(64, nvm_pages, &dir);
+    let pages = 400;
+    let r = pg.map(pages * PS).unwrap();
+    let mut model: Vec<u64> = (0..pages).map(|p| word(p, 1)).collect();
+    for p in 0..pages {
+        write_page(&r, p, model[p]);
+    }
+    for pass in 0..2 {
+        for p in 0..pages {
+            assert_eq!(
+                read_page(&r, p),
+                [model[p]; 4],
+                "page {p}, read pass {pass}"
+            );
+        }
+    }
+    pg.settle();
+    let st = pg.stats();
+    assert!(
+        st.pageouts_clean + st.destaged_clean > 0,
+        "read-only trips wrote every page again: {st:?}"
+    );
+    for p in (0..pages).step_by(3) {
+        model[p] = word(p, 2);
+        write_page(&r, p, model[p]);
+    }
+    for pass in 0..2 {
+        for p in (0..pages).rev() {
+            assert_eq!(
+                read_page(&r, p),
+                [model[p]; 4],
+                "page {p}, after rewrites, pass {pass}"
+            );
+        }
+    }
+    assert_eq!(pg.stats().io_errors, 0);
+    drop(r);
+    pg.settle();
+    let st = pg.stats();
+    assert_eq!(
+        (st.resident_pages, st.buffer_used, st.swap_used),
+        (0, 0, 0),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn clean_pages_go_back_to_their_swap_slot_without_a_write() {
+    clean_trips(0);
+}
+
+#[test]
+fn clean_buffer_pages_destage_without_a_write() {
+    clean_trips(64);
+}
+
+#[test]
+#[allow(clippy::needless_range_loop)] // pages and their model words side by side
+fn kept_copies_give_their_slots_up_when_the_swap_file_runs_short() {
+    let dir = swap_dir();
+    let mut o = options(64, 0, &dir);
+    o.control.enabled = false;
+    // 256 swap slots for 300 pages, at least 204 of them out of DRAM: with kept copies of the
+    // resident ones the file is full, and page-outs of rewritten pages must take those back.
+    o.swap_size = Some(256 * PS as u64);
+    let pg = Pager::new(&o).unwrap();
+    let pages = 300;
+    let r = pg.map(pages * PS).unwrap();
+    let mut model: Vec<u64> = (0..pages).map(|p| word(p, 1)).collect();
+    for p in 0..pages {
+        write_page(&r, p, model[p]);
+    }
+    for pass in 0..2 {
+        for p in 0..pages {
+            assert_eq!(
+                read_page(&r, p),
+                [model[p]; 4],
+                "page {p}, read pass {pass}"
+            );
+        }
+    }
+    for round in 2..=4u64 {
+        for p in 0..pages {
+            assert_eq!(
+                read_page(&r, p),
+                [model[p]; 4],
+                "page {p} before round {round}"
+            );
+            model[p] = word(p, round);
+            write_page(&r, p, model[p]);
+        }
+    }
+    for p in (0..pages).rev() {
+        assert_eq!(read_page(&r, p), [model[p]; 4], "page {p} at the end");
+    }
+    let st = pg.stats();
+    assert_eq!(st.io_errors, 0, "{st:?}");
+    assert!(st.kept_reclaimed > 0, "no kept copy was reclaimed: {st:?}");
+    drop(r);
+    pg.settle();
+    let st = pg.stats();
+    assert_eq!(
+        (st.resident_pages, st.buffer_used, st.swap_used),
+        (0, 0, 0),
+        "{st:?}"
+    );
+}
+
 #[test]
 fn threads_writing_while_the_evictor_runs_lose_nothing() {
     let dir = swap_dir();
