@@ -12,6 +12,7 @@ mod pager_cmd;
 mod pheap_cmd;
 mod pool_cmd;
 mod prefault_cmd;
+mod preload;
 mod snapshot_cmd;
 mod vnvm_cmd;
 
@@ -98,7 +99,7 @@ enum Command {
         action: iocache_cmd::IocacheCommand,
     },
     /// The pager (NVSwap: paging past a DRAM budget through an NVM buffer and a swap file):
-    /// calibrate the zones' capacity.
+    /// calibrate the zones' capacity, run an unmodified program paged.
     Pager {
         #[command(subcommand)]
         action: pager_cmd::PagerCommand,

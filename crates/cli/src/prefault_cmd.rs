@@ -7,7 +7,6 @@
 use anyhow::{bail, Context, Result};
 use clap::{Subcommand, ValueEnum};
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
 /// The library's file name.
@@ -192,7 +191,12 @@ pub fn run(cmd: PrefaultCommand) -> Result<()> {
                 // CMD keeps this process's pid (exec): the programs it starts do not write.
                 env.push(("TIERMEM_PREFAULT_STATS_PID", std::process::id().to_string()));
             }
-            exec(&cmd, &env)
+            let lib = crate::preload::find(
+                PRELOAD,
+                "TIERMEM_PREFAULT_PRELOAD",
+                "tiermem-prefault-preload",
+            )?;
+            crate::preload::exec(&lib, &cmd, &env)
         }
     }
 }
@@ -208,50 +212,4 @@ impl<T: ValueEnum> ValueEnumName for T {
             .map(|v| v.get_name().to_string())
             .unwrap_or_default()
     }
-}
-
-/// The library: `$TIERMEM_PREFAULT_PRELOAD`, else next to this executable.
-fn preload_lib() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("TIERMEM_PREFAULT_PRELOAD") {
-        let p = PathBuf::from(p);
-        if !p.exists() {
-            bail!("TIERMEM_PREFAULT_PRELOAD={} does not exist", p.display());
-        }
-        return Ok(p);
-    }
-    let exe = std::env::current_exe().context("locating the tiermem executable")?;
-    let p = exe.with_file_name(PRELOAD);
-    if !p.exists() {
-        bail!(
-            "{} is missing (build it with `cargo build --release -p tiermem-prefault-preload`, \
-             or set TIERMEM_PREFAULT_PRELOAD)",
-            p.display()
-        );
-    }
-    Ok(p)
-}
-
-/// Replaces this process with `cmd` under the library; returns only on failure.
-fn exec(cmd: &[OsString], env: &[(&str, String)]) -> Result<()> {
-    let lib = preload_lib()?;
-    let mut preload = OsString::from(&lib);
-    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
-        preload.push(":");
-        preload.push(old);
-    }
-    let mut c = std::process::Command::new(&cmd[0]);
-    c.args(&cmd[1..]).env("LD_PRELOAD", preload);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let e = c.exec();
-    eprintln!(
-        "tiermem: error: cannot run {}: {e}",
-        cmd[0].to_string_lossy()
-    );
-    std::process::exit(if e.kind() == std::io::ErrorKind::NotFound {
-        127
-    } else {
-        126
-    });
 }

@@ -1,6 +1,9 @@
 //! `tiermem pager calibrate` and `tiermem bench pager`'s report shape at a tiny size (no timing
 //! thresholds here): every system row, every must-have key, no verify error or leaked slot, and
-//! no swap file, swap device or cgroup left behind.
+//! no swap file, swap device or cgroup left behind. `tiermem pager run`: an unmodified `sort`
+//! paged through a budget a sixteenth of its buffer prints what it prints plain; the command's
+//! exit status is its own; bad options and an infeasible bound are refused before anything
+//! runs. Needs libtiermem_pager_preload.so in the same target directory (a workspace build).
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -154,4 +157,154 @@ fn bench_pager_reports_every_key_and_cleans_up() {
             .collect();
         assert!(stale.is_empty(), "cgroups left behind: {stale:?}");
     }
+}
+
+/// Runs tiermem without any preload or delay of the caller's environment.
+fn tiermem_clean(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(args)
+        .env_remove("LD_PRELOAD")
+        .env_remove("TIERMEM_PAGER_PRELOAD")
+        .env_remove("TIERMEM_DELAY")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run tiermem")
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn pager_run_pages_an_unmodified_sort_and_keeps_its_output_and_status() {
+    if !is_root() {
+        eprintln!("SKIPPED: the pager needs root (userfaultfd in-thread mode)");
+        return;
+    }
+    let dir = scratch("pager-run-sort");
+    let input = dir.join("in.txt");
+    // ~8 MB of lines; sort's 32 MiB buffer (-S) is one malloc: the arena, 4 × the budget.
+    let body: String = (0..600_000u64)
+        .map(|i| format!("{:012}\n", i.wrapping_mul(2654435761) % 1_000_000_007))
+        .collect();
+    std::fs::write(&input, body).unwrap();
+    let plain = Command::new("sort")
+        .args(["-S", "32M", "--parallel=1"])
+        .arg(&input)
+        .output()
+        .expect("sort");
+    assert!(plain.status.success());
+    let stats = dir.join("report.json");
+    let o = tiermem_clean(&[
+        "pager",
+        "run",
+        "--budget",
+        "8M",
+        "--nvm",
+        "4M",
+        "--bound",
+        "p99=5ms",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--stats",
+        stats.to_str().unwrap(),
+        "--",
+        "sort",
+        "-S",
+        "32M",
+        "--parallel=1",
+        input.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.stdout == plain.stdout,
+        "sort printed something else when paged"
+    );
+    let r: Value = serde_json::from_str(
+        std::fs::read_to_string(&stats)
+            .expect("exit report")
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    assert!(n("arena_allocs") > 0, "{r}");
+    assert!(n("pageins_buffer") + n("pageins_ssd") > 0, "{r}");
+    assert!(n("pinned_calls") > 0, "sort read into the arena: {r}");
+    assert!(n("max_resident_pages") <= n("budget_pages") + 32, "{r}");
+    assert_eq!(n("io_errors"), 0, "{r}");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".swap"))
+        .collect();
+    assert!(left.is_empty(), "swap files left behind: {left:?}");
+    // The exit status is the command's.
+    let o = tiermem_clean(&["pager", "run", "--budget", "4M", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    let o = tiermem_clean(&["pager", "run", "--budget", "4M", "--", "/nonexistent/cmd"]);
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pager_run_refuses_bad_options_and_infeasible_bounds_before_running() {
+    let dir = scratch("pager-run-bad");
+    let marker = dir.join("ran");
+    let touch = format!("touch {}", marker.display());
+    let cases: [(&[&str], &str); 7] = [
+        (&["--budget", "100K"], "latency group"),
+        (&["--budget", "64T"], "memory"),
+        (&["--budget", "4M", "--nvm", "10K"], "latency group"),
+        (&["--budget", "4M", "--dir", "/dev/shm"], "tmpfs"),
+        (&["--budget", "4M", "--bound", "p99=300"], "pNN=LATENCY"),
+        (&["--budget", "4M", "--bound", "p100=3us"], "percentile"),
+        (&["--budget", "lots"], "--budget"),
+    ];
+    for (opts, want) in cases {
+        let mut args = vec!["pager", "run"];
+        args.extend_from_slice(opts);
+        args.extend_from_slice(&["--", "sh", "-c", &touch]);
+        let o = tiermem_clean(&args);
+        assert!(!o.status.success(), "{opts:?} was accepted");
+        assert!(text(&o).contains(want), "{opts:?}: {}", text(&o));
+        assert!(!marker.exists(), "{opts:?} ran the command");
+    }
+    // Eq. 2: a 1 ns bound asks for 10^9 page-ins a second.
+    let d = dir.to_str().unwrap();
+    let o = tiermem_clean(&[
+        "pager", "run", "--budget", "4M", "--dir", d, "--bound", "p99=1ns", "--", "sh", "-c",
+        &touch,
+    ]);
+    assert!(!o.status.success(), "an infeasible bound was admitted");
+    assert!(
+        text(&o).contains("page-ins per second"),
+        "no numbers: {}",
+        text(&o)
+    );
+    assert!(!marker.exists());
+    let o = tiermem_clean(&[
+        "pager",
+        "run",
+        "--budget",
+        "4M",
+        "--dir",
+        d,
+        "--bound",
+        "p99=1ns",
+        "--best-effort",
+        "--",
+        "sh",
+        "-c",
+        &touch,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("best effort"), "{}", text(&o));
+    assert!(marker.exists(), "--best-effort did not run the command");
+    let _ = std::fs::remove_dir_all(&dir);
 }

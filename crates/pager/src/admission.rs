@@ -7,7 +7,7 @@
 //! measured 7,900 and 215,000).
 
 use crate::error::{Error, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use tiermem_fault::PAGE_SIZE;
 use tiermem_media::{AlignedBuf, DelayModel, Pool, PoolOptions, SsdDevice};
 
 /// Paging capacity of this machine's two zones.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Capacity {
     /// Best 4 KiB random-read IOPS of the disk (the regular zone).
     pub ssd_iops: f64,

@@ -200,6 +200,13 @@ impl Evictor {
                 let Some(e) = sh.fifo.pop() else { break };
                 if let Some((st, p)) = t.lookup(e) {
                     if p < st.shadow.len() && st.shadow.cas(p, Place::Resident, Place::Evicting) {
+                        if st.shadow.pinned_after_claim(p) {
+                            // A system call is using it: it stays, and comes round again.
+                            st.shadow.set(p, Place::Resident);
+                            let _ = sh.fifo.push(e);
+                            sh.c.pinned_skips.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
                         self.victims.push((st, p));
                     }
                 }

@@ -61,6 +61,57 @@ impl PagerOptions {
             control: ControlParams::default(),
         }
     }
+
+    /// Checks the options without creating anything (what [`Pager::new`] checks first): a
+    /// budget of at least one latency group and at most the memory available, a buffer of 0
+    /// or at least one group, sane control parameters, a batch of at most half the budget.
+    pub fn validate(&self) -> Result<()> {
+        let page = PAGE_SIZE as u64;
+        let budget_pages = (self.budget / page) as usize;
+        if budget_pages < GROUP_PAGES {
+            return Err(Error::InvalidOption(format!(
+                "the DRAM budget of {} bytes is below one latency group ({} pages, {} bytes)",
+                self.budget,
+                GROUP_PAGES,
+                GROUP_PAGES as u64 * page
+            )));
+        }
+        if let Some(avail) = tiermem_media::mem_available() {
+            if self.budget > avail {
+                return Err(Error::BudgetAboveMemory {
+                    budget: self.budget,
+                    available: avail,
+                });
+            }
+        }
+        if self.nvm != 0 && self.nvm / page < GROUP_PAGES as u64 {
+            return Err(Error::InvalidOption(format!(
+                "an NVM buffer of {} bytes is below one latency group ({} bytes); use 0 for none",
+                self.nvm,
+                GROUP_PAGES as u64 * page
+            )));
+        }
+        let c = &self.control;
+        if !(c.gamma > 0.0 && c.gamma <= 1.0)
+            || c.s_min == 0
+            || c.s_max < c.s_min
+            || c.fixed_queue == 0
+            || c.window.is_zero()
+        {
+            return Err(Error::InvalidOption(format!(
+                "control parameters need 0 < γ ≤ 1, 1 ≤ S_min ≤ S_max, a queue of at least 1 \
+                 and a window above 0: {c:?}"
+            )));
+        }
+        if self.batch == 0 || self.batch > budget_pages / 2 {
+            return Err(Error::InvalidOption(format!(
+                "the eviction batch must be 1..={} pages (half the budget), not {}",
+                budget_pages / 2,
+                self.batch
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Counters of a pager (monotonic, since it started).
@@ -75,6 +126,7 @@ pub(crate) struct Counters {
     pub(crate) pageouts_clean: AtomicU64,
     pub(crate) destaged_clean: AtomicU64,
     pub(crate) kept_reclaimed: AtomicU64,
+    pub(crate) pinned_skips: AtomicU64,
     pub(crate) dropped: AtomicU64,
     pub(crate) over_budget_waits: AtomicU64,
     pub(crate) swap_full: AtomicU64,
@@ -122,6 +174,8 @@ pub struct PagerStats {
     pub destaged_clean: u64,
     /// Kept swap copies given up to make room for page-outs (those pages are written again).
     pub kept_reclaimed: u64,
+    /// Victims passed over because they were pinned ([`PagedRegion::pin`]).
+    pub pinned_skips: u64,
     /// Pages the program dropped (`MADV_DONTNEED`) or unmapped.
     pub dropped: u64,
     /// Faults that waited for the evictor because DRAM was over budget.
@@ -249,50 +303,9 @@ impl Pager {
     /// smaller than one group (when not 0), a swap file on tmpfs or that cannot be created,
     /// a kernel without `UFFDIO_MOVE` (Linux 6.8+).
     pub fn new(opts: &PagerOptions) -> Result<Pager> {
+        opts.validate()?;
         let page = PAGE_SIZE as u64;
         let budget_pages = (opts.budget / page) as usize;
-        if budget_pages < GROUP_PAGES {
-            return Err(Error::InvalidOption(format!(
-                "the DRAM budget of {} bytes is below one latency group ({} pages, {} bytes)",
-                opts.budget,
-                GROUP_PAGES,
-                GROUP_PAGES as u64 * page
-            )));
-        }
-        if let Some(avail) = tiermem_media::mem_available() {
-            if opts.budget > avail {
-                return Err(Error::BudgetAboveMemory {
-                    budget: opts.budget,
-                    available: avail,
-                });
-            }
-        }
-        if opts.nvm != 0 && opts.nvm / page < GROUP_PAGES as u64 {
-            return Err(Error::InvalidOption(format!(
-                "an NVM buffer of {} bytes is below one latency group ({} bytes); use 0 for none",
-                opts.nvm,
-                GROUP_PAGES as u64 * page
-            )));
-        }
-        let c = &opts.control;
-        if !(c.gamma > 0.0 && c.gamma <= 1.0)
-            || c.s_min == 0
-            || c.s_max < c.s_min
-            || c.fixed_queue == 0
-            || c.window.is_zero()
-        {
-            return Err(Error::InvalidOption(format!(
-                "control parameters need 0 < γ ≤ 1, 1 ≤ S_min ≤ S_max, a queue of at least 1 \
-                 and a window above 0: {c:?}"
-            )));
-        }
-        if opts.batch == 0 || opts.batch > budget_pages / 2 {
-            return Err(Error::InvalidOption(format!(
-                "the eviction batch must be 1..={} pages (half the budget), not {}",
-                budget_pages / 2,
-                opts.batch
-            )));
-        }
         // Calibrate the clock now: the first call takes ~20 ms and must not be in a fault.
         let _ = tiermem_media::now_ns();
         let seq = SWAP_SEQ.fetch_add(1, Ordering::Relaxed);
@@ -400,6 +413,7 @@ impl Pager {
             pageouts_clean: l(&s.c.pageouts_clean),
             destaged_clean: l(&s.c.destaged_clean),
             kept_reclaimed: l(&s.c.kept_reclaimed),
+            pinned_skips: l(&s.c.pinned_skips),
             dropped: l(&s.c.dropped),
             over_budget_waits: l(&s.c.over_budget_waits),
             swap_full: l(&s.c.swap_full),

@@ -257,6 +257,41 @@ impl PagedRegion {
         self.state.hist.snapshot()
     }
 
+    /// Pins the pages of `[off, off + len)` in DRAM: pages them in (a read of one byte each, in
+    /// the calling thread) and keeps the evictor off them until [`PagedRegion::unpin`] of the
+    /// same range. For memory the kernel itself will read or write (a `read(2)` into it, a
+    /// `send(2)` from it): the kernel's access to an evicted page of an in-thread region fails
+    /// with `EFAULT` rather than faulting into the pager. Pins nest; pinning more than the
+    /// budget holds makes faults wait at the cap until pins are dropped. A range outside the
+    /// region is clamped to it.
+    pub fn pin(&self, off: usize, len: usize) {
+        let st = &self.state;
+        let (first, end) = page_span(off, len, st.shadow.len());
+        for p in first..end {
+            st.shadow.pin(p);
+            let mut spins = 0u32;
+            while st.shadow.get(p) != Place::Resident {
+                // SAFETY: p is inside the region; a volatile read faults the page in (or waits
+                // for the evictor to finish with it and then faults it in).
+                unsafe { std::ptr::read_volatile(st.page_addr(p) as *const u8) };
+                spins += 1;
+                if spins > 64 {
+                    // Loading by another thread, or a drop's event in flight: let it finish.
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Drops the pins [`PagedRegion::pin`] took on `[off, off + len)`.
+    pub fn unpin(&self, off: usize, len: usize) {
+        let st = &self.state;
+        let (first, end) = page_span(off, len, st.shadow.len());
+        for p in first..end {
+            st.shadow.unpin(p);
+        }
+    }
+
     /// Where page `p` is now (tests and diagnostics).
     pub fn place(&self, p: usize) -> Place {
         self.state.shadow.get(p)
@@ -315,6 +350,16 @@ impl Drop for PagedRegion {
         // SAFETY: our mapping; nothing references it now.
         unsafe { libc::munmap(st.base as *mut libc::c_void, st.len) };
     }
+}
+
+/// Pages `[first, end)` that bytes `[off, off + len)` touch, clamped to `pages`.
+fn page_span(off: usize, len: usize, pages: usize) -> (usize, usize) {
+    if len == 0 {
+        return (0, 0);
+    }
+    let first = (off / PAGE_SIZE).min(pages);
+    let end = off.saturating_add(len).div_ceil(PAGE_SIZE).min(pages);
+    (first, end.max(first))
 }
 
 thread_local! {

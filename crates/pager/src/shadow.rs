@@ -25,7 +25,7 @@
 //! a kept slot at any time to free swap space (one compare-and-swap: the slot goes to exactly one
 //! of them); the hash is the evictor's alone.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Where a page is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +81,8 @@ pub struct Shadow {
     kept: Box<[AtomicU64]>,
     /// XXH3-128 of each page's bytes when it was last paged out (two words per page).
     sums: Box<[AtomicU64]>,
+    /// Pins per page: a pinned page is not evicted (a system call is using it).
+    pins: Box<[AtomicU32]>,
 }
 
 impl Shadow {
@@ -90,7 +92,30 @@ impl Shadow {
             entries: (0..pages).map(|_| AtomicU64::new(0)).collect(),
             kept: (0..pages).map(|_| AtomicU64::new(0)).collect(),
             sums: (0..2 * pages).map(|_| AtomicU64::new(0)).collect(),
+            pins: (0..pages).map(|_| AtomicU32::new(0)).collect(),
         }
+    }
+
+    /// Pins page `p` (counted). With [`Shadow::pinned_after_claim`] this is Dekker's pattern:
+    /// the pinner counts, then reads the place; the evictor claims, then reads the count; at
+    /// least one of them sees the other, so a page is never moved out while pinned and seen
+    /// `Resident` by its pinner.
+    pub fn pin(&self, p: usize) {
+        self.pins[p].fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Drops one pin of page `p`.
+    pub fn unpin(&self, p: usize) {
+        let prev = self.pins[p].fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(prev > 0, "unpin of an unpinned page");
+    }
+
+    /// For the evictor, after it claimed page `p`: whether someone pinned it (the claim must
+    /// then be undone).
+    pub fn pinned_after_claim(&self, p: usize) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.pins[p].load(Ordering::SeqCst) > 0
     }
 
     /// The swap slot page `p` keeps (a copy of its bytes as last paged out), if any.

@@ -320,6 +320,68 @@ fn a_page_the_program_drops_reads_zeros_and_gives_its_slot_back() {
     }
 }
 
+/// The kernel cannot fault an evicted page of an in-thread region in: `write(2)` from it fails
+/// with EFAULT. Pinned, the same calls work both ways, and the bytes survive later trips.
+#[test]
+fn pinned_pages_serve_system_calls_and_unpinned_evicted_ones_do_not() {
+    let dir = swap_dir();
+    let pg = pager(64, 0, &dir);
+    let pages = 256;
+    let r = pg.map(pages * PS).unwrap();
+    for p in 0..pages {
+        write_page(&r, p, word(p, 1));
+    }
+    // Page 3 is long out of DRAM (fault order: 252 pages came after it).
+    assert!(matches!(r.place(3), Place::Ssd(_)), "{:?}", r.place(3));
+    let mut fds = [0i32; 2];
+    // SAFETY: a pipe for the test.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: page 3 is inside the region.
+    let n = unsafe { libc::write(fds[1], r.as_ptr().add(3 * PS) as *const libc::c_void, PS) };
+    assert_eq!(n, -1, "the kernel read an evicted page");
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EFAULT)
+    );
+    // Pinned: write pages 3..5 out, then read them back into pages 10..12 (also evicted).
+    r.pin(3 * PS, 2 * PS);
+    r.pin(10 * PS, 2 * PS);
+    // SAFETY: pinned pages inside the region.
+    let n = unsafe {
+        libc::write(
+            fds[1],
+            r.as_ptr().add(3 * PS) as *const libc::c_void,
+            2 * PS,
+        )
+    };
+    assert_eq!(n, (2 * PS) as isize);
+    // SAFETY: as above.
+    let n = unsafe { libc::read(fds[0], r.as_ptr().add(10 * PS) as *mut libc::c_void, 2 * PS) };
+    assert_eq!(n, (2 * PS) as isize);
+    // Churn everything else while the pins hold.
+    for p in 20..pages {
+        assert_eq!(read_page(&r, p), [word(p, 1); 4], "page {p}");
+    }
+    assert_eq!(r.place(10), Place::Resident, "a pinned page was evicted");
+    r.unpin(3 * PS, 2 * PS);
+    r.unpin(10 * PS, 2 * PS);
+    for p in 20..pages {
+        assert_eq!(read_page(&r, p), [word(p, 1); 4], "page {p}");
+    }
+    assert!(
+        !matches!(r.place(10), Place::Resident),
+        "unpinned pages never left"
+    );
+    assert_eq!(read_page(&r, 10), [word(3, 1); 4]);
+    assert_eq!(read_page(&r, 11), [word(4, 1); 4]);
+    assert!(pg.stats().pinned_skips > 0, "{:?}", pg.stats());
+    // SAFETY: our pipe.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+}
+
 #[test]
 fn bad_options_are_refused_with_the_reason() {
     let dir = swap_dir();
@@ -358,10 +420,12 @@ fn bad_options_are_refused_with_the_reason() {
 #[test]
 fn the_controller_serves_a_tenant_over_its_bound_from_the_buffer_and_prefetches_it() {
     let dir = swap_dir();
-    let mut o = options(128, 256, &dir);
+    // A buffer of 1024 pages: prefetch only fills room above twice the destage threshold
+    // (here 2 × 128), and best-effort pages may hold half of it.
+    let mut o = options(128, 1024, &dir);
     o.control.window = std::time::Duration::from_millis(30);
     let pg = Pager::new(&o).unwrap();
-    let pages = 512;
+    let pages = 1536;
     let tight = pg.map(pages * PS).unwrap();
     let loose = pg.map(pages * PS).unwrap();
     // Best effort first: with control on, best-effort pages fill the buffer's spare half, then
