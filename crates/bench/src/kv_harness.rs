@@ -169,10 +169,29 @@ impl Server {
     /// its log, if the process exits first or `timeout` passes (the process is then killed).
     pub fn start(
         name: &str,
+        cmd: Command,
+        port: u16,
+        log: &Path,
+        timeout: Duration,
+    ) -> Result<Server> {
+        Server::start_until(name, cmd, port, log, timeout, |port| {
+            match command_line(port, &["PING"], Duration::from_millis(500)) {
+                Ok(reply) if reply == "+PONG" => Ok(()),
+                Ok(reply) => Err(format!("PING answered {reply:?}")),
+                Err(e) => Err(format!("{e:#}")),
+            }
+        })
+    }
+
+    /// [`Server::start`] for a server of another protocol: `ready(port)` says whether it serves
+    /// yet (`Err` holds why not, for the time-out message); e.g. memcached's `version`.
+    pub fn start_until(
+        name: &str,
         mut cmd: Command,
         port: u16,
         log: &Path,
         timeout: Duration,
+        ready: impl Fn(u16) -> std::result::Result<(), String>,
     ) -> Result<Server> {
         let out = std::fs::File::create(log)
             .with_context(|| format!("{name}: creating its log {}", log.display()))?;
@@ -198,14 +217,13 @@ impl Server {
                     log_tail(log, 15)
                 );
             }
-            let last = match command_line(port, &["PING"], Duration::from_millis(500)) {
-                Ok(reply) if reply == "+PONG" => return Ok(server),
-                Ok(reply) => format!("PING answered {reply:?}"),
-                Err(e) => format!("{e:#}"),
+            let last = match ready(port) {
+                Ok(()) => return Ok(server),
+                Err(why) => why,
             };
             if start.elapsed() > timeout {
                 bail!(
-                    "{name}: no PONG on port {port} within {:.0} s (last: {last}); log: {}",
+                    "{name}: not serving on port {port} within {:.0} s (last: {last}); log: {}",
                     timeout.as_secs_f64(),
                     log_tail(log, 15)
                 );
@@ -503,9 +521,14 @@ pub struct YcsbReport {
 }
 
 impl YcsbReport {
-    /// Operations counted over every type.
+    /// Operations counted over every type but `VERIFY` (`dataintegrity=true`'s check of each
+    /// read, which YCSB reports as a type of its own, with its failures as `Return=` lines).
     pub fn operations(&self) -> u64 {
-        self.ops.values().map(|o| o.operations).sum()
+        self.ops
+            .iter()
+            .filter(|(op, _)| op.as_str() != "VERIFY")
+            .map(|(_, o)| o.operations)
+            .sum()
     }
 
     /// Operations whose return status was not `OK`, over every type.
@@ -587,7 +610,8 @@ pub fn parse_ycsb(text: &str) -> Result<YcsbReport> {
 
 /// The p99 (nearest rank) of the latencies in YCSB's raw measurement file
 /// (`measurementtype=...raw`, `measurement.raw.output_file`: a header line per operation type,
-/// then `RawOP,timestamp_ms,latency_us` lines), every operation type merged except `CLEANUP`.
+/// then `RawOP,timestamp_ms,latency_us` lines), every operation type merged except `CLEANUP`
+/// and `VERIFY` (the client's own check of a read, not an operation).
 /// Returns (p99 µs, samples); `None` when there is no sample.
 pub fn merged_p99(raw: &str) -> Option<(f64, u64)> {
     // A full run holds hundreds of thousands of samples: they stream into an HdrHistogram (3
@@ -600,7 +624,7 @@ pub fn merged_p99(raw: &str) -> Option<(f64, u64)> {
         let Some(op) = f.next().and_then(|o| o.strip_prefix("Raw")) else {
             continue;
         };
-        if op.is_empty() || op == "CLEANUP" || op.contains(' ') {
+        if op.is_empty() || op == "CLEANUP" || op == "VERIFY" || op.contains(' ') {
             continue;
         }
         if let Some(us) = f.nth(1).and_then(|v| v.trim().parse::<u64>().ok()) {
@@ -610,10 +634,12 @@ pub fn merged_p99(raw: &str) -> Option<(f64, u64)> {
     (!h.is_empty()).then(|| (h.value_at_quantile(0.99) as f64, h.len()))
 }
 
-/// One YCSB phase's parameters. [`Default`]: 127.0.0.1:6379, workload a, 1 thread, 1000
+/// One YCSB phase's parameters. [`Default`]: the RESP binding, 127.0.0.1:6379, workload a, 1 thread, 1000
 /// records, 1000 operations, 2 s timeout, no extra arguments.
 #[derive(Clone, Debug, Serialize)]
 pub struct YcsbWorkload {
+    /// The binding: `resp` (tiermem-kv, redis-server) or `memcached` (`ycsb.sh --db`).
+    pub db: String,
     pub port: u16,
     /// `a`..`f` (bench/ycsb/workloads/workloadX) or a workload file's path.
     pub workload: String,
@@ -632,6 +658,7 @@ pub struct YcsbWorkload {
 impl Default for YcsbWorkload {
     fn default() -> Self {
         YcsbWorkload {
+            db: "resp".into(),
             port: 6379,
             workload: "a".into(),
             threads: 1,
@@ -752,6 +779,7 @@ impl Ycsb {
         let mut c = Command::new("bash");
         c.arg(self.dir.join("ycsb.sh"))
             .arg(phase)
+            .args(["--db", &w.db])
             .args(["--host", &HOST.to_string(), "--port", &w.port.to_string()])
             .args(["--workload", &w.workload])
             .args(["--threads", &w.threads.to_string()])

@@ -19,6 +19,7 @@ pub mod media;
 pub mod migrate;
 pub mod migrate_kv;
 pub mod pager;
+pub mod pager_app;
 pub mod pheap;
 pub mod plot;
 pub mod prefault;

@@ -18,9 +18,14 @@
 //! * `pager`: with the buffer (D/4) and control, the probe bounded at p99 ≤ 0.5 K, K being this
 //!   run's kernel-swap page-in p99.
 //!
+//!
+//! Then the application case (`pager_app.rs`): memcached under kernel swap and under
+//! `tiermem pager run`, YCSB-A with `dataintegrity=true`; `app_p99_ratio_vs_kernel_swap.memcached`
+//! is the ratio of YCSB's READ p99s.
+//!
 //! Not built yet, reported as null: the zswap and zram baselines, the concurrent and dynamic
 //! cases (several probe processes sharing one pager needs the shared control segment), and
-//! memcached and redis-server under the LD_PRELOAD shim.
+//! redis-server under the LD_PRELOAD shim (it installs its own SIGBUS handler).
 
 use crate::snapshot::Cgroup;
 use crate::worker::{self, Worker};
@@ -129,6 +134,8 @@ pub struct Row {
     /// and the share of swap-bound page-outs that wrote nothing (clean, kept swap copy).
     pub swap_write_pages: Option<u64>,
     pub clean_pageout_frac: Option<f64>,
+    /// Application rows: YCSB's UPDATE p99, µs (`op_p99_us` is READ's).
+    pub update_p99_us: Option<f64>,
 }
 
 /// Bounds met per case (null: the case did not run).
@@ -184,7 +191,7 @@ impl Report for PagerReport {
             if self.quick { " (quick)" } else { "" }
         );
         println!(
-            "{:<14} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>6} {:>6} {:>7} {:>7}",
+            "{:<24} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>6} {:>6} {:>7} {:>7}",
             "system",
             "bound µs",
             "in p50 µs",
@@ -202,11 +209,15 @@ impl Report for PagerReport {
         let o = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
         for r in &self.results {
             println!(
-                "{:<14} {:>9} {:>10.1} {:>10.1} {:>10} {:>10.1} {:>10.0} {:>8} {:>6.1} {:>6} {:>7} {:>7}",
-                r.system,
+                "{:<24} {:>9} {:>10} {:>10} {:>10} {:>10.1} {:>10.0} {:>8} {:>6.1} {:>6} {:>7} {:>7}",
+                if r.case == "single" {
+                    r.system.clone()
+                } else {
+                    format!("{}/{}", r.case, r.system)
+                },
                 o(r.bound_us),
-                r.pagein_p50_us,
-                r.pagein_p99_us,
+                o(Some(r.pagein_p50_us).filter(|x| x.is_finite())),
+                o(Some(r.pagein_p99_us).filter(|x| x.is_finite())),
                 o(r.pageout_p99_us),
                 r.op_p99_us,
                 r.ops_per_s,
@@ -230,6 +241,10 @@ impl Report for PagerReport {
             r(self.p50_ratio_vs_kernel_swap),
             r(self.pageout_p99_ratio_vs_lru_ssd),
             r(self.throughput_ratio_vs_kernel_swap)
+        );
+        println!(
+            "memcached (YCSB-A READ p99, op p99 column) under the pager vs kernel swap: {} (≤ 0.9)",
+            r(self.app_p99_ratio_vs_kernel_swap.memcached)
         );
         println!(
             "verify errors {}, leaked slots {}, CDF {}",
@@ -595,6 +610,13 @@ struct Measured {
     budget_ok: bool,
 }
 
+/// What kernel swap's cgroup gets beyond the budget and the program's own memory at start:
+/// room for the swap cache's readahead. With only a few MiB over the working set, memcg v1 (no
+/// dirty throttling) OOM-kills the program while swap writeback lags (seen at 64 MiB).
+pub(crate) fn kernel_slack(budget: u64) -> u64 {
+    (16 << 20) + budget / 32
+}
+
 fn run_one(
     system: &str,
     spec: RunSpec,
@@ -618,7 +640,7 @@ fn run_one(
         // The budget for the data, plus what the probe held before allocating it, plus room
         // for the swap cache's readahead: with only a few MiB over the working set, memcg v1
         // (no dirty throttling) OOM-kills the probe while swap writeback lags (seen at 64 MiB).
-        let l = spec.budget + rss + (16 << 20) + spec.budget / 32;
+        let l = spec.budget + rss + kernel_slack(spec.budget);
         cg.set_limit(l)?;
         limit = Some(l);
     }
@@ -664,7 +686,7 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
     }
     let timeout = Duration::from_secs_f64(seconds + warmup_s + 600.0);
     let mut notes = Vec::new();
-    progress::plan("bench pager", Some(if quick { 4 } else { 5 }));
+    progress::plan("bench pager", Some(if quick { 6 } else { 7 }));
     progress::step("calibrating the zones (Ch. 5)");
     let cap = tiermem_pager::calibrate(
         &dir,
@@ -750,8 +772,10 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
             budget_ok: ok,
         });
     }
+    // The application case: memcached under kernel swap and under the shim.
+    let app = run_app(quick, data, &dir, bound_ns, &mut notes)?;
     progress::done();
-    let rows: Vec<Row> = measured
+    let mut rows: Vec<Row> = measured
         .iter()
         .map(|m| Row {
             case: "single".into(),
@@ -776,9 +800,45 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
             over_budget_waits: m.reply.over_budget_waits,
             swap_write_pages: m.reply.swap_write_pages,
             clean_pageout_frac: m.reply.clean_pageout_frac,
+            update_p99_us: None,
         })
         .collect();
-    let get = |s: &str| rows.iter().find(|r| r.system == s);
+    let mut app_ratio = None;
+    if let Some((ka, pa, spec)) = &app {
+        app_ratio = Some(pa.read_p99_us / ka.read_p99_us.max(1e-9));
+        for (system, a) in [("kernel-swap", ka), ("pager", pa)] {
+            rows.push(Row {
+                case: "app-memcached".into(),
+                system: system.into(),
+                process: "memcached".into(),
+                bound_us: (system == "pager")
+                    .then_some(spec.bound_ns)
+                    .flatten()
+                    .map(|b| b as f64 / 1000.0),
+                pagein_p50_us: a.pagein_p50_us.unwrap_or(f64::NAN),
+                pagein_p99_us: a.pagein_p99_us.unwrap_or(f64::NAN),
+                pageout_p99_us: None,
+                op_p99_us: a.read_p99_us,
+                ops_per_s: a.ops_per_s,
+                cpu_s: a.cpu_s,
+                pageins: a.pageins,
+                bound_met: match (system, spec.bound_ns, a.pagein_p99_us) {
+                    ("pager", Some(b), Some(p)) => Some(p * 1000.0 <= b as f64),
+                    _ => None,
+                },
+                nvm_served_frac: a.nvm_served_frac,
+                budget_respected: a.budget_ok,
+                peak_bytes: a.peak_bytes,
+                ssd_pagein_p99_us: None,
+                buffer_pagein_p99_us: None,
+                over_budget_waits: None,
+                swap_write_pages: None,
+                clean_pageout_frac: None,
+                update_p99_us: Some(a.update_p99_us),
+            });
+        }
+    }
+    let get = |s: &str| rows.iter().find(|r| r.system == s && r.case == "single");
     let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
@@ -820,8 +880,8 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
     ));
     notes.push(
         "not built yet (null): kernel-zswap and kernel-zram, the concurrent and dynamic cases \
-         (probes in several processes sharing one pager), memcached and redis-server under the \
-         shim"
+         (probes in several processes sharing one pager), redis-server under the shim (it sets \
+         its own SIGBUS handler: sigaction is not interposed yet)"
             .into(),
     );
     if quick {
@@ -846,7 +906,10 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
             lru.and_then(|r| r.pageout_p99_us),
         ),
         throughput_ratio_vs_kernel_swap: ratio(pg.map(|r| r.ops_per_s), ks.map(|r| r.ops_per_s)),
-        app_p99_ratio_vs_kernel_swap: AppRatios::default(),
+        app_p99_ratio_vs_kernel_swap: AppRatios {
+            memcached: app_ratio,
+            redis: None,
+        },
         bounds_met: BoundsMet {
             single: pg.and_then(|r| r.bound_met),
             concurrent: None,
@@ -858,4 +921,102 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         results: rows,
         notes,
     })
+}
+
+/// The application case (see [`crate::pager_app`]): memcached with half of this run's data
+/// under kernel swap, then under the shim, budget half of it, NVM a quarter, the single case's
+/// bound. `None`, with a note, when memcached or the YCSB binding is missing.
+fn run_app(
+    quick: bool,
+    data: u64,
+    dir: &Path,
+    bound_ns: u64,
+    notes: &mut Vec<String>,
+) -> Result<
+    Option<(
+        crate::pager_app::AppRun,
+        crate::pager_app::AppRun,
+        crate::pager_app::AppSpec,
+    )>,
+> {
+    use crate::pager_app::{run_kernel, run_pager, AppSpec};
+    let have_memcached = std::process::Command::new("sh")
+        .args(["-c", "command -v memcached"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !have_memcached {
+        notes.push("memcached is not installed (scripts/setup.sh installs it): no app case".into());
+        return Ok(None);
+    }
+    let ycsb = match crate::kv_harness::Ycsb::locate().and_then(|y| y.build().map(|()| y)) {
+        Ok(y) => y,
+        Err(e) => {
+            notes.push(format!("no app case: {}", crate::error_chain(&e)));
+            return Ok(None);
+        }
+    };
+    let app_data = data / 2;
+    let spec = AppSpec {
+        data: app_data,
+        budget: app_data / 2,
+        nvm: app_data / 4,
+        bound_ns: Some(bound_ns),
+        ops: (if quick { 40_000 } else { 200_000 }).min(2 * (app_data / 1184).max(1000)),
+        dir: dir.to_path_buf(),
+        logs: dir.join(format!("app-logs-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&spec.logs)
+        .with_context(|| format!("creating {}", spec.logs.display()))?;
+    let say = |m: &str| progress::note(m);
+    progress::step("memcached under kernel-swap (YCSB-A)");
+    let kernel = {
+        let _z = ZswapOff::new();
+        let _swap = SwapFile::create(
+            &dir.join(format!("kernel-app-{}.swap", std::process::id())),
+            app_data * 2 + (64 << 20),
+        )?;
+        run_kernel(
+            &spec,
+            &ycsb,
+            &format!("tiermem-pager-bench-app-{}", std::process::id()),
+            &say,
+        )?
+    };
+    // The pager gets what the kernel got for the items: the budget and the slack (memcached's
+    // memory at start is outside the arena there too).
+    progress::step("memcached under the pager (YCSB-A)");
+    let pager = run_pager(
+        &AppSpec {
+            budget: spec.budget + kernel_slack(spec.budget),
+            nvm: spec.nvm,
+            bound_ns: spec.bound_ns,
+            data: spec.data,
+            ops: spec.ops,
+            dir: spec.dir.clone(),
+            logs: spec.logs.clone(),
+        },
+        &ycsb,
+        &say,
+    )?;
+    // Kept when a run fails (its error quotes them); removed after a good one.
+    let _ = std::fs::remove_dir_all(&spec.logs);
+    notes.push(format!(
+        "app case: memcached (-m {} MiB, 2 threads) with {} YCSB records (~{} MiB of items), \
+         budget {} MiB, NVM {} MiB; one YCSB-A warm-up of {} then {} timed operations, \
+         dataintegrity=true; op p99 is YCSB's READ p99; kernel-swap's cgroup allowed {} MiB over \
+         the budget (memcached's memory at start + the probe's slack), the pager's arena budget \
+         is the budget + that slack ({} MiB)",
+        2 * app_data.div_ceil(1 << 20),
+        spec.records(),
+        app_data >> 20,
+        spec.budget >> 20,
+        spec.nvm >> 20,
+        spec.ops / 4,
+        spec.ops,
+        kernel.limit_over_budget >> 20,
+        (spec.budget + kernel_slack(spec.budget)) >> 20
+    ));
+    Ok(Some((kernel, pager, spec)))
 }

@@ -751,6 +751,7 @@ fn ycsb_workload_a_loads_and_runs_against_the_durable_engine() {
     let dir = scratch("ycsb");
     let s = Server::create("vnvm", &dir, &[]);
     let w = kv_harness::YcsbWorkload {
+        db: "resp".into(),
         port: s.port,
         workload: "a".into(),
         threads: 2,

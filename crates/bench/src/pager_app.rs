@@ -1,0 +1,297 @@
+//! The application case of `tiermem bench pager`: Debian's memcached, unmodified, under kernel
+//! swap and under `tiermem pager run` (the LD_PRELOAD shim), driven by YCSB-A through tiermem's
+//! memcached binding (`bench/ycsb`, `ycsb.sh --db memcached`) with `dataintegrity=true`, so
+//! every value read back is checked by YCSB itself.
+//!
+//! Per system: start memcached (`-m` twice the data, so memcached itself evicts nothing), load
+//! the records (about `data` bytes of items), an untimed YCSB-A warm-up of a quarter of the
+//! operations, then the timed YCSB-A run. The application's p99 is YCSB's `[READ]`
+//! 99th-percentile latency (the paper's "DB reads"); UPDATE (a get and a set here) is reported
+//! beside it.
+//! * `kernel-swap`: memcached in a v1 memory cgroup; once it listens, the limit becomes the
+//!   budget plus what it holds then plus the same slack the probe gets (16 MiB + budget/32).
+//!   The caller provides the swap file and zswap's setting.
+//! * `pager`: `tiermem pager run --budget B --nvm N [--bound p99=…] -- memcached …` (the
+//!   caller passes the kernel's budget + slack as B, so both hold the same item memory): its item
+//!   memory (1 MiB slab pages and the hash table, all `malloc`s of at least 128 KiB) is the
+//!   arena; its exit report gives the page-ins and the resident peak.
+
+use crate::kv_harness::{die_with_parent, free_port, Server, Stop, Ycsb, YcsbReport, YcsbWorkload};
+use crate::snapshot::Cgroup;
+use anyhow::{bail, Context, Result};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Bytes of memcached memory one YCSB record takes (10 fields of 100 bytes in the binding's
+/// encoding, 1,120 bytes, with key and item header, in memcached's 1,184-byte slab class).
+const RECORD_BYTES: u64 = 1184;
+
+/// What one application run is asked to do.
+pub struct AppSpec {
+    /// Bytes of item memory to load (records = data / [`RECORD_BYTES`]).
+    pub data: u64,
+    /// DRAM budget (the cgroup's base for kernel swap, the arena's budget for the pager).
+    pub budget: u64,
+    /// NVM paging buffer of the pager.
+    pub nvm: u64,
+    /// The pager's page-in bound (p99), ns.
+    pub bound_ns: Option<u64>,
+    /// Timed YCSB-A operations.
+    pub ops: u64,
+    /// Directory for the pager's swap file.
+    pub dir: PathBuf,
+    /// Directory for this run's logs (memcached's, YCSB's, the shim's report).
+    pub logs: PathBuf,
+}
+
+impl AppSpec {
+    /// Records loaded.
+    pub fn records(&self) -> u64 {
+        (self.data / RECORD_BYTES).max(1000)
+    }
+}
+
+/// One application run's results.
+#[derive(Debug, Clone)]
+pub struct AppRun {
+    /// YCSB `[READ]` p99, µs.
+    pub read_p99_us: f64,
+    /// YCSB `[UPDATE]` p99, µs.
+    pub update_p99_us: f64,
+    /// YCSB run throughput, operations per second.
+    pub ops_per_s: f64,
+    /// memcached's CPU seconds over load, warm-up and run.
+    pub cpu_s: f64,
+    /// Page-ins: memcached's major faults (kernel swap) or the pager's page-ins.
+    pub pageins: u64,
+    /// The pager's page-in p50 and p99 over the whole run, µs.
+    pub pagein_p50_us: Option<f64>,
+    pub pagein_p99_us: Option<f64>,
+    /// Share of the pager's page-ins served by the NVM buffer.
+    pub nvm_served_frac: Option<f64>,
+    /// Peak bytes: the cgroup's (kernel swap) or the arena's resident pages (pager).
+    pub peak_bytes: u64,
+    /// Whether the peak stayed within the budget as each system defines it.
+    pub budget_ok: bool,
+    /// Bytes the kernel's cgroup allowed over the budget (0 for the pager).
+    pub limit_over_budget: u64,
+}
+
+/// `version` answered with `VERSION …`: memcached serves.
+fn memcached_ready(port: u16) -> std::result::Result<(), String> {
+    let addr = std::net::SocketAddr::from((crate::kv_harness::HOST, port));
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+        .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"version\r\n").map_err(|e| e.to_string())?;
+    let mut b = [0u8; 64];
+    let n = s.read(&mut b).map_err(|e| e.to_string())?;
+    if b[..n].starts_with(b"VERSION ") {
+        Ok(())
+    } else {
+        Err(format!(
+            "version answered {:?}",
+            String::from_utf8_lossy(&b[..n])
+        ))
+    }
+}
+
+/// memcached's arguments: 127.0.0.1:`port`, no UDP, two worker threads, a cache of `cache_mib`.
+fn memcached_args(port: u16, cache_mib: u64) -> Vec<String> {
+    [
+        "-u",
+        "root",
+        "-l",
+        "127.0.0.1",
+        "-U",
+        "0",
+        "-t",
+        "2",
+        "-c",
+        "64",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "-p".into(),
+        port.to_string(),
+        "-m".into(),
+        cache_mib.to_string(),
+    ])
+    .collect()
+}
+
+/// `/proc/PID/stat` field 12 (majflt): major faults of the process.
+fn major_faults(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(9)?.parse().ok()
+}
+
+/// Load, warm up, run; returns the timed run's report. `say` reports progress.
+fn drive(
+    ycsb: &Ycsb,
+    port: u16,
+    spec: &AppSpec,
+    logs: &Path,
+    say: &dyn Fn(&str),
+) -> Result<YcsbReport> {
+    let w = YcsbWorkload {
+        db: "memcached".into(),
+        port,
+        workload: "a".into(),
+        threads: 1,
+        records: spec.records(),
+        ops: spec.ops,
+        timeout_ms: 20_000,
+        extra: vec!["-p".into(), "dataintegrity=true".into()],
+    };
+    say(&format!("YCSB load, {} records", w.records));
+    ycsb.load(&w, logs)?;
+    say(&format!("YCSB-A warm-up, {} operations", spec.ops / 4));
+    ycsb.run(
+        &YcsbWorkload {
+            ops: (spec.ops / 4).max(1),
+            ..w.clone()
+        },
+        logs,
+    )?;
+    say(&format!("YCSB-A, {} operations", spec.ops));
+    ycsb.run(&w, logs)
+}
+
+fn p99(r: &YcsbReport, op: &str) -> Result<f64> {
+    r.ops
+        .get(op)
+        .map(|o| o.p99_us)
+        .with_context(|| format!("YCSB reported no {op} operations"))
+}
+
+/// memcached under kernel swap (the caller has the swap file on and zswap off).
+pub fn run_kernel(
+    spec: &AppSpec,
+    ycsb: &Ycsb,
+    cgroup_name: &str,
+    say: &dyn Fn(&str),
+) -> Result<AppRun> {
+    let cg = Cgroup::create(cgroup_name)?;
+    let port = free_port()?;
+    let mut c = Command::new("memcached");
+    c.args(memcached_args(port, 2 * spec.data.div_ceil(1 << 20)));
+    cg.enter_at_exec(&mut c);
+    let log = spec.logs.join("memcached-kernel.log");
+    let server = Server::start_until(
+        "memcached",
+        c,
+        port,
+        &log,
+        Duration::from_secs(30),
+        memcached_ready,
+    )?;
+    let pid = server.pid().context("memcached pid")?;
+    let base = cg.max_usage()?;
+    let limit = spec.budget + base + crate::pager::kernel_slack(spec.budget);
+    cg.set_limit(limit)?;
+    let r = drive(ycsb, port, spec, &spec.logs, say);
+    let cpu_s = crate::cpu::process_cpu_s(pid).unwrap_or(0.0);
+    let majflt = major_faults(pid).unwrap_or(0);
+    let ooms = cg.oom_kills();
+    let _ = server.stop(Stop::Signal(libc::SIGTERM), Duration::from_secs(10));
+    let r = r.with_context(|| {
+        format!(
+            "memcached under kernel swap (OOM kills {ooms}; log: {})",
+            crate::kv_harness::log_tail(&log, 5)
+        )
+    })?;
+    let peak = cg.max_usage()?;
+    Ok(AppRun {
+        read_p99_us: p99(&r, "READ")?,
+        update_p99_us: p99(&r, "UPDATE")?,
+        ops_per_s: r.throughput,
+        cpu_s,
+        pageins: majflt,
+        pagein_p50_us: None,
+        pagein_p99_us: None,
+        nvm_served_frac: None,
+        peak_bytes: peak,
+        budget_ok: peak <= limit,
+        limit_over_budget: limit - spec.budget,
+    })
+}
+
+/// memcached under `tiermem pager run` (`tiermem` is this executable).
+pub fn run_pager(spec: &AppSpec, ycsb: &Ycsb, say: &dyn Fn(&str)) -> Result<AppRun> {
+    let port = free_port()?;
+    let stats = spec.logs.join(format!("memcached-pager-{port}.json"));
+    let _ = std::fs::remove_file(&stats);
+    let exe = std::env::current_exe().context("locating the tiermem executable")?;
+    let mut c = Command::new(exe);
+    c.args(["pager", "run", "--budget"])
+        .arg(spec.budget.to_string())
+        .arg("--nvm")
+        .arg(spec.nvm.to_string())
+        .arg("--dir")
+        .arg(&spec.dir)
+        .arg("--stats")
+        .arg(&stats);
+    if let Some(b) = spec.bound_ns {
+        c.arg("--bound")
+            .arg(format!("p99={b}ns"))
+            .arg("--best-effort");
+    }
+    c.arg("--")
+        .arg("memcached")
+        .args(memcached_args(port, 2 * spec.data.div_ceil(1 << 20)));
+    die_with_parent(&mut c);
+    let log = spec.logs.join("memcached-pager.log");
+    let server = Server::start_until(
+        "memcached (pager)",
+        c,
+        port,
+        &log,
+        Duration::from_secs(60),
+        memcached_ready,
+    )?;
+    let pid = server.pid().context("memcached pid")?;
+    let r = drive(ycsb, port, spec, &spec.logs, say);
+    let cpu_s = crate::cpu::process_cpu_s(pid).unwrap_or(0.0);
+    let (_, clean) = server.stop(Stop::Signal(libc::SIGTERM), Duration::from_secs(30))?;
+    let r = r.with_context(|| {
+        format!(
+            "memcached under the pager (log: {})",
+            crate::kv_harness::log_tail(&log, 5)
+        )
+    })?;
+    if !clean {
+        bail!("memcached under the pager did not exit on SIGTERM within 30 s");
+    }
+    let text = std::fs::read_to_string(&stats)
+        .with_context(|| format!("the shim's exit report {}", stats.display()))?;
+    let _ = std::fs::remove_file(&stats);
+    let v: serde_json::Value = serde_json::from_str(text.lines().next().unwrap_or(""))
+        .with_context(|| format!("the shim's exit report: {text:?}"))?;
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    if n("io_errors") > 0 {
+        bail!("the pager reported {} I/O errors: {v}", n("io_errors"));
+    }
+    let pageins = n("pageins_buffer") + n("pageins_ssd");
+    let page = 4096u64;
+    let peak = n("max_resident_pages") * page;
+    Ok(AppRun {
+        read_p99_us: p99(&r, "READ")?,
+        update_p99_us: p99(&r, "UPDATE")?,
+        ops_per_s: r.throughput,
+        cpu_s,
+        pageins,
+        pagein_p50_us: Some(n("pagein_p50_ns") as f64 / 1000.0),
+        pagein_p99_us: Some(n("pagein_p99_ns") as f64 / 1000.0),
+        nvm_served_frac: (pageins > 0).then(|| n("pageins_buffer") as f64 / pageins as f64),
+        peak_bytes: peak,
+        // The pager's hard cap: the budget plus one eviction batch (32 pages).
+        budget_ok: peak <= spec.budget + 32 * page,
+        limit_over_budget: 0,
+    })
+}
