@@ -400,6 +400,7 @@ pub(crate) extern "C" fn at_exit() {
         "pageouts_clean": s.pageouts_clean,
         "dropped": s.dropped,
         "pinned_skips": s.pinned_skips,
+        "fifo_stale": s.fifo_stale,
         "io_errors": s.io_errors,
         "pagein_p50_ns": s.pagein.quantile(0.5),
         "pagein_p99_ns": s.pagein.quantile(0.99),

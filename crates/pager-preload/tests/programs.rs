@@ -1,10 +1,11 @@
 //! Unmodified programs under `LD_PRELOAD=libtiermem_pager_preload.so` with a DRAM budget far
 //! below what they allocate: `tests/heap.c` (the malloc family, mmap and partial munmap,
 //! system calls on evicted memory, every byte checked), Debian's memcached (`-L`: its whole
-//! cache is one aligned block in the arena; every value read back over the network) and
-//! stress-ng's `--vm` stressor with `--verify`. Each run's exit report must show page-ins, a
-//! resident peak within the budget, and no I/O error. Without root (userfaultfd) or the
-//! programs, a test prints why and passes.
+//! cache is one aligned block in the arena; every value read back over the network),
+//! stress-ng's `--vm` stressor with `--verify`, and sqlite3 (an in-memory database whose page
+//! cache is in the arena) printing what it prints without the library. Each run's exit report
+//! must show page-ins, a resident peak within the budget, and no I/O error. Without root
+//! (userfaultfd) or the programs, a test prints why and passes.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -322,4 +323,55 @@ fn stress_ng_vm_verifies_its_memory_under_the_pager() {
     for r in rs.iter().filter(|r| n(r, "arena_allocs") > 0) {
         check_report(r);
     }
+}
+
+#[test]
+fn sqlite3_prints_what_it_prints_without_the_pager() {
+    if !is_root() || !have("sqlite3") {
+        eprintln!("SKIPPED: needs root and sqlite3 (scripts/setup.sh installs it)");
+        return;
+    }
+    let dir = scratch("sqlite3");
+    // An in-memory database of ~10 MB in 8 KiB pages (each page's cache entry one malloc of
+    // a little over 8 KiB: the arena with TIERMEM_PAGER_MIN=8192), an index, queries over it.
+    let script = "PRAGMA page_size=8192;
+PRAGMA cache_size=-200000;
+CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT, w BLOB);
+WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<30000)
+INSERT INTO t SELECT x, printf('%.*c', 200, char(65 + x % 26)), zeroblob(100) FROM c;
+CREATE INDEX tv ON t(v, k);
+SELECT count(*), sum(length(v)), sum(k % 977) FROM t;
+SELECT v, count(*) FROM t GROUP BY v ORDER BY v LIMIT 5;
+SELECT k FROM t WHERE v LIKE 'Q%' ORDER BY k DESC LIMIT 3;
+DELETE FROM t WHERE k % 3 = 0;
+SELECT count(*), max(k) FROM t;
+";
+    let sql = dir.path().join("script.sql");
+    std::fs::write(&sql, script).unwrap();
+    let plain = Command::new("sqlite3")
+        .arg(":memory:")
+        .stdin(std::fs::File::open(&sql).unwrap())
+        .output()
+        .expect("sqlite3");
+    assert!(plain.status.success());
+    assert!(!plain.stdout.is_empty());
+    let mut c = paged("sqlite3", dir.path(), 4 << 20, 2 << 20);
+    c.env("TIERMEM_PAGER_MIN", "8192")
+        .arg(":memory:")
+        .stdin(std::fs::File::open(&sql).unwrap());
+    let o = c.output().expect("sqlite3 under the pager");
+    let (code, out, err) = (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out.as_bytes(),
+        &plain.stdout[..],
+        "paged output differs: {err}"
+    );
+    let rs = reports(dir.path());
+    assert_eq!(rs.len(), 1, "{rs:?}");
+    check_report(&rs[0]);
 }

@@ -151,6 +151,7 @@ impl Evictor {
             if self.window_start.elapsed() >= self.sh.control.window {
                 self.control_step();
             }
+            self.compact_fifo();
             while self.sh.resident() > self.sh.target_pages {
                 if self.evict_batch() == 0 {
                     break;
@@ -162,6 +163,42 @@ impl Evictor {
             self.prefetch();
             self.sh.rounds.fetch_add(1, Ordering::Release);
         }
+    }
+
+    /// Drops stale entries from the fault-order queue once it is over half full: pages no longer
+    /// resident (the program dropped them, or an earlier entry of the same page evicted it) and
+    /// second entries of one page. A program that frees and reallocates memory under its budget
+    /// (sqlite3's page cache) otherwise fills the queue with such entries while the evictor,
+    /// below its target, pops none, and every fault then waits for room that never comes.
+    /// Entries of resident pages keep their order. Re-pushing cannot fail for long: the entries
+    /// kept and those faulting threads push meanwhile are resident pages, at most two entries
+    /// each, fewer than the queue holds.
+    fn compact_fifo(&mut self) {
+        let sh = self.sh.clone();
+        let n = sh.fifo.len();
+        if n <= sh.fifo.capacity() / 2 {
+            return;
+        }
+        let mut seen = std::collections::HashSet::with_capacity(n);
+        let t = sh.regions.lock();
+        let mut dropped = 0u64;
+        for _ in 0..n {
+            let Some(e) = sh.fifo.pop() else { break };
+            let live = t
+                .lookup(e)
+                .is_some_and(|(st, p)| p < st.shadow.len() && st.shadow.get(p) == Place::Resident);
+            if !(live && seen.insert(e)) {
+                dropped += 1;
+                continue;
+            }
+            let mut e = e;
+            while let Err(back) = sh.fifo.push(e) {
+                e = back;
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
+            }
+        }
+        sh.c.fifo_stale.fetch_add(dropped, Ordering::Relaxed);
     }
 
     fn scratch_page(&self, i: usize) -> usize {

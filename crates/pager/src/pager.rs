@@ -124,6 +124,7 @@ pub(crate) struct Counters {
     pub(crate) pageouts_ssd: AtomicU64,
     pub(crate) destaged: AtomicU64,
     pub(crate) pageouts_clean: AtomicU64,
+    pub(crate) fifo_stale: AtomicU64,
     pub(crate) destaged_clean: AtomicU64,
     pub(crate) kept_reclaimed: AtomicU64,
     pub(crate) pinned_skips: AtomicU64,
@@ -176,6 +177,8 @@ pub struct PagerStats {
     pub kept_reclaimed: u64,
     /// Victims passed over because they were pinned ([`PagedRegion::pin`]).
     pub pinned_skips: u64,
+    /// Stale fault-order entries dropped (pages freed or already evicted; see the evictor).
+    pub fifo_stale: u64,
     /// Pages the program dropped (`MADV_DONTNEED`) or unmapped.
     pub dropped: u64,
     /// Faults that waited for the evictor because DRAM was over budget.
@@ -414,6 +417,7 @@ impl Pager {
             destaged_clean: l(&s.c.destaged_clean),
             kept_reclaimed: l(&s.c.kept_reclaimed),
             pinned_skips: l(&s.c.pinned_skips),
+            fifo_stale: l(&s.c.fifo_stale),
             dropped: l(&s.c.dropped),
             over_budget_waits: l(&s.c.over_budget_waits),
             swap_full: l(&s.c.swap_full),

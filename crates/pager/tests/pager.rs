@@ -320,6 +320,43 @@ fn a_page_the_program_drops_reads_zeros_and_gives_its_slot_back() {
     }
 }
 
+/// A program that keeps reusing freed memory below its budget (touch, `MADV_DONTNEED`, again)
+/// leaves a stale fault-order entry per touch; the evictor, never over its target, must still
+/// clear them, or every fault ends up waiting for queue room (sqlite3 hung so under the shim).
+#[test]
+fn memory_reused_below_the_budget_never_fills_the_fault_order_queue() {
+    let dir = swap_dir();
+    let pg = pager(128, 0, &dir);
+    let pages = 32;
+    let r = pg.map(pages * PS).unwrap();
+    let base = r.as_ptr() as usize;
+    // The queue holds 2 × budget + 4 × batch + 1024 entries: go round it several times.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for round in 0..200u64 {
+            for p in 0..pages {
+                // SAFETY: inside the region.
+                unsafe { ((base + p * PS) as *mut u64).write_volatile(round + 1) };
+            }
+            // SAFETY: the region's own range.
+            unsafe { libc::madvise(base as *mut libc::c_void, pages * PS, libc::MADV_DONTNEED) };
+        }
+        let _ = tx.send(());
+    });
+    if rx.recv_timeout(std::time::Duration::from_secs(60)).is_err() {
+        // The faulting thread is stuck for good and dropping the pager would wait for it.
+        eprintln!(
+            "faults stopped: the fault-order queue filled with stale entries: {:?}",
+            pg.stats()
+        );
+        std::process::exit(101);
+    }
+    let st = pg.stats();
+    assert!(st.fifo_stale > 0, "{st:?}");
+    assert!(st.max_resident_pages <= 128 + 32, "{st:?}");
+    drop(r);
+}
+
 /// The kernel cannot fault an evicted page of an in-thread region in: `write(2)` from it fails
 /// with EFAULT. Pinned, the same calls work both ways, and the bytes survive later trips.
 #[test]
