@@ -58,15 +58,26 @@ fn gettid() -> u32 {
 /// Seconds of CPU (user + system, all threads) process `pid` has used so far, from
 /// `/proc/PID/stat`; `None` when it cannot be read (the process is gone).
 pub fn process_cpu_s(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start at ") ".
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    let f = stat_fields(pid)?;
     // utime and stime are fields 14 and 15 of the whole line: 11 and 12 here.
     let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
     // SAFETY: sysconf has no memory effects.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Some(ticks as f64 / hz)
+}
+
+/// Major faults (page-ins from disk, swap-ins included) process `pid` has taken so far, from
+/// `/proc/PID/stat`; `None` when it cannot be read.
+pub fn process_major_faults(pid: u32) -> Option<u64> {
+    // majflt is field 12 of the whole line: 9 here.
+    stat_fields(pid)?.get(9)?.parse().ok()
+}
+
+/// The fields of `/proc/PID/stat` after the command name (which may hold spaces), from field 3.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
 }
 
 /// Seconds of CPU (user + system) this process, all its threads, and its waited-for children

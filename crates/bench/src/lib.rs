@@ -99,3 +99,12 @@ pub fn error_chain(e: &anyhow::Error) -> String {
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     Ok(tiermem_media::parse_size(s)?)
 }
+
+/// Whether `exe` (an absolute path, or a name looked up in `$PATH`) exists.
+pub fn on_path(exe: &str) -> bool {
+    if exe.starts_with('/') {
+        return std::path::Path::new(exe).exists();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|ps| std::env::split_paths(&ps).any(|d| d.join(exe).exists()))
+}

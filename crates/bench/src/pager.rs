@@ -940,13 +940,7 @@ fn run_app(
     )>,
 > {
     use crate::pager_app::{run_kernel, run_pager, AppSpec};
-    let have_memcached = std::process::Command::new("sh")
-        .args(["-c", "command -v memcached"])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !have_memcached {
+    if !crate::on_path("memcached") {
         notes.push("memcached is not installed (scripts/setup.sh installs it): no app case".into());
         return Ok(None);
     }
@@ -958,15 +952,16 @@ fn run_app(
         }
     };
     let app_data = data / 2;
-    let spec = AppSpec {
+    let mut spec = AppSpec {
         data: app_data,
         budget: app_data / 2,
         nvm: app_data / 4,
         bound_ns: Some(bound_ns),
-        ops: (if quick { 40_000 } else { 200_000 }).min(2 * (app_data / 1184).max(1000)),
+        ops: 0,
         dir: dir.to_path_buf(),
         logs: dir.join(format!("app-logs-{}", std::process::id())),
     };
+    spec.ops = (if quick { 40_000 } else { 200_000 }).min(2 * spec.records());
     std::fs::create_dir_all(&spec.logs)
         .with_context(|| format!("creating {}", spec.logs.display()))?;
     let say = |m: &str| progress::note(m);

@@ -124,13 +124,6 @@ fn memcached_args(port: u16, cache_mib: u64) -> Vec<String> {
     .collect()
 }
 
-/// `/proc/PID/stat` field 12 (majflt): major faults of the process.
-fn major_faults(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(9)?.parse().ok()
-}
-
 /// Load, warm up, run; returns the timed run's report. `say` reports progress.
 fn drive(
     ycsb: &Ycsb,
@@ -197,7 +190,7 @@ pub fn run_kernel(
     cg.set_limit(limit)?;
     let r = drive(ycsb, port, spec, &spec.logs, say);
     let cpu_s = crate::cpu::process_cpu_s(pid).unwrap_or(0.0);
-    let majflt = major_faults(pid).unwrap_or(0);
+    let majflt = crate::cpu::process_major_faults(pid).unwrap_or(0);
     let ooms = cg.oom_kills();
     let _ = server.stop(Stop::Signal(libc::SIGTERM), Duration::from_secs(10));
     let r = r.with_context(|| {

@@ -837,6 +837,15 @@ extern "C" {
     fn __chk_fail() -> !;
 }
 
+/// `_FORTIFY_SOURCE`'s check of a read of `n` items of `size` into a buffer of `ptrlen`
+/// bytes: glibc's failure report (the process ends) when it does not fit.
+fn fortify_check(ptrlen: usize, size: usize, n: usize) {
+    if size.checked_mul(n).map_or(true, |t| t > ptrlen) {
+        // SAFETY: glibc's fortify failure report; it does not return.
+        unsafe { __chk_fail() }
+    }
+}
+
 /// `__fread_chk` (`_FORTIFY_SOURCE`): the size check, then [`fread`].
 #[no_mangle]
 pub unsafe extern "C" fn __fread_chk(
@@ -846,10 +855,7 @@ pub unsafe extern "C" fn __fread_chk(
     n: usize,
     stream: *mut libc::FILE,
 ) -> usize {
-    if size.checked_mul(n).map_or(true, |t| t > ptrlen) {
-        // SAFETY: glibc's fortify failure report; it does not return.
-        unsafe { __chk_fail() }
-    }
+    fortify_check(ptrlen, size, n);
     stdio_pinned(&R_FREAD, ptr, size, n, stream)
 }
 
@@ -862,9 +868,6 @@ pub unsafe extern "C" fn __fread_unlocked_chk(
     n: usize,
     stream: *mut libc::FILE,
 ) -> usize {
-    if size.checked_mul(n).map_or(true, |t| t > ptrlen) {
-        // SAFETY: glibc's fortify failure report; it does not return.
-        unsafe { __chk_fail() }
-    }
+    fortify_check(ptrlen, size, n);
     stdio_pinned(&R_FREAD_UNLOCKED, ptr, size, n, stream)
 }

@@ -115,14 +115,6 @@ pub fn planned_runs(_quick: bool) -> usize {
     NPROGS * 2 * (2 * MIN_REPS + STATS_RUNS)
 }
 
-fn on_path(exe: &str) -> bool {
-    if exe.starts_with('/') {
-        return Path::new(exe).exists();
-    }
-    std::env::var_os("PATH")
-        .is_some_and(|ps| std::env::split_paths(&ps).any(|d| d.join(exe).exists()))
-}
-
 /// The `tiermem` binary whose `prefault run` is measured: `$TIERMEM_BIN`, else this
 /// executable's path. Not `/proc/self/exe`: the launcher finds its library next to itself, and
 /// when `target/release/tiermem` is rebuilt during a run the link reads "… (deleted)" — the
@@ -355,13 +347,13 @@ fn programs(dir: &Path, quick: bool) -> Result<Vec<Prog>> {
     ];
     debug_assert_eq!(v.len(), NPROGS);
     // Inputs only for the programs that will run.
-    if on_path("sort") {
+    if crate::on_path("sort") {
         gen_sort_input(&sort_in, q(96 << 20, 1 << 30))?;
     }
-    if on_path("x264") {
+    if crate::on_path("x264") {
         gen_video(&video, q(96, 240))?;
     }
-    if on_path("vips") {
+    if crate::on_path("vips") {
         gen_image(&image, q(3000, 6000))?;
     }
     Ok(v)
@@ -947,7 +939,7 @@ fn measure_all(dir: &Path, progs: &[Prog], costs: &Costs, quick: bool) -> (Value
     let mut errors: Vec<[Option<String>; 2]> = progs.iter().map(|_| [None, None]).collect();
     let installed: Vec<bool> = progs
         .iter()
-        .map(|p| p.needs.iter().all(|e| on_path(e)))
+        .map(|p| p.needs.iter().all(|e| crate::on_path(e)))
         .collect();
     // done[prog][setting]: enough repetitions (see MIN_REPS); spent: time taken so far.
     let mut done: Vec<[bool; 2]> = progs.iter().map(|_| [false, false]).collect();
