@@ -38,6 +38,12 @@ int main(int argc, char **argv) {
   CHECK(tiermem_pager_options_default(&o) == 0, "defaults");
   CHECK(tiermem_pager_map(PS) == NULL && strstr(tiermem_last_error(), "init"), "map before init");
 
+  /* A shared pool that is not there is refused, with what to run. */
+  o.pool_path = "/dev/shm/tiermem-c-pager-no-such.pool";
+  CHECK(tiermem_pager_init(&o) == -EINVAL, "missing pool");
+  CHECK(strstr(tiermem_last_error(), "pager daemon") != NULL, "message: %s", tiermem_last_error());
+  o.pool_path = NULL;
+
   /* A swap file on tmpfs is refused. */
   o.budget_bytes = BUDGET * PS;
   o.nvm_bytes = 128 * PS;

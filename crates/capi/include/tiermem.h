@@ -508,6 +508,12 @@ typedef struct TiermemPagerOptions {
    * Non-zero: latency control on (default 1).
    */
   int control;
+  /**
+   * A shared pager pool (`tiermem pager daemon`) to be a tenant of (NULL: a buffer and swap
+   * file of this process's own). Its buffer, swap file and control parameters then replace
+   * `nvm_bytes`, `swap_path`, `swap_bytes` and `control`.
+   */
+  const char *pool_path;
 } TiermemPagerOptions;
 
 /**

@@ -2,7 +2,7 @@
 //! (`tiermem_pager_init`), regions mapped from it (`tiermem_pager_map`/`unmap`), a page-in bound
 //! per region (`tiermem_pager_set_bound`), counters (`tiermem_pager_stats`), shutdown.
 //!
-//! Errno mapping: malformed arguments -EINVAL; a budget above the memory available -ENOMEM; a
+//! Errno mapping: malformed arguments, or a shared pool that is missing or not usable -EINVAL; a budget above the memory available -ENOMEM; a
 //! swap file on tmpfs -EOPNOTSUPP; init twice -EEXIST; no pager yet -ENODEV; an address that is
 //! not a region's start -ENOENT; shutdown with regions still mapped -EBUSY; a failed system
 //! call its errno.
@@ -27,6 +27,10 @@ pub struct TiermemPagerOptions {
     pub swap_bytes: u64,
     /// Non-zero: latency control on (default 1).
     pub control: c_int,
+    /// A shared pager pool (`tiermem pager daemon`) to be a tenant of (NULL: a buffer and swap
+    /// file of this process's own). Its buffer, swap file and control parameters then replace
+    /// `nvm_bytes`, `swap_path`, `swap_bytes` and `control`.
+    pub pool_path: *const c_char,
 }
 
 /// A pager's counters (`tiermem_pager_stats`).
@@ -73,7 +77,7 @@ static GLOBAL: Mutex<Option<Global>> = Mutex::new(None);
 
 fn pager_fail(e: Error) -> c_int {
     let errno = match &e {
-        Error::InvalidOption(_) | Error::Infeasible { .. } => libc::EINVAL,
+        Error::InvalidOption(_) | Error::Infeasible { .. } | Error::BadPool { .. } => libc::EINVAL,
         Error::BudgetAboveMemory { .. } => libc::ENOMEM,
         Error::SwapOnTmpfs { .. } => libc::EOPNOTSUPP,
         Error::Map { source, .. } | Error::Sys { source, .. } => {
@@ -99,6 +103,7 @@ pub extern "C" fn tiermem_pager_options_default(o: *mut TiermemPagerOptions) -> 
                 swap_path: std::ptr::null(),
                 swap_bytes: 0,
                 control: 1,
+                pool_path: std::ptr::null(),
             }
         };
         0
@@ -120,6 +125,7 @@ pub extern "C" fn tiermem_pager_init(o: *const TiermemPagerOptions) -> c_int {
             swap_path: std::ptr::null(),
             swap_bytes: 0,
             control: 0,
+            pool_path: std::ptr::null(),
         };
         tiermem_pager_options_default(&mut d);
         let c = if o.is_null() {
@@ -139,6 +145,12 @@ pub extern "C" fn tiermem_pager_init(o: *const TiermemPagerOptions) -> c_int {
             opts.swap_size = Some(c.swap_bytes);
         }
         opts.control.enabled = c.control != 0;
+        if !c.pool_path.is_null() {
+            match cstr(c.pool_path, "pool_path") {
+                Ok(p) => opts.pool = Some(p.into()),
+                Err(e) => return e,
+            }
+        }
         match Pager::new(&opts) {
             Ok(pager) => {
                 *g = Some(Global {

@@ -330,3 +330,192 @@ fn pager_run_refuses_bad_options_and_infeasible_bounds_before_running() {
     assert!(marker.exists(), "--best-effort did not run the command");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Waits up to 20 s for `cond`.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..400 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn status_json(pool: &str) -> Value {
+    let o = tiermem_clean(&["pager", "status", "--pool", pool, "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn a_daemon_serves_several_programs_and_collects_a_killed_one() {
+    if !is_root() {
+        eprintln!("SKIPPED: the pager needs root (userfaultfd in-thread mode)");
+        return;
+    }
+    let shm = tempfile::Builder::new()
+        .prefix("tiermem-pager-daemon")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let dir = scratch("pager-daemon");
+    let pool = shm.path().join("pager.pool");
+    let pool_s = pool.to_str().unwrap().to_string();
+    let swap = dir.join("pool.swap");
+    let daemon = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args([
+            "pager",
+            "daemon",
+            "--pool",
+            &pool_s,
+            "--nvm",
+            "4M",
+            "--swap-size",
+            "256M",
+        ])
+        .args(["--window-ms", "100", "--swap", swap.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the pool", || pool.exists() && swap.exists());
+    wait_for("the daemon to claim it", || {
+        tiermem_clean(&["pager", "status", "--pool", &pool_s, "--json"])
+            .status
+            .success()
+    });
+    let st = status_json(&pool_s);
+    assert_eq!(st["daemon"].as_u64(), Some(daemon.id() as u64), "{st}");
+    assert_eq!(st["buffer_slots"].as_u64(), Some(1024), "{st}");
+
+    // Two sorts share the pool; each prints what it prints plain.
+    let input = dir.join("in.txt");
+    let body: String = (0..400_000u64)
+        .map(|i| format!("{:012}\n", i.wrapping_mul(2654435761) % 1_000_000_007))
+        .collect();
+    std::fs::write(&input, body).unwrap();
+    let plain = Command::new("sort")
+        .args(["-S", "24M", "--parallel=1"])
+        .arg(&input)
+        .output()
+        .unwrap();
+    let run = |bound: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_tiermem"));
+        c.args(["pager", "run", "--pool", &pool_s, "--budget", "6M"]);
+        if let Some(b) = bound {
+            c.args(["--bound", b]);
+        }
+        c.args(["--", "sort", "-S", "24M", "--parallel=1"])
+            .arg(&input)
+            .env_remove("LD_PRELOAD")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (run(Some("p99=20ms")), run(None));
+    for c in [a, b] {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            o.stdout == plain.stdout,
+            "a sort in the pool printed something else"
+        );
+    }
+
+    // A tenant killed with pages out: the daemon frees its slots (pidfd wakes it).
+    // sort holds what it read in its arena and waits for the rest of its input.
+    let mut victim = Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(["pager", "run", "--pool", &pool_s, "--budget", "4M", "--"])
+        .args(["sort", "-S", "24M", "--parallel=1"])
+        .env_remove("LD_PRELOAD")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut w = victim.stdin.take().unwrap();
+        w.write_all(&std::fs::read(&input).unwrap()).unwrap();
+        w.flush().unwrap();
+        // Kept open (leaked) until the kill: sort waits for more.
+        std::mem::forget(w);
+    }
+    let pid = victim.id() as u64;
+    wait_for("the victim's pages out", || {
+        let st = status_json(&pool_s);
+        st["tenants"].as_array().unwrap().iter().any(|t| {
+            t["pid"].as_u64() == Some(pid)
+                && t["buffer_pages"].as_u64().unwrap() + t["swap_pages"].as_u64().unwrap() > 0
+        })
+    });
+    // set-bound reaches it and status shows it.
+    let o = tiermem_clean(&[
+        "pager",
+        "set-bound",
+        &pid.to_string(),
+        "p99=30ms",
+        "--pool",
+        &pool_s,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let st = status_json(&pool_s);
+    let t = st["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["pid"].as_u64() == Some(pid))
+        .cloned()
+        .unwrap();
+    assert_eq!(t["bound"][1].as_u64(), Some(30_000_000), "{t}");
+    let o = tiermem_clean(&["pager", "set-bound", "1", "p99=30ms", "--pool", &pool_s]);
+    assert!(
+        !o.status.success() && text(&o).contains("no process 1"),
+        "{}",
+        text(&o)
+    );
+    let o = tiermem_clean(&[
+        "pager",
+        "set-bound",
+        &pid.to_string(),
+        "p99",
+        "--pool",
+        &pool_s,
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    // SAFETY: plain syscall.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    victim.wait().unwrap();
+    wait_for("the daemon to collect it", || {
+        let st = status_json(&pool_s);
+        st["tenants"].as_array().unwrap().is_empty()
+            && st["buffer_used"].as_u64() == Some(0)
+            && st["swap_used"].as_u64() == Some(0)
+    });
+    // gc has nothing left to do.
+    let o = tiermem_clean(&["pager", "gc", "--pool", &pool_s, "--json"]);
+    let g: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(g["tenants"].as_u64(), Some(0), "{g}");
+
+    // A second daemon on the same pool is refused; SIGTERM stops the first, which removes
+    // the pool and the swap file (no tenant left).
+    let o = tiermem_clean(&["pager", "daemon", "--pool", &pool_s]);
+    assert!(
+        !o.status.success() && text(&o).contains("already"),
+        "{}",
+        text(&o)
+    );
+    // SAFETY: plain syscall.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let o = daemon.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!pool.exists() && !swap.exists(), "{}", text(&o));
+    // Status of a pool that is not there says how to start one.
+    let o = tiermem_clean(&["pager", "status", "--pool", &pool_s]);
+    assert!(
+        !o.status.success() && text(&o).contains("pager daemon"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

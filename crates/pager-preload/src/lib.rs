@@ -37,6 +37,7 @@
 //! | `TIERMEM_PAGER_BOUND_NS`, `TIERMEM_PAGER_BOUND_PCT` | page-in bound of the arena (ns, percentile in (0, 1)) | none, 0.99 |
 //! | `TIERMEM_PAGER_DIR` | directory of the swap file (a disk) | `/var/tmp` |
 //! | `TIERMEM_PAGER_STATS` | file the exit report is appended to (`%p`: the pid) | none |
+//! | `TIERMEM_PAGER_POOL` | a shared pager pool (`tiermem pager daemon`) to be a tenant of, instead of a buffer and swap file of its own (`NVM` and `DIR` are then unused) | none |
 //!
 //! A malformed variable, or a pager that cannot start (e.g. the swap directory on tmpfs),
 //! prints one line on stderr and the program runs without paging.
@@ -317,6 +318,11 @@ fn parse_config() -> Result<Option<Config>, String> {
     );
     // Room for every arena page out of DRAM.
     opts.swap_size = Some(arena + (64 << 20));
+    if let Ok(p) = std::env::var("TIERMEM_PAGER_POOL") {
+        if !p.is_empty() {
+            opts.pool = Some(p.into());
+        }
+    }
     MIN.store(min as usize, Ordering::Relaxed);
     PIN_MAX.store((budget as usize / 4).max(64 << 10), Ordering::Relaxed);
     Ok(Some(Config {

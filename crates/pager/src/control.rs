@@ -121,6 +121,18 @@ impl Controller {
         }
     }
 
+    /// `S(t)` without the reserve.
+    pub(crate) fn core(&self) -> f64 {
+        self.s_core
+    }
+
+    /// Continues from `S(t) = s` (a pool's new leader), clamped to `[1, S_max]`.
+    pub(crate) fn set_core(&mut self, s: f64) {
+        if s.is_finite() {
+            self.s_core = s.clamp(1.0, self.params.s_max as f64);
+        }
+    }
+
     /// Queue size now (reserve included).
     pub(crate) fn queue(&self) -> usize {
         if self.params.enabled {

@@ -64,6 +64,15 @@ pub enum Error {
         capacity_iops: f64,
     },
 
+    /// A pager pool file that cannot be used: not one, another layout version, a swap file gone.
+    #[error("{}: not a usable pager pool: {why}", path.display())]
+    BadPool {
+        /// The pool file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+
     /// A system call failed.
     #[error("{op}: {source}")]
     Sys {

@@ -72,6 +72,10 @@ pub(crate) struct Evictor {
     trace: bool,
     /// Where [`Evictor::reclaim`] looks next.
     reclaim_cursor: usize,
+    /// The shared pool's controller, while this process leads it.
+    pool_ctl: Option<crate::segment::PoolController>,
+    /// The tenant's prefetch sequence last seen.
+    over_seq: u64,
 }
 
 // SAFETY: the scratch pages are only touched by the evictor thread.
@@ -123,6 +127,10 @@ impl Evictor {
             last_tenant: HashMap::new(),
             trace: std::env::var_os("TIERMEM_PAGER_TRACE").is_some(),
             reclaim_cursor: 0,
+            pool_ctl: None,
+            over_seq: sh
+                .tenant()
+                .map_or(0, |t| t.over_seq.load(Ordering::Relaxed)),
             sh,
             uffd,
             scratch: scratch as usize,
@@ -161,6 +169,7 @@ impl Evictor {
             }
             self.destage_if_needed();
             self.prefetch();
+            self.sh.publish();
             self.sh.rounds.fetch_add(1, Ordering::Release);
         }
     }
@@ -217,8 +226,8 @@ impl Evictor {
         }
         // At most S(t) pages a round (the paper's replacement of SWAP_CLUSTER_MAX), minus the
         // swap reads in flight (reads first), and no more than DRAM needs.
-        let queue = sh.queue.load(Ordering::Relaxed);
-        let reads = sh.inflight_reads.load(Ordering::Relaxed);
+        let queue = sh.queue_now();
+        let reads = sh.inflight_now();
         let need = sh.resident().saturating_sub(sh.target_pages) + sh.batch;
         let want = queue
             .saturating_sub(reads)
@@ -418,6 +427,9 @@ impl Evictor {
     /// One control window: Algorithm 1 and the monitor decide the queue size and which tenants
     /// the buffer serves; tenants over their bound get their swap pages prefetched.
     fn control_step(&mut self) {
+        if self.sh.seg.is_some() {
+            return self.pool_step();
+        }
         let sh = self.sh.clone();
         self.window_start = std::time::Instant::now();
         let regions: Vec<Arc<RegionState>> =
@@ -467,13 +479,67 @@ impl Evictor {
                     .collect::<Vec<_>>(),
                 d.ns.len(),
                 d.over.len(),
-                sh.inflight_reads.load(Ordering::Relaxed),
+                sh.inflight_now(),
                 sh.buffer.as_ref().map(|b| b.slots.free()),
             );
         }
         // The monitor: a tenant over its bound in this window is served by the buffer in the
         // next one, its swap pages brought there ahead of its faults.
-        for r in regions.iter().filter(|r| d.over.contains(&r.key)) {
+        let over: Vec<Arc<RegionState>> = regions
+            .into_iter()
+            .filter(|r| d.over.contains(&r.key))
+            .collect();
+        self.queue_prefetch(&over);
+    }
+
+    /// A window in a shared pool: the process is one tenant. It runs the pool's controller
+    /// when it leads (no daemon, or the daemon died), then follows the pool: its bound (which
+    /// `tiermem pager set-bound` may have changed), its NS flag, and a prefetch when the
+    /// monitor caught it over its bound.
+    fn pool_step(&mut self) {
+        let sh = self.sh.clone();
+        let link = sh.seg.as_ref().expect("a shared pool");
+        self.window_start = std::time::Instant::now();
+        if link.pool.try_lead() {
+            let ctl = self
+                .pool_ctl
+                .get_or_insert_with(|| crate::segment::PoolController::new(&link.pool));
+            let w = ctl.window(&link.pool);
+            if self.trace {
+                eprintln!(
+                    "tiermem-pager: pool window (leader {}): {w:?}",
+                    std::process::id()
+                );
+            }
+        } else {
+            self.pool_ctl = None;
+        }
+        let t = link.pool.tenant(link.idx);
+        let bound = t.bound_ns.load(Ordering::Acquire);
+        let pct = t.pct_bits.load(Ordering::Relaxed);
+        let ns = t.ns.load(Ordering::Relaxed) != 0;
+        let regions: Vec<Arc<RegionState>> =
+            sh.regions.lock().slots.iter().flatten().cloned().collect();
+        for r in &regions {
+            r.bound_ns.store(bound, Ordering::Relaxed);
+            r.pct.store(pct, Ordering::Relaxed);
+            r.ns.store(ns && bound != u64::MAX, Ordering::Relaxed);
+        }
+        sh.c.ns_tenants
+            .store((ns && bound != u64::MAX) as usize, Ordering::Relaxed);
+        sh.c.windows.fetch_add(1, Ordering::Relaxed);
+        let seq = t.over_seq.load(Ordering::Acquire);
+        if seq != self.over_seq {
+            self.over_seq = seq;
+            self.queue_prefetch(&regions);
+        }
+    }
+
+    /// Queues the swap clusters of `regions`' pages for prefetch into the buffer (at most 256
+    /// per region a window).
+    fn queue_prefetch(&mut self, regions: &[Arc<RegionState>]) {
+        let sh = self.sh.clone();
+        for r in regions {
             let mut queued = 0;
             let mut last = u64::MAX;
             for p in 0..r.shadow.len() {
@@ -502,7 +568,7 @@ impl Evictor {
         // A few clusters a round: each is a 256 KiB read the evictor waits for, and page-outs
         // must not starve behind a monitor's whole queue (up to 256 clusters a window).
         for _ in 0..PREFETCH_PER_ROUND {
-            if sh.inflight_reads.load(Ordering::Relaxed) >= sh.queue.load(Ordering::Relaxed) {
+            if sh.inflight_now() >= sh.queue_now() {
                 return;
             }
             let Some(c) = sh.prefetch_q.pop() else {
@@ -730,7 +796,16 @@ impl Evictor {
         let Some(b) = sh.buffer.as_ref() else {
             return;
         };
-        let low = buffer_low(b);
+        let mut low = buffer_low(b);
+        if sh
+            .tenant()
+            .is_some_and(|t| t.ns.load(Ordering::Relaxed) != 0)
+        {
+            // A shared buffer: a tenant the buffer serves destages only when it is nearly
+            // full, so looser-bound processes destage first (highest bound first, across
+            // processes).
+            low /= 2;
+        }
         while b.slots.free() < low {
             if !self.destage_one() {
                 break;

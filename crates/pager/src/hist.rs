@@ -32,27 +32,15 @@ fn lower(i: usize) -> u64 {
     (1u64 << e) | (sub << (e - SUB_BITS as u64))
 }
 
-/// Lock-free histogram of nanosecond values.
-pub struct AtomicHist {
-    counts: Box<[AtomicU64]>,
+/// The cells of a histogram: plain atomics with a fixed `repr(C)` layout, so they can live in
+/// memory shared by processes (the pager pool's tenant table) as well as on the heap.
+#[repr(C)]
+pub struct HistCells {
+    counts: [AtomicU64; BUCKETS],
     max: AtomicU64,
 }
 
-impl Default for AtomicHist {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl AtomicHist {
-    /// An empty histogram.
-    pub fn new() -> AtomicHist {
-        AtomicHist {
-            counts: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
-            max: AtomicU64::new(0),
-        }
-    }
-
+impl HistCells {
     /// Records one value (async-signal-safe).
     pub fn record(&self, ns: u64) {
         self.counts[index(ns)].fetch_add(1, Ordering::Relaxed);
@@ -69,6 +57,49 @@ impl AtomicHist {
                 .collect(),
             max: self.max.load(Ordering::Relaxed),
         }
+    }
+
+    /// Empties it (not atomic as a whole: readers may see a mix while it runs).
+    pub fn clear(&self) {
+        for c in &self.counts {
+            c.store(0, Ordering::Relaxed);
+        }
+        self.max.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Lock-free histogram of nanosecond values, on the heap.
+pub struct AtomicHist {
+    cells: Box<HistCells>,
+}
+
+impl Default for AtomicHist {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AtomicHist {
+    /// An empty histogram.
+    pub fn new() -> AtomicHist {
+        let layout = std::alloc::Layout::new::<HistCells>();
+        // SAFETY: a non-zero-sized layout; all-zero bytes are valid atomics (an empty
+        // histogram), and the allocation is handed to a Box of the same layout.
+        let cells = unsafe {
+            let p = std::alloc::alloc_zeroed(layout) as *mut HistCells;
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Box::from_raw(p)
+        };
+        AtomicHist { cells }
+    }
+}
+
+impl std::ops::Deref for AtomicHist {
+    type Target = HistCells;
+    fn deref(&self) -> &HistCells {
+        &self.cells
     }
 }
 

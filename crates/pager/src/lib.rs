@@ -19,13 +19,15 @@
 //! | `control.rs` | latency control: Eq. 1, Algorithm 1, the tail monitor |
 //! | `admission.rs` | admission: the zones' calibrated capacity, Eq. 2's demand |
 //! | `shadow.rs` | the shadow mapping table ([`Place`] of every page) |
+//! | `segment.rs` | [`PagerPool`]: the buffer, swap file and control segment several processes share |
 //! | `zones.rs` | the NVM buffer pool and the swap file |
 //! | `slots.rs` | lock-free slot bitmaps |
 //! | `hist.rs` | a lock-free latency histogram |
 //!
-//! ## Not yet built (issue #16)
-//! Sharing one pool among processes (today a tenant is a region of one
-//! process), the LD_PRELOAD shim, the C ABI, the CLI and the benchmark.
+//! **Several processes.** With [`PagerOptions::pool`] a process is one tenant of a
+//! [`PagerPool`] (`tiermem pager daemon`): the buffer, the swap file, the SSD queue and the
+//! controller are shared, each process keeps its own budget, evictor, shadow table and
+//! page-in path. Without it, a pager's tenants are its regions.
 //!
 //! ## Caveats
 //! * Faults are resolved in the faulting thread: a system call that reads or writes an evicted
@@ -44,6 +46,7 @@ mod evict;
 pub mod hist;
 mod pager;
 mod region;
+pub mod segment;
 pub mod shadow;
 pub mod slots;
 mod zones;
@@ -53,4 +56,8 @@ pub use control::{ControlParams, Decision, TenantWindow};
 pub use error::{Error, Result};
 pub use pager::{Pager, PagerOptions, PagerStats, GROUP_PAGES};
 pub use region::{thread_pageins, PagedRegion};
+pub use segment::{
+    default_pool_path, GcReport, PagerPool, PoolController, PoolSpec, PoolStatus, PoolWindow,
+    TenantStatus, MAX_TENANTS,
+};
 pub use shadow::Place;

@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use crate::evict::Evictor;
 use crate::hist::{AtomicHist, HistSnapshot};
 use crate::region::{PagedRegion, RegionState};
+use crate::segment::{PagerPool, Tenant};
 use crate::zones::{Buffer, Swap};
 use crossbeam_queue::ArrayQueue;
 use parking_lot::Mutex;
@@ -44,6 +45,10 @@ pub struct PagerOptions {
     pub batch: usize,
     /// Latency control (Eq. 1, Algorithm 1, the monitor).
     pub control: ControlParams,
+    /// A pager pool shared with other processes (`tiermem pager daemon`): its buffer, swap
+    /// file and control parameters are used instead of `nvm`, `nvm_*`, `swap_*` and `control`,
+    /// and the process is one tenant of its controller (default: a pager of its own).
+    pub pool: Option<PathBuf>,
 }
 
 impl PagerOptions {
@@ -59,6 +64,7 @@ impl PagerOptions {
             swap_delay: None,
             batch: 32,
             control: ControlParams::default(),
+            pool: None,
         }
     }
 
@@ -84,7 +90,7 @@ impl PagerOptions {
                 });
             }
         }
-        if self.nvm != 0 && self.nvm / page < GROUP_PAGES as u64 {
+        if self.pool.is_none() && self.nvm != 0 && self.nvm / page < GROUP_PAGES as u64 {
             return Err(Error::InvalidOption(format!(
                 "an NVM buffer of {} bytes is below one latency group ({} bytes); use 0 for none",
                 self.nvm,
@@ -243,6 +249,15 @@ pub(crate) struct Shared {
     pub(crate) rounds: AtomicU64,
     /// Aligned pages for swap-file reads in the fault path, claimed lock-free.
     pub(crate) bounce: crate::region::Bounce,
+    /// The shared pool this process is a tenant of, if any.
+    pub(crate) seg: Option<SegLink>,
+}
+
+/// A process's link to a shared pager pool: the pool and its tenant entry.
+pub(crate) struct SegLink {
+    pub(crate) pool: Arc<PagerPool>,
+    pub(crate) idx: usize,
+    pub(crate) tag: u32,
 }
 
 impl Shared {
@@ -258,12 +273,82 @@ impl Shared {
     pub(crate) fn resident(&self) -> usize {
         self.resident.load(Ordering::Acquire)
     }
+
+    /// This process's tenant entry in a shared pool.
+    pub(crate) fn tenant(&self) -> Option<&Tenant> {
+        self.seg.as_ref().map(|l| l.pool.tenant(l.idx))
+    }
+
+    /// The SSD queue S(t) now: the pool's in a shared pool, else this pager's.
+    pub(crate) fn queue_now(&self) -> usize {
+        match &self.seg {
+            Some(l) => l.pool.queue(),
+            None => self.queue.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Swap-file reads in flight: every tenant's in a shared pool.
+    pub(crate) fn inflight_now(&self) -> usize {
+        match &self.seg {
+            Some(l) => l.pool.inflight_reads(),
+            None => self.inflight_reads.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A page-in starts reading the swap file (async-signal-safe).
+    pub(crate) fn read_begin(&self) {
+        self.inflight_reads.fetch_add(1, Ordering::AcqRel);
+        if let Some(t) = self.tenant() {
+            t.inflight_reads.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// ... and is done with it.
+    pub(crate) fn read_end(&self) {
+        self.inflight_reads.fetch_sub(1, Ordering::AcqRel);
+        if let Some(t) = self.tenant() {
+            t.inflight_reads.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Records a page-in of `ns` in the shared pool's histograms (async-signal-safe).
+    pub(crate) fn record_shared(&self, ns: u64, ssd: bool) {
+        if let Some(l) = &self.seg {
+            l.pool.tenant(l.idx).hist.record(ns);
+            if ssd {
+                l.pool.ssd_hist().record(ns);
+            }
+        }
+    }
+
+    /// Copies this process's counters into its tenant entry (for `tiermem pager status`).
+    pub(crate) fn publish(&self) {
+        if let Some(t) = self.tenant() {
+            let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            t.resident.store(self.resident() as u64, Ordering::Relaxed);
+            t.pageins_buffer
+                .store(l(&self.c.pageins_buffer), Ordering::Relaxed);
+            t.pageins_ssd
+                .store(l(&self.c.pageins_ssd), Ordering::Relaxed);
+            t.pageouts_buffer
+                .store(l(&self.c.pageouts_buffer), Ordering::Relaxed);
+            t.pageouts_ssd
+                .store(l(&self.c.pageouts_ssd), Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         // SAFETY: our eventfd, closed once.
         unsafe { libc::close(self.kick_fd) };
+    }
+}
+
+impl Drop for SegLink {
+    /// Leaving the pool: the tenant entry and any slot still tagged with it are freed.
+    fn drop(&mut self) {
+        self.pool.unregister(self.idx, self.tag);
     }
 }
 
@@ -313,6 +398,20 @@ impl Pager {
         let _ = tiermem_media::now_ns();
         let seq = SWAP_SEQ.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
+        if let Some(path) = &opts.pool {
+            let pool = Arc::new(PagerPool::open(path)?);
+            let (idx, tag) = pool.register(budget_pages)?;
+            let link = SegLink {
+                pool: pool.clone(),
+                idx,
+                tag,
+            };
+            let buffer = (pool.buffer_slots() > 0).then(|| Buffer::shared(pool.clone(), tag));
+            let swap = Swap::shared(&pool, tag, opts.swap_delay)?;
+            let mut o = opts.clone();
+            o.control = pool.control();
+            return Pager::start(&o, budget_pages, buffer, swap, Some(link));
+        }
         let buffer = if opts.nvm == 0 {
             None
         } else {
@@ -329,6 +428,18 @@ impl Pager {
             .unwrap_or_else(|| PathBuf::from(format!("/var/tmp/tiermem-pager-{pid}-{seq}.swap")));
         let swap_size = opts.swap_size.unwrap_or(4 * opts.budget + (64 << 20));
         let swap = Swap::create(&swap_path, swap_size, opts.swap_delay)?;
+        Pager::start(opts, budget_pages, buffer, swap, None)
+    }
+
+    /// Starts a pager over its zones: the shared state and the evictor thread. A tenant's
+    /// entry is freed on error (the shared state's drop).
+    fn start(
+        opts: &PagerOptions,
+        budget_pages: usize,
+        buffer: Option<Buffer>,
+        swap: Swap,
+        seg: Option<SegLink>,
+    ) -> Result<Pager> {
         // SAFETY: plain syscall.
         let kick_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if kick_fd < 0 {
@@ -365,6 +476,7 @@ impl Pager {
             stop: AtomicBool::new(false),
             rounds: AtomicU64::new(0),
             bounce: crate::region::Bounce::new(64)?,
+            seg,
         });
         let ev = Evictor::new(shared.clone())?;
         let evictor = std::thread::Builder::new()
@@ -429,7 +541,7 @@ impl Pager {
             pageout: s.h_pageout.snapshot(),
             prefetched: l(&s.c.prefetched),
             windows: l(&s.c.windows),
-            queue: s.queue.load(Ordering::Relaxed),
+            queue: s.queue_now(),
             ns_tenants: s.c.ns_tenants.load(Ordering::Relaxed),
             last_ssd_p99_ns: l(&s.c.last_ssd_tail_ns),
         }

@@ -85,6 +85,18 @@ impl Drop for Bounce {
     }
 }
 
+/// Checks a page-in bound: a percentile in (0, 1) and a latency above 0 ns.
+pub(crate) fn check_bound(pct: f64, bound_ns: u64) -> Result<()> {
+    if !(pct > 0.0 && pct < 1.0) || bound_ns == 0 || bound_ns == u64::MAX {
+        return Err(Error::InvalidOption(format!(
+            "a page-in bound is a percentile in (0, 1) and a latency in ns above 0, not \
+             p{} ≤ {bound_ns} ns",
+            pct * 100.0
+        )));
+    }
+    Ok(())
+}
+
 /// What the pager keeps about one region.
 pub(crate) struct RegionState {
     pub(crate) base: usize,
@@ -228,16 +240,17 @@ impl PagedRegion {
     /// Bounds this region's page-in latency: its `pct` quantile (0 < pct < 1, e.g. 0.99) must
     /// stay at or below `bound_ns`. The controller holds it (Algorithm 1 and the monitor), and
     /// its pages are destaged from the buffer after best-effort ones.
+    ///
+    /// In a shared pool ([`crate::PagerOptions::pool`]) the bound is the process's: it is
+    /// written to its tenant entry too, and `tiermem pager set-bound` can change it later.
     pub fn set_bound(&self, pct: f64, bound_ns: u64) -> Result<()> {
-        if !(pct > 0.0 && pct < 1.0) || bound_ns == 0 || bound_ns == u64::MAX {
-            return Err(Error::InvalidOption(format!(
-                "a page-in bound is a percentile in (0, 1) and a latency in ns above 0, not \
-                 p{} ≤ {bound_ns} ns",
-                pct * 100.0
-            )));
-        }
+        check_bound(pct, bound_ns)?;
         self.state.pct.store(pct.to_bits(), Ordering::Relaxed);
         self.state.bound_ns.store(bound_ns, Ordering::Relaxed);
+        if let Some(t) = self.shared.tenant() {
+            t.pct_bits.store(pct.to_bits(), Ordering::Relaxed);
+            t.bound_ns.store(bound_ns, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -245,6 +258,9 @@ impl PagedRegion {
     pub fn clear_bound(&self) {
         self.state.bound_ns.store(u64::MAX, Ordering::Relaxed);
         self.state.ns.store(false, Ordering::Relaxed);
+        if let Some(t) = self.shared.tenant() {
+            t.bound_ns.store(u64::MAX, Ordering::Release);
+        }
     }
 
     /// Whether the controller serves this region from the NVM buffer this window.
@@ -473,6 +489,7 @@ impl Resolver for PageIn {
                         sh.h_buffer.record(d);
                         sh.h_pagein.record(d);
                         st.hist.record(d);
+                        sh.record_shared(d, false);
                         return Ok(());
                     }
                 }
@@ -480,11 +497,11 @@ impl Resolver for PageIn {
                     if st.shadow.cas(p, at, Place::Loading) {
                         self.admit();
                         let (bi, page) = sh.bounce.claim();
-                        sh.inflight_reads.fetch_add(1, Ordering::AcqRel);
+                        sh.read_begin();
                         // SAFETY: the claimed bounce page is ours until released below.
                         let buf = unsafe { std::slice::from_raw_parts_mut(page, PAGE_SIZE) };
                         let read = sh.swap.dev.read_at(s * PAGE_SIZE as u64, buf);
-                        sh.inflight_reads.fetch_sub(1, Ordering::AcqRel);
+                        sh.read_end();
                         if read.is_err() {
                             sh.bounce.release(bi);
                             st.shadow.set(p, at);
@@ -510,6 +527,7 @@ impl Resolver for PageIn {
                         sh.h_ssd.record(d);
                         sh.h_pagein.record(d);
                         st.hist.record(d);
+                        sh.record_shared(d, true);
                         if st.ns.load(Ordering::Relaxed) {
                             // NS: bring the rest of its swap cluster into the buffer.
                             let _ = sh.prefetch_q.push(s / crate::slots::CLUSTER as u64);
