@@ -3,29 +3,46 @@
 //!
 //! A probe process owns D bytes of 1 KB records filled with incompressible bytes and runs YCSB-A
 //! (50 % reads, 50 % updates, zipfian 0.99) on them, timing every operation with the TSC. An
-//! operation whose thread took a page-in is a page-in sample: for kernel swap a change of the
-//! thread's fault counts (`getrusage(RUSAGE_THREAD)`: a swap-in, from the disk or from the swap
-//! cache), for the pager a change of [`tiermem_pager::thread_pageins`] (from the swap file or
-//! the NVM buffer). Both probes make the same calls. Every read checks the record's bytes.
+//! operation whose thread took a page-in is a page-in sample: for the kernel a change of the
+//! thread's fault counts (`getrusage(RUSAGE_THREAD)`: a swap-in, from the disk, from zswap's
+//! pool, from zram or from the swap cache), for the pager a change of
+//! [`tiermem_pager::thread_pageins`] (from the swap file or the NVM buffer). Both probes make the
+//! same calls. Every read checks the record's bytes. (Swap-ins from zswap and from zram are
+//! major faults like the disk's: checked on this kernel, 6.18, with a C probe in a 48 MiB memcg
+//! touching 96 MiB of random bytes — about 10,050 of 20,000 touches took a major fault and none
+//! only a minor one, under each of the three.)
 //!
 //! Systems, each in a worker process of its own (one at a time):
 //! * `kernel-swap`: the probe in a v1 memory cgroup whose limit is the budget plus the probe's
 //!   own memory before it allocates, with a swap file of this run on `--dir` (`mkswap`,
 //!   `swapon` at the highest priority); zswap off for the run. Swap file, cgroup and zswap's
 //!   setting are restored even when the run fails.
+//! * `kernel-zswap` (full runs): the same cgroup and swap file, zswap on in front of it with
+//!   its pool capped at the NVM buffer's size (`max_pool_percent`, whole percents of RAM,
+//!   rounded up, so up to 1 % of RAM more), its compressor left as set, swap readahead off
+//!   (`vm.page-cluster` 0: with it on, memcg v1 OOM-kills the probe behind zswap, see
+//!   `ZswapOn`). Every parameter written is restored.
+//! * `kernel-zram` (full runs): a zram device of this run (`hot_add`, disksize = the NVM
+//!   buffer's size, zswap's compressor where zram has it) as swap at the highest priority, the
+//!   same swap file one below it (zram before the file), zswap off. The device is swapped off,
+//!   reset and removed after. Neither zswap's pool nor zram's memory is charged to a v1 memory
+//!   cgroup: like the pager's buffer, the compressed tier is outside the budget. The data is
+//!   incompressible, so both hold about a page per page. Where zswap or zram cannot be set up,
+//!   the system is skipped with the reason in the notes and its key is null.
 //! * `pager-lru-ssd`: [`tiermem_pager::Pager`] without NVM buffer and without control.
 //! * `pager-nolc` (full runs): with the buffer, without control (queue fixed at 128).
 //! * `pager`: with the buffer (D/4) and control, the probe bounded at p99 ≤ 0.5 K, K being this
 //!   run's kernel-swap page-in p99.
 //!
+//! `--systems` runs a subset (kernel-swap always: it gives K).
 //!
 //! Then the application case (`pager_app.rs`): memcached under kernel swap and under
 //! `tiermem pager run`, YCSB-A with `dataintegrity=true`; `app_p99_ratio_vs_kernel_swap.memcached`
 //! is the ratio of YCSB's READ p99s.
 //!
-//! Not built yet, reported as null: the zswap and zram baselines, the concurrent and dynamic
-//! cases (several probe processes sharing one pager needs the shared control segment), and
-//! redis-server under the LD_PRELOAD shim (it installs its own SIGBUS handler).
+//! Not built yet, reported as null: the concurrent and dynamic cases (several probe processes
+//! sharing one pager needs the shared control segment), and redis-server under the LD_PRELOAD
+//! shim (it installs its own SIGBUS handler).
 
 use crate::snapshot::Cgroup;
 use crate::worker::{self, Worker};
@@ -56,6 +73,46 @@ pub struct PagerBenchOpts {
     /// Timed seconds per system (default 30; 10 with --quick), after an untimed warm-up.
     #[arg(long)]
     pub seconds: Option<f64>,
+    /// Run only these systems, comma-separated: kernel-swap, kernel-zswap, kernel-zram,
+    /// pager-lru-ssd, pager-nolc, pager, and memcached for the application case. kernel-swap
+    /// always runs (its page-in p99 is K). Default: all of them; with --quick kernel-swap,
+    /// pager-lru-ssd, pager and memcached.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub systems: Vec<String>,
+}
+
+/// Every system `--systems` can name, in the order they run.
+const SYSTEMS: [&str; 7] = [
+    "kernel-swap",
+    "kernel-zswap",
+    "kernel-zram",
+    "pager-lru-ssd",
+    "pager-nolc",
+    "pager",
+    "memcached",
+];
+
+/// The systems this run runs, in [`SYSTEMS`]' order: `asked` (with kernel-swap), or the
+/// default set of a full or a quick run.
+fn selected_systems(quick: bool, asked: &[String]) -> Result<Vec<&'static str>> {
+    for a in asked {
+        if !SYSTEMS.contains(&a.as_str()) {
+            bail!(
+                "--systems: no system {a:?} (systems: {})",
+                SYSTEMS.join(", ")
+            );
+        }
+    }
+    Ok(SYSTEMS
+        .into_iter()
+        .filter(|s| {
+            if !asked.is_empty() {
+                *s == "kernel-swap" || asked.iter().any(|a| a == s)
+            } else {
+                !quick || !matches!(*s, "kernel-zswap" | "kernel-zram" | "pager-nolc")
+            }
+        })
+        .collect())
 }
 
 /// One request to a probe worker.
@@ -79,6 +136,9 @@ struct RunSpec {
     warmup_s: f64,
     seconds: f64,
     seed: u64,
+    /// kernel-zram: the zram device's number (its reads are the page-ins it served).
+    #[serde(default)]
+    zram_dev: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
@@ -122,6 +182,9 @@ pub struct Row {
     pub cpu_s: f64,
     pub pageins: u64,
     pub bound_met: Option<bool>,
+    /// Share of the pages read back that came from the NVM buffer (pager rows) or from the
+    /// compressed tier (kernel-zswap: zswap's pool, kernel-zram: the zram device), the rest
+    /// from the swap file; the kernel's count readahead's pages too.
     pub nvm_served_frac: Option<f64>,
     pub budget_respected: bool,
     pub peak_bytes: u64,
@@ -234,10 +297,11 @@ impl Report for PagerReport {
         );
         let r = |v: Option<f64>| v.map_or("null".to_string(), |x| format!("{x:.3}"));
         println!(
-            "p99 vs kernel-swap {} (≤ 0.5), vs lru-ssd {} (≤ 0.5), p50 vs kernel-swap {}, page-out \
-             p99 vs lru-ssd {}, throughput vs kernel-swap {}",
+            "p99 vs kernel-swap {} (≤ 0.5), vs lru-ssd {} (≤ 0.5), vs kernel-zram {} (≤ 1.0), p50 \
+             vs kernel-swap {}, page-out p99 vs lru-ssd {}, throughput vs kernel-swap {}",
             r(self.p99_ratio_vs_kernel_swap),
             r(self.p99_ratio_vs_lru_ssd),
+            r(self.p99_ratio_vs_kernel_zram),
             r(self.p50_ratio_vs_kernel_swap),
             r(self.pageout_p99_ratio_vs_lru_ssd),
             r(self.throughput_ratio_vs_kernel_swap)
@@ -320,6 +384,32 @@ fn thread_faults() -> u64 {
     // SAFETY: as above.
     unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
     (ru.ru_majflt + ru.ru_minflt) as u64
+}
+
+/// kernel-zswap and kernel-zram: (pages read back from the compressed tier, pages read back in
+/// all), counted since boot (`/proc/vmstat`'s `zswpin` and `pswpin`, which does not count zswap's
+/// loads; the zram device's read requests, one a page: zram swap has no readahead). The probe is
+/// the only program paging here. `None` for the other systems or when a counter is missing.
+fn tier_reads(spec: &RunSpec) -> Option<(u64, u64)> {
+    let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
+    let count = |name: &str| -> Option<u64> {
+        vmstat.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == name).then(|| v.trim().parse().ok()).flatten()
+        })
+    };
+    match spec.system.as_str() {
+        "kernel-zswap" => {
+            let (z, d) = (count("zswpin")?, count("pswpin")?);
+            Some((z, z + d))
+        }
+        "kernel-zram" => {
+            let st = std::fs::read_to_string(format!("/sys/block/zram{}/stat", spec.zram_dev?));
+            let reads: u64 = st.ok()?.split_whitespace().next()?.parse().ok()?;
+            Some((reads, count("pswpin")?))
+        }
+        _ => None,
+    }
 }
 
 fn probe(spec: &RunSpec) -> Result<RunReply> {
@@ -409,6 +499,7 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
         }
     }
     let s0 = pager.as_ref().map(|p| p.stats());
+    let tier0 = tier_reads(spec);
     let c0 = crate::cpu::process_ns();
     let t0 = Instant::now();
     let mut ops = 0u64;
@@ -426,6 +517,7 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
     }
     let wall_s = t0.elapsed().as_secs_f64();
     let cpu_s = (crate::cpu::process_ns() - c0) as f64 / 1e9;
+    let tier1 = tier_reads(spec);
     // Everything read back once, untimed.
     for r in 0..records {
         let at = r as usize * RECORD;
@@ -459,6 +551,10 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
         verify_errors,
         ..RunReply::default()
     };
+    if let (Some((c0, all0)), Some((c1, all1))) = (tier0, tier1) {
+        let (c, all) = (c1.saturating_sub(c0), all1.saturating_sub(all0));
+        reply.nvm_served_frac = Some(c as f64 / all.max(1) as f64);
+    }
     if let (Some(pg), Some(s0)) = (&pager, s0) {
         let s1 = pg.stats();
         let out = s1.pageout.since(&s0.pageout);
@@ -495,16 +591,63 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
 // The parent.
 // ---------------------------------------------------------------------------------------------
 
-/// A swap file of this run: created, `mkswap`ed and enabled at the highest priority; disabled
-/// and removed on drop.
+/// The highest swap priority (`swapon`'s 32767): kernel-swap's file and kernel-zram's device.
+const SWAP_PRIO_TOP: i32 = 32767;
+
+fn c_path(path: &Path) -> Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    Ok(std::ffi::CString::new(path.as_os_str().as_bytes())?)
+}
+
+/// `mkswap PATH`, then `swapon` at priority `prio`.
+fn mkswap_swapon(path: &Path, prio: i32) -> Result<()> {
+    let out = std::process::Command::new("mkswap")
+        .arg(path)
+        .output()
+        .context("running mkswap (util-linux)")?;
+    if !out.status.success() {
+        bail!(
+            "mkswap {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let c = c_path(path)?;
+    const SWAP_FLAG_PREFER: libc::c_int = 0x8000;
+    // SAFETY: swapon with a valid path.
+    if unsafe { libc::swapon(c.as_ptr(), SWAP_FLAG_PREFER | prio) } != 0 {
+        bail!(
+            "swapon {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+/// `swapoff PATH`; a failure is a warning (this runs in `drop`).
+fn swapoff_warn(path: &Path) {
+    if let Ok(c) = c_path(path) {
+        // SAFETY: swapoff with a valid path.
+        if unsafe { libc::swapoff(c.as_ptr()) } != 0 {
+            progress::note(&format!(
+                "warning: swapoff {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+}
+
+/// A swap file of this run: created, `mkswap`ed and enabled at priority `prio`; disabled and
+/// removed on drop.
 struct SwapFile {
     path: PathBuf,
     on: bool,
 }
 
 impl SwapFile {
-    fn create(path: &Path, bytes: u64) -> Result<SwapFile> {
-        use std::os::unix::ffi::OsStrExt;
+    fn create(path: &Path, bytes: u64, prio: i32) -> Result<SwapFile> {
         use std::os::unix::fs::OpenOptionsExt;
         let _ = std::fs::remove_file(path);
         let f = std::fs::OpenOptions::new()
@@ -528,27 +671,7 @@ impl SwapFile {
             );
         }
         drop(f);
-        let out = std::process::Command::new("mkswap")
-            .arg(path)
-            .output()
-            .context("running mkswap (util-linux)")?;
-        if !out.status.success() {
-            bail!(
-                "mkswap {}: {}",
-                path.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-        const SWAP_FLAG_PREFER: libc::c_int = 0x8000;
-        // SAFETY: swapon with a valid path.
-        if unsafe { libc::swapon(c.as_ptr(), SWAP_FLAG_PREFER | 32767) } != 0 {
-            bail!(
-                "swapon {}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            );
-        }
+        mkswap_swapon(path, prio)?;
         sw.on = true;
         Ok(sw)
     }
@@ -556,18 +679,8 @@ impl SwapFile {
 
 impl Drop for SwapFile {
     fn drop(&mut self) {
-        use std::os::unix::ffi::OsStrExt;
         if self.on {
-            if let Ok(c) = std::ffi::CString::new(self.path.as_os_str().as_bytes()) {
-                // SAFETY: swapoff with a valid path.
-                if unsafe { libc::swapoff(c.as_ptr()) } != 0 {
-                    progress::note(&format!(
-                        "warning: swapoff {}: {}",
-                        self.path.display(),
-                        std::io::Error::last_os_error()
-                    ));
-                }
-            }
+            swapoff_warn(&self.path);
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -578,6 +691,7 @@ struct ZswapOff {
     was: Option<String>,
 }
 
+const ZSWAP_PARAMS: &str = "/sys/module/zswap/parameters";
 const ZSWAP: &str = "/sys/module/zswap/parameters/enabled";
 
 impl ZswapOff {
@@ -600,6 +714,228 @@ impl Drop for ZswapOff {
     }
 }
 
+/// Kernel parameters (sysfs files) written for the run; each one's earlier value is written
+/// back on drop, the last written first.
+#[derive(Default)]
+struct SysParams {
+    saved: Vec<(PathBuf, String)>,
+}
+
+impl SysParams {
+    /// Writes `value` to `path` unless it holds it already.
+    fn set(&mut self, path: &Path, value: &str) -> Result<()> {
+        let was = std::fs::read_to_string(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .trim()
+            .to_string();
+        if was == value {
+            return Ok(());
+        }
+        std::fs::write(path, value)
+            .with_context(|| format!("writing {value} to {}", path.display()))?;
+        self.saved.push((path.to_path_buf(), was));
+        Ok(())
+    }
+}
+
+impl Drop for SysParams {
+    fn drop(&mut self) {
+        for (path, was) in self.saved.iter().rev() {
+            if let Err(e) = std::fs::write(path, was) {
+                progress::note(&format!(
+                    "warning: restoring {} to {was}: {e}",
+                    path.display()
+                ));
+            }
+        }
+    }
+}
+
+/// zswap's `max_pool_percent` for a pool of at least `pool` bytes on a machine of `ram` bytes:
+/// whole percents of RAM, rounded up, at least 1.
+fn zswap_pool_percent(pool: u64, ram: u64) -> u64 {
+    (pool as u128 * 100)
+        .div_ceil(ram.max(1) as u128)
+        .clamp(1, 100) as u64
+}
+
+/// RAM as the kernel counts it for zswap's pool limit (`MemTotal`, bytes).
+fn mem_total() -> Result<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo")?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| anyhow!("no MemTotal in /proc/meminfo"))?;
+    Ok(kb * 1024)
+}
+
+const PAGE_CLUSTER: &str = "/proc/sys/vm/page-cluster";
+
+/// zswap on for kernel-zswap: its pool capped at about `pool` bytes, its compressor as set, and
+/// swap readahead off (`vm.page-cluster` 0). With readahead on (the default, 3: 8 pages a
+/// fault, each decompressed at once and charged to the cgroup), memcg v1 OOM-kills the program
+/// behind zswap: a C program writing random 1 KB records over 96 MiB in a 48 MiB cgroup was
+/// killed 6 times in 6 with page-cluster 3 and 0 in 6 with 0 (0 in 6 too with the swap file
+/// alone, zswap off). zram swap has no readahead in any case.
+struct ZswapOn {
+    _params: SysParams,
+    compressor: String,
+    percent: u64,
+    ram: u64,
+    /// `vm.page-cluster` before the run.
+    page_cluster_was: String,
+}
+
+impl ZswapOn {
+    fn new(pool: u64) -> Result<ZswapOn> {
+        let dir = Path::new(ZSWAP_PARAMS);
+        if !dir.is_dir() {
+            bail!("this kernel has no zswap ({ZSWAP_PARAMS} is missing)");
+        }
+        let compressor = std::fs::read_to_string(dir.join("compressor"))
+            .context("reading zswap's compressor")?
+            .trim()
+            .to_string();
+        let ram = mem_total()?;
+        let percent = zswap_pool_percent(pool, ram);
+        let page_cluster_was = std::fs::read_to_string(PAGE_CLUSTER)
+            .context("reading vm.page-cluster")?
+            .trim()
+            .to_string();
+        let mut params = SysParams::default();
+        params.set(Path::new(PAGE_CLUSTER), "0")?;
+        // The cap before turning it on; restored in the reverse order.
+        params.set(&dir.join("max_pool_percent"), &percent.to_string())?;
+        params.set(&dir.join("enabled"), "Y")?;
+        Ok(ZswapOn {
+            _params: params,
+            compressor,
+            percent,
+            ram,
+            page_cluster_was,
+        })
+    }
+}
+
+const ZRAM_CONTROL: &str = "/sys/class/zram-control";
+
+/// Whether zram devices can be added (`/sys/class/zram-control`), after `modprobe zram
+/// num_devices=0` where it is missing; the reason when not.
+fn zram_available() -> std::result::Result<(), String> {
+    if Path::new(ZRAM_CONTROL).is_dir() {
+        return Ok(());
+    }
+    let tried = match std::process::Command::new("modprobe")
+        .args(["zram", "num_devices=0"])
+        .output()
+    {
+        Ok(o) if o.status.success() => String::new(),
+        Ok(o) => format!(
+            " (modprobe zram: {})",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!(" (modprobe: {e})"),
+    };
+    if Path::new(ZRAM_CONTROL).is_dir() {
+        Ok(())
+    } else {
+        Err(format!("no zram: {ZRAM_CONTROL} is missing{tried}"))
+    }
+}
+
+/// A zram device of this run as swap: added (`hot_add`), sized, `mkswap`ed and enabled at
+/// priority `prio`; on drop swapped off, reset and removed (`hot_remove`).
+struct ZramSwap {
+    dev: u32,
+    on: bool,
+    algorithm: String,
+}
+
+impl ZramSwap {
+    /// A device of `bytes`, compressing with `algorithm` where zram offers it (else its
+    /// default).
+    fn create(bytes: u64, algorithm: &str, prio: i32) -> Result<ZramSwap> {
+        let add = Path::new(ZRAM_CONTROL).join("hot_add");
+        let dev: u32 = std::fs::read_to_string(&add)
+            .with_context(|| format!("adding a zram device ({})", add.display()))?
+            .trim()
+            .parse()
+            .context("zram's hot_add gave no device number")?;
+        let mut z = ZramSwap {
+            dev,
+            on: false,
+            algorithm: String::new(),
+        };
+        let sys = z.sys();
+        // "lzo-rle [lzo] lz4": the one in brackets is in use. Set before disksize.
+        let algs = std::fs::read_to_string(sys.join("comp_algorithm")).unwrap_or_default();
+        if algs
+            .split_whitespace()
+            .any(|a| a.trim_matches(|c| c == '[' || c == ']') == algorithm)
+        {
+            std::fs::write(sys.join("comp_algorithm"), algorithm)
+                .with_context(|| format!("setting zram{dev}'s comp_algorithm to {algorithm}"))?;
+        }
+        z.algorithm = std::fs::read_to_string(sys.join("comp_algorithm"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .find_map(|a| a.strip_prefix('[')?.strip_suffix(']').map(str::to_string))
+            .unwrap_or_else(|| "?".into());
+        std::fs::write(sys.join("disksize"), bytes.to_string())
+            .with_context(|| format!("setting zram{dev}'s disksize to {bytes}"))?;
+        let node = z.node();
+        // devtmpfs makes the node as the disk appears; give it a moment all the same.
+        for _ in 0..50 {
+            if node.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        mkswap_swapon(&node, prio)?;
+        z.on = true;
+        Ok(z)
+    }
+
+    fn sys(&self) -> PathBuf {
+        PathBuf::from(format!("/sys/block/zram{}", self.dev))
+    }
+
+    fn node(&self) -> PathBuf {
+        PathBuf::from(format!("/dev/zram{}", self.dev))
+    }
+
+    /// The most memory the device has used (`mm_stat`'s mem_used_max), bytes.
+    fn mem_used_max(&self) -> Option<u64> {
+        std::fs::read_to_string(self.sys().join("mm_stat"))
+            .ok()?
+            .split_whitespace()
+            .nth(4)?
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for ZramSwap {
+    fn drop(&mut self) {
+        if self.on {
+            swapoff_warn(&self.node());
+        }
+        let reset = self.sys().join("reset");
+        if let Err(e) = std::fs::write(&reset, "1") {
+            progress::note(&format!("warning: {}: {e}", reset.display()));
+        }
+        let remove = Path::new(ZRAM_CONTROL).join("hot_remove");
+        if let Err(e) = std::fs::write(&remove, self.dev.to_string()) {
+            progress::note(&format!(
+                "warning: removing zram{} ({}): {e}",
+                self.dev,
+                remove.display()
+            ));
+        }
+    }
+}
+
 struct Measured {
     /// Bytes the kernel-swap cgroup allowed over the budget (0 for the pager).
     limit_over_budget: u64,
@@ -615,6 +951,55 @@ struct Measured {
 /// dirty throttling) OOM-kills the program while swap writeback lags (seen at 64 MiB).
 pub(crate) fn kernel_slack(budget: u64) -> u64 {
     (16 << 20) + budget / 32
+}
+
+/// Runs a kernel baseline's probe in a v1 memory cgroup of its own (see [`run_one`]); the swap
+/// setup is the caller's. memcg v1 has no dirty throttling: a small probe is sometimes
+/// OOM-killed while swap writeback lags behind its faults (seen with other disk traffic beside
+/// it). Rerun it in a fresh cgroup with the same limit, at most twice, and say so.
+fn run_kernel_probe(
+    system: &str,
+    spec: RunSpec,
+    timeout: Duration,
+    notes: &mut Vec<String>,
+) -> Result<Measured> {
+    let budget = spec.budget;
+    let mut attempt = 0u64;
+    let (reply, peak, ok, limit) = loop {
+        let cg = Cgroup::create(&format!(
+            "tiermem-pager-bench-{}-{system}-{attempt}",
+            std::process::id()
+        ))?;
+        match run_one(system, spec.clone(), Some(&cg), timeout) {
+            Ok(r) => break r,
+            Err(e) if attempt < 2 && oom_killed(&e) => {
+                attempt += 1;
+                notes.push(format!(
+                    "{system} was OOM-killed by its memory cgroup (attempt {attempt}) and rerun"
+                ));
+                progress::step(&format!("{system} (again, after an OOM kill)"));
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    Ok(Measured {
+        limit_over_budget: limit.saturating_sub(budget),
+        system: system.into(),
+        bound_ns: None,
+        reply,
+        peak,
+        budget_ok: ok,
+    })
+}
+
+/// Whether a probe's error is its memory cgroup's OOM kill (SIGKILL).
+fn oom_killed(e: &anyhow::Error) -> bool {
+    format!("{e:#}").contains("killed by signal 9")
+}
+
+/// A share as a percentage for the notes ("?" when unknown).
+fn pct(v: Option<f64>) -> String {
+    v.map_or("?".into(), |x| format!("{:.0} %", x * 100.0))
 }
 
 fn run_one(
@@ -685,8 +1070,12 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         );
     }
     let timeout = Duration::from_secs_f64(seconds + warmup_s + 600.0);
+    let systems = selected_systems(quick, &o.systems)?;
+    let runs = |s: &str| systems.contains(&s);
     let mut notes = Vec::new();
-    progress::plan("bench pager", Some(if quick { 6 } else { 7 }));
+    // Calibration, each system, and memcached's two runs.
+    let steps = 1 + systems.len() as u64 + u64::from(runs("memcached"));
+    progress::plan("bench pager", Some(steps));
     progress::step("calibrating the zones (Ch. 5)");
     let cap = tiermem_pager::calibrate(
         &dir,
@@ -704,63 +1093,125 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         warmup_s,
         seconds,
         seed: 42,
+        zram_dev: None,
+    };
+    let swap_file = |system: &str, prio: i32| {
+        SwapFile::create(
+            &dir.join(format!("{system}-{}.swap", std::process::id())),
+            data + (64 << 20),
+            prio,
+        )
     };
     let mut measured: Vec<Measured> = Vec::new();
     // kernel-swap first: its p99 is K.
     progress::step("kernel-swap");
     {
         let _z = ZswapOff::new();
-        let _swap = SwapFile::create(
-            &dir.join(format!("kernel-{}.swap", std::process::id())),
-            data + (64 << 20),
-        )?;
-        // memcg v1 has no dirty throttling: a small probe is sometimes OOM-killed while swap
-        // writeback lags behind its faults (seen with other disk traffic beside it). Rerun it
-        // in a fresh cgroup with the same limit, at most twice, and say so.
-        let mut attempt = 0u64;
-        let (reply, peak, ok, peak_limit) = loop {
-            let cg = Cgroup::create(&format!(
-                "tiermem-pager-bench-{}-{attempt}",
-                std::process::id()
-            ))?;
-            match run_one(
-                "kernel-swap",
-                spec("kernel-swap", 0, false, None),
-                Some(&cg),
-                timeout,
-            ) {
-                Ok(r) => break r,
-                Err(e) if attempt < 2 && format!("{e:#}").contains("killed by signal 9") => {
-                    attempt += 1;
-                    notes.push(format!(
-                        "kernel-swap was OOM-killed by its memory cgroup (attempt {attempt}) \
-                         and rerun"
-                    ));
-                    progress::step("kernel-swap (again, after an OOM kill)");
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        measured.push(Measured {
-            limit_over_budget: peak_limit.saturating_sub(budget),
-            system: "kernel-swap".into(),
-            bound_ns: None,
-            reply,
-            peak,
-            budget_ok: ok,
-        });
+        let _swap = swap_file("kernel-swap", SWAP_PRIO_TOP)?;
+        let spec = spec("kernel-swap", 0, false, None);
+        measured.push(run_kernel_probe("kernel-swap", spec, timeout, &mut notes)?);
     }
     let k_us = measured[0].reply.pagein_p99_us;
     if measured[0].reply.pageins == 0 {
         bail!("kernel-swap took no page-in: the budget holds the whole working set");
     }
-    let bound_ns = (k_us * 0.5 * 1000.0).max(1.0) as u64;
-    let mut systems: Vec<(&str, u64, bool, Option<u64>)> = vec![("pager-lru-ssd", 0, false, None)];
-    if !quick {
-        systems.push(("pager-nolc", nvm, false, None));
+    // kernel-zswap: the same swap file behind zswap's pool of about the NVM buffer's size.
+    if runs("kernel-zswap") {
+        progress::step("kernel-zswap");
+        let _swap = swap_file("kernel-zswap", SWAP_PRIO_TOP)?;
+        match ZswapOn::new(nvm) {
+            Err(e) => notes.push(format!(
+                "kernel-zswap skipped: zswap could not be set up: {}",
+                crate::error_chain(&e)
+            )),
+            Ok(z) => {
+                let spec = spec("kernel-zswap", nvm, false, None);
+                match run_kernel_probe("kernel-zswap", spec, timeout, &mut notes) {
+                    Ok(m) => {
+                        notes.push(format!(
+                            "kernel-zswap: zswap on ({}, max_pool_percent {} = {} MiB of {} MiB \
+                             RAM, for the NVM buffer's {} MiB) in front of the swap file, swap \
+                             readahead off (vm.page-cluster 0, was {}: with readahead memcg v1 \
+                             OOM-kills the probe); {} of the pages read back came from zswap's \
+                             pool",
+                            z.compressor,
+                            z.percent,
+                            (z.ram / 100 * z.percent) >> 20,
+                            z.ram >> 20,
+                            nvm >> 20,
+                            z.page_cluster_was,
+                            pct(m.reply.nvm_served_frac)
+                        ));
+                        measured.push(m);
+                    }
+                    Err(e) if oom_killed(&e) => notes.push(
+                        "kernel-zswap not measured: OOM-killed by its memory cgroup three times"
+                            .into(),
+                    ),
+                    Err(e) => return Err(e),
+                }
+                drop(z);
+            }
+        }
     }
-    systems.push(("pager", nvm, true, Some(bound_ns)));
-    for (name, nvm_b, control, bound) in systems {
+    // kernel-zram: a zram device of the NVM buffer's size before the same swap file.
+    if runs("kernel-zram") {
+        progress::step("kernel-zram");
+        let _z = ZswapOff::new();
+        let _swap = swap_file("kernel-zram", SWAP_PRIO_TOP - 1)?;
+        let zram = zram_available().map_err(|e| anyhow!(e)).and_then(|()| {
+            // zswap's compressor, where zram has it: the two compress alike.
+            let alg = std::fs::read_to_string(Path::new(ZSWAP_PARAMS).join("compressor"))
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default();
+            ZramSwap::create(nvm, &alg, SWAP_PRIO_TOP)
+        });
+        match zram {
+            Err(e) => notes.push(format!(
+                "kernel-zram skipped (p99_ratio_vs_kernel_zram null): zram could not be set up: \
+                 {}",
+                crate::error_chain(&e)
+            )),
+            Ok(z) => {
+                let mut spec = spec("kernel-zram", nvm, false, None);
+                spec.zram_dev = Some(z.dev);
+                match run_kernel_probe("kernel-zram", spec, timeout, &mut notes) {
+                    Ok(m) => {
+                        notes.push(format!(
+                            "kernel-zram: zram{} ({}, {} MiB, swap priority {SWAP_PRIO_TOP}) \
+                             before the swap file (priority {}), zswap off; it used up to {} \
+                             MiB; {} of the pages read back came from it",
+                            z.dev,
+                            z.algorithm,
+                            nvm >> 20,
+                            SWAP_PRIO_TOP - 1,
+                            z.mem_used_max()
+                                .map_or("?".into(), |b| (b >> 20).to_string()),
+                            pct(m.reply.nvm_served_frac)
+                        ));
+                        measured.push(m);
+                    }
+                    Err(e) if oom_killed(&e) => notes.push(
+                        "kernel-zram not measured (p99_ratio_vs_kernel_zram null): OOM-killed \
+                         by its memory cgroup three times"
+                            .into(),
+                    ),
+                    Err(e) => return Err(e),
+                }
+                drop(z);
+            }
+        }
+    }
+    let bound_ns = (k_us * 0.5 * 1000.0).max(1.0) as u64;
+    let pagers: [(&str, u64, bool, Option<u64>); 3] = [
+        ("pager-lru-ssd", 0, false, None),
+        ("pager-nolc", nvm, false, None),
+        ("pager", nvm, true, Some(bound_ns)),
+    ];
+    for (name, nvm_b, control, bound) in pagers {
+        if !runs(name) {
+            continue;
+        }
         progress::step(name);
         let (reply, peak, ok, _) = run_one(name, spec(name, nvm_b, control, bound), None, timeout)?;
         measured.push(Measured {
@@ -773,7 +1224,11 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         });
     }
     // The application case: memcached under kernel swap and under the shim.
-    let app = run_app(quick, data, &dir, bound_ns, &mut notes)?;
+    let app = if runs("memcached") {
+        run_app(quick, data, &dir, bound_ns, &mut notes)?
+    } else {
+        None
+    };
     progress::done();
     let mut rows: Vec<Row> = measured
         .iter()
@@ -843,7 +1298,12 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     };
-    let (ks, lru, pg) = (get("kernel-swap"), get("pager-lru-ssd"), get("pager"));
+    let (ks, zram, lru, pg) = (
+        get("kernel-swap"),
+        get("kernel-zram"),
+        get("pager-lru-ssd"),
+        get("pager"),
+    );
     let p99 = |r: Option<&Row>| r.map(|r| r.pagein_p99_us);
     let cdf_png = {
         let path = o
@@ -879,13 +1339,22 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         measured[0].limit_over_budget >> 20
     ));
     notes.push(
-        "not built yet (null): kernel-zswap and kernel-zram, the concurrent and dynamic cases \
-         (probes in several processes sharing one pager), redis-server under the shim (it sets \
-         its own SIGBUS handler: sigaction is not interposed yet)"
+        "not built yet (null): the concurrent and dynamic cases (probes in several processes \
+         sharing one pager), redis-server under the shim (it sets its own SIGBUS handler: \
+         sigaction is not interposed yet)"
             .into(),
     );
-    if quick {
-        notes.push("--quick: one repetition, pager-nolc not run".into());
+    if !o.systems.is_empty() {
+        notes.push(format!(
+            "--systems: only {} ran; the others' rows are missing and their keys null",
+            systems.join(", ")
+        ));
+    } else if quick {
+        notes.push(
+            "--quick: one repetition; pager-nolc, kernel-zswap and kernel-zram not run \
+             (p99_ratio_vs_kernel_zram null: full runs only)"
+                .into(),
+        );
     }
     Ok(PagerReport {
         machine: machine::describe(),
@@ -898,7 +1367,7 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         ssd_iops: cap.ssd_iops,
         nvm_iops: cap.nvm_iops,
         p99_ratio_vs_kernel_swap: ratio(p99(pg), p99(ks)),
-        p99_ratio_vs_kernel_zram: None,
+        p99_ratio_vs_kernel_zram: ratio(p99(pg), p99(zram)),
         p50_ratio_vs_kernel_swap: ratio(pg.map(|r| r.pagein_p50_us), ks.map(|r| r.pagein_p50_us)),
         p99_ratio_vs_lru_ssd: ratio(p99(pg), p99(lru)),
         pageout_p99_ratio_vs_lru_ssd: ratio(
@@ -971,6 +1440,7 @@ fn run_app(
         let _swap = SwapFile::create(
             &dir.join(format!("kernel-app-{}.swap", std::process::id())),
             app_data * 2 + (64 << 20),
+            SWAP_PRIO_TOP,
         )?;
         run_kernel(
             &spec,
@@ -1014,4 +1484,69 @@ fn run_app(
         (spec.budget + kernel_slack(spec.budget)) >> 20
     ));
     Ok(Some((kernel, pager, spec)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zswap_pool_percent_rounds_up_to_whole_percents() {
+        const MIB: u64 = 1 << 20;
+        // The full run's 512 MiB buffer on this VM's 24,105 MiB: 2.1 % → 3 %.
+        assert_eq!(zswap_pool_percent(512 * MIB, 24_105 * MIB), 3);
+        // Exactly 1 %, and a pool far below 1 %.
+        assert_eq!(zswap_pool_percent(100 * MIB, 10_000 * MIB), 1);
+        assert_eq!(zswap_pool_percent(16 * MIB, 64_000 * MIB), 1);
+        // Just over 1 %.
+        assert_eq!(zswap_pool_percent(100 * MIB + 1, 10_000 * MIB), 2);
+        // A pool of all of RAM or more stays at 100; no RAM does not divide by zero.
+        assert_eq!(zswap_pool_percent(2 * 1024 * MIB, 1024 * MIB), 100);
+        assert_eq!(zswap_pool_percent(MIB, 0), 100);
+        // Never below the pool asked for.
+        for ram in [1000 * MIB, 7777 * MIB, 24_105 * MIB] {
+            for pool in [MIB, 64 * MIB, 512 * MIB] {
+                let p = zswap_pool_percent(pool, ram);
+                assert!(ram as u128 * p as u128 >= pool as u128 * 100);
+            }
+        }
+    }
+
+    #[test]
+    fn systems_by_default_quick_and_asked() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(selected_systems(false, &[]).unwrap(), SYSTEMS.to_vec());
+        assert_eq!(
+            selected_systems(true, &[]).unwrap(),
+            ["kernel-swap", "pager-lru-ssd", "pager", "memcached"]
+        );
+        // kernel-swap always, the order is the run's whatever the order asked.
+        assert_eq!(
+            selected_systems(true, &s(&["kernel-zram", "kernel-zswap"])).unwrap(),
+            ["kernel-swap", "kernel-zswap", "kernel-zram"]
+        );
+        assert!(selected_systems(false, &s(&["zram"])).is_err());
+    }
+
+    #[test]
+    fn sys_params_restore_in_reverse() {
+        let dir = std::env::temp_dir().join(format!("tiermem-sysparams-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&a, "20\n").unwrap();
+        std::fs::write(&b, "N\n").unwrap();
+        {
+            let mut p = SysParams::default();
+            p.set(&a, "3").unwrap();
+            p.set(&b, "Y").unwrap();
+            p.set(&b, "Y").unwrap();
+            assert_eq!(std::fs::read_to_string(&a).unwrap(), "3");
+            assert_eq!(std::fs::read_to_string(&b).unwrap(), "Y");
+            assert_eq!(p.saved.len(), 2);
+            assert!(p.set(&dir.join("missing"), "1").is_err());
+        }
+        assert_eq!(std::fs::read_to_string(&a).unwrap(), "20");
+        assert_eq!(std::fs::read_to_string(&b).unwrap(), "N");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
