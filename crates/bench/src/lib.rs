@@ -20,6 +20,7 @@ pub mod migrate;
 pub mod migrate_kv;
 pub mod pager;
 pub mod pager_app;
+pub mod pager_multi;
 pub mod pheap;
 pub mod plot;
 pub mod prefault;

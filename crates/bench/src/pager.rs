@@ -82,13 +82,15 @@ pub struct PagerBenchOpts {
 }
 
 /// Every system `--systems` can name, in the order they run.
-const SYSTEMS: [&str; 7] = [
+const SYSTEMS: [&str; 9] = [
     "kernel-swap",
     "kernel-zswap",
     "kernel-zram",
     "pager-lru-ssd",
     "pager-nolc",
     "pager",
+    "concurrent",
+    "dynamic",
     "memcached",
 ];
 
@@ -109,10 +111,19 @@ fn selected_systems(quick: bool, asked: &[String]) -> Result<Vec<&'static str>> 
             if !asked.is_empty() {
                 *s == "kernel-swap" || asked.iter().any(|a| a == s)
             } else {
-                !quick || !matches!(*s, "kernel-zswap" | "kernel-zram" | "pager-nolc")
+                !quick
+                    || !matches!(
+                        *s,
+                        "kernel-zswap" | "kernel-zram" | "pager-nolc" | "dynamic"
+                    )
             }
         })
         .collect())
+}
+
+/// The request that runs a probe with `spec` (for `pager_multi`).
+pub(crate) fn probe_request(spec: RunSpec) -> impl Serialize {
+    ProbeReq::Run(spec)
 }
 
 /// One request to a probe worker.
@@ -125,46 +136,65 @@ enum ProbeReq {
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
-struct RunSpec {
-    system: String,
-    data: u64,
-    budget: u64,
-    nvm: u64,
-    control: bool,
-    swap_dir: PathBuf,
-    bound_ns: Option<u64>,
-    warmup_s: f64,
-    seconds: f64,
-    seed: u64,
+pub(crate) struct RunSpec {
+    pub(crate) system: String,
+    pub(crate) data: u64,
+    pub(crate) budget: u64,
+    pub(crate) nvm: u64,
+    pub(crate) control: bool,
+    pub(crate) swap_dir: PathBuf,
+    pub(crate) bound_ns: Option<u64>,
+    pub(crate) warmup_s: f64,
+    pub(crate) seconds: f64,
+    pub(crate) seed: u64,
     /// kernel-zram: the zram device's number (its reads are the page-ins it served).
     #[serde(default)]
-    zram_dev: Option<u32>,
+    pub(crate) zram_dev: Option<u32>,
+    /// A shared pager pool to be a tenant of (the concurrent and dynamic cases).
+    #[serde(default)]
+    pub(crate) pool: Option<PathBuf>,
+    /// Share of reads among the operations, percent (YCSB A 50, B 95, C 100; default 50).
+    #[serde(default)]
+    pub(crate) read_pct: Option<u32>,
+    /// Phases of the timed part: (start as a fraction of it, the bound from then on, ns); the
+    /// probe sets its own bound at each start and reports each phase's page-in p99.
+    #[serde(default)]
+    pub(crate) phases: Vec<(f64, u64)>,
+    /// Share of the wall time the probe spends in operations (1.0 or none: all of it); after
+    /// each batch it sleeps the rest. Several probes on 2 cores otherwise time the scheduler.
+    #[serde(default)]
+    pub(crate) duty: Option<f64>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
-struct RunReply {
-    ops: u64,
-    wall_s: f64,
-    cpu_s: f64,
-    pageins: u64,
-    pagein_p50_us: f64,
-    pagein_p99_us: f64,
-    op_p99_us: f64,
+pub(crate) struct RunReply {
+    pub(crate) ops: u64,
+    pub(crate) wall_s: f64,
+    pub(crate) cpu_s: f64,
+    pub(crate) pageins: u64,
+    pub(crate) pagein_p50_us: f64,
+    pub(crate) pagein_p99_us: f64,
+    pub(crate) op_p99_us: f64,
     /// Up to 4000 page-in samples (µs), evenly spread over the sorted set, for the CDF.
-    cdf_us: Vec<f64>,
-    verify_errors: u64,
-    pageout_p99_us: Option<f64>,
-    nvm_served_frac: Option<f64>,
-    max_resident_bytes: Option<u64>,
-    leaked_slots: Option<u64>,
-    queue: Option<usize>,
+    pub(crate) cdf_us: Vec<f64>,
+    pub(crate) verify_errors: u64,
+    pub(crate) pageout_p99_us: Option<f64>,
+    pub(crate) nvm_served_frac: Option<f64>,
+    pub(crate) max_resident_bytes: Option<u64>,
+    pub(crate) leaked_slots: Option<u64>,
+    pub(crate) queue: Option<usize>,
     /// The pager's own view of its page-ins in the timed part: from the swap file, from the
     /// buffer (p99, µs), and faults that waited for the evictor at the hard cap.
-    ssd_pagein_p99_us: Option<f64>,
-    buffer_pagein_p99_us: Option<f64>,
-    over_budget_waits: Option<u64>,
-    swap_write_pages: Option<u64>,
-    clean_pageout_frac: Option<f64>,
+    pub(crate) ssd_pagein_p99_us: Option<f64>,
+    pub(crate) buffer_pagein_p99_us: Option<f64>,
+    pub(crate) over_budget_waits: Option<u64>,
+    pub(crate) swap_write_pages: Option<u64>,
+    pub(crate) clean_pageout_frac: Option<f64>,
+    /// Per phase of [`RunSpec::phases`]: page-in p99 (µs) and page-ins.
+    #[serde(default)]
+    pub(crate) phase_p99_us: Vec<Option<f64>>,
+    #[serde(default)]
+    pub(crate) phase_pageins: Vec<u64>,
 }
 
 /// One row of the report.
@@ -448,6 +478,7 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
         );
         o.swap_size = Some(spec.data + (64 << 20));
         o.control.enabled = spec.control;
+        o.pool = spec.pool.clone();
         let pg = tiermem_pager::Pager::new(&o)?;
         let r = pg.map(spec.data as usize)?;
         if let Some(b) = spec.bound_ns {
@@ -468,13 +499,14 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
     let mut keys = PageGen::new(Workload::Zipfian, records, spec.seed);
     let mut dice = PageGen::new(Workload::Uniform, 100, spec.seed ^ 0xd1ce);
     let mut verify_errors = 0u64;
+    let read_pct = u64::from(spec.read_pct.unwrap_or(50).min(100));
     let mut op = |mem: &mut [u8], versions: &mut [u32]| -> (u64, bool) {
         let r = keys.next_page();
         let at = r as usize * RECORD;
         let f0 = thread_faults();
         let p0 = tiermem_pager::thread_pageins();
         let t0 = tiermem_media::now_ns();
-        if dice.next_page() < 50 {
+        if dice.next_page() < read_pct {
             if !check_record(&mem[at..at + RECORD], r, versions[r as usize]) {
                 verify_errors += 1;
             }
@@ -505,14 +537,38 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
     let mut ops = 0u64;
     let mut all = hdrhistogram::Histogram::<u64>::new(3)?;
     let mut pageins: Vec<u64> = Vec::with_capacity(1 << 20);
-    while t0.elapsed().as_secs_f64() < spec.seconds {
+    let mut phase = 0usize;
+    let mut by_phase: Vec<Vec<u64>> = vec![Vec::new(); spec.phases.len()];
+    let set_phase = |i: usize| -> Result<()> {
+        if let (Some(r), Some(&(_, b))) = (&region, spec.phases.get(i)) {
+            r.set_bound(0.99, b)?;
+        }
+        Ok(())
+    };
+    set_phase(0)?;
+    loop {
+        let f = t0.elapsed().as_secs_f64() / spec.seconds;
+        if f >= 1.0 {
+            break;
+        }
+        while phase + 1 < spec.phases.len() && f >= spec.phases[phase + 1].0 {
+            phase += 1;
+            set_phase(phase)?;
+        }
+        let b0 = Instant::now();
         for _ in 0..256 {
             let (d, paged) = op(mem, &mut versions);
             all.record(d.max(1))?;
             if paged {
                 pageins.push(d);
+                if let Some(v) = by_phase.get_mut(phase) {
+                    v.push(d);
+                }
             }
             ops += 1;
+        }
+        if let Some(duty) = spec.duty.filter(|d| *d > 0.0 && *d < 1.0) {
+            std::thread::sleep(b0.elapsed().mul_f64((1.0 - duty) / duty));
         }
     }
     let wall_s = t0.elapsed().as_secs_f64();
@@ -539,7 +595,18 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
         .step_by(step)
         .map(|&d| d as f64 / 1000.0)
         .collect();
+    let phase_p99_us = by_phase
+        .iter_mut()
+        .map(|v| {
+            v.sort_unstable();
+            let i = (0.99 * v.len() as f64).ceil() as usize;
+            (!v.is_empty()).then(|| v[i.clamp(1, v.len()) - 1] as f64 / 1000.0)
+        })
+        .collect();
+    let phase_pageins = by_phase.iter().map(|v| v.len() as u64).collect();
     let mut reply = RunReply {
+        phase_p99_us,
+        phase_pageins,
         ops,
         wall_s,
         cpu_s,
@@ -1073,8 +1140,11 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
     let systems = selected_systems(quick, &o.systems)?;
     let runs = |s: &str| systems.contains(&s);
     let mut notes = Vec::new();
-    // Calibration, each system, and memcached's two runs.
-    let steps = 1 + systems.len() as u64 + u64::from(runs("memcached"));
+    // Calibration, each system, memcached's two runs, the second concurrent case.
+    let steps = 1
+        + systems.len() as u64
+        + u64::from(runs("memcached"))
+        + u64::from(runs("concurrent") && !quick);
     progress::plan("bench pager", Some(steps));
     progress::step("calibrating the zones (Ch. 5)");
     let cap = tiermem_pager::calibrate(
@@ -1094,6 +1164,10 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         seconds,
         seed: 42,
         zram_dev: None,
+        pool: None,
+        read_pct: None,
+        phases: Vec::new(),
+        duty: None,
     };
     let swap_file = |system: &str, prio: i32| {
         SwapFile::create(
@@ -1223,6 +1297,56 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
             budget_ok: ok,
         });
     }
+    // Several probe processes sharing one pool (pager_multi).
+    let k_ns = k_us * 1000.0;
+    let mut multi: Vec<crate::pager_multi::CaseResult> = Vec::new();
+    let (mut concurrent_met, mut dynamic_met) = (None::<bool>, None::<bool>);
+    if runs("concurrent") {
+        use crate::pager_multi::{concurrent_probes, run_case};
+        let base = spec("concurrent", nvm, true, None);
+        let mut cases = vec![("concurrent", [("A1", 50), ("A2", 50), ("A3", 50)])];
+        if !quick {
+            cases.push(("concurrent-abc", [("A", 50), ("B", 95), ("C", 100)]));
+        }
+        for (case, w) in cases {
+            progress::step(&format!(
+                "{case}: three probes in one pager pool, bounds 3/1.5/0.9 K"
+            ));
+            let r = run_case(
+                case,
+                &concurrent_probes(k_ns, w),
+                &base,
+                data / 3,
+                budget / 3,
+                nvm,
+                timeout,
+            )?;
+            concurrent_met = Some(concurrent_met.unwrap_or(true) && r.bounds_met);
+            multi.push(r);
+        }
+    }
+    if runs("dynamic") {
+        use crate::pager_multi::{dynamic_probes, run_case};
+        progress::step("dynamic: A at 0.3 K beside C at 3 → 2.4 → 1.8 K");
+        let base = spec("dynamic", nvm, true, None);
+        let r = run_case(
+            "dynamic",
+            &dynamic_probes(k_ns),
+            &base,
+            data / 2,
+            budget / 2,
+            nvm,
+            timeout,
+        )?;
+        // A unaffected by C: A in its bound in each of C's phases.
+        dynamic_met = Some(
+            r.rows
+                .iter()
+                .filter(|row| row.process.starts_with("A@"))
+                .all(|row| row.bound_met == Some(true)),
+        );
+        multi.push(r);
+    }
     // The application case: memcached under kernel swap and under the shim.
     let app = if runs("memcached") {
         run_app(quick, data, &dir, bound_ns, &mut notes)?
@@ -1258,6 +1382,9 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
             update_p99_us: None,
         })
         .collect();
+    for m in &multi {
+        rows.extend(m.rows.iter().cloned());
+    }
     let mut app_ratio = None;
     if let Some((ka, pa, spec)) = &app {
         app_ratio = Some(pa.read_p99_us / ka.read_p99_us.max(1e-9));
@@ -1318,13 +1445,17 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
                 label: &m.system,
                 samples: &m.reply.cdf_us,
             })
+            .chain(multi.iter().flat_map(|m| {
+                m.cdf
+                    .iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(l, v)| crate::plot::Series {
+                        label: l,
+                        samples: v,
+                    })
+            }))
             .collect();
-        match crate::plot::cdf(
-            &path,
-            "page-in latency (single probe, YCSB-A)",
-            "µs",
-            &series,
-        ) {
+        match crate::plot::cdf(&path, "page-in latency per system and case", "µs", &series) {
             Ok(()) => Some(path.display().to_string()),
             Err(e) => {
                 notes.push(format!("no CDF chart: {}", crate::error_chain(&e)));
@@ -1339,11 +1470,19 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         measured[0].limit_over_budget >> 20
     ));
     notes.push(
-        "not built yet (null): the concurrent and dynamic cases (probes in several processes \
-         sharing one pager), redis-server under the shim (it sets its own SIGBUS handler: \
+        "not built yet (null): redis-server under the shim (it sets its own SIGBUS handler: \
          sigaction is not interposed yet)"
             .into(),
     );
+    if !multi.is_empty() {
+        notes.push(
+            "concurrent and dynamic cases: probes in processes of their own, tenants of one \
+             pool served by `tiermem pager daemon` (NVM buffer D/4, one swap file), each with \
+             its share of the data and of the budget; a probe phase without page-ins counts as \
+             in bound; leaked_slots includes slots or tenants left in the pool after they left"
+                .into(),
+        );
+    }
     if !o.systems.is_empty() {
         notes.push(format!(
             "--systems: only {} ran; the others' rows are missing and their keys null",
@@ -1381,11 +1520,16 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         },
         bounds_met: BoundsMet {
             single: pg.and_then(|r| r.bound_met),
-            concurrent: None,
-            dynamic: None,
+            concurrent: concurrent_met,
+            dynamic: dynamic_met,
         },
-        verify_errors: measured.iter().map(|m| m.reply.verify_errors).sum(),
-        leaked_slots: measured.iter().filter_map(|m| m.reply.leaked_slots).sum(),
+        verify_errors: measured.iter().map(|m| m.reply.verify_errors).sum::<u64>()
+            + multi.iter().map(|m| m.verify_errors).sum::<u64>(),
+        leaked_slots: measured
+            .iter()
+            .filter_map(|m| m.reply.leaked_slots)
+            .sum::<u64>()
+            + multi.iter().map(|m| m.leaked_slots).sum::<u64>(),
         cdf_png,
         results: rows,
         notes,

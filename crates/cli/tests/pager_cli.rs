@@ -98,7 +98,15 @@ fn bench_pager_reports_every_key_and_cleans_up() {
             )
         })
         .collect();
-    let mut want = vec!["single/kernel-swap", "single/pager-lru-ssd", "single/pager"];
+    let mut want = vec![
+        "single/kernel-swap",
+        "single/pager-lru-ssd",
+        "single/pager",
+        // Three probe processes in one pool under a pager daemon.
+        "concurrent/pager",
+        "concurrent/pager",
+        "concurrent/pager",
+    ];
     // The application case runs where memcached is installed (scripts/setup.sh installs it).
     let memcached = Command::new("sh")
         .args(["-c", "command -v memcached"])
@@ -154,7 +162,17 @@ fn bench_pager_reports_every_key_and_cleans_up() {
     }
     assert_eq!(v["verify_errors"], 0);
     assert_eq!(v["leaked_slots"], 0);
+    assert!(v["bounds_met"]["concurrent"].is_boolean(), "{v}");
     assert!(png.is_file(), "no CDF chart");
+    // The concurrent case's daemon removed its pool.
+    let pools: Vec<_> = std::fs::read_dir(tiermem_media::default_dir())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("bench-pager-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(pools.is_empty(), "pools left behind: {pools:?}");
     let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
     assert!(
         !swaps.contains(dir.to_str().unwrap()),

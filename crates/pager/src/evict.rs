@@ -797,14 +797,15 @@ impl Evictor {
             return;
         };
         let mut low = buffer_low(b);
-        if sh
-            .tenant()
-            .is_some_and(|t| t.ns.load(Ordering::Relaxed) != 0)
-        {
-            // A shared buffer: a tenant the buffer serves destages only when it is nearly
-            // full, so looser-bound processes destage first (highest bound first, across
-            // processes).
-            low /= 2;
+        if let Some(l) = &sh.seg {
+            // A shared buffer: highest bound first, across processes. A tenant the buffer
+            // serves (NS) destages only when it is nearly full; the others, while any tenant
+            // is NS, keep room for its prefetch (which only fills room above twice the mark).
+            if l.pool.tenant(l.idx).ns.load(Ordering::Relaxed) != 0 {
+                low /= 2;
+            } else if l.pool.any_ns() {
+                low = (3 * low).min(b.capacity() / 2);
+            }
         }
         while b.slots.free() < low {
             if !self.destage_one() {

@@ -545,6 +545,15 @@ impl PagerPool {
             .sum()
     }
 
+    /// Whether any live tenant is served by the buffer (NS) this window.
+    pub(crate) fn any_ns(&self) -> bool {
+        (0..MAX_TENANTS).map(|i| self.tenant(i)).any(|t| {
+            t.pid.load(Ordering::Relaxed) != 0
+                && t.ns.load(Ordering::Relaxed) != 0
+                && t.bound_ns.load(Ordering::Relaxed) != u64::MAX
+        })
+    }
+
     /// Registers the calling process as a tenant with a budget of `budget_pages`; returns its
     /// entry index and owner tag.
     pub(crate) fn register(&self, budget_pages: usize) -> Result<(usize, u32)> {
