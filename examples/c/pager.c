@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <tiermem.h>
+#include <unistd.h>
 
 #define CHECK(cond, ...)                                                   \
   do {                                                                     \
@@ -104,6 +105,54 @@ int main(int argc, char **argv) {
   CHECK(tiermem_pager_set_bound(r, 1.5, 300000) == -EINVAL, "bad percentile");
   CHECK(tiermem_pager_set_bound(r + PS, 0.99, 300000) == -ENOENT, "not a region");
   CHECK(tiermem_pager_unmap(r + PS) == -ENOENT, "unmap inside");
+
+  /* Memory the program already has: written first, then adopted (4x the budget), paged out,
+     read back through the pager, and given back whole by unmap. */
+  size_t alen = 4 * BUDGET * PS;
+  uint8_t *m = aligned_alloc(PS, alen);
+  CHECK(m != NULL, "aligned_alloc");
+  for (uint64_t p = 0; p < alen / PS; p++) {
+    uint64_t w = word(p, 7);
+    memcpy(m + p * PS, &w, 8);
+  }
+  CHECK(tiermem_pager_adopt(m + 1, PS) == -EINVAL, "unaligned adopt");
+  CHECK(tiermem_pager_adopt(m, alen) == 0, "adopt: %s", tiermem_last_error());
+  CHECK(tiermem_pager_adopt(m, alen) == -EEXIST, "adopt twice");
+  TiermemPagerStats s2;
+  for (int round = 0; round < 2; round++)
+    for (uint64_t p = 0; p < alen / PS; p++) {
+      uint64_t got;
+      memcpy(&got, m + p * PS, 8);
+      CHECK(got == word(p, 7), "adopted page %llu", (unsigned long long)p);
+    }
+  /* The evictor moves the adopted pages beyond the budget out in the background. */
+  for (int i = 0; i < 2000; i++) {
+    CHECK(tiermem_pager_stats(&s2) == 0, "stats");
+    if (s2.pageouts_buffer + s2.pageouts_ssd > s.pageouts_buffer + s.pageouts_ssd &&
+        s2.resident_pages <= BUDGET + 32)
+      break;
+    usleep(1000);
+  }
+  CHECK(s2.pageouts_buffer + s2.pageouts_ssd > s.pageouts_buffer + s.pageouts_ssd,
+        "adopted memory was paged out: %llu+%llu then %llu+%llu",
+        (unsigned long long)s.pageouts_buffer, (unsigned long long)s.pageouts_ssd,
+        (unsigned long long)s2.pageouts_buffer, (unsigned long long)s2.pageouts_ssd);
+  CHECK(s2.resident_pages <= BUDGET + 32, "resident %llu after adoption",
+        (unsigned long long)s2.resident_pages);
+  for (uint64_t p = 0; p < alen / PS; p++) {
+    uint64_t got;
+    memcpy(&got, m + p * PS, 8);
+    CHECK(got == word(p, 7), "adopted page %llu read back", (unsigned long long)p);
+  }
+  CHECK(tiermem_pager_unmap(m) == 0, "give adopted memory back");
+  for (uint64_t p = 0; p < alen / PS; p++) {
+    uint64_t got;
+    memcpy(&got, m + p * PS, 8);
+    CHECK(got == word(p, 7), "page %llu after unadopt reads %llx", (unsigned long long)p,
+          (unsigned long long)got);
+  }
+  free(m);
+
   CHECK(tiermem_pager_shutdown() == -EBUSY, "shutdown with a region");
   CHECK(tiermem_pager_unmap(r) == 0, "unmap");
   CHECK(tiermem_pager_shutdown() == 0, "shutdown");

@@ -1256,8 +1256,18 @@ int tiermem_pager_init(const struct TiermemPagerOptions *o);
 void *tiermem_pager_map(size_t len);
 
 /**
- * Unmaps the region starting at `ptr`, freeing its buffer and swap slots. -ENOENT if `ptr`
- * is not a region's start.
+ * Pages `[ptr, ptr + len)`, memory the program already has (a large `malloc` block or an
+ * anonymous `mmap`, page-aligned): its pages count against the budget and those beyond it
+ * move out. `tiermem_pager_unmap(ptr)` later pages everything back in and gives the memory
+ * back untouched (it is not freed). -EINVAL for an unaligned or empty range or memory that is
+ * not private anonymous read-write; -EEXIST if a region starts at `ptr` already. The range
+ * must stay mapped until then and is not inherited by `fork`.
+ */
+int tiermem_pager_adopt(void *ptr, size_t len);
+
+/**
+ * Unmaps the region starting at `ptr`, freeing its buffer and swap slots (an adopted range is
+ * paged back in and left mapped). -ENOENT if `ptr` is not a region's start.
  */
 int tiermem_pager_unmap(void *ptr);
 

@@ -1,5 +1,6 @@
 //! C ABI of the pager (`tiermem-pager`, NVSwap, issue #16): one pager per process
-//! (`tiermem_pager_init`), regions mapped from it (`tiermem_pager_map`/`unmap`), a page-in bound
+//! (`tiermem_pager_init`), regions mapped from it (`tiermem_pager_map`/`unmap`) or adopted
+//! memory the program already has (`tiermem_pager_adopt`), a page-in bound
 //! per region (`tiermem_pager_set_bound`), counters (`tiermem_pager_stats`), shutdown.
 //!
 //! Errno mapping: malformed arguments, or a shared pool that is missing or not usable -EINVAL; a budget above the memory available -ENOMEM; a
@@ -189,8 +190,36 @@ pub extern "C" fn tiermem_pager_map(len: usize) -> *mut c_void {
     })
 }
 
-/// Unmaps the region starting at `ptr`, freeing its buffer and swap slots. -ENOENT if `ptr`
-/// is not a region's start.
+/// Pages `[ptr, ptr + len)`, memory the program already has (a large `malloc` block or an
+/// anonymous `mmap`, page-aligned): its pages count against the budget and those beyond it
+/// move out. `tiermem_pager_unmap(ptr)` later pages everything back in and gives the memory
+/// back untouched (it is not freed). -EINVAL for an unaligned or empty range or memory that is
+/// not private anonymous read-write; -EEXIST if a region starts at `ptr` already. The range
+/// must stay mapped until then and is not inherited by `fork`.
+#[no_mangle]
+pub extern "C" fn tiermem_pager_adopt(ptr: *mut c_void, len: usize) -> c_int {
+    guard("tiermem_pager_adopt", || {
+        let mut g = GLOBAL.lock();
+        let Some(gl) = g.as_mut() else {
+            return fail(libc::ENODEV, "tiermem_pager_init was not called");
+        };
+        if gl.regions.contains_key(&(ptr as usize)) {
+            return fail(libc::EEXIST, format!("{ptr:p} is a paged region already"));
+        }
+        // SAFETY: the caller's contract (documented above): the range stays mapped and is not
+        // registered elsewhere until tiermem_pager_unmap.
+        match unsafe { gl.pager.adopt(ptr.cast(), len) } {
+            Ok(r) => {
+                gl.regions.insert(ptr as usize, r);
+                0
+            }
+            Err(e) => pager_fail(e),
+        }
+    })
+}
+
+/// Unmaps the region starting at `ptr`, freeing its buffer and swap slots (an adopted range is
+/// paged back in and left mapped). -ENOENT if `ptr` is not a region's start.
 #[no_mangle]
 pub extern "C" fn tiermem_pager_unmap(ptr: *mut c_void) -> c_int {
     guard("tiermem_pager_unmap", || {

@@ -120,6 +120,19 @@ pub struct Engine {
 static ENGINE: OnceLock<Engine> = OnceLock::new();
 static SIGBUS_CHAIN: Chain = Chain::new();
 static SIGBUS_INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// A program's `sigaction(SIGBUS, act, oldact)` seen by a preload library: while the engine's
+/// SIGBUS handler is installed, `act` becomes the handler the engine forwards faults that are
+/// not its own to, and `oldact` gets the previous one ([`Chain::replace_prev`]); the engine's
+/// handler stays. Returns false, having done nothing, before the engine installed its handler
+/// (the caller then calls the real `sigaction`, and the engine chains to it when it installs).
+///
+/// # Safety
+/// `act` and `oldact` are NULL or valid, as for `sigaction(2)`.
+pub unsafe fn interpose_sigbus(act: *const libc::sigaction, oldact: *mut libc::sigaction) -> bool {
+    // SAFETY: forwarded contract.
+    unsafe { SIGBUS_CHAIN.replace_prev(act, oldact) }
+}
 /// True while the runtime thread is reading or dispatching messages. The kernel lets
 /// `mremap`/`munmap` return as soon as their event has been *read*, before the runtime has
 /// updated the region table; an in-thread fault at a just-moved address that misses the table

@@ -3,20 +3,31 @@
 //! addresses that are not ours, and an allocation-free stderr writer for signal context.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// A signal handler with `SA_SIGINFO` signature.
 pub type SigHandler = extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void);
 
 /// One installed handler and the disposition it replaced.
+///
+/// The replaced disposition can itself be replaced later ([`Chain::replace_prev`]): a program
+/// that installs its own handler for the signal after us (redis-server's SIGBUS handler under
+/// the pager's shim) gets it chained behind ours instead of displacing ours. It is kept in two
+/// slots; a writer fills the one not in use and flips `cur`, so a handler reading it never sees
+/// a half-written one (writers are serialised; a handler is never a writer).
 pub struct Chain {
     /// 0 = not installed, 1 = installing, 2 = installed (previous disposition is valid).
     state: AtomicU8,
-    prev: UnsafeCell<libc::sigaction>,
+    prev: [UnsafeCell<libc::sigaction>; 2],
+    /// The slot of `prev` in use.
+    cur: AtomicU8,
+    /// Held by a [`Chain::replace_prev`] writer.
+    writing: AtomicBool,
 }
 
-// SAFETY: `prev` is written once, before `state` becomes 2 (Release), and only read after
-// observing state == 2 (Acquire); afterwards it is immutable.
+// SAFETY: the slot in use is written only before `state` becomes 2 (Release) or, afterwards,
+// while it is not in use (a writer fills the other slot, then publishes it with a Release store
+// of `cur`); readers read the slot `cur` names after an Acquire load.
 unsafe impl Sync for Chain {}
 
 impl Default for Chain {
@@ -31,7 +42,14 @@ impl Chain {
         Chain {
             state: AtomicU8::new(0),
             // SAFETY: sigaction is plain old data; all-zero is a valid (SIG_DFL) value.
-            prev: UnsafeCell::new(unsafe { std::mem::zeroed() }),
+            prev: unsafe {
+                [
+                    UnsafeCell::new(std::mem::zeroed()),
+                    UnsafeCell::new(std::mem::zeroed()),
+                ]
+            },
+            cur: AtomicU8::new(0),
+            writing: AtomicBool::new(false),
         }
     }
 
@@ -59,7 +77,7 @@ impl Chain {
         // SAFETY: sa.sa_mask is a valid sigset_t to initialise.
         unsafe { libc::sigemptyset(&mut sa.sa_mask) };
         // SAFETY: we are the only writer of prev (state == 1); sa and prev are valid pointers.
-        let r = unsafe { libc::sigaction(sig, &sa, self.prev.get()) };
+        let r = unsafe { libc::sigaction(sig, &sa, self.prev[0].get()) };
         if r < 0 {
             let e = crate::sys::errno();
             self.state.store(0, Ordering::Release);
@@ -81,8 +99,8 @@ impl Chain {
             reset_default_and_reraise(sig, info);
             return;
         }
-        // SAFETY: prev is immutable once state == 2.
-        let prev = unsafe { &*self.prev.get() };
+        // SAFETY: the slot `cur` names is not written while in use (see `Chain`); a copy.
+        let prev = unsafe { *self.prev[self.cur.load(Ordering::Acquire) as usize & 1].get() };
         let h = prev.sa_sigaction;
         if h == libc::SIG_DFL || h == libc::SIG_IGN {
             reset_default_and_reraise(sig, info);
@@ -96,6 +114,53 @@ impl Chain {
                 unsafe { std::mem::transmute::<usize, extern "C" fn(i32)>(h) };
             f(sig);
         }
+    }
+}
+
+impl Chain {
+    /// Whether our handler is installed.
+    pub fn installed(&self) -> bool {
+        self.state.load(Ordering::Acquire) == 2
+    }
+
+    /// What a program's `sigaction(sig, act, oldact)` does while our handler is installed: the
+    /// disposition behind ours becomes `*act` (when not NULL) and `*oldact` (when not NULL)
+    /// gets the one it replaces — the program sees the signal as if it owned it, and signals
+    /// that are not ours reach its handler. Returns false (nothing done) when our handler is
+    /// not installed: the caller then performs the real `sigaction`. Not async-signal-safe
+    /// against itself (writers spin on each other); never called from our handlers.
+    ///
+    /// # Safety
+    /// `act` and `oldact` are NULL or valid, as for `sigaction(2)`.
+    pub unsafe fn replace_prev(
+        &self,
+        act: *const libc::sigaction,
+        oldact: *mut libc::sigaction,
+    ) -> bool {
+        if !self.installed() {
+            return false;
+        }
+        while self
+            .writing
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        let cur = self.cur.load(Ordering::Acquire) as usize & 1;
+        // SAFETY: the slot in use is only read; a copy.
+        let old = unsafe { *self.prev[cur].get() };
+        if !act.is_null() {
+            // SAFETY: the other slot is not in use and we are the only writer; act is valid.
+            unsafe { *self.prev[cur ^ 1].get() = *act };
+            self.cur.store((cur ^ 1) as u8, Ordering::Release);
+        }
+        self.writing.store(false, Ordering::Release);
+        if !oldact.is_null() {
+            // SAFETY: valid per the contract.
+            unsafe { *oldact = old };
+        }
+        true
     }
 }
 
@@ -116,13 +181,35 @@ pub(crate) fn reset_default_and_reraise(sig: i32, info: *mut libc::siginfo_t) {
     }
 }
 
-/// Restores `SIG_DFL` for `sig`. Async-signal-safe.
+/// The kernel's `struct sigaction` (x86-64 and aarch64 layout without the restorer's use).
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// Restores `SIG_DFL` for `sig` with the raw system call, so a `sigaction` interposed by a
+/// preload library (the pager's shim chains a program's SIGBUS handler behind ours) cannot
+/// turn it into a change of the chained disposition. Async-signal-safe.
 pub(crate) fn reset_default(sig: i32) {
-    // SAFETY: sigaction is plain old data; zeroed = SIG_DFL with an empty mask.
-    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-    sa.sa_sigaction = libc::SIG_DFL;
-    // SAFETY: valid pointers; sigaction is async-signal-safe.
-    unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) };
+    let sa = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    // SAFETY: rt_sigaction with a valid kernel sigaction and the kernel's sigset size (8).
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            &sa as *const KernelSigaction,
+            std::ptr::null_mut::<KernelSigaction>(),
+            8usize,
+        )
+    };
 }
 
 /// A fixed-size stack buffer implementing `fmt::Write`, for allocation-free messages in signal
@@ -153,5 +240,55 @@ impl std::fmt::Write for StackBuf {
         self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
         self.len += n;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    static CHAIN: Chain = Chain::new();
+    static OURS: AtomicUsize = AtomicUsize::new(0);
+    static THEIRS: AtomicUsize = AtomicUsize::new(0);
+
+    extern "C" fn ours(sig: i32, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+        OURS.fetch_add(1, Ordering::SeqCst);
+        CHAIN.forward(sig, info, uctx);
+    }
+
+    extern "C" fn theirs(_: i32) {
+        THEIRS.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn a_handler_installed_after_ours_is_chained_behind_it() {
+        let sig = libc::SIGUSR2;
+        // SAFETY: sigaction is plain old data.
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        act.sa_sigaction = theirs as *const () as usize;
+        // Before ours is installed nothing is interposed.
+        // SAFETY: valid pointers.
+        assert!(!unsafe { CHAIN.replace_prev(&act, std::ptr::null_mut()) });
+        CHAIN.install(sig, ours, 0).unwrap();
+        // SAFETY: sigaction is plain old data.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: valid pointers.
+        assert!(unsafe { CHAIN.replace_prev(&act, &mut old) });
+        assert_eq!(old.sa_sigaction, libc::SIG_DFL, "the program sees what it replaced");
+        // SAFETY: raising a signal whose handlers are ours and theirs.
+        unsafe { libc::raise(sig) };
+        assert_eq!(OURS.load(Ordering::SeqCst), 1);
+        assert_eq!(THEIRS.load(Ordering::SeqCst), 1, "forwarded to the chained handler");
+        // Asking without changing returns theirs.
+        // SAFETY: valid pointers.
+        assert!(unsafe { CHAIN.replace_prev(std::ptr::null(), &mut old) });
+        assert_eq!(old.sa_sigaction, theirs as *const () as usize);
+        // The kernel still runs ours.
+        // SAFETY: querying the disposition.
+        let mut k: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: valid pointers.
+        unsafe { libc::sigaction(sig, std::ptr::null(), &mut k) };
+        assert_eq!(k.sa_sigaction, ours as *const () as usize);
     }
 }

@@ -40,12 +40,30 @@ macro_rules! real_slots {
     };
 }
 
+/// glibc's own `malloc_usable_size` (the versioned symbol): the small blocks this library hands
+/// out come from glibc, so their size must be asked of glibc even when the program links
+/// another allocator after it (redis-server links jemalloc, whose unversioned
+/// `malloc_usable_size` would be next and crash on a glibc block).
+static R_USABLE: AtomicUsize = AtomicUsize::new(0);
+
+/// Resolves [`R_USABLE`] (the constructor calls this).
+pub(crate) fn resolve_glibc_usable() {
+    // SAFETY: dlvsym with NUL-terminated name and version.
+    let f = unsafe {
+        libc::dlvsym(
+            libc::RTLD_DEFAULT,
+            c"malloc_usable_size".as_ptr(),
+            c"GLIBC_2.2.5".as_ptr(),
+        )
+    };
+    R_USABLE.store(f as usize, Relaxed);
+}
+
 real_slots! {
     R_MMAP = "mmap";
     R_MUNMAP = "munmap";
     R_MREMAP = "mremap";
     R_MADVISE = "madvise";
-    R_USABLE = "malloc_usable_size";
     R_READ = "read";
     R_WRITE = "write";
     R_PREAD = "pread64";
@@ -62,6 +80,7 @@ real_slots! {
     R_FREAD_UNLOCKED = "fread_unlocked";
     R_FWRITE = "fwrite";
     R_FWRITE_UNLOCKED = "fwrite_unlocked";
+    R_SIGACTION = "sigaction";
 }
 
 /// Calls the real function in `$slot` with type `$ty`, or the raw system call `$sys`.
@@ -464,6 +483,66 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
         advice
     };
     real_madvise(addr, len, advice)
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIGBUS: the fault engine's, with the program's chained behind it.
+
+type SigactionFn =
+    unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
+
+/// The real `sigaction` (resolved now if the constructor has not run yet: never in a handler).
+fn real_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+    let mut f = R_SIGACTION.load(Relaxed);
+    if f == 0 {
+        // SAFETY: dlsym with a NUL-terminated name.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"sigaction".as_ptr()) } as usize;
+        if f == 0 {
+            set_errno(libc::ENOSYS);
+            return -1;
+        }
+        R_SIGACTION.store(f, Relaxed);
+    }
+    // SAFETY: the next definition of sigaction, with its signature.
+    let f: SigactionFn = unsafe { std::mem::transmute::<usize, SigactionFn>(f) };
+    // SAFETY: the caller's arguments, unchanged.
+    unsafe { f(sig, act, old) }
+}
+
+/// `sigaction`: a program installing its own `SIGBUS` handler (redis-server's crash reporter)
+/// after the pager started would replace the fault engine's, and the first touch of an evicted
+/// page would kill it. While the engine's handler is installed, the program's goes behind it:
+/// faults that are not the pager's reach it, and `oldact` answers as if it owned the signal.
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    // SAFETY: act and old are the caller's, valid or NULL per sigaction(2).
+    if sig == libc::SIGBUS && unsafe { tiermem_fault::engine::interpose_sigbus(act, old) } {
+        bump(&COUNTERS.sigbus_chained);
+        return 0;
+    }
+    real_sigaction(sig, act, old)
+}
+
+/// `signal`: as [`sigaction`] for `SIGBUS` (glibc's `signal` calls its internal sigaction,
+/// which is not interposable); other signals go to the real `sigaction` with `signal`'s BSD
+/// semantics (`SA_RESTART`).
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: sigaction is plain old data; zeroed is a valid empty value.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = handler;
+    sa.sa_flags = libc::SA_RESTART;
+    // SAFETY: sigaction is plain old data.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: both point to valid structs.
+    if unsafe { sigaction(sig, &sa, &mut old) } < 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
 }
 
 /// `_exit`: the exit report first (a program that ends with `_exit` skips `atexit`), then the

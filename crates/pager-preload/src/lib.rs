@@ -159,6 +159,8 @@ pub(crate) struct Counters {
     pub(crate) munmaps: AtomicU64,
     pub(crate) pinned_calls: AtomicU64,
     pub(crate) cut_calls: AtomicU64,
+    /// `sigaction`/`signal` calls for SIGBUS chained behind the fault engine's handler.
+    pub(crate) sigbus_chained: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -169,6 +171,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     munmaps: AtomicU64::new(0),
     pinned_calls: AtomicU64::new(0),
     cut_calls: AtomicU64::new(0),
+    sigbus_chained: AtomicU64::new(0),
 };
 
 /// The parsed environment.
@@ -344,6 +347,7 @@ extern "C" fn forked_child() {
 extern "C" fn init() {
     let _g = Guard::enter();
     hooks::resolve_real();
+    hooks::resolve_glibc_usable();
     // SAFETY: registering a plain extern "C" function without arguments for the child side.
     unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
     match parse_config() {
@@ -395,6 +399,7 @@ pub(crate) extern "C" fn at_exit() {
         "mmaps": l(&c.mmaps),
         "munmaps": l(&c.munmaps),
         "pinned_calls": l(&c.pinned_calls),
+        "sigbus_chained": l(&c.sigbus_chained),
         "cut_calls": l(&c.cut_calls),
         "budget_pages": s.budget_pages,
         "max_resident_pages": s.max_resident_pages,

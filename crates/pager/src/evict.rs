@@ -798,11 +798,14 @@ impl Evictor {
         };
         let mut low = buffer_low(b);
         if let Some(l) = &sh.seg {
-            // A shared buffer: highest bound first, across processes. A tenant the buffer
-            // serves (NS) destages only when it is nearly full; the others, while any tenant
-            // is NS, keep room for its prefetch (which only fills room above twice the mark).
-            if l.pool.tenant(l.idx).ns.load(Ordering::Relaxed) != 0 {
-                low /= 2;
+            // A shared buffer: highest bound first, across processes. While a tenant with a
+            // looser bound holds buffer groups, this one destages only when the buffer is
+            // nearly full (they destage first); a tenant with none looser, while any tenant is
+            // NS, keeps room for its prefetch (which only fills room above twice the mark).
+            let t = l.pool.tenant(l.idx);
+            let mine = t.bound_ns.load(Ordering::Relaxed);
+            if l.pool.looser_holds_buffer(l.idx, mine) {
+                low /= 4;
             } else if l.pool.any_ns() {
                 low = (3 * low).min(b.capacity() / 2);
             }

@@ -499,6 +499,23 @@ impl Pager {
         PagedRegion::map(self.shared.clone(), len)
     }
 
+    /// Takes over `[ptr, ptr + len)` (page-aligned), private anonymous memory the program
+    /// already uses (a large `malloc` block, an anonymous `mmap`): its pages count against the
+    /// budget from now on, and those beyond it move out like a mapped region's. Dropping the
+    /// region pages every page back in and leaves the memory to its owner.
+    ///
+    /// Errors: an unaligned or empty range, memory that is not private anonymous read-write.
+    ///
+    /// # Safety
+    /// The range must stay mapped until the region is dropped and must not be unmapped,
+    /// remapped or registered with userfaultfd by anyone else meanwhile. Pages shared with a
+    /// forked child copy-on-write cannot be moved out (they stay resident, counted as
+    /// `evict_busy`), and the range is not inherited by later forks (`MADV_DONTFORK`).
+    pub unsafe fn adopt(&self, ptr: *mut u8, len: usize) -> Result<PagedRegion> {
+        // SAFETY: forwarded contract.
+        unsafe { PagedRegion::adopt(self.shared.clone(), ptr, len) }
+    }
+
     /// The budget in bytes.
     pub fn budget(&self) -> u64 {
         (self.shared.budget_pages * PAGE_SIZE) as u64

@@ -114,6 +114,12 @@ pub(crate) struct RegionState {
     pub(crate) hist: AtomicHist,
     /// Served by the buffer this window (Algorithm 1's NS, or over its bound last window).
     pub(crate) ns: AtomicBool,
+    /// The pager mapped the memory (`map`) and unmaps it at drop; false for adopted memory
+    /// (`adopt`), which is paged back in and left to its owner.
+    pub(crate) owned: bool,
+    /// An adopted region being given back: out of the evictor's table, its faults do not wait
+    /// at the budget's cap.
+    pub(crate) releasing: AtomicBool,
 }
 
 impl RegionState {
@@ -138,13 +144,7 @@ impl PagedRegion {
             ));
         }
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let pages = len / PAGE_SIZE;
-        if pages as u64 >= 1 << PAGE_BITS {
-            return Err(Error::InvalidOption(format!(
-                "a paged region is limited to {} bytes",
-                (1u64 << PAGE_BITS) * PAGE_SIZE as u64
-            )));
-        }
+        check_pages(len)?;
         // SAFETY: anonymous mapping, checked below.
         let base = unsafe {
             libc::mmap(
@@ -162,8 +162,54 @@ impl PagedRegion {
                 source: std::io::Error::last_os_error(),
             });
         }
+        PagedRegion::register(shared, base as usize, len, None)
+    }
+
+    /// Takes over `[ptr, ptr + len)`, private anonymous memory the caller already uses: its
+    /// pages present now (or in the kernel's swap) count as resident and are paged like any
+    /// other from here on. Dropping the region pages everything back in and leaves the memory
+    /// to its owner, whole.
+    ///
+    /// # Safety
+    /// The range must stay mapped until the region is dropped, must not be unmapped, remapped
+    /// or registered with userfaultfd by anyone else meanwhile, and must not be shared with a
+    /// forked child (pages shared copy-on-write cannot be moved out; they stay resident).
+    pub(crate) unsafe fn adopt(
+        shared: Arc<Shared>,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<PagedRegion> {
+        let base = ptr as usize;
+        if len == 0 || base % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 {
+            return Err(Error::InvalidOption(format!(
+                "adopt needs a page-aligned, non-empty range, not {len} bytes at {base:#x}"
+            )));
+        }
+        check_pages(len)?;
+        check_private_anonymous(base, len)?;
+        let present = present_pages(base, len)?;
+        PagedRegion::register(shared, base, len, Some(present))
+    }
+
+    /// Registers `[base, base + len)` (page-aligned) with the pager and the fault engine.
+    /// `present`: adopted memory's pages already there (`None`: a fresh mapping we own).
+    fn register(
+        shared: Arc<Shared>,
+        base: usize,
+        len: usize,
+        present: Option<Vec<bool>>,
+    ) -> Result<PagedRegion> {
+        let pages = len / PAGE_SIZE;
+        let owned = present.is_none();
+        let release = |base: usize| {
+            if owned {
+                // SAFETY: our mapping.
+                unsafe { libc::munmap(base as *mut libc::c_void, len) };
+            }
+        };
+        let base = base as *mut libc::c_void;
         // No transparent huge pages: the pager moves 4 KiB pages.
-        // SAFETY: our fresh mapping.
+        // SAFETY: the region's range: our fresh mapping, or adopted memory (adopt's contract).
         unsafe { libc::madvise(base, len, libc::MADV_NOHUGEPAGE) };
         let (idx, state) = {
             let mut t = shared.regions.lock();
@@ -177,8 +223,7 @@ impl PagedRegion {
             };
             if idx >= 1 << 12 {
                 drop(t);
-                // SAFETY: our mapping.
-                unsafe { libc::munmap(base, len) };
+                release(base as usize);
                 return Err(Error::InvalidOption(
                     "a pager holds at most 4096 regions at once".into(),
                 ));
@@ -195,6 +240,8 @@ impl PagedRegion {
                 pct: AtomicU64::new(0.99f64.to_bits()),
                 hist: AtomicHist::new(),
                 ns: AtomicBool::new(false),
+                owned,
+                releasing: AtomicBool::new(false),
             });
             t.slots[idx] = Some(st.clone());
             (idx, st)
@@ -209,12 +256,26 @@ impl PagedRegion {
             Ok(h) => Arc::new(h),
             Err(e) => {
                 shared.regions.lock().slots[idx] = None;
-                // SAFETY: our mapping.
-                unsafe { libc::munmap(base, len) };
+                release(base as usize);
                 return Err(e.into());
             }
         };
         let _ = state.handle.set(Arc::downgrade(&handle));
+        if let Some(present) = present {
+            // Adopted pages already there are resident: counted, and queued in fault order.
+            for (p, _) in present.iter().enumerate().filter(|(_, &y)| y) {
+                state.shadow.set(p, Place::Resident);
+                let n = shared.resident.fetch_add(1, Ordering::AcqRel) + 1;
+                shared.c.max_resident.fetch_max(n, Ordering::Relaxed);
+                let mut e = state.key | p as u64;
+                while let Err(back) = shared.fifo.push(e) {
+                    e = back;
+                    shared.kick();
+                    std::thread::yield_now();
+                }
+            }
+            shared.kick();
+        }
         Ok(PagedRegion {
             state,
             shared,
@@ -316,6 +377,43 @@ impl PagedRegion {
 
 impl Drop for PagedRegion {
     fn drop(&mut self) {
+        if !self.state.owned {
+            // Adopted memory goes back to its owner whole: out of the evictor's table first
+            // (no new victim is taken from it), then every page out of DRAM is read back in, a
+            // fault each, not waiting at the cap; pages the evictor is moving out are waited
+            // for and read back too. Only then does the engine let go of the range.
+            let st = &self.state;
+            st.releasing.store(true, Ordering::Release);
+            let idx = (st.key >> (PAGE_BITS + 16)) as usize;
+            self.shared.regions.lock().slots[idx] = None;
+            // A batch the evictor began before may still move pages out: a second pass after
+            // it finished two more rounds catches those.
+            let sh = &self.shared;
+            for pass in 0..2 {
+                if pass == 1 {
+                    let r0 = sh.rounds.load(Ordering::Acquire);
+                    for _ in 0..100_000 {
+                        if sh.rounds.load(Ordering::Acquire) >= r0 + 2 {
+                            break;
+                        }
+                        sh.kick();
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
+                }
+                for p in 0..st.shadow.len() {
+                    loop {
+                        match st.shadow.get(p) {
+                            Place::Evicting | Place::Loading => std::thread::yield_now(),
+                            Place::Buffer(_) | Place::Ssd(_) => {
+                                // SAFETY: inside the region; a volatile read faults it in.
+                                unsafe { std::ptr::read_volatile(st.page_addr(p) as *const u8) };
+                            }
+                            Place::Resident | Place::Zero => break,
+                        }
+                    }
+                }
+            }
+        }
         // Unregister first: no fault runs after this (the engine waits for running ones).
         drop(self.handle.take());
         let sh = &self.shared;
@@ -363,9 +461,82 @@ impl Drop for PagedRegion {
                 sh.swap.slots.release(k);
             }
         }
-        // SAFETY: our mapping; nothing references it now.
-        unsafe { libc::munmap(st.base as *mut libc::c_void, st.len) };
+        if st.owned {
+            // SAFETY: our mapping; nothing references it now.
+            unsafe { libc::munmap(st.base as *mut libc::c_void, st.len) };
+        }
     }
+}
+
+/// A region's page count must fit a fault-order key.
+fn check_pages(len: usize) -> Result<()> {
+    if (len / PAGE_SIZE) as u64 >= 1 << PAGE_BITS {
+        return Err(Error::InvalidOption(format!(
+            "a paged region is limited to {} bytes",
+            (1u64 << PAGE_BITS) * PAGE_SIZE as u64
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `[base, base + len)` lies in private anonymous mappings (`/proc/self/maps`: no path,
+/// `p` in the permissions, readable and writable).
+fn check_private_anonymous(base: usize, len: usize) -> Result<()> {
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|source| Error::Sys {
+        op: "reading /proc/self/maps",
+        source,
+    })?;
+    let mut at = base;
+    let end = base + len;
+    for l in maps.lines() {
+        let mut f = l.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let path = f.nth(3);
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            continue;
+        };
+        if a <= at && at < b {
+            let anon = path.is_none() || path == Some("[heap]");
+            if !anon || !perms.starts_with("rw") || perms.as_bytes().get(3) != Some(&b'p') {
+                return Err(Error::InvalidOption(format!(
+                    "adopt needs private anonymous read-write memory; {at:#x} is in {l:?}"
+                )));
+            }
+            at = b;
+            if at >= end {
+                return Ok(());
+            }
+        }
+    }
+    Err(Error::InvalidOption(format!(
+        "adopt: {at:#x} (in {base:#x}+{len}) is not mapped"
+    )))
+}
+
+/// Which pages of `[base, base + len)` are in memory or in the kernel's swap
+/// (`/proc/self/pagemap` bits 63 and 62).
+fn present_pages(base: usize, len: usize) -> Result<Vec<bool>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open("/proc/self/pagemap").map_err(|source| Error::Sys {
+        op: "opening /proc/self/pagemap",
+        source,
+    })?;
+    let pages = len / PAGE_SIZE;
+    let mut buf = vec![0u8; pages * 8];
+    f.read_exact_at(&mut buf, (base / PAGE_SIZE * 8) as u64)
+        .map_err(|source| Error::Sys {
+            op: "reading /proc/self/pagemap",
+            source,
+        })?;
+    Ok(buf
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) >> 62 != 0)
+        .collect())
 }
 
 /// Pages `[first, end)` that bytes `[off, off + len)` touch, clamped to `pages`.
@@ -405,7 +576,7 @@ impl PageIn {
     /// Before installing a page: wait while DRAM is at its hard cap (the evictor frees it).
     fn admit(&self) {
         let sh = &self.sh;
-        if sh.resident() < sh.cap_pages {
+        if sh.resident() < sh.cap_pages || self.st.releasing.load(Ordering::Relaxed) {
             return;
         }
         sh.c.over_budget_waits.fetch_add(1, Ordering::Relaxed);

@@ -39,7 +39,7 @@ use tiermem_media::{DelayModel, OpenOptions, Pool, PoolOptions};
 pub const MAX_TENANTS: usize = 64;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TMPAGERP");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const PATH_MAX: usize = 512;
 
 #[repr(C)]
@@ -75,6 +75,8 @@ struct Header {
     daemon: AtomicU32,
     gen: AtomicU32,
     _pad: u32,
+    /// Buffer slots each tenant holds (by entry index).
+    bcount: [AtomicU64; MAX_TENANTS],
 }
 
 /// One process using the pool.
@@ -474,8 +476,21 @@ impl PagerPool {
                 self.area(h.bown_off),
                 h.buffer_slots as usize,
                 tag,
+                h.bcount.as_ptr(),
             )
         }
+    }
+
+    /// Whether another live tenant with a looser bound than `mine` holds buffer slots: the
+    /// pool destages highest bound first, so that one's groups go before ours.
+    pub(crate) fn looser_holds_buffer(&self, me: usize, mine: u64) -> bool {
+        let h = self.header();
+        (0..MAX_TENANTS).filter(|&i| i != me).any(|i| {
+            let t = self.tenant(i);
+            t.pid.load(Ordering::Relaxed) != 0
+                && t.bound_ns.load(Ordering::Relaxed) > mine
+                && h.bcount[i].load(Ordering::Relaxed) >= 2 * crate::GROUP_PAGES as u64
+        })
     }
 
     /// The swap file's slot map, writing owner tag `tag`.
@@ -488,6 +503,7 @@ impl PagerPool {
                 self.area(h.sown_off),
                 h.swap_slots as usize,
                 tag,
+                std::ptr::null(),
             )
         }
     }
@@ -772,7 +788,7 @@ impl PagerPool {
                 last_p99_ns: (p99 != 0).then_some(p99),
                 budget_pages: l(&t.budget_pages),
                 resident_pages: l(&t.resident),
-                buffer_pages: bm.owned_by(tag),
+                buffer_pages: bm.held_by(tag) as usize,
                 swap_pages: sm.owned_by(tag),
                 pageins_buffer: l(&t.pageins_buffer),
                 pageins_ssd: l(&t.pageins_ssd),

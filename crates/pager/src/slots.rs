@@ -25,6 +25,9 @@ pub struct SlotMap {
     owners: *const AtomicU32,
     /// The tag this process writes.
     tag: u32,
+    /// Slots held per tenant (indexed by the tag's low byte − 1), or null: kept by a shared
+    /// map whose owner wants each process's share (the pager pool's buffer).
+    counts: *const AtomicU64,
     /// The storage of a heap map (`cells` points into it).
     _owned: Option<Box<[AtomicU64]>>,
 }
@@ -47,6 +50,7 @@ impl SlotMap {
             slots,
             owners: std::ptr::null(),
             tag: 0,
+            counts: std::ptr::null(),
             _owned: Some(owned),
         };
         m.init();
@@ -60,21 +64,42 @@ impl SlotMap {
     }
 
     /// A map over shared memory: `cells` ([`SlotMap::cell_bytes`] bytes) and `owners` (4 bytes
-    /// a slot), written as `tag` (not 0; 0 for a map that only reads and collects).
+    /// a slot), written as `tag` (not 0; 0 for a map that only reads and collects). `counts`
+    /// (null, or one word per tenant entry) keeps the slots each tag holds, by its low byte − 1.
     ///
     /// # Safety
-    /// Both areas must be 8-byte aligned, mapped for as long as the map lives, and laid out by
+    /// All areas must be 8-byte aligned, mapped for as long as the map lives, and laid out by
     /// [`SlotMap::init`] of a map of the same size (a fresh zeroed area must be initialised
     /// once, by its creator).
-    pub unsafe fn at(cells: *mut u8, owners: *mut u8, slots: usize, tag: u32) -> SlotMap {
+    pub unsafe fn at(
+        cells: *mut u8,
+        owners: *mut u8,
+        slots: usize,
+        tag: u32,
+        counts: *const AtomicU64,
+    ) -> SlotMap {
         SlotMap {
             cells: cells as *const AtomicU64,
             nwords: slots.div_ceil(64),
             slots,
             owners: owners as *const AtomicU32,
             tag,
+            counts,
             _owned: None,
         }
+    }
+
+    /// The count cell of `tag`, if this map keeps counts.
+    #[inline]
+    fn count(&self, tag: u32) -> Option<&AtomicU64> {
+        let i = (tag & 0xff) as usize;
+        // SAFETY: i - 1 < 256; tags carry their entry index + 1, inside the counts array.
+        (!self.counts.is_null() && i != 0).then(|| unsafe { &*self.counts.add(i - 1) })
+    }
+
+    /// Slots tag `tag` holds, from the counts (0 without them).
+    pub fn held_by(&self, tag: u32) -> u64 {
+        self.count(tag).map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// Marks every slot free (the creator of a shared map, once, before anyone uses it).
@@ -121,6 +146,9 @@ impl SlotMap {
     fn taken(&self, s: usize) {
         if let Some(o) = self.owner(s) {
             o.store(self.tag, Ordering::Release);
+            if let Some(c) = self.count(self.tag) {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -216,7 +244,10 @@ impl SlotMap {
             return;
         }
         if let Some(o) = self.owner(s as usize) {
-            o.store(0, Ordering::Release);
+            let tag = o.swap(0, Ordering::AcqRel);
+            if let Some(c) = self.count(tag) {
+                c.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         let prev = self.word(w).fetch_or(1u64 << bit, Ordering::AcqRel);
         if prev & (1u64 << bit) == 0 {
@@ -246,6 +277,9 @@ impl SlotMap {
                     n += 1;
                 }
             }
+        }
+        if let Some(c) = self.count(tag) {
+            c.store(0, Ordering::Relaxed);
         }
         n
     }
@@ -336,13 +370,22 @@ mod tests {
             owners.as_mut_ptr() as *mut u8,
         );
         // SAFETY: both vectors outlive the maps and are aligned.
-        let (a, b) = unsafe { (SlotMap::at(c, o, slots, 7), SlotMap::at(c, o, slots, 9)) };
+        let counts: Vec<AtomicU64> = (0..256).map(|_| AtomicU64::new(0)).collect();
+        let k = counts.as_ptr();
+        // SAFETY: as above.
+        let (a, b) = unsafe {
+            (
+                SlotMap::at(c, o, slots, 7, k),
+                SlotMap::at(c, o, slots, 9, k),
+            )
+        };
         a.init();
         let mine: Vec<u64> = (0..10).map(|_| a.alloc().unwrap()).collect();
         let cl = a.alloc_cluster().unwrap();
         let theirs: Vec<u64> = (0..5).map(|_| b.alloc().unwrap()).collect();
         assert_eq!(b.free(), slots - 10 - 64 - 5);
         assert_eq!((a.owned_by(7), b.owned_by(9)), (74, 5));
+        assert_eq!((a.held_by(7), a.held_by(9)), (74, 5));
         a.release(mine[0]);
         assert_eq!(a.owned_by(7), 73);
         // "a" dies: its 73 slots come back, b's stay.
@@ -352,6 +395,7 @@ mod tests {
             .iter()
             .all(|&s| b.used_mask(s as usize / 64) & (1 << (s % 64)) != 0));
         assert_eq!(b.owned_by(9), 5);
+        assert_eq!((b.held_by(7), b.held_by(9)), (0, 5));
         // A slot taken but never tagged (killed between the two stores).
         let s = b.alloc().unwrap();
         b.owner(s as usize).unwrap().store(0, Ordering::Relaxed);

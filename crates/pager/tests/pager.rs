@@ -625,3 +625,131 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn adopted_malloc_memory_is_paged() {
+    let dir = swap_dir();
+    let budget = 64;
+    let pg = pager(budget, 128, &dir);
+    let pages = 4 * budget;
+    // A region of the same pager beside it, written (as examples/c/pager.c does).
+    let other = pg.map(pages * PS).unwrap();
+    for p in 0..pages {
+        write_page(&other, p, word(p, 3));
+    }
+    // SAFETY: a malloc block, freed below after the region is dropped.
+    let m = unsafe { libc::aligned_alloc(PS, pages * PS) } as *mut u8;
+    for p in 0..pages {
+        // SAFETY: inside the block.
+        unsafe { std::ptr::write_volatile(m.add(p * PS) as *mut u64, word(p, 7)) };
+    }
+    // SAFETY: the block outlives the region.
+    let r = unsafe { pg.adopt(m, pages * PS) }.unwrap();
+    pg.settle();
+    let st = pg.stats();
+    assert!(st.pageouts_buffer + st.pageouts_ssd > 0, "{st:?}");
+    for p in 0..pages {
+        assert_eq!(read_page(&r, p)[0], word(p, 7), "page {p}");
+    }
+    drop(r);
+    for p in 0..pages {
+        // SAFETY: inside the block, given back.
+        let v = unsafe { std::ptr::read_volatile(m.add(p * PS) as *const u64) };
+        assert_eq!(v, word(p, 7), "page {p} given back");
+    }
+    drop(other);
+    // SAFETY: our block, given back whole.
+    unsafe { libc::free(m as *mut libc::c_void) };
+}
+
+#[test]
+fn adopted_memory_is_paged_and_given_back_whole() {
+    let dir = swap_dir();
+    let budget = 64;
+    let pg = pager(budget, 64, &dir);
+    let pages = 6 * budget;
+    let len = pages * PS;
+    // SAFETY: a fresh private anonymous mapping, ours until the munmap below.
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    } as *mut u8;
+    assert_ne!(m as *mut libc::c_void, libc::MAP_FAILED);
+    // Written before the pager knows it; the last quarter never touched (it stays zero).
+    for p in 0..pages * 3 / 4 {
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::write_volatile(m.add(p * PS) as *mut u64, word(p, 1)) };
+    }
+    // SAFETY: the mapping stays until after the region is dropped; nobody else registers it.
+    let r = unsafe { pg.adopt(m, len) }.unwrap();
+    pg.settle();
+    let st = pg.stats();
+    assert!(st.resident_pages <= budget, "{st:?}");
+    assert!(st.pageouts_buffer + st.pageouts_ssd > 0, "{st:?}");
+    for round in 1..=2u64 {
+        for p in 0..pages {
+            let have = read_page(&r, p)[0];
+            let want = if round == 1 {
+                if p < pages * 3 / 4 {
+                    word(p, 1)
+                } else {
+                    0
+                }
+            } else {
+                word(p, 2)
+            };
+            assert_eq!(have, want, "page {p} round {round}");
+            // SAFETY: inside the region.
+            unsafe { std::ptr::write_volatile(r.as_ptr().add(p * PS) as *mut u64, word(p, 2)) };
+        }
+    }
+    let st = pg.stats();
+    assert!(st.max_resident_pages <= pages, "{st:?}");
+    drop(r);
+    // Given back: every page there, holding what was written last, the mapping still ours.
+    for p in 0..pages {
+        // SAFETY: inside the mapping, which the pager left in place.
+        let v = unsafe { std::ptr::read_volatile(m.add(p * PS) as *const u64) };
+        assert_eq!(v, word(p, 2), "page {p} after the region was dropped");
+    }
+    pg.settle();
+    let st = pg.stats();
+    assert_eq!(
+        (st.resident_pages, st.buffer_used, st.swap_used),
+        (0, 0, 0),
+        "{st:?}"
+    );
+    // Bad ranges: unaligned, not mapped, a file mapping.
+    // SAFETY: each call fails before touching the range.
+    unsafe {
+        assert!(pg.adopt(m.add(1), PS).is_err());
+        assert!(pg.adopt(m, 0).is_err());
+        libc::munmap(m as *mut libc::c_void, len);
+        let e = pg.adopt(m, len).err().unwrap();
+        assert!(e.to_string().contains("not mapped"), "{e}");
+    }
+    let f = tempfile::tempfile().unwrap();
+    f.set_len(PS as u64).unwrap();
+    // SAFETY: a shared file mapping, unmapped below.
+    let fm = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PS,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    } as *mut u8;
+    // SAFETY: fails before registering anything.
+    let e = unsafe { pg.adopt(fm, PS) }.err().unwrap();
+    assert!(e.to_string().contains("private anonymous"), "{e}");
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(fm as *mut libc::c_void, PS) };
+}
