@@ -275,11 +275,19 @@ mod tests {
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         // SAFETY: valid pointers.
         assert!(unsafe { CHAIN.replace_prev(&act, &mut old) });
-        assert_eq!(old.sa_sigaction, libc::SIG_DFL, "the program sees what it replaced");
+        assert_eq!(
+            old.sa_sigaction,
+            libc::SIG_DFL,
+            "the program sees what it replaced"
+        );
         // SAFETY: raising a signal whose handlers are ours and theirs.
         unsafe { libc::raise(sig) };
         assert_eq!(OURS.load(Ordering::SeqCst), 1);
-        assert_eq!(THEIRS.load(Ordering::SeqCst), 1, "forwarded to the chained handler");
+        assert_eq!(
+            THEIRS.load(Ordering::SeqCst),
+            1,
+            "forwarded to the chained handler"
+        );
         // Asking without changing returns theirs.
         // SAFETY: valid pointers.
         assert!(unsafe { CHAIN.replace_prev(std::ptr::null(), &mut old) });
