@@ -574,23 +574,57 @@ struct PageIn {
 
 impl PageIn {
     /// Before installing a page: wait while DRAM is at its hard cap (the evictor frees it).
-    fn admit(&self) {
+    fn admit(&self) -> bool {
         let sh = &self.sh;
-        if sh.resident() < sh.cap_pages || self.st.releasing.load(Ordering::Relaxed) {
-            return;
+        // An adopted region being given back pages in without waiting (and without a
+        // reservation: `installed` counts the page).
+        if self.st.releasing.load(Ordering::Relaxed) {
+            return false;
         }
-        sh.c.over_budget_waits.fetch_add(1, Ordering::Relaxed);
-        while sh.resident() >= sh.cap_pages && !sh.stop.load(Ordering::Acquire) {
+        let mut waited = false;
+        loop {
+            // Reserve the page's place under the cap: checking and counting apart let two
+            // threads faulting at once go over it.
+            let r = sh.resident.load(Ordering::Acquire);
+            if r < sh.cap_pages {
+                if sh
+                    .resident
+                    .compare_exchange_weak(r, r + 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    return true;
+                }
+                continue;
+            }
+            if sh.stop.load(Ordering::Acquire) {
+                return false;
+            }
+            if !waited {
+                sh.c.over_budget_waits.fetch_add(1, Ordering::Relaxed);
+                waited = true;
+            }
             sh.kick();
             // SAFETY: sched_yield has no preconditions.
             unsafe { libc::sched_yield() };
         }
     }
 
-    /// After installing page `p`: count it and queue it for eviction in fault order.
-    fn installed(&self, p: usize) {
+    /// A page-in that reserved its place (`admit`) and then failed gives it back.
+    fn unreserve(&self, reserved: bool) {
+        if reserved {
+            self.sh.resident.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// After installing page `p`: count it (unless `admit` reserved it) and queue it for
+    /// eviction in fault order.
+    fn installed(&self, p: usize, reserved: bool) {
         let sh = &self.sh;
-        let n = sh.resident.fetch_add(1, Ordering::AcqRel) + 1;
+        let n = if reserved {
+            sh.resident.load(Ordering::Acquire)
+        } else {
+            sh.resident.fetch_add(1, Ordering::AcqRel) + 1
+        };
         sh.c.max_resident.fetch_max(n, Ordering::Relaxed);
         let mut e = self.st.key | p as u64;
         while let Err(back) = sh.fifo.push(e) {
@@ -629,31 +663,33 @@ impl Resolver for PageIn {
                 }
                 Place::Zero => {
                     if st.shadow.cas(p, at, Place::Loading) {
-                        self.admit();
+                        let rsv = self.admit();
                         if let Err(e) = ops.copy(f.offset, &ZERO.0, false) {
                             st.shadow.set(p, at);
+                            self.unreserve(rsv);
                             return Err(e);
                         }
                         st.shadow.set(p, Place::Resident);
-                        self.installed(p);
+                        self.installed(p, rsv);
                         sh.c.zero_fills.fetch_add(1, Ordering::Relaxed);
                         return Ok(());
                     }
                 }
                 Place::Buffer(s) => {
                     if st.shadow.cas(p, at, Place::Loading) {
-                        self.admit();
+                        let rsv = self.admit();
                         let b = sh.buffer.as_ref().expect("a buffer slot implies a buffer");
                         // SAFETY: slot s holds this page's bytes until we release it.
                         let src = unsafe { std::slice::from_raw_parts(b.slot_ptr(s), PAGE_SIZE) };
                         if let Err(e) = ops.copy(f.offset, src, false) {
                             st.shadow.set(p, at);
+                            self.unreserve(rsv);
                             return Err(e);
                         }
                         b.pool.charge_read(PAGE_SIZE as u64);
                         st.shadow.set(p, Place::Resident);
                         b.slots.release(s);
-                        self.installed(p);
+                        self.installed(p, rsv);
                         sh.c.pageins_buffer.fetch_add(1, Ordering::Relaxed);
                         count_thread_pagein();
                         let d = now_ns().saturating_sub(t0);
@@ -666,7 +702,7 @@ impl Resolver for PageIn {
                 }
                 Place::Ssd(s) => {
                     if st.shadow.cas(p, at, Place::Loading) {
-                        self.admit();
+                        let rsv = self.admit();
                         let (bi, page) = sh.bounce.claim();
                         sh.read_begin();
                         // SAFETY: the claimed bounce page is ours until released below.
@@ -676,6 +712,7 @@ impl Resolver for PageIn {
                         if read.is_err() {
                             sh.bounce.release(bi);
                             st.shadow.set(p, at);
+                            self.unreserve(rsv);
                             sh.c.io_errors.fetch_add(1, Ordering::Relaxed);
                             return Err(ResolveError::Resolver(
                                 "reading the page back from the pager's swap file failed",
@@ -685,13 +722,14 @@ impl Resolver for PageIn {
                         sh.bounce.release(bi);
                         if let Err(e) = r {
                             st.shadow.set(p, at);
+                            self.unreserve(rsv);
                             return Err(e);
                         }
                         // Keep the swap copy: a clean eviction then needs no write (see
                         // `shadow`); the evictor reclaims kept copies when it needs the space.
                         st.shadow.set_kept(p, s);
                         st.shadow.set(p, Place::Resident);
-                        self.installed(p);
+                        self.installed(p, rsv);
                         sh.c.pageins_ssd.fetch_add(1, Ordering::Relaxed);
                         count_thread_pagein();
                         let d = now_ns().saturating_sub(t0);
