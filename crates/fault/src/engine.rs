@@ -666,9 +666,7 @@ impl Engine {
         }
         self.wake_fd.store(efd, Ordering::Release);
         fork_guard::install();
-        std::thread::Builder::new()
-            .name("tiermem-fault".into())
-            .spawn(move || Runtime::new(self, efd).run())
+        crate::scope::spawn_library_thread("tiermem-fault", move || Runtime::new(self, efd).run())
             .map_err(|source| Error::Syscall {
                 op: "spawning the fault runtime thread",
                 source,
@@ -798,7 +796,11 @@ fn resolve_in_thread(g: &region::SlotGuard, addr: usize, err: u64) {
         woke: Cell::new(false),
         progress: Cell::new(false),
     };
-    match r.resolver.resolve(&fault, &ops) {
+    // The resolver runs tiermem code on the program's thread (see `scope`).
+    let scope = crate::scope::LibraryScope::enter();
+    let res = r.resolver.resolve(&fault, &ops);
+    drop(scope);
+    match res {
         Ok(()) => {
             r.faults.fetch_add(1, Ordering::Relaxed);
             Engine::global()

@@ -8,8 +8,10 @@
 //! malloc family's real functions are glibc's `__libc_*` names, always there.
 
 use crate::arena::PAGE;
+use crate::next::{self, Route};
 use crate::{__libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc};
 use crate::{arena_for, arena_ready, in_arena, pin_max, COUNTERS};
+use crate::{inside, libheap};
 use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -81,6 +83,10 @@ real_slots! {
     R_FWRITE = "fwrite";
     R_FWRITE_UNLOCKED = "fwrite_unlocked";
     R_SIGACTION = "sigaction";
+    R_EPOLL_WAIT = "epoll_wait";
+    R_EPOLL_PWAIT = "epoll_pwait";
+    R_POLL = "poll";
+    R_PPOLL = "ppoll";
 }
 
 /// Calls the real function in `$slot` with type `$ty`, or the raw system call `$sys`.
@@ -135,6 +141,16 @@ pub(crate) fn drop_pages(addr: usize, len: usize) {
 // ---------------------------------------------------------------------------------------------
 // The malloc family.
 
+/// A block of the library's own heap (tiermem code calling while the program has its own
+/// allocator: see [`libheap`]); null and `ENOMEM` when it has none that large.
+fn lib_block(size: usize, align: usize) -> *mut c_void {
+    let p = libheap::alloc(size, align);
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    p
+}
+
 /// A zeroed arena block of `size` bytes aligned to `align`, counted; null when the arena is not
 /// for this request or is full.
 fn arena_block(size: usize, align: usize) -> *mut c_void {
@@ -153,9 +169,18 @@ fn arena_block(size: usize, align: usize) -> *mut c_void {
     }
 }
 
-/// `malloc`: a large request from the arena, the rest from glibc.
+/// `malloc`: the program's own allocator when it is not glibc's (module `next`); else a large
+/// request from the arena, the rest from glibc.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    match next::route() {
+        Route::Next if inside() => return lib_block(size, 16),
+        // SAFETY: malloc's contract.
+        Route::Next => return unsafe { next::malloc(size) },
+        // SAFETY: glibc's malloc.
+        Route::Early => return next::note_early(unsafe { __libc_malloc(size) }),
+        Route::Glibc => {}
+    }
     let p = arena_block(size, PAGE);
     if !p.is_null() {
         return p;
@@ -169,6 +194,21 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 pub unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() {
         return;
+    }
+    if libheap::owns(p as usize) {
+        return libheap::free(p as usize);
+    }
+    match next::route() {
+        Route::Next if !next::early(p as usize, true) => {
+            // SAFETY: the next allocator's block (the caller's contract).
+            return unsafe { next::free(p) };
+        }
+        Route::Next | Route::Early => {
+            next::early(p as usize, true);
+            // SAFETY: a glibc block handed out during the lookup.
+            return unsafe { __libc_free(p) };
+        }
+        Route::Glibc => {}
     }
     if in_arena(p as usize) {
         if let Some(a) = arena_ready() {
@@ -189,6 +229,21 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
         set_errno(libc::ENOMEM);
         return ptr::null_mut();
     };
+    match next::route() {
+        Route::Next if inside() => {
+            let p = lib_block(total, 16);
+            if !p.is_null() {
+                // SAFETY: a fresh block of `total` bytes (a reused one is not zero).
+                unsafe { ptr::write_bytes(p as *mut u8, 0, total) };
+            }
+            return p;
+        }
+        // SAFETY: calloc's contract.
+        Route::Next => return unsafe { next::calloc(n, size) },
+        // SAFETY: glibc's calloc.
+        Route::Early => return next::note_early(unsafe { __libc_calloc(n, size) }),
+        Route::Glibc => {}
+    }
     let p = arena_block(total, PAGE);
     if !p.is_null() {
         return p;
@@ -204,6 +259,37 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
         // SAFETY: malloc's contract.
         return unsafe { malloc(size) };
+    }
+    if libheap::owns(p as usize) {
+        return libheap::realloc(p as usize, size);
+    }
+    match next::route() {
+        Route::Next if !next::early(p as usize, false) => {
+            // SAFETY: the next allocator's block (the caller's contract).
+            return unsafe { next::realloc(p, size) };
+        }
+        Route::Next => {
+            // A glibc block from the lookup moves to the next allocator.
+            // SAFETY: malloc's contract; p is a live glibc block of `usable` bytes.
+            unsafe {
+                let q = next::malloc(size);
+                if !q.is_null() {
+                    ptr::copy_nonoverlapping(
+                        p as *const u8,
+                        q as *mut u8,
+                        call_usable(p).min(size),
+                    );
+                    free(p);
+                }
+                return q;
+            }
+        }
+        Route::Early => {
+            next::early(p as usize, true);
+            // SAFETY: glibc's realloc of a glibc block.
+            return next::note_early(unsafe { __libc_realloc(p, size) });
+        }
+        Route::Glibc => {}
     }
     if size == 0 {
         // SAFETY: free's contract (glibc's realloc(p, 0) frees and returns NULL).
@@ -257,6 +343,24 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 
 /// The aligned allocations' common path (`align` a power of two).
 fn aligned(align: usize, size: usize) -> *mut c_void {
+    match next::route() {
+        Route::Next if inside() => return lib_block(size, align),
+        Route::Next => {
+            let mut p = ptr::null_mut();
+            let align = align.max(std::mem::size_of::<*mut c_void>());
+            // SAFETY: posix_memalign's contract (a power-of-two multiple of the pointer size).
+            return match unsafe { next::posix_memalign(&mut p, align, size) } {
+                0 => p,
+                e => {
+                    set_errno(e);
+                    ptr::null_mut()
+                }
+            };
+        }
+        // SAFETY: glibc's memalign.
+        Route::Early => return next::note_early(unsafe { __libc_memalign(align, size) }),
+        Route::Glibc => {}
+    }
     let p = arena_block(size, align.max(PAGE));
     if !p.is_null() {
         return p;
@@ -322,6 +426,13 @@ unsafe fn call_usable(p: *mut c_void) -> usize {
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     if p.is_null() {
         return 0;
+    }
+    if libheap::owns(p as usize) {
+        return libheap::usable(p as usize);
+    }
+    if next::route() == Route::Next && !next::early(p as usize, false) {
+        // SAFETY: the next allocator's block (the caller's contract).
+        return unsafe { next::usable(p) };
     }
     if in_arena(p as usize) {
         return arena_ready()
@@ -473,10 +584,15 @@ pub unsafe extern "C" fn mremap(
     q
 }
 
-/// `madvise`: `MADV_FREE` of arena memory becomes `MADV_DONTNEED` (the pager sees a drop; a
+/// `madvise`: `MADV_HUGEPAGE` of arena memory is ignored (jemalloc's `thp` option), and
+/// `MADV_FREE` of arena memory becomes `MADV_DONTNEED` (the pager sees a drop; a
 /// lazily freed page would fault as missing while the pager thinks it resident).
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    if advice == libc::MADV_HUGEPAGE && touches(addr as usize, len) {
+        // The pager moves 4 KiB pages; a huge page would be faulted and evicted whole.
+        return 0;
+    }
     let advice = if advice == libc::MADV_FREE && touches(addr as usize, len) {
         libc::MADV_DONTNEED
     } else {
@@ -734,6 +850,112 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_i
         None => go(),
         Some(b) => pinned(&b, go),
     }
+}
+
+// Event arrays the kernel writes: `epoll_wait`'s events (redis-server's is a 120 KB block of
+// its allocator, in the arena) and `poll`'s fds.
+
+/// `maxevents` cut so the events array pins at most what one call may pin (fewer events a call
+/// is allowed: the rest stay ready for the next), and the array's arena part pinned.
+fn epoll_events<R>(ev: *mut libc::epoll_event, max: c_int, f: impl FnOnce(c_int) -> R) -> R {
+    let size = std::mem::size_of::<libc::epoll_event>();
+    let bytes = (max.max(0) as usize).saturating_mul(size);
+    if !touches(ev as usize, bytes) {
+        return f(max);
+    }
+    let max = (cut(bytes) / size).max(1) as c_int;
+    pinned(&[(ev as usize, max as usize * size)], || f(max))
+}
+
+/// `epoll_wait`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    type F = unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
+    epoll_events(ev, max, |max| {
+        call_real!(
+            R_EPOLL_WAIT as F,
+            libc::SYS_epoll_wait,
+            (epfd, ev, max, timeout)
+        )
+    })
+}
+
+/// `epoll_pwait`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    type F = unsafe extern "C" fn(
+        c_int,
+        *mut libc::epoll_event,
+        c_int,
+        c_int,
+        *const libc::sigset_t,
+    ) -> c_int;
+    // Without the real function (before the constructor), the raw system call, which takes
+    // the kernel's sigset size as a sixth argument.
+    epoll_events(ev, max, |max| {
+        let f = R_EPOLL_PWAIT.load(Relaxed);
+        if f == 0 {
+            // SAFETY: the caller's arguments (epoll_pwait's contract).
+            return unsafe {
+                libc::syscall(libc::SYS_epoll_pwait, epfd, ev, max, timeout, mask, 8usize) as c_int
+            };
+        }
+        // SAFETY: the next definition of epoll_pwait, with its signature; the caller's arguments.
+        unsafe { std::mem::transmute::<usize, F>(f)(epfd, ev, max, timeout, mask) }
+    })
+}
+
+/// `poll`: the fds array is read and written by the kernel, all of it (not cut).
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    type F = unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int;
+    let go = || call_real!(R_POLL as F, libc::SYS_poll, (fds, n, timeout));
+    let bytes = (n as usize).saturating_mul(std::mem::size_of::<libc::pollfd>());
+    if !touches(fds as usize, bytes) {
+        return go();
+    }
+    pinned(&[(fds as usize, bytes)], go)
+}
+
+/// `ppoll`.
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    type F = unsafe extern "C" fn(
+        *mut libc::pollfd,
+        libc::nfds_t,
+        *const libc::timespec,
+        *const libc::sigset_t,
+    ) -> c_int;
+    let go = || {
+        let f = R_PPOLL.load(Relaxed);
+        if f == 0 {
+            // SAFETY: the caller's arguments; the kernel's sigset is 8 bytes.
+            return unsafe { libc::syscall(libc::SYS_ppoll, fds, n, ts, mask, 8usize) as c_int };
+        }
+        // SAFETY: the next definition of ppoll, with its signature; the caller's arguments.
+        unsafe { std::mem::transmute::<usize, F>(f)(fds, n, ts, mask) }
+    };
+    let bytes = (n as usize).saturating_mul(std::mem::size_of::<libc::pollfd>());
+    if !touches(fds as usize, bytes) {
+        return go();
+    }
+    pinned(&[(fds as usize, bytes)], go)
 }
 
 // The fortified variants (`_FORTIFY_SOURCE`): checked here, then the hooks above.

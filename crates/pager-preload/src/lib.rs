@@ -14,10 +14,17 @@
 //!   follow. Everything else goes to glibc (its `__libc_*` functions) or the real call.
 //!   glibc's own internal `mmap` of large blocks is not interposable, which is why the malloc
 //!   family is hooked rather than `mmap` alone.
+//! * **A program with its own allocator** (redis-server links jemalloc): when the next `malloc`
+//!   after this library is not glibc's, the malloc family goes to it, every block, and the
+//!   arena pages that allocator's own memory, its anonymous `mmap`s. tiermem code (the pager's
+//!   and the fault engine's threads, a fault being resolved) never enters the program's
+//!   allocator: its calls get blocks of a small heap of the library's own, which `free` knows
+//!   by address.
 //! * **System calls on arena memory**: the kernel cannot fault an evicted page of an in-thread
 //!   region in (its access fails with `EFAULT`), so `read`, `write`, `pread(64)`, `pwrite(64)`,
 //!   `readv`, `writev`, `recv`, `recvfrom`, `recvmsg`, `send`, `sendto`, `sendmsg` and the
-//!   fortified `__read_chk`, `__pread(64)_chk`, `__recv_chk`, `__recvfrom_chk` pin the arena
+//!   fortified `__read_chk`, `__pread(64)_chk`, `__recv_chk`, `__recvfrom_chk`, and the event
+//!   arrays of `epoll_wait`, `epoll_pwait`, `poll` and `ppoll`, pin the arena
 //!   pages of their buffers in DRAM for the call ([`tiermem_pager::PagedRegion::pin`]). A
 //!   single-buffer call is cut to a quarter of the budget (a short count, which POSIX allows)
 //!   so pins never hold the whole budget.
@@ -52,7 +59,8 @@
 //!   persistence.
 //! * Kernel access to arena memory through other calls (`io_uring`, `splice`, `vmsplice`,
 //!   `process_vm_*`, `sendfile` from a mapping) is not pinned and can fail with `EFAULT`.
-//! * A program that installs its own `SIGBUS` handler replaces the fault engine's.
+//! * A program's own `SIGBUS` handler is chained behind the fault engine's (`sigaction` and
+//!   `signal` are hooked): it sees only the faults that are not the pager's.
 //! * A request larger than the arena's largest free extent goes to glibc (counted).
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -61,6 +69,8 @@
 
 pub mod arena;
 pub mod hooks;
+mod libheap;
+mod next;
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -205,10 +215,12 @@ impl Drop for Guard {
     }
 }
 
-/// Whether the calling thread is inside the library (or its thread-locals are gone).
+/// Whether the calling thread is inside the library or runs tiermem code (the pager's and
+/// the fault engine's threads, a fault being resolved: `tiermem_fault::scope`), or its
+/// thread-locals are gone.
 #[inline]
 pub(crate) fn inside() -> bool {
-    IN_LIB.try_with(|c| c.get()).unwrap_or(true)
+    IN_LIB.try_with(|c| c.get()).unwrap_or(true) || tiermem_fault::scope::in_library()
 }
 
 /// Whether `addr` is in the arena (one load pair; false before it exists).

@@ -76,6 +76,9 @@ pub(crate) struct Evictor {
     pool_ctl: Option<crate::segment::PoolController>,
     /// The tenant's prefetch sequence last seen.
     over_seq: u64,
+    /// Fault-order entries older than the queue's that did not fit back into it (see
+    /// [`Evictor::requeue`]): victims are taken from here first.
+    spill: VecDeque<u64>,
 }
 
 // SAFETY: the scratch pages are only touched by the evictor thread.
@@ -137,6 +140,7 @@ impl Evictor {
             staging,
             open: HashMap::new(),
             closed: BTreeMap::new(),
+            spill: VecDeque::new(),
         })
     }
 
@@ -182,32 +186,62 @@ impl Evictor {
     /// Entries of resident pages keep their order. Re-pushing cannot fail for long: the entries
     /// kept and those faulting threads push meanwhile are resident pages, at most two entries
     /// each, fewer than the queue holds.
+    ///
+    /// The evictor never waits for room here: faulting threads may fill the room its pops
+    /// make while it works (and wait themselves for room only the evictor makes), so a kept
+    /// entry that does not fit goes to [`Evictor::spill`], where it keeps its place in front.
     fn compact_fifo(&mut self) {
         let sh = self.sh.clone();
         let n = sh.fifo.len();
-        if n <= sh.fifo.capacity() / 2 {
+        if n + self.spill.len() <= sh.fifo.capacity() / 2 {
             return;
         }
-        let mut seen = std::collections::HashSet::with_capacity(n);
+        let mut seen = std::collections::HashSet::with_capacity(n + self.spill.len());
         let t = sh.regions.lock();
         let mut dropped = 0u64;
+        let live = |e: u64| {
+            t.lookup(e)
+                .is_some_and(|(st, p)| p < st.shadow.len() && st.shadow.get(p) == Place::Resident)
+        };
+        let spilled = std::mem::take(&mut self.spill);
+        let mut kept: VecDeque<u64> = VecDeque::with_capacity(spilled.len());
+        for e in spilled {
+            if live(e) && seen.insert(e) {
+                kept.push_back(e);
+            } else {
+                dropped += 1;
+            }
+        }
         for _ in 0..n {
             let Some(e) = sh.fifo.pop() else { break };
-            let live = t
-                .lookup(e)
-                .is_some_and(|(st, p)| p < st.shadow.len() && st.shadow.get(p) == Place::Resident);
-            if !(live && seen.insert(e)) {
+            if !(live(e) && seen.insert(e)) {
                 dropped += 1;
                 continue;
             }
-            let mut e = e;
-            while let Err(back) = sh.fifo.push(e) {
-                e = back;
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
+            // Entries ahead of it that are still spilled stay ahead: it joins them.
+            if !kept.is_empty() || !self.spill.is_empty() {
+                kept.push_back(e);
+            } else if let Err(e) = sh.fifo.push(e) {
+                kept.push_back(e);
             }
         }
+        drop(t);
+        // Older than everything in the queue now: they go in front, as the spill.
+        self.spill = kept;
         sh.c.fifo_stale.fetch_add(dropped, Ordering::Relaxed);
+    }
+
+    /// The oldest fault-order entry: the spill's first, then the queue's.
+    fn next_entry(&mut self) -> Option<u64> {
+        self.spill.pop_front().or_else(|| self.sh.fifo.pop())
+    }
+
+    /// Puts an entry back at the end of fault order; when the queue is full (faulting threads
+    /// filled it) it waits in the spill instead of blocking the evictor, which alone makes room.
+    fn requeue(&mut self, e: u64) {
+        if let Err(e) = self.sh.fifo.push(e) {
+            self.spill.push_back(e);
+        }
     }
 
     fn scratch_page(&self, i: usize) -> usize {
@@ -242,14 +276,18 @@ impl Evictor {
         self.victims.clear();
         {
             let t = sh.regions.lock();
-            while self.victims.len() < want {
-                let Some(e) = sh.fifo.pop() else { break };
+            // One pass over the entries there are now at most: pinned pages go back in, and
+            // when every resident page is pinned there is nothing to take (the faults wait).
+            let mut left = sh.fifo.len() + self.spill.len();
+            while self.victims.len() < want && left > 0 {
+                left -= 1;
+                let Some(e) = self.next_entry() else { break };
                 if let Some((st, p)) = t.lookup(e) {
                     if p < st.shadow.len() && st.shadow.cas(p, Place::Resident, Place::Evicting) {
                         if st.shadow.pinned_after_claim(p) {
                             // A system call is using it: it stays, and comes round again.
                             st.shadow.set(p, Place::Resident);
-                            let _ = sh.fifo.push(e);
+                            self.requeue(e);
                             sh.c.pinned_skips.fetch_add(1, Ordering::Relaxed);
                             continue;
                         }
@@ -286,7 +324,7 @@ impl Evictor {
                 _ => {
                     // Shared with another mapping (EBUSY) or refused: it stays.
                     st.shadow.set(*p, Place::Resident);
-                    let _ = sh.fifo.push(st.key | *p as u64);
+                    self.requeue(st.key | *p as u64);
                     sh.c.evict_busy.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -739,7 +777,7 @@ impl Evictor {
 
     /// A moved-out page that found no place (swap full, write failed) goes back into its
     /// region, copied from its scratch page, and stays resident.
-    fn put_back(&self, st: &RegionState, p: usize, i: usize) {
+    fn put_back(&mut self, st: &RegionState, p: usize, i: usize) {
         // SAFETY: the scratch page holds the moved page.
         let page =
             unsafe { std::slice::from_raw_parts(self.scratch_page(i) as *const u8, PAGE_SIZE) };
@@ -751,7 +789,7 @@ impl Evictor {
             }
         }
         st.shadow.set(p, Place::Resident);
-        let _ = self.sh.fifo.push(st.key | p as u64);
+        self.requeue(st.key | p as u64);
         self.sh.c.swap_full.fetch_add(1, Ordering::Relaxed);
     }
 

@@ -479,9 +479,7 @@ impl Pager {
             seg,
         });
         let ev = Evictor::new(shared.clone())?;
-        let evictor = std::thread::Builder::new()
-            .name("tiermem-pager".into())
-            .spawn(move || ev.run())
+        let evictor = tiermem_fault::scope::spawn_library_thread("tiermem-pager", move || ev.run())
             .map_err(|source| Error::Sys {
                 op: "spawning the pager's evictor thread",
                 source,
