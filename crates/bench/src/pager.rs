@@ -36,13 +36,11 @@
 //!
 //! `--systems` runs a subset (kernel-swap always: it gives K).
 //!
-//! Then the application case (`pager_app.rs`): memcached under kernel swap and under
-//! `tiermem pager run`, YCSB-A with `dataintegrity=true`; `app_p99_ratio_vs_kernel_swap.memcached`
-//! is the ratio of YCSB's READ p99s.
+//! Then the application cases (`pager_app.rs`): memcached and redis-server, each under kernel
+//! swap and under `tiermem pager run`, YCSB-A with `dataintegrity=true`;
+//! `app_p99_ratio_vs_kernel_swap.memcached` and `.redis` are the ratios of YCSB's READ p99s.
 //!
-//! Not built yet, reported as null: the concurrent and dynamic cases (several probe processes
-//! sharing one pager needs the shared control segment), and redis-server under the LD_PRELOAD
-//! shim (it installs its own SIGBUS handler).
+//! Not built yet: the kernel-swap side of the concurrent case.
 
 use crate::snapshot::Cgroup;
 use crate::worker::{self, Worker};
@@ -74,15 +72,15 @@ pub struct PagerBenchOpts {
     #[arg(long)]
     pub seconds: Option<f64>,
     /// Run only these systems, comma-separated: kernel-swap, kernel-zswap, kernel-zram,
-    /// pager-lru-ssd, pager-nolc, pager, and memcached for the application case. kernel-swap
-    /// always runs (its page-in p99 is K). Default: all of them; with --quick kernel-swap,
-    /// pager-lru-ssd, pager and memcached.
+    /// pager-lru-ssd, pager-nolc, pager, concurrent, dynamic, and memcached and redis for the
+    /// application cases. kernel-swap always runs (its page-in p99 is K). Default: all of
+    /// them; with --quick kernel-swap, pager-lru-ssd, pager, concurrent, memcached and redis.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub systems: Vec<String>,
 }
 
 /// Every system `--systems` can name, in the order they run.
-const SYSTEMS: [&str; 9] = [
+const SYSTEMS: [&str; 10] = [
     "kernel-swap",
     "kernel-zswap",
     "kernel-zram",
@@ -92,6 +90,7 @@ const SYSTEMS: [&str; 9] = [
     "concurrent",
     "dynamic",
     "memcached",
+    "redis",
 ];
 
 /// The systems this run runs, in [`SYSTEMS`]' order: `asked` (with kernel-swap), or the
@@ -337,8 +336,10 @@ impl Report for PagerReport {
             r(self.throughput_ratio_vs_kernel_swap)
         );
         println!(
-            "memcached (YCSB-A READ p99, op p99 column) under the pager vs kernel swap: {} (≤ 0.9)",
-            r(self.app_p99_ratio_vs_kernel_swap.memcached)
+            "YCSB-A READ p99 (op p99 column) under the pager vs kernel swap: memcached {} (≤ 0.9), \
+             redis {}",
+            r(self.app_p99_ratio_vs_kernel_swap.memcached),
+            r(self.app_p99_ratio_vs_kernel_swap.redis)
         );
         println!(
             "verify errors {}, leaked slots {}, CDF {}",
@@ -1140,10 +1141,11 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
     let systems = selected_systems(quick, &o.systems)?;
     let runs = |s: &str| systems.contains(&s);
     let mut notes = Vec::new();
-    // Calibration, each system, memcached's two runs, the second concurrent case.
+    // Calibration, each system, each application's two runs, the second concurrent case.
     let steps = 1
         + systems.len() as u64
         + u64::from(runs("memcached"))
+        + u64::from(runs("redis"))
         + u64::from(runs("concurrent") && !quick);
     progress::plan("bench pager", Some(steps));
     progress::step("calibrating the zones (Ch. 5)");
@@ -1347,12 +1349,18 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         );
         multi.push(r);
     }
-    // The application case: memcached under kernel swap and under the shim.
-    let app = if runs("memcached") {
-        run_app(quick, data, &dir, bound_ns, &mut notes)?
-    } else {
-        None
-    };
+    // The application cases: each under kernel swap and under the shim.
+    let mut apps = Vec::new();
+    for app in [
+        crate::pager_app::App::Memcached,
+        crate::pager_app::App::Redis,
+    ] {
+        if runs(app.name()) {
+            if let Some(r) = run_app(app, quick, data, &dir, bound_ns, &mut notes)? {
+                apps.push(r);
+            }
+        }
+    }
     progress::done();
     let mut rows: Vec<Row> = measured
         .iter()
@@ -1385,14 +1393,18 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
     for m in &multi {
         rows.extend(m.rows.iter().cloned());
     }
-    let mut app_ratio = None;
-    if let Some((ka, pa, spec)) = &app {
-        app_ratio = Some(pa.read_p99_us / ka.read_p99_us.max(1e-9));
+    let mut app_ratios = AppRatios::default();
+    for (ka, pa, spec) in &apps {
+        let ratio = Some(pa.read_p99_us / ka.read_p99_us.max(1e-9));
+        match spec.app {
+            crate::pager_app::App::Memcached => app_ratios.memcached = ratio,
+            crate::pager_app::App::Redis => app_ratios.redis = ratio,
+        }
         for (system, a) in [("kernel-swap", ka), ("pager", pa)] {
             rows.push(Row {
-                case: "app-memcached".into(),
+                case: format!("app-{}", spec.app.name()),
                 system: system.into(),
-                process: "memcached".into(),
+                process: spec.app.program().into(),
                 bound_us: (system == "pager")
                     .then_some(spec.bound_ns)
                     .flatten()
@@ -1469,12 +1481,6 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
          while swap writeback lags; the pager's regions get the budget alone",
         measured[0].limit_over_budget >> 20
     ));
-    notes.push(
-        "not built yet (null): redis-server under the shim (its SIGBUS handler is chained, but \
-         Debian's links jemalloc: the shim hands its small values to glibc, outside the arena, \
-         and its epoll_wait array is not pinned)"
-            .into(),
-    );
     if !multi.is_empty() {
         notes.push(
             "concurrent and dynamic cases: probes in processes of their own, tenants of one \
@@ -1515,10 +1521,7 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
             lru.and_then(|r| r.pageout_p99_us),
         ),
         throughput_ratio_vs_kernel_swap: ratio(pg.map(|r| r.ops_per_s), ks.map(|r| r.ops_per_s)),
-        app_p99_ratio_vs_kernel_swap: AppRatios {
-            memcached: app_ratio,
-            redis: None,
-        },
+        app_p99_ratio_vs_kernel_swap: app_ratios,
         bounds_met: BoundsMet {
             single: pg.and_then(|r| r.bound_met),
             concurrent: concurrent_met,
@@ -1537,10 +1540,11 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
     })
 }
 
-/// The application case (see [`crate::pager_app`]): memcached with half of this run's data
-/// under kernel swap, then under the shim, budget half of it, NVM a quarter, the single case's
-/// bound. `None`, with a note, when memcached or the YCSB binding is missing.
+/// An application case (see [`crate::pager_app`]): `app` with half of this run's data under
+/// kernel swap, then under the shim, budget half of it, NVM a quarter, the single case's bound.
+/// `None`, with a note, when the program or the YCSB binding is missing.
 fn run_app(
+    app: crate::pager_app::App,
     quick: bool,
     data: u64,
     dir: &Path,
@@ -1554,8 +1558,11 @@ fn run_app(
     )>,
 > {
     use crate::pager_app::{run_kernel, run_pager, AppSpec};
-    if !crate::on_path("memcached") {
-        notes.push("memcached is not installed (scripts/setup.sh installs it): no app case".into());
+    if !crate::on_path(app.program()) {
+        notes.push(format!(
+            "{} is not installed (scripts/setup.sh installs it): no app case",
+            app.program()
+        ));
         return Ok(None);
     }
     let ycsb = match crate::kv_harness::Ycsb::locate().and_then(|y| y.build().map(|()| y)) {
@@ -1567,19 +1574,20 @@ fn run_app(
     };
     let app_data = data / 2;
     let mut spec = AppSpec {
+        app,
         data: app_data,
         budget: app_data / 2,
         nvm: app_data / 4,
         bound_ns: Some(bound_ns),
         ops: 0,
         dir: dir.to_path_buf(),
-        logs: dir.join(format!("app-logs-{}", std::process::id())),
+        logs: dir.join(format!("app-logs-{}-{}", app.name(), std::process::id())),
     };
     spec.ops = (if quick { 40_000 } else { 200_000 }).min(2 * spec.records());
     std::fs::create_dir_all(&spec.logs)
         .with_context(|| format!("creating {}", spec.logs.display()))?;
     let say = |m: &str| progress::note(m);
-    progress::step("memcached under kernel-swap (YCSB-A)");
+    progress::step(&format!("{} under kernel-swap (YCSB-A)", app.program()));
     let kernel = {
         let _z = ZswapOff::new();
         let _swap = SwapFile::create(
@@ -1590,15 +1598,20 @@ fn run_app(
         run_kernel(
             &spec,
             &ycsb,
-            &format!("tiermem-pager-bench-app-{}", std::process::id()),
+            &format!(
+                "tiermem-pager-bench-app-{}-{}",
+                app.name(),
+                std::process::id()
+            ),
             &say,
         )?
     };
-    // The pager gets what the kernel got for the items: the budget and the slack (memcached's
+    // The pager gets what the kernel got for the items: the budget and the slack (the server's
     // memory at start is outside the arena there too).
-    progress::step("memcached under the pager (YCSB-A)");
+    progress::step(&format!("{} under the pager (YCSB-A)", app.program()));
     let pager = run_pager(
         &AppSpec {
+            app,
             budget: spec.budget + kernel_slack(spec.budget),
             nvm: spec.nvm,
             bound_ns: spec.bound_ns,
@@ -1612,13 +1625,21 @@ fn run_app(
     )?;
     // Kept when a run fails (its error quotes them); removed after a good one.
     let _ = std::fs::remove_dir_all(&spec.logs);
+    let what = match app {
+        crate::pager_app::App::Memcached => format!(
+            "memcached (-m {} MiB, 2 threads)",
+            2 * app_data.div_ceil(1 << 20)
+        ),
+        crate::pager_app::App::Redis => {
+            "redis-server (no persistence, hashes as listpacks, its own jemalloc)".to_string()
+        }
+    };
     notes.push(format!(
-        "app case: memcached (-m {} MiB, 2 threads) with {} YCSB records (~{} MiB of items), \
+        "app case: {what} with {} YCSB records (~{} MiB of items), \
          budget {} MiB, NVM {} MiB; one YCSB-A warm-up of {} then {} timed operations, \
          dataintegrity=true; op p99 is YCSB's READ p99; kernel-swap's cgroup allowed {} MiB over \
-         the budget (memcached's memory at start + the probe's slack), the pager's arena budget \
+         the budget (the server's memory at start + the probe's slack), the pager's arena budget \
          is the budget + that slack ({} MiB)",
-        2 * app_data.div_ceil(1 << 20),
         spec.records(),
         app_data >> 20,
         spec.budget >> 20,
@@ -1668,7 +1689,8 @@ mod tests {
                 "pager-lru-ssd",
                 "pager",
                 "concurrent",
-                "memcached"
+                "memcached",
+                "redis"
             ]
         );
         // kernel-swap always, the order is the run's whatever the order asked.

@@ -1,9 +1,15 @@
-//! The application case of `tiermem bench pager`: Debian's memcached, unmodified, under kernel
-//! swap and under `tiermem pager run` (the LD_PRELOAD shim), driven by YCSB-A through tiermem's
-//! memcached binding (`bench/ycsb`, `ycsb.sh --db memcached`) with `dataintegrity=true`, so
-//! every value read back is checked by YCSB itself.
+//! The application cases of `tiermem bench pager`: Debian's memcached and redis-server,
+//! unmodified, each under kernel swap and under `tiermem pager run` (the LD_PRELOAD shim),
+//! driven by YCSB-A through tiermem's bindings (`bench/ycsb`: `ycsb.sh --db memcached`, and
+//! `--db resp` for redis, a record a hash) with `dataintegrity=true`, so every value read back
+//! is checked by YCSB itself.
 //!
-//! Per system: start memcached (`-m` twice the data, so memcached itself evicts nothing), load
+//! redis-server runs without persistence (`save ""`, no AOF) and with hashes of up to 128-byte
+//! values kept as listpacks (a YCSB record, ten 100-byte fields, is then one ~1.1 KB block, the
+//! paper's 1 KB value); under the shim its jemalloc keeps every allocation and the arena pages
+//! jemalloc's extents.
+//!
+//! Per system: start the server (memcached: `-m` twice the data, so it evicts nothing), load
 //! the records (about `data` bytes of items), an untimed YCSB-A warm-up of a quarter of the
 //! operations, then the timed YCSB-A run. The application's p99 is YCSB's `[READ]`
 //! 99th-percentile latency (the paper's "DB reads"); UPDATE (a get and a set here) is reported
@@ -24,12 +30,96 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-/// Bytes of memcached memory one YCSB record takes (10 fields of 100 bytes in the binding's
-/// encoding, 1,120 bytes, with key and item header, in memcached's 1,184-byte slab class).
-const RECORD_BYTES: u64 = 1184;
+/// The application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum App {
+    /// Debian's memcached (`-L`-free defaults; 1 MiB slab pages from `malloc`).
+    Memcached,
+    /// Debian's redis-server (jemalloc).
+    Redis,
+}
+
+impl App {
+    /// Its name in rows, `--systems` and JSON keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            App::Memcached => "memcached",
+            App::Redis => "redis",
+        }
+    }
+
+    /// Its executable.
+    pub fn program(self) -> &'static str {
+        match self {
+            App::Memcached => "memcached",
+            App::Redis => "redis-server",
+        }
+    }
+
+    /// Bytes of server memory one YCSB record takes. memcached: 10 fields of 100 bytes in the
+    /// binding's encoding, 1,120 bytes, with key and item header, in its 1,184-byte slab
+    /// class. redis: a listpack hash of ten ~107-byte entries, key, object and dict entry, in
+    /// jemalloc's 1,280-byte class.
+    fn record_bytes(self) -> u64 {
+        match self {
+            App::Memcached => 1184,
+            App::Redis => 1280,
+        }
+    }
+
+    /// The YCSB binding (`ycsb.sh --db`).
+    fn db(self) -> &'static str {
+        match self {
+            App::Memcached => "memcached",
+            App::Redis => "resp",
+        }
+    }
+
+    /// Its arguments on 127.0.0.1:`port` for `data` bytes of records.
+    fn args(self, port: u16, data: u64) -> Vec<String> {
+        match self {
+            App::Memcached => memcached_args(port, 2 * data.div_ceil(1 << 20)),
+            App::Redis => [
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--logfile",
+                "",
+                "--hash-max-listpack-value",
+                "128",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        }
+    }
+
+    /// Whether it serves on `port` yet.
+    fn ready(self, port: u16) -> std::result::Result<(), String> {
+        match self {
+            App::Memcached => memcached_ready(port),
+            App::Redis => {
+                match crate::kv_harness::command_line(port, &["PING"], Duration::from_millis(500)) {
+                    Ok(r) if r == "+PONG" => Ok(()),
+                    Ok(r) => Err(format!("PING answered {r:?}")),
+                    Err(e) => Err(format!("{e:#}")),
+                }
+            }
+        }
+    }
+}
 
 /// What one application run is asked to do.
 pub struct AppSpec {
+    /// The application.
+    pub app: App,
     /// Bytes of item memory to load (records = data / [`RECORD_BYTES`]).
     pub data: u64,
     /// DRAM budget (the cgroup's base for kernel swap, the arena's budget for the pager).
@@ -49,7 +139,7 @@ pub struct AppSpec {
 impl AppSpec {
     /// Records loaded.
     pub fn records(&self) -> u64 {
-        (self.data / RECORD_BYTES).max(1000)
+        (self.data / self.app.record_bytes()).max(1000)
     }
 }
 
@@ -62,9 +152,9 @@ pub struct AppRun {
     pub update_p99_us: f64,
     /// YCSB run throughput, operations per second.
     pub ops_per_s: f64,
-    /// memcached's CPU seconds over load, warm-up and run.
+    /// The server's CPU seconds over load, warm-up and run.
     pub cpu_s: f64,
-    /// Page-ins: memcached's major faults (kernel swap) or the pager's page-ins.
+    /// Page-ins: the server's major faults (kernel swap) or the pager's page-ins.
     pub pageins: u64,
     /// The pager's page-in p50 and p99 over the whole run, µs.
     pub pagein_p50_us: Option<f64>,
@@ -133,7 +223,7 @@ fn drive(
     say: &dyn Fn(&str),
 ) -> Result<YcsbReport> {
     let w = YcsbWorkload {
-        db: "memcached".into(),
+        db: spec.app.db().into(),
         port,
         workload: "a".into(),
         threads: 1,
@@ -163,7 +253,7 @@ fn p99(r: &YcsbReport, op: &str) -> Result<f64> {
         .with_context(|| format!("YCSB reported no {op} operations"))
 }
 
-/// memcached under kernel swap (the caller has the swap file on and zswap off).
+/// The application under kernel swap (the caller has the swap file on and zswap off).
 pub fn run_kernel(
     spec: &AppSpec,
     ycsb: &Ycsb,
@@ -172,19 +262,20 @@ pub fn run_kernel(
 ) -> Result<AppRun> {
     let cg = Cgroup::create(cgroup_name)?;
     let port = free_port()?;
-    let mut c = Command::new("memcached");
-    c.args(memcached_args(port, 2 * spec.data.div_ceil(1 << 20)));
+    let app = spec.app;
+    let mut c = Command::new(app.program());
+    c.args(app.args(port, spec.data));
     cg.enter_at_exec(&mut c);
-    let log = spec.logs.join("memcached-kernel.log");
+    let log = spec.logs.join(format!("{}-kernel.log", app.name()));
     let server = Server::start_until(
-        "memcached",
+        app.program(),
         c,
         port,
         &log,
         Duration::from_secs(30),
-        memcached_ready,
+        move |p| app.ready(p),
     )?;
-    let pid = server.pid().context("memcached pid")?;
+    let pid = server.pid().context("server pid")?;
     let base = cg.max_usage()?;
     let limit = spec.budget + base + crate::pager::kernel_slack(spec.budget);
     cg.set_limit(limit)?;
@@ -195,7 +286,8 @@ pub fn run_kernel(
     let _ = server.stop(Stop::Signal(libc::SIGTERM), Duration::from_secs(10));
     let r = r.with_context(|| {
         format!(
-            "memcached under kernel swap (OOM kills {ooms}; log: {})",
+            "{} under kernel swap (OOM kills {ooms}; log: {})",
+            app.program(),
             crate::kv_harness::log_tail(&log, 5)
         )
     })?;
@@ -215,10 +307,11 @@ pub fn run_kernel(
     })
 }
 
-/// memcached under `tiermem pager run` (`tiermem` is this executable).
+/// The application under `tiermem pager run` (`tiermem` is this executable).
 pub fn run_pager(spec: &AppSpec, ycsb: &Ycsb, say: &dyn Fn(&str)) -> Result<AppRun> {
+    let app = spec.app;
     let port = free_port()?;
-    let stats = spec.logs.join(format!("memcached-pager-{port}.json"));
+    let stats = spec.logs.join(format!("{}-pager-{port}.json", app.name()));
     let _ = std::fs::remove_file(&stats);
     let exe = std::env::current_exe().context("locating the tiermem executable")?;
     let mut c = Command::new(exe);
@@ -236,30 +329,34 @@ pub fn run_pager(spec: &AppSpec, ycsb: &Ycsb, say: &dyn Fn(&str)) -> Result<AppR
             .arg("--best-effort");
     }
     c.arg("--")
-        .arg("memcached")
-        .args(memcached_args(port, 2 * spec.data.div_ceil(1 << 20)));
+        .arg(app.program())
+        .args(app.args(port, spec.data));
     die_with_parent(&mut c);
-    let log = spec.logs.join("memcached-pager.log");
+    let log = spec.logs.join(format!("{}-pager.log", app.name()));
     let server = Server::start_until(
-        "memcached (pager)",
+        &format!("{} (pager)", app.program()),
         c,
         port,
         &log,
         Duration::from_secs(60),
-        memcached_ready,
+        move |p| app.ready(p),
     )?;
-    let pid = server.pid().context("memcached pid")?;
+    let pid = server.pid().context("server pid")?;
     let r = drive(ycsb, port, spec, &spec.logs, say);
     let cpu_s = crate::cpu::process_cpu_s(pid).unwrap_or(0.0);
     let (_, clean) = server.stop(Stop::Signal(libc::SIGTERM), Duration::from_secs(30))?;
     let r = r.with_context(|| {
         format!(
-            "memcached under the pager (log: {})",
+            "{} under the pager (log: {})",
+            app.program(),
             crate::kv_harness::log_tail(&log, 5)
         )
     })?;
     if !clean {
-        bail!("memcached under the pager did not exit on SIGTERM within 30 s");
+        bail!(
+            "{} under the pager did not exit on SIGTERM within 30 s",
+            app.program()
+        );
     }
     let text = std::fs::read_to_string(&stats)
         .with_context(|| format!("the shim's exit report {}", stats.display()))?;

@@ -107,20 +107,32 @@ fn bench_pager_reports_every_key_and_cleans_up() {
         "concurrent/pager",
         "concurrent/pager",
     ];
-    // The application case runs where memcached is installed (scripts/setup.sh installs it).
-    let memcached = Command::new("sh")
-        .args(["-c", "command -v memcached"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if memcached {
-        want.extend(["app-memcached/kernel-swap", "app-memcached/pager"]);
-        assert!(
-            v["app_p99_ratio_vs_kernel_swap"]["memcached"]
-                .as_f64()
-                .is_some(),
-            "{v}"
-        );
+    // The application cases run where their programs are installed (scripts/setup.sh installs
+    // them).
+    let have = |p: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {p}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    for (app, program) in [("memcached", "memcached"), ("redis", "redis-server")] {
+        if have(program) {
+            want.push(if app == "redis" {
+                "app-redis/kernel-swap"
+            } else {
+                "app-memcached/kernel-swap"
+            });
+            want.push(if app == "redis" {
+                "app-redis/pager"
+            } else {
+                "app-memcached/pager"
+            });
+            assert!(
+                v["app_p99_ratio_vs_kernel_swap"][app].as_f64().is_some(),
+                "{v}"
+            );
+        }
     }
     assert_eq!(systems, want, "{v}");
     for r in v["results"].as_array().unwrap() {

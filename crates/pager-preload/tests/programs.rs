@@ -204,6 +204,28 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A connection to `child` on 127.0.0.1:`port`, retried for 20 s (killed, with its stdout if
+/// piped, when it never listens).
+fn connect(child: &mut std::process::Child, port: u16, what: &str) -> TcpStream {
+    let t0 = Instant::now();
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => return s,
+            Err(_) if t0.elapsed() < Duration::from_secs(20) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let mut out = String::new();
+                if let Some(mut o) = child.stdout.take() {
+                    o.read_to_string(&mut out).ok();
+                }
+                panic!("{what} did not listen: {e}: {out}");
+            }
+        }
+    }
+}
+
 #[test]
 fn memcached_with_its_cache_paged_serves_every_value_back() {
     if !is_root() || !have("memcached") {
@@ -229,19 +251,7 @@ fn memcached_with_its_cache_paged_serves_every_value_back() {
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
     let mut child = c.spawn().expect("memcached");
-    let t0 = Instant::now();
-    let mut s = loop {
-        match TcpStream::connect(("127.0.0.1", port)) {
-            Ok(s) => break s,
-            Err(_) if t0.elapsed() < Duration::from_secs(20) => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => {
-                let _ = child.kill();
-                panic!("memcached did not listen: {e}");
-            }
-        }
-    };
+    let mut s = connect(&mut child, port, "memcached");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     // One write per request and no Nagle: otherwise each set waits out a delayed ACK.
     s.set_nodelay(true).unwrap();
@@ -410,21 +420,7 @@ fn redis_server_with_jemalloc_paged_serves_every_value_back() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = c.spawn().expect("redis-server");
-    let t0 = Instant::now();
-    let mut s = loop {
-        match TcpStream::connect(("127.0.0.1", port)) {
-            Ok(s) => break s,
-            Err(_) if t0.elapsed() < Duration::from_secs(20) => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => {
-                let _ = child.kill();
-                let mut err = String::new();
-                child.stdout.take().unwrap().read_to_string(&mut err).ok();
-                panic!("redis-server did not listen: {e}: {err}");
-            }
-        }
-    };
+    let mut s = connect(&mut child, port, "redis-server");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s.set_nodelay(true).unwrap();
     let keys = 64_000usize;
