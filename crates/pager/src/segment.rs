@@ -544,6 +544,8 @@ impl PagerPool {
             s_reserve: h.s_reserve as usize,
             fixed_queue: h.fixed_queue as usize,
             window: Duration::from_nanos(h.window_ns),
+            // Not in the pool's layout: every pool aims where a pager of its own would.
+            goal_frac: ControlParams::default().goal_frac,
         }
     }
 
