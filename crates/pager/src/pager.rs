@@ -13,7 +13,6 @@ use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use tiermem_fault::PAGE_SIZE;
 use tiermem_media::DelayModel;
 
@@ -379,7 +378,7 @@ impl RegionTable {
 /// an SSD swap file and come back on first access. See the crate documentation.
 pub struct Pager {
     shared: Arc<Shared>,
-    evictor: Option<JoinHandle<()>>,
+    evictor: Option<tiermem_fault::scope::LibraryThread<()>>,
 }
 
 static SWAP_SEQ: AtomicU64 = AtomicU64::new(0);
