@@ -174,13 +174,7 @@ impl Server {
         log: &Path,
         timeout: Duration,
     ) -> Result<Server> {
-        Server::start_until(name, cmd, port, log, timeout, |port| {
-            match command_line(port, &["PING"], Duration::from_millis(500)) {
-                Ok(reply) if reply == "+PONG" => Ok(()),
-                Ok(reply) => Err(format!("PING answered {reply:?}")),
-                Err(e) => Err(format!("{e:#}")),
-            }
-        })
+        Server::start_until(name, cmd, port, log, timeout, resp_ready)
     }
 
     /// [`Server::start`] for a server of another protocol: `ready(port)` says whether it serves
@@ -316,6 +310,16 @@ pub fn log_tail(path: &Path, n: usize) -> String {
             }
         }
         Err(e) => format!("(cannot read its log {}: {e})", path.display()),
+    }
+}
+
+/// Whether a Redis-protocol server on 127.0.0.1:`port` answers `PING` with `+PONG` yet
+/// (`Err` says why not).
+pub fn resp_ready(port: u16) -> std::result::Result<(), String> {
+    match command_line(port, &["PING"], Duration::from_millis(500)) {
+        Ok(reply) if reply == "+PONG" => Ok(()),
+        Ok(reply) => Err(format!("PING answered {reply:?}")),
+        Err(e) => Err(format!("{e:#}")),
     }
 }
 

@@ -105,13 +105,7 @@ impl App {
     fn ready(self, port: u16) -> std::result::Result<(), String> {
         match self {
             App::Memcached => memcached_ready(port),
-            App::Redis => {
-                match crate::kv_harness::command_line(port, &["PING"], Duration::from_millis(500)) {
-                    Ok(r) if r == "+PONG" => Ok(()),
-                    Ok(r) => Err(format!("PING answered {r:?}")),
-                    Err(e) => Err(format!("{e:#}")),
-                }
-            }
+            App::Redis => crate::kv_harness::resp_ready(port),
         }
     }
 }

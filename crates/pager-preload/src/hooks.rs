@@ -198,17 +198,18 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     if libheap::owns(p as usize) {
         return libheap::free(p as usize);
     }
-    match next::route() {
-        Route::Next if !next::early(p as usize, true) => {
-            // SAFETY: the next allocator's block (the caller's contract).
-            return unsafe { next::free(p) };
-        }
-        Route::Next | Route::Early => {
-            next::early(p as usize, true);
+    let route = next::route();
+    if route != Route::Glibc {
+        // A glibc block handed out during the lookup goes back to glibc (and is forgotten);
+        // with the next allocator chosen, every other block is its.
+        if next::early(p as usize, true) || route == Route::Early {
             // SAFETY: a glibc block handed out during the lookup.
-            return unsafe { __libc_free(p) };
+            unsafe { __libc_free(p) };
+        } else {
+            // SAFETY: the next allocator's block (the caller's contract).
+            unsafe { next::free(p) };
         }
-        Route::Glibc => {}
+        return;
     }
     if in_arena(p as usize) {
         if let Some(a) = arena_ready() {

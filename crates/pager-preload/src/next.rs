@@ -37,7 +37,7 @@ static N_REALLOC: AtomicUsize = AtomicUsize::new(0);
 static N_MEMALIGN: AtomicUsize = AtomicUsize::new(0);
 static N_USABLE: AtomicUsize = AtomicUsize::new(0);
 
-/// glibc blocks handed out during the lookup (addresses; 0 = empty).
+/// glibc blocks handed out during the lookup (addresses; 0 = empty), and how many are held.
 const EARLY_MAX: usize = 16;
 static EARLY: [AtomicUsize; EARLY_MAX] = [const { AtomicUsize::new(0) }; EARLY_MAX];
 static EARLY_N: AtomicUsize = AtomicUsize::new(0);
@@ -71,8 +71,9 @@ pub(crate) fn early(p: usize, take: bool) -> bool {
     }
     for e in &EARLY {
         if e.load(Relaxed) == p {
-            if take {
-                e.store(0, Relaxed);
+            if take && e.compare_exchange(p, 0, Relaxed, Relaxed).is_ok() {
+                // The last one forgotten puts `free`'s fast path back.
+                EARLY_N.fetch_sub(1, Relaxed);
             }
             return true;
         }

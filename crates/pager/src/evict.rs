@@ -219,7 +219,7 @@ impl Evictor {
                 continue;
             }
             // Entries ahead of it that are still spilled stay ahead: it joins them.
-            if !kept.is_empty() || !self.spill.is_empty() {
+            if !kept.is_empty() {
                 kept.push_back(e);
             } else if let Err(e) = sh.fifo.push(e) {
                 kept.push_back(e);
