@@ -122,7 +122,7 @@ fn selected_systems(quick: bool, asked: &[String]) -> Result<Vec<&'static str>> 
 
 /// The request that runs a probe with `spec` (for `pager_multi`).
 pub(crate) fn probe_request(spec: RunSpec) -> impl Serialize {
-    ProbeReq::Run(spec)
+    ProbeReq::Run(Box::new(spec))
 }
 
 /// One request to a probe worker.
@@ -131,7 +131,7 @@ enum ProbeReq {
     /// Join this cgroup (its `cgroup.procs`) and report the process's RSS in bytes.
     Join { procs: PathBuf },
     /// Run the probe.
-    Run(RunSpec),
+    Run(Box<RunSpec>),
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -163,6 +163,51 @@ pub(crate) struct RunSpec {
     /// each batch it sleeps the rest. Several probes on 2 cores otherwise time the scheduler.
     #[serde(default)]
     pub(crate) duty: Option<f64>,
+    /// Probes that run together meet here (see [`Rendezvous`]) after filling their data and
+    /// again after their timed part, so every timed window overlaps the others' timed windows
+    /// only: not another probe's fill or its final read-back of every record.
+    #[serde(default)]
+    pub(crate) rendezvous: Option<Rendezvous>,
+}
+
+/// A meeting point of `n` probe processes: a directory where each arriving probe leaves a file
+/// named after the point and its seed, then waits until `n` such files exist (polled every
+/// millisecond; untimed). A probe that never arrives makes the others fail after `timeout_s`.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub(crate) struct Rendezvous {
+    pub(crate) dir: PathBuf,
+    pub(crate) n: usize,
+    pub(crate) timeout_s: f64,
+}
+
+impl Rendezvous {
+    /// Arrives at point `name` as probe `who` and returns once all `n` probes have.
+    pub(crate) fn meet(&self, name: &str, who: u64) -> Result<()> {
+        std::fs::write(self.dir.join(format!("{name}-{who}")), b"")
+            .with_context(|| format!("rendezvous {name} in {}", self.dir.display()))?;
+        let t = Instant::now();
+        loop {
+            let here = std::fs::read_dir(&self.dir)?
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    e.file_name()
+                        .to_str()
+                        .is_some_and(|f| f.starts_with(&format!("{name}-")))
+                })
+                .count();
+            if here >= self.n {
+                return Ok(());
+            }
+            if t.elapsed().as_secs_f64() > self.timeout_s {
+                bail!(
+                    "rendezvous {name}: {here} of {} probes arrived in {} s",
+                    self.n,
+                    self.timeout_s
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
@@ -525,6 +570,9 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
         };
         (d, paged)
     };
+    if let Some(r) = &spec.rendezvous {
+        r.meet("filled", spec.seed)?;
+    }
     let t = Instant::now();
     while t.elapsed().as_secs_f64() < spec.warmup_s {
         for _ in 0..256 {
@@ -532,6 +580,9 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
         }
     }
     let s0 = pager.as_ref().map(|p| p.stats());
+    if std::env::var_os("TIERMEM_PAGER_TRACE").is_some() {
+        eprintln!("tiermem-pager: stats before the timed part: {s0:?}");
+    }
     let tier0 = tier_reads(spec);
     let c0 = crate::cpu::process_ns();
     let t0 = Instant::now();
@@ -575,6 +626,10 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
     let wall_s = t0.elapsed().as_secs_f64();
     let cpu_s = (crate::cpu::process_ns() - c0) as f64 / 1e9;
     let tier1 = tier_reads(spec);
+    let s1 = pager.as_ref().map(|p| p.stats());
+    if let Some(r) = &spec.rendezvous {
+        r.meet("timed", spec.seed)?;
+    }
     // Everything read back once, untimed.
     for r in 0..records {
         let at = r as usize * RECORD;
@@ -623,14 +678,16 @@ fn probe(spec: &RunSpec) -> Result<RunReply> {
         let (c, all) = (c1.saturating_sub(c0), all1.saturating_sub(all0));
         reply.nvm_served_frac = Some(c as f64 / all.max(1) as f64);
     }
-    if let (Some(pg), Some(s0)) = (&pager, s0) {
-        let s1 = pg.stats();
+    if let (Some(pg), Some(s0), Some(s1)) = (&pager, s0, s1) {
+        // Rates and latencies of the timed part (s1, taken before the read-back); the peak
+        // residency of the whole run.
+        let peak = pg.stats().max_resident_pages;
         let out = s1.pageout.since(&s0.pageout);
         reply.pageout_p99_us = out.quantile(0.99).map(|v| v as f64 / 1000.0);
         let from_nvm = s1.pageins_buffer - s0.pageins_buffer;
         let from_ssd = s1.pageins_ssd - s0.pageins_ssd;
         reply.nvm_served_frac = Some(from_nvm as f64 / (from_nvm + from_ssd).max(1) as f64);
-        reply.max_resident_bytes = Some((s1.max_resident_pages * PAGE) as u64);
+        reply.max_resident_bytes = Some((peak * PAGE) as u64);
         reply.queue = Some(s1.queue);
         let us = |v: Option<u64>| v.map(|n| n as f64 / 1000.0);
         reply.ssd_pagein_p99_us = us(s1.pagein_ssd.since(&s0.pagein_ssd).quantile(0.99));
@@ -1098,7 +1155,7 @@ fn run_one(
         limit = Some(l);
     }
     let budget = spec.budget;
-    let reply: RunReply = w.call(&ProbeReq::Run(spec), "run")?;
+    let reply: RunReply = w.call(&ProbeReq::Run(Box::new(spec)), "run")?;
     w.finish()?;
     let (peak, ok) = match (cgroup, limit) {
         (Some(cg), Some(l)) => {
@@ -1170,6 +1227,7 @@ pub fn run(o: &PagerBenchOpts) -> Result<PagerReport> {
         read_pct: None,
         phases: Vec::new(),
         duty: None,
+        rendezvous: None,
     };
     let swap_file = |system: &str, prio: i32| {
         SwapFile::create(

@@ -134,6 +134,13 @@ pub(crate) fn run_case(
     let dir = base.swap_dir.clone();
     let swap_size = data_each * probes.len() as u64 + (64 << 20);
     let daemon = Daemon::start(&dir, nvm, swap_size)?;
+    let meet = dir.join(format!("rendezvous-{case}-{}", std::process::id()));
+    std::fs::create_dir_all(&meet).with_context(|| format!("creating {}", meet.display()))?;
+    let rendezvous = crate::pager::Rendezvous {
+        dir: meet.clone(),
+        n: probes.len(),
+        timeout_s: timeout.as_secs_f64(),
+    };
     let replies: Vec<Result<RunReply>> = std::thread::scope(|s| {
         let handles: Vec<_> = probes
             .iter()
@@ -154,6 +161,7 @@ pub(crate) fn run_case(
                 // other to the evictors and the daemon: with every probe spinning, 3 probes
                 // and 3 evictors on 2 cores time the scheduler (page-in p99 ≈ a time slice).
                 spec.duty = Some(duty(probes.len()));
+                spec.rendezvous = Some(rendezvous.clone());
                 s.spawn(move || -> Result<RunReply> {
                     let mut w = Worker::spawn(
                         &spec.system,
@@ -175,6 +183,7 @@ pub(crate) fn run_case(
             })
             .collect()
     });
+    let _ = std::fs::remove_dir_all(&meet);
     let mut ok = Vec::new();
     for (p, r) in probes.iter().zip(replies) {
         ok.push(r.with_context(|| format!("{case}: probe {}", p.name))?);
