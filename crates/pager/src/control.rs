@@ -65,28 +65,6 @@ pub struct TenantWindow {
     pub bound_ns: u64,
     /// Its observed tail in this window (its percentile), if it paged in at all.
     pub observed_ns: Option<u64>,
-    /// Its pages out of DRAM (buffer or swap file), for [`buffer_share`]; 0 when unknown.
-    pub out_pages: u64,
-}
-
-/// Of the tenants in `ns`, those the buffer can serve: in bound order, a tenant stays served by
-/// the buffer while its pages out of DRAM and those of every tighter (or equal) bounded tenant
-/// fit in `buffer_pages`; the tightest always does. Serving more churns the buffer: in the full
-/// concurrent case every probe was over its bound and served by the buffer, 682–1024 MiB out of
-/// DRAM for a 512 MiB buffer, so buffer pages were destaged (written) as fast as page-outs came
-/// in, and those writes held every probe's swap-file reads behind them.
-pub fn buffer_share(tenants: &[TenantWindow], ns: &[u64], buffer_pages: u64) -> Vec<u64> {
-    let mut order: Vec<&TenantWindow> = tenants.iter().collect();
-    order.sort_by_key(|t| (t.bound_ns, t.id));
-    let mut used = 0u64;
-    let mut fits = Vec::new();
-    for (k, t) in order.iter().enumerate() {
-        used = used.saturating_add(t.out_pages);
-        if k == 0 || used <= buffer_pages {
-            fits.push(t.id);
-        }
-    }
-    ns.iter().copied().filter(|id| fits.contains(id)).collect()
 }
 
 /// What a control step decided.
@@ -248,7 +226,6 @@ mod tests {
             id,
             bound_ns: bound_us * 1000,
             observed_ns: None,
-            out_pages: 0,
         }
     }
 
@@ -339,20 +316,5 @@ mod tests {
         });
         let d = off.step(&[a, b], Some(10_000_000));
         assert_eq!((d.queue, d.ns.len()), (128, 0));
-    }
-
-    #[test]
-    fn the_buffer_serves_tenants_in_bound_order_while_their_pages_fit() {
-        let w = |id, bound_us, out| TenantWindow {
-            out_pages: out,
-            ..t(id, bound_us)
-        };
-        // 100 pages of buffer: the tightest (3) always, then 2 fits (40 + 50), then 1 not.
-        let ts = [w(1, 3000, 30), w(2, 1500, 50), w(3, 900, 40)];
-        assert_eq!(buffer_share(&ts, &[1, 2, 3], 100), vec![2, 3]);
-        // Only tenants already chosen are kept; the tightest even when it alone is too big.
-        assert_eq!(buffer_share(&ts, &[1], 100), Vec::<u64>::new());
-        assert_eq!(buffer_share(&ts, &[3], 10), vec![3]);
-        assert_eq!(buffer_share(&ts, &[1, 2, 3], 1000), vec![1, 2, 3]);
     }
 }

@@ -35,41 +35,10 @@ use tiermem_media::{now_ns, AlignedBuf, IoOp};
 const WRITE_DEPTH: usize = 8;
 
 /// Swap clusters prefetched into the buffer per evictor round.
-const PREFETCH_PER_ROUND: usize = 1;
+const PREFETCH_PER_ROUND: usize = 4;
 
 /// Pages per write when a group is destaged.
 const DESTAGE_PIECE: usize = 16;
-
-/// Whether region `r`'s swap pages are prefetched into the buffer: it is served by the buffer
-/// (NS) and no bounded tenant of the pool (or region of the process) has a tighter bound than
-/// its own `tightest`. Prefetching for every tenant over its bound read 130,000–345,000 pages
-/// a probe into the buffer in the full concurrent case, of which the looser probes' were nearly
-/// all destaged again unread (8–12 % hit), and those 256 KiB reads held every probe's page-ins
-/// behind them on this disk (SSD page-in p99 3.6–4.5 ms; 2.0 ms with no prefetch at all).
-fn prefetches(r: &RegionState, tightest: u64) -> bool {
-    let bound = r.bound_ns.load(Ordering::Relaxed);
-    r.ns.load(Ordering::Relaxed) && bound != u64::MAX && bound <= tightest
-}
-
-/// Ends page `p`'s `Writing` state after its write: moves it to `to` and returns true, or
-/// returns false once a fault has taken it (or the program dropped it) for good. A fault copying
-/// it from the scratch page counts itself in `scratch_readers` and, if its copy fails, puts
-/// `Writing` back before it stops counting; so while any reader counts, or the page is
-/// `Writing` again, this tries again.
-fn settle_written(sh: &Shared, st: &RegionState, p: usize, writing: Place, to: Place) -> bool {
-    loop {
-        if st.shadow.cas(p, writing, to) {
-            return true;
-        }
-        if sh.scratch_readers.load(Ordering::SeqCst) > 0 {
-            std::hint::spin_loop();
-            continue;
-        }
-        if st.shadow.get(p) != writing {
-            return false;
-        }
-    }
-}
 
 /// One page in the buffer: its FIFO key (region key | page) and its slot.
 #[derive(Clone, Copy)]
@@ -152,7 +121,6 @@ impl Evictor {
             });
         }
         let staging = AlignedBuf::for_device(&sh.swap.dev, GROUP_PAGES * PAGE_SIZE)?;
-        sh.scratch.store(scratch as usize, Ordering::Release);
         Ok(Evictor {
             victims: Vec::with_capacity(scratch_pages),
             scratch_pages,
@@ -463,40 +431,20 @@ impl Evictor {
             k += 1;
         }
         if !to_ssd.is_empty() {
-            // While the write is in flight a fault copies the page from its scratch page
-            // (`Writing`) instead of waiting behind the write.
-            for &(i, _) in &to_ssd {
-                let (st, p) = &victims[i];
-                st.shadow.set(*p, Place::Writing(i as u64));
-            }
             let ok = self.write_runs(&to_ssd);
             for (k, &(i, s)) in to_ssd.iter().enumerate() {
                 let (st, p) = &victims[i];
-                let writing = Place::Writing(i as u64);
                 if ok[k] {
                     sh.swap.owner[s as usize].store(st.key | *p as u64, Ordering::Relaxed);
-                    if !settle_written(&sh, st, *p, writing, Place::Ssd(s)) {
-                        // Faulted back in (or dropped) during the write: the copy is not
-                        // needed.
-                        sh.swap.slots.release(s);
-                    }
+                    st.shadow.set(*p, Place::Ssd(s));
                     sh.c.pageouts_ssd.fetch_add(1, Ordering::Relaxed);
                     sh.h_pageout.record(now_ns().saturating_sub(t0));
                     out += 1;
                 } else {
                     sh.c.io_errors.fetch_add(1, Ordering::Relaxed);
                     sh.swap.slots.release(s);
-                    if settle_written(&sh, st, *p, writing, Place::Evicting) {
-                        self.put_back(st, *p, i);
-                    } else {
-                        // A fault took it from the scratch page: it left DRAM and came back.
-                        out += 1;
-                    }
+                    self.put_back(st, *p, i);
                 }
-            }
-            // No page is Writing now; a fault that claimed one may still be copying it.
-            while sh.scratch_readers.load(Ordering::SeqCst) != 0 {
-                std::hint::spin_loop();
             }
         }
         // Free the scratch pages (own userfaultfd without events: no wait).
@@ -539,7 +487,6 @@ impl Evictor {
                     id: r.key,
                     bound_ns: bound,
                     observed_ns: observed,
-                    out_pages: 0,
                 });
             }
             live.insert(r.key, now);
@@ -606,15 +553,6 @@ impl Evictor {
             self.pool_ctl = None;
         }
         let t = link.pool.tenant(link.idx);
-        // Pages out of DRAM: every page that left Zero (first touches) and was not dropped
-        // since, less the resident ones.
-        let out =
-            sh.c.zero_fills
-                .load(Ordering::Relaxed)
-                .saturating_sub(sh.c.dropped.load(Ordering::Relaxed))
-                .saturating_sub(sh.resident() as u64);
-        t.out_pages
-            .store(out.min(u64::from(u32::MAX)) as u32, Ordering::Relaxed);
         let bound = t.bound_ns.load(Ordering::Acquire);
         let pct = t.pct_bits.load(Ordering::Relaxed);
         let ns = t.ns.load(Ordering::Relaxed) != 0;
@@ -639,8 +577,7 @@ impl Evictor {
     /// per region a window).
     fn queue_prefetch(&mut self, regions: &[Arc<RegionState>]) {
         let sh = self.sh.clone();
-        let tightest = sh.tightest_bound();
-        for r in regions.iter().filter(|r| prefetches(r, tightest)) {
+        for r in regions {
             let mut queued = 0;
             let mut last = u64::MAX;
             for p in 0..r.shadow.len() {
@@ -668,9 +605,8 @@ impl Evictor {
         };
         // A few clusters a round: each is a 256 KiB read the evictor waits for, and page-outs
         // must not starve behind a monitor's whole queue (up to 256 clusters a window).
-        let mut tightest = None;
         for _ in 0..PREFETCH_PER_ROUND {
-            if sh.inflight_now() > 0 {
+            if sh.inflight_now() >= sh.queue_now() {
                 return;
             }
             let Some(c) = sh.prefetch_q.pop() else {
@@ -683,7 +619,6 @@ impl Evictor {
                 while sh.prefetch_q.pop().is_some() {}
                 return;
             }
-            let tightest = *tightest.get_or_insert_with(|| sh.tightest_bound());
             let first = c * crate::slots::CLUSTER as u64;
             let n = (crate::slots::CLUSTER as u64).min(sh.swap.slots.capacity() as u64 - first);
             let cand: Vec<(Arc<RegionState>, usize, u64)> = {
@@ -693,7 +628,7 @@ impl Evictor {
                         let key = sh.swap.owner[s as usize].load(Ordering::Relaxed);
                         let (st, p) = t.lookup(key)?;
                         (p < st.shadow.len()
-                            && prefetches(&st, tightest)
+                            && st.ns.load(Ordering::Relaxed)
                             && st.shadow.get(p) == Place::Ssd(s))
                         .then_some((st, p, s))
                     })

@@ -140,7 +140,6 @@ pub(crate) struct Counters {
     pub(crate) io_errors: AtomicU64,
     pub(crate) max_resident: AtomicUsize,
     pub(crate) prefetched: AtomicU64,
-    pub(crate) pageins_writing: AtomicU64,
     pub(crate) windows: AtomicU64,
     pub(crate) ns_tenants: AtomicUsize,
     pub(crate) last_ssd_tail_ns: AtomicU64,
@@ -199,18 +198,12 @@ pub struct PagerStats {
     pub pagein_buffer: HistSnapshot,
     /// Page-in latency from the swap file.
     pub pagein_ssd: HistSnapshot,
-    /// Of those, the swap-file read alone (`pread` as the faulting thread sees it: the device
-    /// and the wake-up after it).
-    pub pagein_ssd_read: HistSnapshot,
     /// Both page-in kinds together.
     pub pagein: HistSnapshot,
     /// Page-out latency (a page leaving DRAM until its copy is in place).
     pub pageout: HistSnapshot,
     /// Swap pages brought into the buffer ahead of a fault (NS tenants).
     pub prefetched: u64,
-    /// Page-ins of pages the evictor was writing to the swap file, copied from its scratch page
-    /// (DRAM) instead of waiting for the write; in `pagein`'s histogram only.
-    pub pageins_writing: u64,
     /// Control windows run.
     pub windows: u64,
     /// The SSD queue size S(t) now (reserve included).
@@ -245,7 +238,6 @@ pub(crate) struct Shared {
     pub(crate) c: Counters,
     pub(crate) h_buffer: AtomicHist,
     pub(crate) h_ssd: AtomicHist,
-    pub(crate) h_ssd_read: AtomicHist,
     pub(crate) h_pagein: AtomicHist,
     pub(crate) h_pageout: AtomicHist,
     /// eventfd that wakes the evictor.
@@ -254,11 +246,6 @@ pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     /// Rounds the evictor has finished (each ends with no batch or destage in progress).
     pub(crate) rounds: AtomicU64,
-    /// The evictor's scratch pages (address of page 0), where pages in `Place::Writing` are.
-    pub(crate) scratch: AtomicUsize,
-    /// Faults that may be reading a scratch page: the evictor frees its scratch pages only
-    /// when no page is `Writing` and this is 0.
-    pub(crate) scratch_readers: AtomicUsize,
     /// Aligned pages for swap-file reads in the fault path, claimed lock-free.
     pub(crate) bounce: crate::region::Bounce,
     /// The shared pool this process is a tenant of, if any.
@@ -296,23 +283,6 @@ impl Shared {
         match &self.seg {
             Some(l) => l.pool.queue(),
             None => self.queue.load(Ordering::Relaxed),
-        }
-    }
-
-    /// The tightest page-in bound (ns) among the pool's tenants, or this process's regions
-    /// without a pool; `u64::MAX` when none is bounded. Takes the region table's lock.
-    pub(crate) fn tightest_bound(&self) -> u64 {
-        match &self.seg {
-            Some(l) => l.pool.tightest_bound(),
-            None => self
-                .regions
-                .lock()
-                .slots
-                .iter()
-                .flatten()
-                .map(|r| r.bound_ns.load(Ordering::Relaxed))
-                .min()
-                .unwrap_or(u64::MAX),
         }
     }
 
@@ -498,15 +468,12 @@ impl Pager {
             c: Counters::default(),
             h_buffer: AtomicHist::new(),
             h_ssd: AtomicHist::new(),
-            h_ssd_read: AtomicHist::new(),
             h_pagein: AtomicHist::new(),
             h_pageout: AtomicHist::new(),
             kick_fd,
             kicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             rounds: AtomicU64::new(0),
-            scratch: AtomicUsize::new(0),
-            scratch_readers: AtomicUsize::new(0),
             bounce: crate::region::Bounce::new(64)?,
             seg,
         });
@@ -584,11 +551,9 @@ impl Pager {
             io_errors: l(&s.c.io_errors),
             pagein_buffer: s.h_buffer.snapshot(),
             pagein_ssd: s.h_ssd.snapshot(),
-            pagein_ssd_read: s.h_ssd_read.snapshot(),
             pagein: s.h_pagein.snapshot(),
             pageout: s.h_pageout.snapshot(),
             prefetched: l(&s.c.prefetched),
-            pageins_writing: l(&s.c.pageins_writing),
             windows: l(&s.c.windows),
             queue: s.queue_now(),
             ns_tenants: s.c.ns_tenants.load(Ordering::Relaxed),

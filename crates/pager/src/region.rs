@@ -404,7 +404,7 @@ impl Drop for PagedRegion {
                     loop {
                         match st.shadow.get(p) {
                             Place::Evicting | Place::Loading => std::thread::yield_now(),
-                            Place::Buffer(_) | Place::Ssd(_) | Place::Writing(_) => {
+                            Place::Buffer(_) | Place::Ssd(_) => {
                                 // SAFETY: inside the region; a volatile read faults it in.
                                 unsafe { std::ptr::read_volatile(st.page_addr(p) as *const u8) };
                             }
@@ -425,7 +425,7 @@ impl Drop for PagedRegion {
         for p in 0..st.shadow.len() {
             loop {
                 match st.shadow.get(p) {
-                    Place::Evicting | Place::Loading | Place::Writing(_) => {
+                    Place::Evicting | Place::Loading => {
                         std::thread::yield_now();
                         continue;
                     }
@@ -700,43 +700,6 @@ impl Resolver for PageIn {
                         return Ok(());
                     }
                 }
-                Place::Writing(i) => {
-                    // Admitted first: the evictor finishing this write must never wait for a
-                    // fault that waits for the evictor.
-                    let rsv = self.admit();
-                    sh.scratch_readers.fetch_add(1, Ordering::SeqCst);
-                    if st.shadow.cas(p, at, Place::Loading) {
-                        let base = sh.scratch.load(Ordering::Acquire);
-                        // SAFETY: the page is Loading, claimed from Writing(i): the evictor's
-                        // scratch page i holds its bytes and is not freed while
-                        // scratch_readers counts us.
-                        let src = unsafe {
-                            std::slice::from_raw_parts(
-                                (base + i as usize * PAGE_SIZE) as *const u8,
-                                PAGE_SIZE,
-                            )
-                        };
-                        let r = ops.copy(f.offset, src, false);
-                        if let Err(e) = r {
-                            st.shadow.set(p, at);
-                            sh.scratch_readers.fetch_sub(1, Ordering::SeqCst);
-                            self.unreserve(rsv);
-                            return Err(e);
-                        }
-                        st.shadow.set(p, Place::Resident);
-                        sh.scratch_readers.fetch_sub(1, Ordering::SeqCst);
-                        self.installed(p, rsv);
-                        sh.c.pageins_writing.fetch_add(1, Ordering::Relaxed);
-                        count_thread_pagein();
-                        let d = now_ns().saturating_sub(t0);
-                        sh.h_pagein.record(d);
-                        st.hist.record(d);
-                        sh.record_shared(d, false);
-                        return Ok(());
-                    }
-                    sh.scratch_readers.fetch_sub(1, Ordering::SeqCst);
-                    self.unreserve(rsv);
-                }
                 Place::Ssd(s) => {
                     if st.shadow.cas(p, at, Place::Loading) {
                         let rsv = self.admit();
@@ -744,9 +707,7 @@ impl Resolver for PageIn {
                         sh.read_begin();
                         // SAFETY: the claimed bounce page is ours until released below.
                         let buf = unsafe { std::slice::from_raw_parts_mut(page, PAGE_SIZE) };
-                        let r0 = now_ns();
                         let read = sh.swap.dev.read_at(s * PAGE_SIZE as u64, buf);
-                        sh.h_ssd_read.record(now_ns().saturating_sub(r0));
                         sh.read_end();
                         if read.is_err() {
                             sh.bounce.release(bi);

@@ -93,9 +93,7 @@ pub(crate) struct Tenant {
     pub(crate) pct_bits: AtomicU64,
     /// The controller's output: served by the buffer (Algorithm 1's NS or the monitor's).
     pub(crate) ns: AtomicU32,
-    /// Its pages out of DRAM (in the buffer or the swap file), published by its evictor each
-    /// window, for the buffer's share among tenants (`control::buffer_share`).
-    pub(crate) out_pages: AtomicU32,
+    _pad: u32,
     /// Bumped when the monitor catches it over its bound: its swap pages are prefetched.
     pub(crate) over_seq: AtomicU64,
     /// Its tail in the last window (ns, 0: none).
@@ -565,16 +563,6 @@ impl PagerPool {
             .sum()
     }
 
-    /// The tightest page-in bound (ns) of the live tenants; `u64::MAX` when none is bounded.
-    pub(crate) fn tightest_bound(&self) -> u64 {
-        (0..MAX_TENANTS)
-            .map(|i| self.tenant(i))
-            .filter(|t| t.pid.load(Ordering::Relaxed) != 0)
-            .map(|t| t.bound_ns.load(Ordering::Relaxed))
-            .min()
-            .unwrap_or(u64::MAX)
-    }
-
     /// Whether any live tenant is served by the buffer (NS) this window.
     pub(crate) fn any_ns(&self) -> bool {
         (0..MAX_TENANTS).map(|i| self.tenant(i)).any(|t| {
@@ -601,7 +589,6 @@ impl PagerPool {
                 t.bound_ns.store(u64::MAX, Ordering::Relaxed);
                 t.pct_bits.store(0.99f64.to_bits(), Ordering::Relaxed);
                 t.ns.store(0, Ordering::Relaxed);
-                t.out_pages.store(0, Ordering::Relaxed);
                 t.last_p99.store(0, Ordering::Relaxed);
                 t.inflight_reads.store(0, Ordering::Relaxed);
                 t.budget_pages.store(budget_pages as u64, Ordering::Relaxed);
@@ -889,7 +876,6 @@ impl PoolController {
                     id: tag as u64,
                     bound_ns: bound,
                     observed_ns: observed,
-                    out_pages: u64::from(t.out_pages.load(Ordering::Relaxed)),
                 });
             }
             idx.push(i);
@@ -902,8 +888,7 @@ impl PoolController {
             None => None,
         };
         self.last_ssd = Some(ssd_now);
-        let mut d = self.ctl.step(&tenants, ssd_tail);
-        d.ns = crate::control::buffer_share(&tenants, &d.ns, h.buffer_slots);
+        let d = self.ctl.step(&tenants, ssd_tail);
         h.queue.store(d.queue as u64, Ordering::Relaxed);
         h.s_core_bits
             .store(self.ctl.core().to_bits(), Ordering::Relaxed);

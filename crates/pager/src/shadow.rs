@@ -13,10 +13,7 @@
 //! ```
 //!
 //! `Loading` and `Evicting` are held by one thread for the length of one copy; a fault that
-//! finds them waits (yields) until they end. A page the evictor writes straight to the swap file
-//! is `Writing(i)` for the length of the write: its bytes are in the evictor's scratch page `i`,
-//! and a fault copies them from there instead of waiting behind the write (`Writing ──fault──▶
-//! Loading`; the evictor then frees the slot it wrote).
+//! finds them waits (yields) until they end.
 //!
 //! **Kept swap copies.** A page read back from the swap file keeps its slot while it is resident
 //! or in the buffer (the kernel's swap cache does the same), and the table records, per page,
@@ -45,9 +42,6 @@ pub enum Place {
     Buffer(u64),
     /// In the regular zone (SSD swap file), slot `n`.
     Ssd(u64),
-    /// Being written to the swap file by the evictor from its scratch page `n`, which holds the
-    /// bytes until the write ends.
-    Writing(u64),
 }
 
 const SHIFT: u32 = 60;
@@ -63,7 +57,6 @@ impl Place {
             Place::Evicting => 3 << SHIFT,
             Place::Buffer(s) => (4 << SHIFT) | (s & SLOT_MASK),
             Place::Ssd(s) => (5 << SHIFT) | (s & SLOT_MASK),
-            Place::Writing(i) => (6 << SHIFT) | (i & SLOT_MASK),
         }
     }
 
@@ -76,7 +69,6 @@ impl Place {
             3 => Place::Evicting,
             4 => Place::Buffer(w & SLOT_MASK),
             5 => Place::Ssd(w & SLOT_MASK),
-            6 => Place::Writing(w & SLOT_MASK),
             _ => Place::Zero,
         }
     }
@@ -215,8 +207,6 @@ mod tests {
             Place::Buffer(SLOT_MASK),
             Place::Ssd(7),
             Place::Ssd(1 << 40),
-            Place::Writing(0),
-            Place::Writing(1023),
         ] {
             assert_eq!(Place::decode(p.encode()), p);
         }

@@ -127,54 +127,6 @@ fn without_a_buffer_pages_go_straight_to_the_swap_file() {
     assert_eq!(st.pageouts_buffer + st.pageins_buffer, 0);
 }
 
-/// A page faulted while the evictor writes it to the swap file is copied from the evictor's
-/// scratch page instead of waiting for the write (writes take 20 ms here), with the bytes last
-/// written, and the slot that write filled is given back: nothing leaks.
-#[test]
-fn a_page_faulted_during_its_write_out_comes_back_without_waiting_for_it() {
-    let dir = swap_dir();
-    let mut o = options(64, 0, &dir);
-    o.control.enabled = false;
-    o.swap_delay = Some("write=20ms".parse().expect("a delay model"));
-    let pg = Pager::new(&o).expect("pager");
-    let pages = 1024;
-    let r = pg.map(pages * PS).unwrap();
-    // Each round writes 80 fresh pages: over the budget (64) but under the cap (64 + a batch of
-    // 32), so the evictor writes the oldest out while a fault is still admitted; then, while
-    // those writes are in flight, reads the oldest back.
-    let mut round = 0;
-    while pg.stats().pageins_writing == 0 && round < 12 {
-        let first = round * 80;
-        round += 1;
-        for p in first..first + 80 {
-            write_page(&r, p, word(p, round as u64));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        for p in first..first + 16 {
-            assert_eq!(
-                read_page(&r, p),
-                [word(p, round as u64); 4],
-                "page {p}, round {round}"
-            );
-        }
-    }
-    let st = pg.stats();
-    assert!(
-        st.pageins_writing > 0,
-        "no fault found a page being written: {st:?}"
-    );
-    assert_eq!(st.io_errors, 0);
-    // Everything still reads back.
-    for p in 0..round * 80 {
-        let want = word(p, (p / 80 + 1) as u64);
-        assert_eq!(read_page(&r, p), [want; 4], "page {p} at the end");
-    }
-    drop(r);
-    pg.settle();
-    let st = pg.stats();
-    assert_eq!((st.resident_pages, st.swap_used), (0, 0), "{st:?}");
-}
-
 /// Reads everything twice (clean trips), then rewrites every third page: clean pages go back to
 /// their kept swap slot with no write, and a page written meanwhile is never mistaken for clean.
 #[allow(clippy::needless_range_loop)] // pages and their model words side by side
