@@ -185,6 +185,7 @@ impl Rendezvous {
     pub(crate) fn meet(&self, name: &str, who: u64) -> Result<()> {
         std::fs::write(self.dir.join(format!("{name}-{who}")), b"")
             .with_context(|| format!("rendezvous {name} in {}", self.dir.display()))?;
+        let prefix = format!("{name}-");
         let t = Instant::now();
         loop {
             let here = std::fs::read_dir(&self.dir)?
@@ -192,7 +193,7 @@ impl Rendezvous {
                 .filter(|e| {
                     e.file_name()
                         .to_str()
-                        .is_some_and(|f| f.starts_with(&format!("{name}-")))
+                        .is_some_and(|f| f.starts_with(&prefix))
                 })
                 .count();
             if here >= self.n {

@@ -135,6 +135,8 @@ pub(crate) fn run_case(
     let swap_size = data_each * probes.len() as u64 + (64 << 20);
     let daemon = Daemon::start(&dir, nvm, swap_size)?;
     let meet = dir.join(format!("rendezvous-{case}-{}", std::process::id()));
+    // A directory left by an earlier run with this pid would count its arrivals.
+    let _ = std::fs::remove_dir_all(&meet);
     std::fs::create_dir_all(&meet).with_context(|| format!("creating {}", meet.display()))?;
     let rendezvous = crate::pager::Rendezvous {
         dir: meet.clone(),
