@@ -6,13 +6,17 @@
 //! It also holds writers off a buffer while it is being made private ([`hold_writes`]): the
 //! buffer is read-only for those microseconds, and a thread that writes to it waits in the
 //! `SIGSEGV` handler until the private copy is in place, then its write lands there. Without
-//! that, a write between the copy and the `mremap` would be lost.
+//! that, a write between the copy and the `mremap` would be lost. A writer whose fault the
+//! kernel raised during a hold may reach the handler only after the hold ended: the handler
+//! finds the range among the recently ended holds and retries the write once (a second fault
+//! at the same address with no hold is a real one and goes to the previous disposition).
 //!
 //! Ranges live in a fixed table of atomics so that the handler, in signal context, can look them
 //! up without locks or allocation; a `SIGBUS` outside every range goes to the previously
 //! installed disposition (`tiermem_fault::sig::Chain`, the one chaining mechanism of the
 //! project).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tiermem_fault::sig::Chain;
@@ -49,6 +53,18 @@ static HOLD: [(AtomicUsize, AtomicUsize); 8] = [
     (AtomicUsize::new(0), AtomicUsize::new(0)),
     (AtomicUsize::new(0), AtomicUsize::new(0)),
 ];
+/// Ranges whose hold ended most recently (ring of [`RECENT`] entries, written at `RECENT_AT`):
+/// a fault raised during the hold may be handled after it.
+const RECENT: usize = 16;
+static ENDED: [(AtomicUsize, AtomicUsize); RECENT] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; RECENT];
+static RECENT_AT: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    /// The address this thread last retried after its hold had ended, and how many holds had
+    /// ended then (0: none). Const-initialised and without a destructor, so the signal handler
+    /// can use it.
+    static RETRIED: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+}
 /// Pages zero-filled by the guard since the process started.
 static HITS: AtomicU64 = AtomicU64::new(0);
 
@@ -129,6 +145,11 @@ pub struct Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         let (s, l) = &HOLD[self.slot];
+        let (start, len) = (s.load(Ordering::Relaxed), l.load(Ordering::Relaxed));
+        let (es, el) = &ENDED[RECENT_AT.fetch_add(1, Ordering::AcqRel) % RECENT];
+        es.store(0, Ordering::Release);
+        el.store(len, Ordering::Relaxed);
+        es.store(start, Ordering::Release);
         l.store(0, Ordering::Relaxed);
         s.store(0, Ordering::Release);
     }
@@ -148,6 +169,18 @@ extern "C" fn on_sigsegv(sig: i32, info: *mut libc::siginfo_t, uctx: *mut libc::
             return;
         }
     }
+    // The fault may have been raised during a hold that ended before this handler ran: retry
+    // the write once (the range is writable again). A second fault there is a real one.
+    let recent = ENDED.iter().any(|(s, l)| {
+        let start = s.load(Ordering::Acquire);
+        start > 1 && addr >= start && addr < start + l.load(Ordering::Relaxed)
+    });
+    // A retry is allowed again at the same address once another hold has ended since.
+    let now = (addr, RECENT_AT.load(Ordering::Acquire));
+    if recent && RETRIED.with(|r| r.replace(now)) != now {
+        return;
+    }
+    RETRIED.with(|r| r.set((0, 0)));
     SEGV_CHAIN.forward(sig, info, uctx);
 }
 

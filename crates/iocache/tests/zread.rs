@@ -54,6 +54,21 @@ fn no_model() -> ZOptions {
     }
 }
 
+/// Opens `p` under a lease and waits until a read is zero copy. A child that another test
+/// spawns at the moment `make` has the file open for writing holds a copy of that fd until it
+/// execs, and the lease cannot be taken while any writer has the file open: the file copies
+/// until the lease is retaken (tried every 10 ms on a read).
+fn open_leased(p: &Path, opts: ZOptions) -> ZFile {
+    let z = ZFile::open(p, opts).unwrap();
+    for _ in 0..200 {
+        if z.zread(0, 1).unwrap().is_zero_copy() {
+            return z;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("no lease on {} within 2 s", p.display());
+}
+
 fn run(cmd: &str) {
     let st = Command::new("sh").arg("-c").arg(cmd).status().unwrap();
     assert!(st.success(), "{cmd}");
@@ -63,7 +78,7 @@ fn run(cmd: &str) {
 fn views_and_buffers_read_the_file_zero_copy_under_a_lease() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let p = make(dir.path(), "f", 64, 1);
-    let z = ZFile::open(&p, ZOptions::default()).unwrap();
+    let z = open_leased(&p, ZOptions::default());
     assert_eq!(z.zero_copy_reason(), None);
     for &(off, len) in &[
         (0u64, 4096usize),
@@ -110,14 +125,13 @@ fn views_and_buffers_read_the_file_zero_copy_under_a_lease() {
 fn released_views_are_zapped_in_bulk() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let p = make(dir.path(), "f", 256, 2);
-    let z = ZFile::open(
+    let z = open_leased(
         &p,
         ZOptions {
             zap_after: 64 * PAGE,
             ..ZOptions::default()
         },
-    )
-    .unwrap();
+    );
     let held = z.zread(0, PAGE).unwrap();
     for i in 0..256u64 {
         let v = z.zread(i * 4096, PAGE).unwrap();
@@ -139,7 +153,7 @@ fn another_process_writing_and_truncating_never_changes_held_views_or_buffers() 
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let pages = 256;
     let p = make(dir.path(), "f", pages, 3);
-    let z = ZFile::open(&p, no_model()).unwrap();
+    let z = open_leased(&p, no_model());
     // 1000 live views and 1000 live remapped buffers over the whole file.
     let mut views = Vec::new();
     for i in 0..1000u64 {
@@ -204,7 +218,7 @@ fn a_thread_writing_its_buffer_during_privatisation_loses_no_write() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let p = make(dir.path(), "f", 64, 8);
-    let z = ZFile::open(&p, no_model()).unwrap();
+    let z = open_leased(&p, no_model());
     let b = Buf::new(16 * PAGE);
     let stop = AtomicBool::new(false);
     let mut breaks = 0;
@@ -259,7 +273,7 @@ fn a_thread_writing_its_buffer_during_privatisation_loses_no_write() {
 fn a_write_completed_before_zread_is_seen_whole() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let p = make(dir.path(), "f", 64, 4);
-    let z = ZFile::open(&p, ZOptions::default()).unwrap();
+    let z = open_leased(&p, ZOptions::default());
     for round in 0..5u8 {
         let held = z.zread(0, 64 * PAGE).unwrap();
         let before = held.to_vec();
@@ -279,14 +293,13 @@ fn a_write_completed_before_zread_is_seen_whole() {
 fn the_guard_keeps_unprivatised_views_alive_through_truncation() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let p = make(dir.path(), "f", 64, 5);
-    let z = ZFile::open(
+    let z = open_leased(
         &p,
         ZOptions {
             privatise: false,
             ..ZOptions::default()
         },
-    )
-    .unwrap();
+    );
     let low = z.zread(0, PAGE).unwrap();
     let high = z.zread(32 * 4096, 8 * PAGE).unwrap();
     let hits = guard_hits();
