@@ -10,12 +10,17 @@
 //! * Small objects never straddle a page boundary: a page of a class of size `s` holds
 //!   `PAGE / s` slots at in-page offsets `0, s, 2s, ...`.
 //! * Every live object is in `objs` (offset → size, slot capacity, name); names are unique.
-//! * `journal` lists the table changes since the last committed checkpoint (the metadata redo
-//!   log), and `fresh` the objects created or moved since then (their bytes are copied at the
-//!   next checkpoint even if no user write was seen: realloc copies through the library view).
+//! * `dirty` lists the offsets whose table entry changed since the last committed checkpoint,
+//!   each with whether an object stood there at that checkpoint; the checkpoint turns them into
+//!   the metadata redo log ([`Alloc::journal`]): one record per changed offset with its final
+//!   state, so an object created and freed between two checkpoints costs no record, and a call
+//!   costs a map update instead of building a record. `fresh` lists the objects created or
+//!   moved since then (their bytes are copied at the next checkpoint even if no user write was
+//!   seen: realloc copies through the library view).
 
 use crate::error::{Error, Result};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::BTreeMap;
 
 /// Page size (x86-64).
 pub const PAGE: usize = 4096;
@@ -137,11 +142,12 @@ pub struct Alloc {
     /// Live objects by heap offset.
     pub objs: BTreeMap<usize, Obj>,
     /// Name → heap offset.
-    pub names: HashMap<String, usize>,
-    /// Table changes since the last committed checkpoint.
-    pub journal: Vec<MetaRec>,
+    pub names: FxHashMap<String, usize>,
+    /// Offsets whose table entry changed since the last committed checkpoint → whether an
+    /// object stood there at that checkpoint (see the module comment).
+    pub dirty: FxHashMap<usize, bool>,
     /// Objects created or moved since the last checkpoint.
-    pub fresh: HashSet<usize>,
+    pub fresh: FxHashSet<usize>,
     /// Committed checksums of the checkpoint image: chunk offset → (length, CRC-32). A chunk
     /// without an entry has never been checkpointed since its object was (re)recorded.
     pub crcs: BTreeMap<usize, (usize, u32)>,
@@ -165,23 +171,44 @@ impl Alloc {
             sb_free_ids: Vec::new(),
             partial: vec![Vec::new(); CLASSES.len()],
             objs: BTreeMap::new(),
-            names: HashMap::new(),
-            journal: Vec::new(),
-            fresh: HashSet::new(),
+            names: FxHashMap::default(),
+            dirty: FxHashMap::default(),
+            fresh: FxHashSet::default(),
             crcs: BTreeMap::new(),
         }
     }
 
     /// Drops the checksums of the chunks in `[off, off+slot)` (the object there changed).
     fn forget_crcs(&mut self, off: usize, slot: usize) {
-        let keys: Vec<usize> = self
-            .crcs
-            .range(off..off.saturating_add(slot))
-            .map(|(&k, _)| k)
-            .collect();
-        for k in keys {
+        let end = off.saturating_add(slot);
+        while let Some((&k, _)) = self.crcs.range(off..end).next() {
             self.crcs.remove(&k);
         }
+    }
+
+    /// Notes that the table entry at `off` changes; `existed`: an object stands there now
+    /// (before the change). The first change of an interval fixes what the last checkpoint
+    /// holds there: the object standing there now unless an earlier change of this interval
+    /// put it there.
+    fn touch(&mut self, off: usize, existed: bool) {
+        self.dirty.entry(off).or_insert(existed);
+    }
+
+    /// The metadata records of the table changes since the last committed checkpoint, by
+    /// offset: an `Alloc` with the final object where one stands, a `Free` where the last
+    /// checkpoint had one and none stands now, nothing where neither holds.
+    pub fn journal(&self) -> Vec<MetaRec> {
+        let mut offs: Vec<(usize, bool)> = self.dirty.iter().map(|(&o, &e)| (o, e)).collect();
+        offs.sort_unstable();
+        offs.into_iter()
+            .filter_map(|(off, existed)| match self.objs.get(&off) {
+                Some(obj) => Some(MetaRec::Alloc {
+                    off,
+                    obj: obj.clone(),
+                }),
+                None => existed.then_some(MetaRec::Free { off }),
+            })
+            .collect()
     }
 
     fn capacity(&self) -> usize {
@@ -299,10 +326,7 @@ impl Alloc {
         if let Some(n) = name {
             self.names.insert(n.to_string(), off);
         }
-        self.journal.push(MetaRec::Alloc {
-            off,
-            obj: obj.clone(),
-        });
+        self.touch(off, false);
         self.forget_crcs(off, slot);
         self.objs.insert(off, obj);
         self.fresh.insert(off);
@@ -372,7 +396,7 @@ impl Alloc {
         }
         self.fresh.remove(&off);
         self.forget_crcs(off, obj.slot);
-        self.journal.push(MetaRec::Free { off });
+        self.touch(off, true);
         let page = off / PAGE;
         if obj.is_large() {
             self.give_pages(page, obj.slot / PAGE);
@@ -407,9 +431,9 @@ impl Alloc {
             return;
         };
         obj.size = new_size.max(1);
-        let obj = obj.clone();
-        self.forget_crcs(off, obj.slot);
-        self.journal.push(MetaRec::Alloc { off, obj });
+        let slot = obj.slot;
+        self.forget_crcs(off, slot);
+        self.touch(off, true);
         self.fresh.insert(off);
     }
 
@@ -426,9 +450,9 @@ impl Alloc {
             self.names.insert(n.clone(), off);
         }
         obj.name = name;
-        let obj = obj.clone();
-        self.forget_crcs(off, obj.slot);
-        self.journal.push(MetaRec::Alloc { off, obj });
+        let slot = obj.slot;
+        self.forget_crcs(off, slot);
+        self.touch(off, true);
     }
 
     /// The user view (of `views`) an object at heap offset `off` with slot `slot` is returned

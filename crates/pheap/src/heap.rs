@@ -56,6 +56,16 @@ pub struct CkStats {
     pub meta_bytes: usize,
     /// Wall time of the checkpoint in nanoseconds.
     pub nanos: u64,
+    /// Where that time went, in nanoseconds ([`CkStats::PHASES`] names each): collecting the
+    /// written pages and the ranges to copy, building and writing the redo log, the metadata
+    /// journal and its fence, the commit header, applying the log to the image and the final
+    /// header.
+    pub phase_ns: [u64; 5],
+}
+
+impl CkStats {
+    /// Names of the entries of [`CkStats::phase_ns`], in order.
+    pub const PHASES: [&'static str; 5] = ["scan", "log", "meta", "commit", "apply"];
 }
 
 struct Views {
@@ -702,6 +712,7 @@ impl Heap {
                 g.alloc.fresh.clear();
             }
         }
+        let t_scan = std::time::Instant::now();
         g.last_copied.clear();
         g.last_copied
             .extend(ranges.iter().filter(|r| r.2 != usize::MAX).map(|r| r.2));
@@ -772,9 +783,10 @@ impl Heap {
             });
             new_crcs.push((c, cl, sum));
         }
+        let t_log = std::time::Instant::now();
         // 2. Metadata journal (append) or snapshot (switch areas).
         let mut mbuf = Vec::new();
-        for r in &g.alloc.journal {
+        for r in &g.alloc.journal() {
             encode_meta(r, &mut mbuf);
         }
         for &(off, len, sum) in &new_crcs {
@@ -826,6 +838,7 @@ impl Heap {
             nh.meta_len = mbuf.len() as u64;
         }
         pool.fence();
+        let t_meta = std::time::Instant::now();
         fail_point("before-commit");
         // 3. Commit.
         nh.meta_crc = hasher.clone().finalize();
@@ -835,6 +848,7 @@ impl Heap {
         nh.seq += 1;
         pool.write_persist((nh.seq % 2) * PAGE as u64, &nh.encode())?;
         fail_point("after-commit");
+        let t_commit = std::time::Instant::now();
         // 4. Apply to the image, 5. mark the log empty.
         if pos > 0 {
             // From the DRAM copy of the log: the same bytes as the pool's (written above).
@@ -861,7 +875,7 @@ impl Heap {
             };
         }
         g.meta_hasher = hasher;
-        g.alloc.journal.clear();
+        g.alloc.dirty.clear();
         let st = CkStats {
             epoch: nh.epoch,
             pages_written,
@@ -869,6 +883,13 @@ impl Heap {
             bytes_copied: bytes,
             meta_bytes: mbuf.len(),
             nanos: t0.elapsed().as_nanos() as u64,
+            phase_ns: [
+                (t_scan - t0).as_nanos() as u64,
+                (t_log - t_scan).as_nanos() as u64,
+                (t_meta - t_log).as_nanos() as u64,
+                (t_commit - t_meta).as_nanos() as u64,
+                t_commit.elapsed().as_nanos() as u64,
+            ],
         };
         let t = &mut g.totals;
         t.epoch = st.epoch;
@@ -877,6 +898,9 @@ impl Heap {
         t.bytes_copied += st.bytes_copied;
         t.meta_bytes += st.meta_bytes;
         t.nanos += st.nanos;
+        for (a, b) in t.phase_ns.iter_mut().zip(st.phase_ns) {
+            *a += b;
+        }
         Ok(st)
     }
 
