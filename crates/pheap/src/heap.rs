@@ -140,6 +140,76 @@ struct Inner {
     scan_buf: Vec<PageRange>,
     last_copied: Vec<usize>,
     totals: CkStats,
+    reserved: Reserved,
+    /// A checkpoint failed after it had consumed the write tracking: the next `ckall` copies
+    /// every live object.
+    resync: bool,
+}
+
+/// Which parts of the pool's data area have their blocks allocated ([`Pool::reserve`]): the
+/// pool is created sparse, and a checkpoint reserves what it will write before its commit, so
+/// that a full file system fails the checkpoint with an error (the previous one stays) instead
+/// of a `SIGBUS` in a store. Creating the pool sparse saves allocating `3 × capacity` up
+/// front (~110 ms for a 128 MiB heap on tmpfs here).
+#[derive(Default)]
+struct Reserved {
+    /// Reserved prefix of each metadata area, bytes.
+    meta: [usize; 2],
+    /// Reserved prefix of the redo log, bytes.
+    log: usize,
+    /// One bit per image page.
+    image: Vec<u64>,
+}
+
+impl Reserved {
+    fn new(capacity: usize) -> Reserved {
+        Reserved {
+            image: vec![0; (capacity / PAGE).div_ceil(64)],
+            ..Default::default()
+        }
+    }
+
+    /// Reserves `[0, len)` of the area at `area_off` whose reserved prefix is `*have`.
+    fn prefix(pool: &Pool, area_off: usize, have: &mut usize, len: usize) -> Result<()> {
+        if len > *have {
+            let end = len.div_ceil(PAGE) * PAGE;
+            pool.reserve((area_off + *have) as u64, end - *have)?;
+            *have = end;
+        }
+        Ok(())
+    }
+
+    /// Reserves the image pages under `ranges` (heap offset, length), one call per run of
+    /// pages not yet reserved.
+    fn image(&mut self, pool: &Pool, image_off: usize, ranges: &[(usize, usize)]) -> Result<()> {
+        let mut run: Option<(usize, usize)> = None;
+        let flush = |run: Option<(usize, usize)>| -> Result<()> {
+            if let Some((s, n)) = run {
+                pool.reserve((image_off + s * PAGE) as u64, n * PAGE)?;
+            }
+            Ok(())
+        };
+        for &(o, l) in ranges {
+            if l == 0 {
+                continue;
+            }
+            for p in o / PAGE..=(o + l - 1) / PAGE {
+                let (w, b) = (p / 64, 1u64 << (p % 64));
+                if self.image[w] & b != 0 {
+                    continue;
+                }
+                self.image[w] |= b;
+                run = match run {
+                    Some((s, n)) if s + n == p => Some((s, n + 1)),
+                    r => {
+                        flush(r)?;
+                        Some((p, 1))
+                    }
+                };
+            }
+        }
+        flush(run)
+    }
 }
 
 /// A persistent heap with object-granular incremental checkpoints (FGCK).
@@ -292,9 +362,11 @@ impl Heap {
         };
         let mut popts =
             PoolOptions::new((tiermem_media::pool::HEADER_SIZE as usize + hdr.data_len()) as u64)
-                .tag("pheap");
+                .tag("pheap")
+                .reserve_all(false);
         popts.domain = opts.domain.clone();
         let pool = Pool::create(&path, &popts)?;
+        pool.reserve(0, format::META0)?;
         // Both copies, so that a valid heap never has an invalid copy (verify flags one).
         let mut hdr = hdr;
         for _ in 0..2 {
@@ -313,6 +385,8 @@ impl Heap {
                 scan_buf: Vec::new(),
                 last_copied: Vec::new(),
                 totals: CkStats::default(),
+                reserved: Reserved::new(cap),
+                resync: false,
             }),
             views,
             path,
@@ -494,6 +568,8 @@ impl Heap {
                     epoch: hdr.epoch,
                     ..Default::default()
                 },
+                reserved: Reserved::new(cap),
+                resync: false,
             }),
             views,
             path,
@@ -676,7 +752,23 @@ impl Heap {
     fn checkpoint(&self, only: Option<usize>) -> Result<CkStats> {
         let t0 = std::time::Instant::now();
         let mut g = self.inner.lock();
-        let g = &mut *g;
+        let r = self.checkpoint_locked(&mut g, only, t0);
+        // What the failed checkpoint consumed (write tracking, the fresh set) is not lost:
+        // the next `ckall` copies every live object.
+        if r.is_err() {
+            g.resync = true;
+        } else if only.is_none() {
+            g.resync = false;
+        }
+        r
+    }
+
+    fn checkpoint_locked(
+        &self,
+        g: &mut Inner,
+        only: Option<usize>,
+        t0: std::time::Instant,
+    ) -> Result<CkStats> {
         let mut ranges: Vec<(usize, usize, usize)> = Vec::new();
         let mut pages_written = 0;
         let mut objs_seen: Vec<(usize, usize, usize)> = Vec::new();
@@ -708,6 +800,9 @@ impl Heap {
                     if let Some(o) = g.alloc.objs.get(&off) {
                         ranges.push((off, o.size, off));
                     }
+                }
+                if g.resync {
+                    ranges.extend(g.alloc.objs.iter().map(|(&off, o)| (off, o.size, off)));
                 }
                 g.alloc.fresh.clear();
             }
@@ -753,6 +848,9 @@ impl Heap {
                 what: "redo log overflow (internal error: log sized for the worst case)".into(),
             });
         }
+        // Space for everything this checkpoint writes, before anything is written.
+        Reserved::prefix(pool, hdr.log_off(), &mut g.reserved.log, pos)?;
+        g.reserved.image(pool, hdr.image_off(), &merged)?;
         if pos > 0 {
             pool.write(hdr.log_off() as u64, &logbuf)?;
         }
@@ -797,6 +895,9 @@ impl Heap {
         let mut nh = hdr;
         let mut hasher;
         if hdr.meta_len as usize + mbuf.len() <= hdr.meta_size as usize {
+            let a = hdr.meta_active as usize & 1;
+            let need = hdr.meta_len as usize + mbuf.len();
+            Reserved::prefix(pool, hdr.meta_off(a as u32), &mut g.reserved.meta[a], need)?;
             pool.write(
                 (hdr.meta_off(hdr.meta_active) + hdr.meta_len as usize) as u64,
                 &mbuf,
@@ -832,6 +933,13 @@ impl Heap {
                 });
             }
             nh.meta_active = 1 - hdr.meta_active;
+            let a = nh.meta_active as usize & 1;
+            Reserved::prefix(
+                pool,
+                hdr.meta_off(a as u32),
+                &mut g.reserved.meta[a],
+                mbuf.len(),
+            )?;
             pool.write(hdr.meta_off(nh.meta_active) as u64, &mbuf)?;
             hasher = crc32fast::Hasher::new();
             hasher.update(&mbuf);

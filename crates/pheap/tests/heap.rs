@@ -524,3 +524,71 @@ fn wp_async_and_mprotect_trackers_agree_and_timings() {
     }
     assert_eq!(copied[0], copied[1]);
 }
+
+#[test]
+fn a_full_file_system_fails_the_checkpoint_and_the_next_one_catches_up() {
+    // SAFETY: geteuid has no arguments.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED as uid 65534: mounting a small tmpfs needs root");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let mnt = d.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "tiermem-pheap-test"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount -t tmpfs");
+    let result = std::panic::catch_unwind(|| {
+        let path = mnt.join("heap");
+        // A 4 MiB heap: a pool of ~14 MiB, created sparse (it fits the 16 MiB file system).
+        let h = Heap::create(&path, &opts(2, 4 << 20)).unwrap();
+        let a = h.malloc(1000, Some("a")).unwrap();
+        write_bytes(a, 1000, 1);
+        h.ckall().unwrap();
+        // Fill the file system but for ~2 MiB, then write 3 MiB of objects.
+        let free: u64 = {
+            // SAFETY: a zeroed statvfs is a valid out-buffer.
+            let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+            let c = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
+            // SAFETY: valid path and out-pointer.
+            assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut sv) }, 0);
+            sv.f_bavail as u64 * sv.f_frsize as u64
+        };
+        let filler = mnt.join("filler");
+        std::fs::write(&filler, vec![7u8; (free - (2 << 20)) as usize]).unwrap();
+        let big: Vec<*mut u8> = (0..3).map(|_| h.malloc(1 << 20, None).unwrap()).collect();
+        for (i, &p) in big.iter().enumerate() {
+            write_bytes(p, 1 << 20, 10 + i as u8);
+        }
+        write_bytes(a, 1000, 2);
+        match h.ckall() {
+            Err(Error::Media(tiermem_media::MediaError::NoSpace { .. })) => {}
+            r => panic!("expected no space, got {r:?}"),
+        }
+        // The file holds the previous checkpoint, whole: one object, no pending log.
+        let r = tiermem_pheap::inspect::inspect(&path).unwrap();
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        assert_eq!(r.objects.len(), 1);
+        std::fs::remove_file(&filler).unwrap();
+        // The next checkpoint copies what the failed one had consumed.
+        h.ckall().unwrap();
+        drop(h);
+        let h = Heap::open(&path).unwrap();
+        assert_eq!(h.len(), 4);
+        assert_eq!(read_bytes(h.get("a").unwrap(), 1000), vec![2u8; 1000]);
+        let mut seen: Vec<u8> = Vec::new();
+        for &p in &big {
+            let v = read_bytes(p, 1 << 20);
+            assert!(v.iter().all(|&x| x == v[0]));
+            seen.push(v[0]);
+        }
+        assert_eq!(seen, vec![10, 11, 12]);
+    });
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
