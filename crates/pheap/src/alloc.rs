@@ -36,6 +36,17 @@ pub fn class_for(size: usize) -> Option<usize> {
     CLASSES.iter().position(|&c| c >= size.max(1))
 }
 
+/// The slot capacity an object of `size` bytes gets: its class size for at most a page, else
+/// whole pages.
+pub fn slot_for(size: usize) -> usize {
+    let size = size.max(1);
+    if size > PAGE {
+        size.div_ceil(PAGE) * PAGE
+    } else {
+        CLASSES[class_for(size).unwrap_or(CLASSES.len() - 1)]
+    }
+}
+
 /// One live object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Obj {
@@ -124,6 +135,8 @@ struct Sb {
     class: usize,
     first_page: usize,
     used: Vec<u64>,
+    /// No word of `used` below this index has a free slot.
+    hint: usize,
     nused: usize,
     nslots: usize,
     in_partial: bool,
@@ -262,6 +275,7 @@ impl Alloc {
             class,
             first_page,
             used: vec![0; nslots.div_ceil(64)],
+            hint: 0,
             nused: 0,
             nslots,
             in_partial: false,
@@ -305,7 +319,7 @@ impl Alloc {
         let size = size.max(1);
         let (off, slot) = if size > PAGE {
             let n = size.div_ceil(PAGE);
-            let start = self.take_pages(n, 1).ok_or(Error::OutOfMemory {
+            let start = self.take_pages(n, 1).ok_or_else(|| Error::OutOfMemory {
                 requested: size,
                 capacity: self.capacity(),
             })?;
@@ -372,16 +386,23 @@ impl Alloc {
             .used
             .iter()
             .enumerate()
+            .skip(sb.hint)
             .find(|(_, w)| **w != u64::MAX)
             .map(|(i, w)| (i, *w))
             .expect("partial superblock has a free slot");
+        sb.hint = wi;
         let slot = wi * 64 + (!w).trailing_zeros() as usize;
         debug_assert!(slot < sb.nslots);
         sb.used[wi] |= 1 << (slot % 64);
         sb.nused += 1;
         if sb.nused == sb.nslots {
             sb.in_partial = false;
-            self.partial[c].retain(|&x| x != id);
+            // `id` came from the end of the list (above), unless it was just created there.
+            if self.partial[c].last() == Some(&id) {
+                self.partial[c].pop();
+            } else {
+                self.partial[c].retain(|&x| x != id);
+            }
         }
         let sb = self.sbs[id as usize].as_ref().unwrap(); // still the live superblock `id`
         Ok(self.slot_off(sb, slot))
@@ -390,7 +411,10 @@ impl Alloc {
     /// Frees the object at heap offset `off`; [`Error::InvalidPointer`] (carrying `addr`) when
     /// no object starts there.
     pub fn free(&mut self, off: usize, addr: usize) -> Result<Obj> {
-        let obj = self.objs.remove(&off).ok_or(Error::InvalidPointer(addr))?;
+        let obj = self
+            .objs
+            .remove(&off)
+            .ok_or_else(|| Error::InvalidPointer(addr))?;
         if let Some(n) = &obj.name {
             self.names.remove(n);
         }
@@ -408,6 +432,7 @@ impl Alloc {
             let per_page = PAGE / size;
             let slot = (page - sb.first_page) * per_page + (off % PAGE) / size;
             sb.used[slot / 64] &= !(1 << (slot % 64));
+            sb.hint = sb.hint.min(slot / 64);
             sb.nused -= 1;
             if sb.nused == 0 {
                 let (first, class) = (sb.first_page, sb.class);
@@ -656,6 +681,17 @@ mod tests {
                 let slot = a.objs[&off].slot;
                 assert_eq!(off / PAGE, (off + slot - 1) / PAGE, "size {s} at {off:#x}");
             }
+        }
+    }
+
+    #[test]
+    fn slot_for_is_the_slot_alloc_gives() {
+        let mut a = Alloc::new(4 << 20, 64 << 10);
+        for s in [
+            0usize, 1, 16, 17, 1000, 1360, 1361, 4096, 4097, 12288, 12289,
+        ] {
+            let off = a.alloc(s, None).unwrap();
+            assert_eq!(a.objs[&off].slot, slot_for(s), "size {s}");
         }
     }
 

@@ -626,15 +626,16 @@ impl Heap {
     pub fn malloc(&self, size: usize, name: Option<&str>) -> Result<*mut u8> {
         let mut g = self.inner.lock();
         let off = g.alloc.alloc(size, name)?;
-        let slot = g.alloc.objs[&off].slot; // alloc just recorded the object at `off`
-        Ok(self.user_ptr(off, slot))
+        Ok(self.user_ptr(off, crate::alloc::slot_for(size)))
     }
 
     /// Frees the object starting at `ptr` (an address in any view: user or library).
     /// [`Error::InvalidPointer`] when no live object starts there (double free included).
     pub fn free(&self, ptr: *mut u8) -> Result<()> {
         let addr = ptr as usize;
-        let off = self.offset_of(addr).ok_or(Error::InvalidPointer(addr))?;
+        let off = self
+            .offset_of(addr)
+            .ok_or_else(|| Error::InvalidPointer(addr))?;
         self.inner.lock().alloc.free(off, addr).map(|_| ())
     }
 
@@ -647,14 +648,16 @@ impl Heap {
             return self.malloc(size, None);
         }
         let addr = ptr as usize;
-        let off = self.offset_of(addr).ok_or(Error::InvalidPointer(addr))?;
+        let off = self
+            .offset_of(addr)
+            .ok_or_else(|| Error::InvalidPointer(addr))?;
         let mut g = self.inner.lock();
         let obj = g
             .alloc
             .objs
             .get(&off)
             .cloned()
-            .ok_or(Error::InvalidPointer(addr))?;
+            .ok_or_else(|| Error::InvalidPointer(addr))?;
         let size = size.max(1);
         let fits = size <= obj.slot && (obj.is_large() == (size > PAGE));
         if fits {
@@ -679,8 +682,7 @@ impl Heap {
         if obj.name.is_some() {
             g.alloc.set_name(new, obj.name.clone());
         }
-        let slot = g.alloc.objs[&new].slot; // alloc recorded `new` above; free(off) kept it
-        Ok(self.user_ptr(new, slot))
+        Ok(self.user_ptr(new, crate::alloc::slot_for(size)))
     }
 
     /// The user pointer of the object named `name`, if any.
