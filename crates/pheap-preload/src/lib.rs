@@ -425,7 +425,7 @@ extern "C" fn at_exit() {
         let json = format!(
             "{{\"views\":{},\"checkpoints\":{},\"bytes_copied\":{},\"objects_copied\":{},\
              \"pages_written\":{},\"ckpt_ns_total\":{},\"allocs\":{},\"frees\":{},\
-             \"fallback_allocs\":{},\"heap_path\":{}}}\n",
+             \"fallback_allocs\":{},\"ckpt_phase_ns\":{{{}}},\"heap_path\":{}}}\n",
             h.views(),
             CHECKPOINTS.load(Ordering::Relaxed),
             t.bytes_copied,
@@ -435,6 +435,12 @@ extern "C" fn at_exit() {
             ALLOCS.load(Ordering::Relaxed),
             FREES.load(Ordering::Relaxed),
             FALLBACK.load(Ordering::Relaxed),
+            tiermem_pheap::CkStats::PHASES
+                .iter()
+                .zip(t.phase_ns)
+                .map(|(n, v)| format!("\"{n}\":{v}"))
+                .collect::<Vec<_>>()
+                .join(","),
             json_str(&h.path().to_string_lossy()),
         );
         if let Err(e) = std::fs::write(path, json) {

@@ -137,6 +137,9 @@ struct Sb {
     used: Vec<u64>,
     /// No word of `used` below this index has a free slot.
     hint: usize,
+    /// Requested size of the object in each used slot (as in `objs`), so that a checkpoint's
+    /// scan of a page needs no table lookup.
+    sizes: Vec<u16>,
     nused: usize,
     nslots: usize,
     in_partial: bool,
@@ -276,6 +279,7 @@ impl Alloc {
             first_page,
             used: vec![0; nslots.div_ceil(64)],
             hint: 0,
+            sizes: vec![0; nslots],
             nused: 0,
             nslots,
             in_partial: false,
@@ -394,6 +398,7 @@ impl Alloc {
         let slot = wi * 64 + (!w).trailing_zeros() as usize;
         debug_assert!(slot < sb.nslots);
         sb.used[wi] |= 1 << (slot % 64);
+        sb.sizes[slot] = size as u16; // size <= PAGE
         sb.nused += 1;
         if sb.nused == sb.nslots {
             sb.in_partial = false;
@@ -411,10 +416,7 @@ impl Alloc {
     /// Frees the object at heap offset `off`; [`Error::InvalidPointer`] (carrying `addr`) when
     /// no object starts there.
     pub fn free(&mut self, off: usize, addr: usize) -> Result<Obj> {
-        let obj = self
-            .objs
-            .remove(&off)
-            .ok_or_else(|| Error::InvalidPointer(addr))?;
+        let obj = self.objs.remove(&off).ok_or(Error::InvalidPointer(addr))?;
         if let Some(n) = &obj.name {
             self.names.remove(n);
         }
@@ -456,7 +458,14 @@ impl Alloc {
             return;
         };
         obj.size = new_size.max(1);
-        let slot = obj.slot;
+        let (slot, size) = (obj.slot, obj.size);
+        if let Owner::Small(id) = self.pages[off / PAGE] {
+            if let Some(sb) = self.sbs[id as usize].as_mut() {
+                let per_page = PAGE / CLASSES[sb.class];
+                let k = (off / PAGE - sb.first_page) * per_page + (off % PAGE) / CLASSES[sb.class];
+                sb.sizes[k] = size as u16; // a small object stays at most a page
+            }
+        }
         self.forget_crcs(off, slot);
         self.touch(off, true);
         self.fresh.insert(off);
@@ -535,9 +544,9 @@ impl Alloc {
                     if Self::view_of(views, off, size) != view {
                         continue;
                     }
-                    if let Some(o) = self.objs.get(&off) {
-                        out.push((off, o.size, off));
-                    }
+                    let len = sb.sizes[slot] as usize;
+                    debug_assert_eq!(self.objs.get(&off).map(|o| o.size), Some(len));
+                    out.push((off, len, off));
                 }
             }
         }
@@ -628,6 +637,7 @@ impl Alloc {
                     return Err(format!("object at {off:#x} listed twice"));
                 }
                 sb.used[slot / 64] |= 1 << (slot % 64);
+                sb.sizes[slot] = obj.size as u16; // obj.size <= obj.slot <= PAGE
                 sb.nused += 1;
             }
             if let Some(n) = &obj.name {

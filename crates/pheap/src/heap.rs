@@ -141,10 +141,15 @@ struct Inner {
     last_copied: Vec<usize>,
     totals: CkStats,
     reserved: Reserved,
+    /// The redo log's DRAM buffer, kept between checkpoints (up to [`KEEP_LOG_BUF`] bytes).
+    logbuf: Vec<u8>,
     /// A checkpoint failed after it had consumed the write tracking: the next `ckall` copies
     /// every live object.
     resync: bool,
 }
+
+/// The largest redo-log buffer a heap keeps between checkpoints (a larger one is freed).
+const KEEP_LOG_BUF: usize = 64 << 20;
 
 /// Which parts of the pool's data area have their blocks allocated ([`Pool::reserve`]): the
 /// pool is created sparse, and a checkpoint reserves what it will write before its commit, so
@@ -386,6 +391,7 @@ impl Heap {
                 last_copied: Vec::new(),
                 totals: CkStats::default(),
                 reserved: Reserved::new(cap),
+                logbuf: Vec::new(),
                 resync: false,
             }),
             views,
@@ -569,6 +575,7 @@ impl Heap {
                     ..Default::default()
                 },
                 reserved: Reserved::new(cap),
+                logbuf: Vec::new(),
                 resync: false,
             }),
             views,
@@ -633,9 +640,7 @@ impl Heap {
     /// [`Error::InvalidPointer`] when no live object starts there (double free included).
     pub fn free(&self, ptr: *mut u8) -> Result<()> {
         let addr = ptr as usize;
-        let off = self
-            .offset_of(addr)
-            .ok_or_else(|| Error::InvalidPointer(addr))?;
+        let off = self.offset_of(addr).ok_or(Error::InvalidPointer(addr))?;
         self.inner.lock().alloc.free(off, addr).map(|_| ())
     }
 
@@ -648,16 +653,14 @@ impl Heap {
             return self.malloc(size, None);
         }
         let addr = ptr as usize;
-        let off = self
-            .offset_of(addr)
-            .ok_or_else(|| Error::InvalidPointer(addr))?;
+        let off = self.offset_of(addr).ok_or(Error::InvalidPointer(addr))?;
         let mut g = self.inner.lock();
         let obj = g
             .alloc
             .objs
             .get(&off)
             .cloned()
-            .ok_or_else(|| Error::InvalidPointer(addr))?;
+            .ok_or(Error::InvalidPointer(addr))?;
         let size = size.max(1);
         let fits = size <= obj.slot && (obj.is_large() == (size > PAGE));
         if fits {
@@ -828,9 +831,12 @@ impl Heap {
         let lib = self.views.bases[0];
         let hdr = g.hdr;
         let pool = &g.pool;
-        // 1. Redo log: records built in DRAM, written to the pool in one streaming copy.
-        let mut logbuf: Vec<u8> =
-            Vec::with_capacity(merged.iter().map(|&(_, l)| 16 + l).sum::<usize>());
+        // 1. Redo log: records built in DRAM (a buffer kept from one checkpoint to the next,
+        // so that its pages are not faulted in again), written to the pool in one streaming
+        // copy.
+        let mut logbuf = std::mem::take(&mut g.logbuf);
+        logbuf.clear();
+        logbuf.reserve(merged.iter().map(|&(_, l)| 16 + l).sum::<usize>());
         let mut bytes = 0usize;
         let mut logpos = Vec::with_capacity(merged.len());
         for &(o, l) in &merged {
@@ -858,29 +864,40 @@ impl Heap {
         }
         let mut crc = crc32fast::Hasher::new();
         crc.update(&logbuf);
-        // Image checksums of every object chunk copied (each lies in one merged range).
-        let mut chunk_list: Vec<(usize, usize)> = Vec::new();
+        // Image checksums of every object chunk copied (each lies in one merged range). A
+        // range of an object is one of its chunks (a small object whole, or the part of a large
+        // object in one page, as `visible` clips it), except a whole large object (fresh, or
+        // `ckone`), which is a chunk per page.
+        let mut chunk_list: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
         for &(o, l, obj) in &ranges {
             if obj == usize::MAX {
                 continue;
             }
-            if let Some(ob) = g.alloc.objs.get(&obj) {
-                chunk_list.extend(
-                    crate::alloc::chunks(obj, ob).filter(|&(c, cl)| c + cl > o && c < o + l),
-                );
+            if o == obj && l > PAGE {
+                chunk_list.extend((o..o + l).step_by(PAGE).map(|c| (c, PAGE.min(o + l - c))));
+            } else {
+                chunk_list.push((o, l));
             }
         }
         chunk_list.sort_unstable();
         chunk_list.dedup();
         let mut new_crcs: Vec<(usize, usize, Option<u32>)> = Vec::with_capacity(chunk_list.len());
+        let mut i = 0;
         for &(c, cl) in &chunk_list {
-            let i = merged.partition_point(|&(mo, _)| mo <= c).wrapping_sub(1);
-            let sum = merged.get(i).and_then(|&(mo, ml)| {
-                // logpos has one entry per merged range, and the record of range i holds its
-                // ml bytes after 16 header bytes: [at, at + cl) is inside it when c + cl <= mo + ml.
-                let at = logpos[i] + 16 + (c - mo);
-                (c + cl <= mo + ml).then(|| crc32fast::hash(&logbuf[at..at + cl]))
-            });
+            // chunk_list and merged are both ascending: the merged range holding c is at or
+            // after the previous chunk's.
+            while i + 1 < merged.len() && merged[i + 1].0 <= c {
+                i += 1;
+            }
+            let sum = merged
+                .get(i)
+                .filter(|&&(mo, _)| mo <= c)
+                .and_then(|&(mo, ml)| {
+                    // logpos has one entry per merged range, and the record of range i holds its
+                    // ml bytes after 16 header bytes: [at, at + cl) is inside it when c + cl <= mo + ml.
+                    let at = logpos[i] + 16 + (c - mo);
+                    (c + cl <= mo + ml).then(|| crc32fast::hash(&logbuf[at..at + cl]))
+                });
             new_crcs.push((c, cl, sum));
         }
         let t_log = std::time::Instant::now();
@@ -986,6 +1003,9 @@ impl Heap {
         }
         g.meta_hasher = hasher;
         g.alloc.dirty.clear();
+        if logbuf.capacity() <= KEEP_LOG_BUF {
+            g.logbuf = logbuf;
+        }
         let st = CkStats {
             epoch: nh.epoch,
             pages_written,
