@@ -141,15 +141,16 @@ struct Inner {
     last_copied: Vec<usize>,
     totals: CkStats,
     reserved: Reserved,
-    /// The redo log's DRAM buffer, kept between checkpoints (up to [`KEEP_LOG_BUF`] bytes).
-    logbuf: Vec<u8>,
+    /// The redo log's DRAM stage ([`STAGE`] bytes), kept between checkpoints.
+    stage: Vec<u8>,
     /// A checkpoint failed after it had consumed the write tracking: the next `ckall` copies
     /// every live object.
     resync: bool,
 }
 
-/// The largest redo-log buffer a heap keeps between checkpoints (a larger one is freed).
-const KEEP_LOG_BUF: usize = 64 << 20;
+/// Bytes of object data a checkpoint gathers in DRAM before writing them to the redo log (and
+/// reads back at a time when applying it): small enough to stay in the cache.
+const STAGE: usize = 256 << 10;
 
 /// Which parts of the pool's data area have their blocks allocated ([`Pool::reserve`]): the
 /// pool is created sparse, and a checkpoint reserves what it will write before its commit, so
@@ -391,7 +392,7 @@ impl Heap {
                 last_copied: Vec::new(),
                 totals: CkStats::default(),
                 reserved: Reserved::new(cap),
-                logbuf: Vec::new(),
+                stage: Vec::new(),
                 resync: false,
             }),
             views,
@@ -575,7 +576,7 @@ impl Heap {
                     ..Default::default()
                 },
                 reserved: Reserved::new(cap),
-                logbuf: Vec::new(),
+                stage: Vec::new(),
                 resync: false,
             }),
             views,
@@ -813,14 +814,17 @@ impl Heap {
             }
         }
         let t_scan = std::time::Instant::now();
+        // `ranges` is a few ascending runs (one per view, then the fresh objects): the stable
+        // sort merges runs, in close to linear time here.
+        ranges.sort_by_key(|r| r.0);
         g.last_copied.clear();
         g.last_copied
             .extend(ranges.iter().filter(|r| r.2 != usize::MAX).map(|r| r.2));
-        g.last_copied.sort_unstable();
+        // Ascending already (objects do not overlap); the sort only checks that.
+        g.last_copied.sort();
         g.last_copied.dedup();
         // Merge into disjoint copy ranges.
         ranges.retain(|r| r.1 > 0);
-        ranges.sort_unstable_by_key(|r| r.0);
         let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
         for &(o, l, _) in &ranges {
             match merged.last_mut() {
@@ -831,25 +835,27 @@ impl Heap {
         let lib = self.views.bases[0];
         let hdr = g.hdr;
         let pool = &g.pool;
-        // 1. Redo log: records built in DRAM (a buffer kept from one checkpoint to the next,
-        // so that its pages are not faulted in again), written to the pool in one streaming
-        // copy.
-        let mut logbuf = std::mem::take(&mut g.logbuf);
-        logbuf.clear();
-        logbuf.reserve(merged.iter().map(|&(_, l)| 16 + l).sum::<usize>());
-        let mut bytes = 0usize;
-        let mut logpos = Vec::with_capacity(merged.len());
+        // 1. Redo log, streamed through a small DRAM stage: the merged ranges are cut into
+        // pieces of at most STAGE bytes at page boundaries (a checksummed chunk never crosses
+        // a page, so no chunk is cut), a record per piece; pieces are gathered into the stage
+        // (kept from one checkpoint to the next, so its pages stay in the cache and are never
+        // faulted in again), and each full stage is checksummed and written to the pool in one
+        // streaming copy.
+        let mut pieces: Vec<(usize, usize)> = Vec::with_capacity(merged.len());
         for &(o, l) in &merged {
-            logpos.push(logbuf.len());
-            // SAFETY: [lib+o, lib+o+l) lies inside the library view (object ranges and whole
-            // pages are below capacity).
-            let data = unsafe { std::slice::from_raw_parts((lib + o) as *const u8, l) };
-            logbuf.extend_from_slice(&(o as u64).to_le_bytes());
-            logbuf.extend_from_slice(&(l as u64).to_le_bytes());
-            logbuf.extend_from_slice(data);
-            bytes += l;
+            let mut at = o;
+            while at < o + l {
+                let cut = if o + l - at <= STAGE {
+                    o + l
+                } else {
+                    (at + STAGE) / PAGE * PAGE
+                };
+                pieces.push((at, cut - at));
+                at = cut;
+            }
         }
-        let pos = logbuf.len();
+        let bytes: usize = pieces.iter().map(|&(_, l)| l).sum();
+        let pos = bytes + 16 * pieces.len();
         if pos > hdr.log_size as usize {
             return Err(Error::Corrupt {
                 path: self.path.clone(),
@@ -859,15 +865,10 @@ impl Heap {
         // Space for everything this checkpoint writes, before anything is written.
         Reserved::prefix(pool, hdr.log_off(), &mut g.reserved.log, pos)?;
         g.reserved.image(pool, hdr.image_off(), &merged)?;
-        if pos > 0 {
-            pool.write(hdr.log_off() as u64, &logbuf)?;
-        }
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&logbuf);
-        // Image checksums of every object chunk copied (each lies in one merged range). A
-        // range of an object is one of its chunks (a small object whole, or the part of a large
-        // object in one page, as `visible` clips it), except a whole large object (fresh, or
-        // `ckone`), which is a chunk per page.
+        // Image checksums of every object chunk copied (each lies in one piece). A range of an
+        // object is one of its chunks (a small object whole, or the part of a large object in
+        // one page, as `visible` clips it), except a whole large object (fresh, or `ckone`),
+        // which is a chunk per page.
         let mut chunk_list: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
         for &(o, l, obj) in &ranges {
             if obj == usize::MAX {
@@ -879,27 +880,55 @@ impl Heap {
                 chunk_list.push((o, l));
             }
         }
-        chunk_list.sort_unstable();
+        chunk_list.sort();
         chunk_list.dedup();
         let mut new_crcs: Vec<(usize, usize, Option<u32>)> = Vec::with_capacity(chunk_list.len());
-        let mut i = 0;
-        for &(c, cl) in &chunk_list {
-            // chunk_list and merged are both ascending: the merged range holding c is at or
-            // after the previous chunk's.
-            while i + 1 < merged.len() && merged[i + 1].0 <= c {
-                i += 1;
+        let mut stage = std::mem::take(&mut g.stage);
+        stage.clear();
+        stage.reserve(STAGE + 16);
+        let mut crc = crc32fast::Hasher::new();
+        let mut written = 0usize;
+        let mut next_chunk = 0usize;
+        let flush = |stage: &mut Vec<u8>, written: &mut usize, crc: &mut crc32fast::Hasher| {
+            crc.update(stage);
+            let r = pool.write((hdr.log_off() + *written) as u64, stage);
+            *written += stage.len();
+            stage.clear();
+            r
+        };
+        for &(o, l) in &pieces {
+            if stage.len() + 16 + l > STAGE + 16 {
+                flush(&mut stage, &mut written, &mut crc)?;
             }
-            let sum = merged
-                .get(i)
-                .filter(|&&(mo, _)| mo <= c)
-                .and_then(|&(mo, ml)| {
-                    // logpos has one entry per merged range, and the record of range i holds its
-                    // ml bytes after 16 header bytes: [at, at + cl) is inside it when c + cl <= mo + ml.
-                    let at = logpos[i] + 16 + (c - mo);
-                    (c + cl <= mo + ml).then(|| crc32fast::hash(&logbuf[at..at + cl]))
-                });
-            new_crcs.push((c, cl, sum));
+            let at = stage.len() + 16;
+            stage.extend_from_slice(&(o as u64).to_le_bytes());
+            stage.extend_from_slice(&(l as u64).to_le_bytes());
+            // SAFETY: [lib+o, lib+o+l) lies inside the library view (object ranges and whole
+            // pages are below capacity).
+            stage.extend_from_slice(unsafe {
+                std::slice::from_raw_parts((lib + o) as *const u8, l)
+            });
+            // The chunks starting in this piece (both lists ascending), from the staged bytes.
+            while let Some(&(c, cl)) = chunk_list.get(next_chunk) {
+                if c >= o + l {
+                    break;
+                }
+                let sum = (c >= o && c + cl <= o + l)
+                    .then(|| crc32fast::hash(&stage[at + (c - o)..at + (c - o) + cl]));
+                new_crcs.push((c, cl, sum));
+                next_chunk += 1;
+            }
         }
+        // Chunks past every piece (none: each chunk lies in a copied range).
+        new_crcs.extend(
+            chunk_list[next_chunk..]
+                .iter()
+                .map(|&(c, cl)| (c, cl, None)),
+        );
+        if !stage.is_empty() {
+            flush(&mut stage, &mut written, &mut crc)?;
+        }
+        debug_assert_eq!(written, pos);
         let t_log = std::time::Instant::now();
         // 2. Metadata journal (append) or snapshot (switch areas).
         let mut mbuf = Vec::new();
@@ -978,13 +1007,15 @@ impl Heap {
         let t_commit = std::time::Instant::now();
         // 4. Apply to the image, 5. mark the log empty.
         if pos > 0 {
-            // From the DRAM copy of the log: the same bytes as the pool's (written above).
+            // From the pool's log (the committed bytes), through the stage.
             let mut p = 0;
-            for (i, &(o, l)) in merged.iter().enumerate() {
-                if i == merged.len() / 2 {
+            for (i, &(o, l)) in pieces.iter().enumerate() {
+                if i == pieces.len() / 2 {
                     fail_point("mid-apply");
                 }
-                pool.write((hdr.image_off() + o) as u64, &logbuf[p + 16..p + 16 + l])?;
+                stage.resize(l, 0);
+                pool.read((hdr.log_off() + p + 16) as u64, &mut stage[..l])?;
+                pool.write((hdr.image_off() + o) as u64, &stage[..l])?;
                 p += 16 + l;
             }
             pool.fence();
@@ -1003,9 +1034,8 @@ impl Heap {
         }
         g.meta_hasher = hasher;
         g.alloc.dirty.clear();
-        if logbuf.capacity() <= KEEP_LOG_BUF {
-            g.logbuf = logbuf;
-        }
+        stage.clear();
+        g.stage = stage;
         let st = CkStats {
             epoch: nh.epoch,
             pages_written,
