@@ -32,6 +32,8 @@ fi
 #   fio, libsqlite3-dev: unmodified fio reading through libtiermem_zread_preload.so (z-READ,
 #     verify=crc32c), and the iocache SQLite VFS extension and TPC-C-like driver, built against
 #     the system libsqlite3 and loaded into the unmodified sqlite3 shell.
+#   libjemalloc2: jemalloc, a baseline of `tiermem bench pheap`'s allocation loop (preloaded into
+#     its worker process), beside glibc malloc.
 #   stress-ng: its --vm stressor with --verify under `tiermem pager run` (crates/pager-preload
 #     tests); memcached (above) is the pager shim's other unmodified program.
 APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procps
@@ -42,6 +44,7 @@ APT_PACKAGES=(build-essential pkg-config git ca-certificates curl iproute2 procp
   tokyocabinet-bin sqlite3
   memcached libmemcached-tools x264 libvips-tools
   fio libsqlite3-dev
+  libjemalloc2
   stress-ng)
 
 missing=()

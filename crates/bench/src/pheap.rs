@@ -112,8 +112,25 @@ pub struct Report {
     /// FGCK with 4 and 8 views on the sparse workload: bytes saved against PGCK.
     pub bytes_saved_pct_views4: f64,
     pub bytes_saved_pct_views8: f64,
+    /// Median time of a checkpoint after one 8-byte write, 128 MiB heap half full of 256 B
+    /// objects (µs), and its phases (µs, [`tiermem_pheap::CkStats::PHASES`]).
+    pub ckpt_fixed_us: f64,
+    pub ckpt_fixed_phase_us: Value,
+    /// Checkpoint throughput when every object of that heap was rewritten: bytes copied over
+    /// checkpoint time (GB/s, median), and the phases of the median checkpoint (ms).
+    pub ckpt_gb_per_s: f64,
+    pub ckpt_dense_phase_ms: Value,
+    /// The machine's single-thread memcpy bandwidth (GB/s, 64 MiB), beside `ckpt_gb_per_s`.
+    pub memcpy_gb_per_s: f64,
+    /// The allocation loop (see `alloc_run`): heap (tracked, no checkpoints) time over glibc
+    /// malloc's, and over jemalloc's (NaN when libjemalloc.so.2 is absent); each system's
+    /// median wall and CPU ms.
+    pub alloc_ratio_vs_glibc: f64,
+    pub alloc_ratio_vs_jemalloc: f64,
+    pub alloc: Value,
     /// Unmodified programs under the preload library (FGCK 2 views vs PGCK 1 view), or why
-    /// they were skipped.
+    /// they were skipped; `preload_slowdown` per program (preload with checkpoints every
+    /// 100 ms over plain, medians).
     pub programs: Value,
 }
 
@@ -442,10 +459,133 @@ pub fn run_worker_main() -> Result<()> {
         let s = match r.workload.as_str() {
             "update" => update_run(sys, &r.heap, r.size, r.param, &r.plan, r.seed)?,
             "insert" => insert_run(sys, &r.heap, r.size, r.param, &r.plan, r.seed)?,
+            "ckcost" => return Ok(Some(ckcost_run(&r.heap, r.param, r.size)?)),
+            "alloc" => return Ok(Some(alloc_run(sys, &r.heap, r.param, r.seed)?)),
             w => bail!("unknown workload {w:?}"),
         };
         Ok(Some(serde_json::to_value(s)?))
     })
+}
+
+/// Heap capacity of the checkpoint-cost runs (the issue's 128 MiB).
+const CKCOST_CAPACITY: usize = 128 << 20;
+
+/// Checkpoint cost, one worker run: a 2-view heap of [`CKCOST_CAPACITY`] half filled with
+/// 256 B objects and checkpointed; then `fixed_reps` checkpoints each after one 8-byte write
+/// to a random object (the fixed cost) and `dense_reps` checkpoints each after rewriting every
+/// object (throughput). Returns each checkpoint's time, bytes and phases.
+fn ckcost_run(heap: &Path, fixed_reps: usize, dense_reps: usize) -> Result<Value> {
+    let _ = std::fs::remove_file(heap);
+    let h = Heap::create(
+        heap,
+        &HeapOptions {
+            capacity: CKCOST_CAPACITY,
+            views: 2,
+            ..HeapOptions::default()
+        },
+    )
+    .with_context(|| format!("creating heap {}", heap.display()))?;
+    let size = 256;
+    let n = CKCOST_CAPACITY / 2 / size;
+    let mut objs = Vec::with_capacity(n);
+    for i in 0..n {
+        let p = h.malloc(size, None)?;
+        // SAFETY: a fresh object of `size` bytes.
+        unsafe { std::ptr::write_bytes(p, i as u8, size) };
+        objs.push(p);
+    }
+    h.ckall()?;
+    let mut rng = Rng(0x5eed);
+    let one = |st: tiermem_pheap::CkStats| json!({"ns": st.nanos, "bytes": st.bytes_copied, "phase_ns": st.phase_ns});
+    let mut fixed = Vec::new();
+    for r in 0..fixed_reps {
+        let p = objs[rng.below(n)];
+        // SAFETY: a live object of 256 bytes, 8-byte aligned (a 256 B slot).
+        unsafe { (p as *mut u64).write_volatile(r as u64) };
+        fixed.push(one(h.ckall()?));
+    }
+    let mut dense = Vec::new();
+    for r in 0..dense_reps {
+        for &p in &objs {
+            // SAFETY: every pointer is a live object of `size` bytes.
+            unsafe { std::ptr::write_bytes(p, r as u8 ^ 0x5a, size) };
+        }
+        dense.push(one(h.ckall()?));
+    }
+    drop(h);
+    let _ = std::fs::remove_file(heap);
+    Ok(json!({"fixed": fixed, "dense": dense, "objects": n, "object_size": size}))
+}
+
+/// Extra environment of a worker process.
+type Env = Vec<(String, String)>;
+
+/// Live slots of the allocation loop.
+const ALLOC_SLOTS: usize = 1 << 16;
+
+/// The allocation-heavy loop, one worker run: `ops` times, a random one of
+/// [`ALLOC_SLOTS`] slots is freed (if full) and refilled with a new object of 16–1023 bytes
+/// whose first 8 bytes are written. `heap-nockpt` allocates from a heap (2 views, tracked,
+/// never checkpointed); `malloc` from this process's malloc (glibc, or jemalloc when the
+/// parent preloaded it into this worker). Returns wall and CPU time of the loop.
+fn alloc_run(sys: Sys, heap: &Path, ops: usize, seed: u64) -> Result<Value> {
+    let h = match sys {
+        Sys::Heap { views, .. } => {
+            let _ = std::fs::remove_file(heap);
+            Some(
+                Heap::create(
+                    heap,
+                    &HeapOptions {
+                        capacity: 256 << 20,
+                        views,
+                        ..HeapOptions::default()
+                    },
+                )
+                .with_context(|| format!("creating heap {}", heap.display()))?,
+            )
+        }
+        Sys::Malloc => None,
+    };
+    let mut slots: Vec<*mut u8> = vec![std::ptr::null_mut(); ALLOC_SLOTS];
+    let mut rng = Rng(seed | 1);
+    let t0 = Instant::now();
+    let c0 = cpu::this_thread_ns();
+    for i in 0..ops {
+        let k = rng.below(ALLOC_SLOTS);
+        let size = 16 + rng.below(1008);
+        let old = slots[k];
+        let p = match &h {
+            Some(h) => {
+                if !old.is_null() {
+                    h.free(old)?;
+                }
+                h.malloc(size, None)?
+            }
+            None => {
+                // SAFETY: plain malloc/free of pointers this loop got from malloc.
+                unsafe {
+                    libc::free(old.cast());
+                    let p = libc::malloc(size) as *mut u8;
+                    anyhow::ensure!(!p.is_null(), "malloc({size}) failed");
+                    p
+                }
+            }
+        };
+        // SAFETY: p has at least 16 writable bytes.
+        unsafe { (p as *mut u64).write_unaligned(i as u64) };
+        slots[k] = p;
+    }
+    let run_ns = t0.elapsed().as_nanos() as u64;
+    let cpu_ns = cpu::this_thread_ns().saturating_sub(c0);
+    if h.is_none() {
+        for p in slots {
+            // SAFETY: pointers from malloc above (null is allowed).
+            unsafe { libc::free(p.cast()) };
+        }
+    }
+    drop(h);
+    let _ = std::fs::remove_file(heap);
+    Ok(json!({"run_ns": run_ns, "cpu_ns": cpu_ns}))
 }
 
 /// Run one run of `sys` in a fresh worker process (see the module doc); its heap file is
@@ -459,6 +599,22 @@ fn run_in_worker(
     plan: &Plan,
     seed: u64,
 ) -> Result<Sample> {
+    let v = run_in_worker_env(workload, sys, heap, size, param, plan, seed, &[])?;
+    Ok(serde_json::from_value(v)?)
+}
+
+/// [`run_in_worker`] returning the worker's answer as it is, the worker started with `env`.
+#[allow(clippy::too_many_arguments)]
+fn run_in_worker_env(
+    workload: &str,
+    sys: Sys,
+    heap: &Path,
+    size: usize,
+    param: usize,
+    plan: &Plan,
+    seed: u64,
+    env: &[(String, String)],
+) -> Result<Value> {
     let req = RunRequest {
         workload: workload.to_string(),
         system: sys.name().to_string(),
@@ -468,9 +624,10 @@ fn run_in_worker(
         plan: *plan,
         heap: heap.to_path_buf(),
     };
-    let mut w = Worker::spawn(
+    let mut w = Worker::spawn_env(
         &format!("pheap-run {workload} {}", sys.name()),
         &["bench".to_string(), "pheap-run".to_string()],
+        env,
         Duration::from_secs(600),
         vec![heap.to_path_buf()],
     )?;
@@ -670,6 +827,125 @@ pub fn run(o: &Options) -> Result<Report> {
             rows.push(rw);
         }
     }
+    // Checkpoint cost on a 128 MiB heap.
+    crate::progress::step(
+        "checkpoint cost: 128 MiB heap, one small write / every object rewritten",
+    );
+    let (fixed_reps, dense_reps) = if o.quick { (15, 3) } else { (41, 7) };
+    let ck: Value = run_in_worker_env(
+        "ckcost",
+        Sys::Heap {
+            views: 2,
+            ckpt: true,
+        },
+        &heap,
+        dense_reps,
+        fixed_reps,
+        &plan,
+        1,
+        &[],
+    )?;
+    let med_of = |list: &Value, f: &dyn Fn(&Value) -> f64| -> f64 {
+        median(
+            list.as_array()
+                .map(|a| a.iter().map(f).collect())
+                .unwrap_or_default(),
+        )
+    };
+    let ns = |v: &Value| v["ns"].as_f64().unwrap_or(f64::NAN);
+    let phases = |list: &Value, scale: f64| -> Value {
+        let mut m = serde_json::Map::new();
+        for (i, name) in tiermem_pheap::CkStats::PHASES.iter().enumerate() {
+            let v = med_of(list, &|x: &Value| {
+                x["phase_ns"][i].as_f64().unwrap_or(f64::NAN)
+            });
+            m.insert(name.to_string(), json!(r2(v / scale)));
+        }
+        Value::Object(m)
+    };
+    let ckpt_fixed_us = r2(med_of(&ck["fixed"], &ns) / 1e3);
+    let ckpt_gb_per_s = r2(med_of(&ck["dense"], &|v: &Value| {
+        v["bytes"].as_f64().unwrap_or(f64::NAN) / ns(v)
+    }));
+    let memcpy_gb_per_s = {
+        let len = 64 << 20;
+        let a = vec![1u8; len];
+        let mut b = vec![0u8; len];
+        b.copy_from_slice(&a);
+        let t = Instant::now();
+        for _ in 0..3 {
+            b.copy_from_slice(std::hint::black_box(&a));
+        }
+        r2(3.0 * len as f64 / t.elapsed().as_nanos() as f64)
+    };
+    crate::progress::step(&format!(
+        "checkpoint cost: {ckpt_fixed_us} us after one small write, {ckpt_gb_per_s} GB/s dense (memcpy {memcpy_gb_per_s} GB/s)"
+    ));
+    // The allocation loop: heap, glibc malloc, jemalloc (preloaded into its worker).
+    let jemalloc = [
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        "/usr/lib/libjemalloc.so.2",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists());
+    let alloc_ops = if o.quick { 1_000_000 } else { 4_000_000 };
+    let mut arms: Vec<(&str, Sys, Env)> = vec![
+        (
+            "heap-nockpt",
+            Sys::Heap {
+                views: 2,
+                ckpt: false,
+            },
+            vec![],
+        ),
+        ("glibc", Sys::Malloc, vec![]),
+    ];
+    if let Some(j) = &jemalloc {
+        arms.push((
+            "jemalloc",
+            Sys::Malloc,
+            vec![("LD_PRELOAD".into(), j.display().to_string())],
+        ));
+    }
+    let mut times: Vec<Vec<(f64, f64)>> = vec![Vec::new(); arms.len()];
+    for r in 0..plan.runs {
+        for (i, (name, sys, env)) in arms.iter().enumerate() {
+            crate::progress::step(&format!("allocation loop, {name}, run {}", r + 1));
+            let v = run_in_worker_env(
+                "alloc",
+                *sys,
+                &heap,
+                0,
+                alloc_ops,
+                &plan,
+                77 + r as u64,
+                env,
+            )?;
+            times[i].push((
+                v["run_ns"].as_f64().unwrap_or(f64::NAN) / 1e6,
+                v["cpu_ns"].as_f64().unwrap_or(f64::NAN) / 1e6,
+            ));
+        }
+    }
+    let mut alloc = serde_json::Map::new();
+    let mut alloc_ms = std::collections::HashMap::new();
+    for ((name, _, _), t) in arms.iter().zip(&times) {
+        let wall = median(t.iter().map(|x| x.0).collect());
+        let cpu = median(t.iter().map(|x| x.1).collect());
+        alloc_ms.insert(*name, wall);
+        alloc.insert(
+            name.to_string(),
+            json!({"run_ms": r2(wall), "cpu_ms": r2(cpu)}),
+        );
+    }
+    alloc.insert("ops".into(), json!(alloc_ops));
+    alloc.insert("live_slots".into(), json!(ALLOC_SLOTS));
+    let ratio = |b: &str| {
+        alloc_ms
+            .get(b)
+            .map_or(f64::NAN, |&x| r2(alloc_ms["heap-nockpt"] / x))
+    };
     // Headline figures: sparse updates (1 % of 64 B and 128 B objects).
     let sum = |sys: &str, f: &dyn Fn(&Row) -> f64| -> f64 {
         [64, 128]
@@ -707,7 +983,15 @@ pub fn run(o: &Options) -> Result<Report> {
         bytes_saved_pct_views4: saved("fgck4"),
         bytes_saved_pct_views8: saved("fgck8"),
         results: rows,
-        programs: programs(&dir, o.quick),
+        ckpt_fixed_us,
+        ckpt_fixed_phase_us: phases(&ck["fixed"], 1e3),
+        ckpt_gb_per_s,
+        ckpt_dense_phase_ms: phases(&ck["dense"], 1e6),
+        memcpy_gb_per_s,
+        alloc_ratio_vs_glibc: ratio("glibc"),
+        alloc_ratio_vs_jemalloc: ratio("jemalloc"),
+        alloc: Value::Object(alloc),
+        programs: programs(&dir, o.quick, plan.runs),
     };
     Ok(report)
 }
@@ -765,6 +1049,19 @@ impl crate::Report for Report {
         report.tracking_overhead_pct,
         report.tracking_overhead_pct_per_cpu
     );
+        println!(
+            "checkpoints, 128 MiB heap: {:.1} us after one small write ({}); {:.2} GB/s with every \
+             object rewritten ({}; memcpy {:.2} GB/s)",
+            report.ckpt_fixed_us,
+            report.ckpt_fixed_phase_us,
+            report.ckpt_gb_per_s,
+            report.ckpt_dense_phase_ms,
+            report.memcpy_gb_per_s
+        );
+        println!(
+            "allocation loop: heap {:.2}x glibc malloc, {:.2}x jemalloc ({})",
+            report.alloc_ratio_vs_glibc, report.alloc_ratio_vs_jemalloc, report.alloc
+        );
         match report.programs.get("skipped") {
             Some(why) => println!(
                 "unmodified programs: skipped ({})",
@@ -793,7 +1090,7 @@ fn preload_lib() -> Option<PathBuf> {
 /// database under the preload library with checkpoints every 100 ms, views 2 (FGCK) then 1
 /// (PGCK), and reports what the library's exit statistics say. Skips cleanly (a `skipped`
 /// reason) when the library or the programs are absent; a failing run is reported in its row.
-fn programs(dir: &Path, quick: bool) -> Value {
+fn programs(dir: &Path, quick: bool, runs: usize) -> Value {
     let Some(lib) = preload_lib() else {
         return json!({"skipped": "libtiermem_pheap_preload.so not found next to this executable (set TIERMEM_PHEAP_PRELOAD)"});
     };
@@ -815,12 +1112,44 @@ fn programs(dir: &Path, quick: bool) -> Value {
     ];
     let mut rows = Vec::new();
     let mut saved = serde_json::Map::new();
+    let mut slowdown = serde_json::Map::new();
     for (prog, args, stdin) in progs {
         let on_path = std::env::var_os("PATH")
             .is_some_and(|ps| std::env::split_paths(&ps).any(|d| d.join(prog).exists()));
         if !on_path {
             rows.push(json!({"program": prog, "skipped": format!("{prog} not installed")}));
             continue;
+        }
+        // Plain against the preload (2 views, checkpoints every 100 ms), alternated.
+        let (mut plain, mut pre) = (Vec::new(), Vec::new());
+        for r in 0..runs {
+            crate::progress::step(&format!(
+                "{prog}: plain and under the preload, run {}",
+                r + 1
+            ));
+            match plain_run(prog, &args, stdin.as_deref()) {
+                Ok(ms) => plain.push(ms),
+                Err(e) => {
+                    rows.push(json!({"program": prog, "error": format!("plain run: {e}")}));
+                    break;
+                }
+            }
+            let row = program_run(dir, &lib, prog, &args, stdin.as_deref(), 2);
+            match row["wall_ms"].as_f64() {
+                Some(ms) if row.get("error").is_none() => pre.push(ms),
+                _ => {
+                    rows.push(row);
+                    break;
+                }
+            }
+        }
+        if !plain.is_empty() && plain.len() == pre.len() {
+            let (p, q) = (median(plain.clone()), median(pre.clone()));
+            slowdown.insert(prog.to_string(), json!(r2(q / p)));
+            rows.push(
+                json!({"program": prog, "plain_ms": r2(p), "preload_ckpt100_ms": r2(q),
+                "plain_runs_ms": plain, "preload_runs_ms": pre}),
+            );
         }
         let mut bytes = [0f64; 2];
         for (i, views) in [2usize, 1].into_iter().enumerate() {
@@ -836,7 +1165,34 @@ fn programs(dir: &Path, quick: bool) -> Value {
             json!(r2(100.0 * (1.0 - bytes[0] / bytes[1]))),
         );
     }
-    json!({"preload": lib, "ckpt_ms": 100, "rows": rows, "bytes_saved_pct": saved})
+    for prog in ["redis-server", "memcached"] {
+        slowdown.insert(
+            prog.to_string(),
+            json!({"skipped": "multi-threaded: the preload library does not checkpoint a process \
+                   with more than one thread until the safepoint is built (issue #21, part 4)"}),
+        );
+    }
+    json!({"preload": lib, "ckpt_ms": 100, "rows": rows, "bytes_saved_pct": saved,
+           "preload_slowdown": slowdown})
+}
+
+/// Wall time of one plain run of `prog` (stdin fed, output discarded), in ms.
+fn plain_run(prog: &str, args: &[String], stdin: Option<&str>) -> Result<f64> {
+    use std::io::Write;
+    let t0 = Instant::now();
+    let mut c = std::process::Command::new(prog)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {prog}"))?;
+    if let (Some(text), Some(mut si)) = (stdin, c.stdin.take()) {
+        si.write_all(text.as_bytes())?;
+    }
+    let o = c.wait_with_output()?;
+    anyhow::ensure!(o.status.success(), "{prog} failed ({})", o.status);
+    Ok(t0.elapsed().as_secs_f64() * 1e3)
 }
 
 fn program_run(

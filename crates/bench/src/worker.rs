@@ -60,6 +60,18 @@ impl Worker {
         timeout: Duration,
         cleanup: Vec<PathBuf>,
     ) -> Result<Worker> {
+        Self::spawn_env(name, args, &[], timeout, cleanup)
+    }
+
+    /// [`Worker::spawn`] with extra environment variables for the child (for instance an
+    /// `LD_PRELOAD` allocator that only this system's process gets).
+    pub fn spawn_env(
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+        timeout: Duration,
+        cleanup: Vec<PathBuf>,
+    ) -> Result<Worker> {
         use std::os::unix::process::CommandExt;
         let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("tiermem"));
         // /proc/self/exe is resolved in the forked child: the inode this process runs, even if
@@ -72,6 +84,7 @@ impl Worker {
         let mut child = Command::new(&program)
             .arg0(&exe)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -39,15 +39,37 @@ fn quick_json_has_every_row_and_the_headline_figures() {
         "tracking_overhead_pct",
         "speedup_pct_per_cpu",
         "tracking_overhead_pct_per_cpu",
+        "ckpt_fixed_us",
+        "ckpt_gb_per_s",
+        "memcpy_gb_per_s",
+        "alloc_ratio_vs_glibc",
     ] {
         let x = v[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {v}"));
-        assert!(x.is_finite(), "{k} = {x}");
+        assert!(x.is_finite() && x > 0.0, "{k} = {x}");
     }
+    for k in ["ckpt_fixed_phase_us", "ckpt_dense_phase_ms"] {
+        for p in ["scan", "log", "meta", "commit", "apply"] {
+            assert!(v[k][p].as_f64().is_some(), "{k}.{p} missing: {}", v[k]);
+        }
+    }
+    // jemalloc is installed by setup.sh (libjemalloc2): its arm ran.
+    assert!(
+        v["alloc"]["jemalloc"]["run_ms"].as_f64().is_some(),
+        "{}",
+        v["alloc"]
+    );
     let progs = &v["programs"];
     assert!(
         progs.get("skipped").is_some() || progs["rows"].is_array(),
         "programs: skipped reason or rows: {progs}"
     );
+    if progs.get("skipped").is_none() {
+        let s = progs["preload_slowdown"]["sqlite3"].as_f64();
+        assert!(
+            s.is_some_and(|x| x > 0.0),
+            "sqlite3 preload_slowdown: {progs}"
+        );
+    }
     let rows = v["results"].as_array().expect("results array");
     for r in rows {
         let c = r["cpu_ms"]

@@ -155,8 +155,9 @@ pub struct Alloc {
     sbs: Vec<Option<Sb>>,
     sb_free_ids: Vec<u32>,
     partial: Vec<Vec<u32>>,
-    /// Live objects by heap offset.
-    pub objs: BTreeMap<usize, Obj>,
+    /// Live objects by heap offset (a hash map: a call does one or two point lookups; the
+    /// few ordered uses sort).
+    pub objs: FxHashMap<usize, Obj>,
     /// Name → heap offset.
     pub names: FxHashMap<String, usize>,
     /// Offsets whose table entry changed since the last committed checkpoint → whether an
@@ -186,7 +187,7 @@ impl Alloc {
             sbs: Vec::new(),
             sb_free_ids: Vec::new(),
             partial: vec![Vec::new(); CLASSES.len()],
-            objs: BTreeMap::new(),
+            objs: FxHashMap::default(),
             names: FxHashMap::default(),
             dirty: FxHashMap::default(),
             fresh: FxHashSet::default(),
@@ -654,7 +655,7 @@ impl Alloc {
                 }
             }
         }
-        a.objs = table;
+        a.objs = table.into_iter().collect();
         Ok(a)
     }
 
@@ -724,10 +725,10 @@ mod tests {
         let x = a.alloc(10, Some("x")).unwrap();
         let big = a.alloc(9000, None).unwrap();
         a.alloc(700, None).unwrap();
-        let b = Alloc::rebuild(1 << 20, 64 << 10, a.objs.clone()).unwrap();
+        let b = Alloc::rebuild(1 << 20, 64 << 10, a.objs.clone().into_iter().collect()).unwrap();
         assert_eq!(b.names["x"], x);
         assert_eq!(b.objs, a.objs);
-        let mut bad = a.objs.clone();
+        let mut bad: BTreeMap<usize, Obj> = a.objs.clone().into_iter().collect();
         bad.insert(
             big + PAGE,
             Obj {

@@ -551,8 +551,9 @@ impl Heap {
             if crc32fast::hash(b) != crc {
                 let (o, obj) = alloc
                     .objs
-                    .range(..=c)
-                    .next_back()
+                    .iter()
+                    .filter(|(o, _)| **o <= c)
+                    .max_by_key(|(o, _)| **o)
                     .map(|(o, obj)| (*o, obj.name.clone()))
                     .unwrap_or((c, None));
                 return Err(corrupt(format!(
@@ -955,7 +956,9 @@ impl Heap {
             nh.meta_len += mbuf.len() as u64;
         } else {
             mbuf.clear();
-            for (&off, obj) in &g.alloc.objs {
+            let mut table: Vec<(&usize, &crate::alloc::Obj)> = g.alloc.objs.iter().collect();
+            table.sort_unstable_by_key(|(o, _)| **o);
+            for (&off, obj) in table {
                 encode_meta(
                     &crate::alloc::MetaRec::Alloc {
                         off,
