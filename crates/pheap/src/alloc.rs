@@ -167,7 +167,7 @@ pub struct Alloc {
     pub fresh: FxHashSet<usize>,
     /// Committed checksums of the checkpoint image: chunk offset → (length, CRC-32). A chunk
     /// without an entry has never been checkpointed since its object was (re)recorded.
-    pub crcs: BTreeMap<usize, (usize, u32)>,
+    pub crcs: FxHashMap<usize, (usize, u32)>,
 }
 
 impl Alloc {
@@ -191,15 +191,24 @@ impl Alloc {
             names: FxHashMap::default(),
             dirty: FxHashMap::default(),
             fresh: FxHashSet::default(),
-            crcs: BTreeMap::new(),
+            crcs: FxHashMap::default(),
         }
     }
 
-    /// Drops the checksums of the chunks in `[off, off+slot)` (the object there changed).
+    /// Drops the checksums of the chunks of an object with slot `slot` at `off` (the object
+    /// there changed). `crcs` only ever holds chunks of live objects (a free drops its
+    /// object's; `replay_meta` keeps the same rule), and an object's chunks start at its
+    /// offset, and for a large one at each page after it (see [`chunks`]).
     fn forget_crcs(&mut self, off: usize, slot: usize) {
-        let end = off.saturating_add(slot);
-        while let Some((&k, _)) = self.crcs.range(off..end).next() {
-            self.crcs.remove(&k);
+        if self.crcs.is_empty() {
+            return;
+        }
+        if slot <= PAGE {
+            self.crcs.remove(&off);
+        } else {
+            for c in (off..off.saturating_add(slot)).step_by(PAGE) {
+                self.crcs.remove(&c);
+            }
         }
     }
 

@@ -527,7 +527,7 @@ impl Heap {
         let mut crcs = std::collections::BTreeMap::new();
         format::replay_meta(&journal, &mut table, &mut crcs).map_err(corrupt)?;
         let mut alloc = Alloc::rebuild(cap, hdr.sb_size as usize, table).map_err(corrupt)?;
-        alloc.crcs = crcs;
+        alloc.crcs = crcs.into_iter().collect();
         let nviews = hdr.views as usize;
         let mut bases = vec![hdr.lib_base as usize];
         bases.extend(hdr.view_base[..nviews].iter().map(|&b| b as usize));
@@ -890,16 +890,22 @@ impl Heap {
         let mut crc = crc32fast::Hasher::new();
         let mut written = 0usize;
         let mut next_chunk = 0usize;
-        let flush = |stage: &mut Vec<u8>, written: &mut usize, crc: &mut crc32fast::Hasher| {
-            crc.update(stage);
-            let r = pool.write((hdr.log_off() + *written) as u64, stage);
-            *written += stage.len();
-            stage.clear();
-            r
-        };
-        for &(o, l) in &pieces {
+        // The stage loads: (log offset, length, first piece, end piece), replayed by the apply.
+        let mut loads: Vec<(usize, usize, usize, usize)> = Vec::new();
+        let mut first_piece = 0usize;
+        let mut flush =
+            |stage: &mut Vec<u8>, written: &mut usize, crc: &mut crc32fast::Hasher, end: usize| {
+                crc.update(stage);
+                let r = pool.write((hdr.log_off() + *written) as u64, stage);
+                loads.push((*written, stage.len(), first_piece, end));
+                first_piece = end;
+                *written += stage.len();
+                stage.clear();
+                r
+            };
+        for (pi, &(o, l)) in pieces.iter().enumerate() {
             if stage.len() + 16 + l > STAGE + 16 {
-                flush(&mut stage, &mut written, &mut crc)?;
+                flush(&mut stage, &mut written, &mut crc, pi)?;
             }
             let at = stage.len() + 16;
             stage.extend_from_slice(&(o as u64).to_le_bytes());
@@ -927,7 +933,7 @@ impl Heap {
                 .map(|&(c, cl)| (c, cl, None)),
         );
         if !stage.is_empty() {
-            flush(&mut stage, &mut written, &mut crc)?;
+            flush(&mut stage, &mut written, &mut crc, pieces.len())?;
         }
         debug_assert_eq!(written, pos);
         let t_log = std::time::Instant::now();
@@ -974,7 +980,9 @@ impl Heap {
                     None => all.remove(&off),
                 };
             }
-            for (&off, &(len, crc)) in &all {
+            let mut all: Vec<(usize, (usize, u32))> = all.into_iter().collect();
+            all.sort_unstable_by_key(|e| e.0);
+            for (off, (len, crc)) in all {
                 encode_meta(&crate::alloc::MetaRec::Crc { off, len, crc }, &mut mbuf);
             }
             if mbuf.len() > hdr.meta_size as usize {
@@ -1010,16 +1018,18 @@ impl Heap {
         let t_commit = std::time::Instant::now();
         // 4. Apply to the image, 5. mark the log empty.
         if pos > 0 {
-            // From the pool's log (the committed bytes), through the stage.
-            let mut p = 0;
-            for (i, &(o, l)) in pieces.iter().enumerate() {
-                if i == pieces.len() / 2 {
-                    fail_point("mid-apply");
+            // From the pool's log (the committed bytes), a stage load at a time.
+            for &(at, len, p0, p1) in &loads {
+                stage.resize(len, 0);
+                pool.read((hdr.log_off() + at) as u64, &mut stage[..len])?;
+                let mut q = 0;
+                for (i, &(o, l)) in pieces[p0..p1].iter().enumerate() {
+                    if p0 + i == pieces.len() / 2 {
+                        fail_point("mid-apply");
+                    }
+                    pool.write((hdr.image_off() + o) as u64, &stage[q + 16..q + 16 + l])?;
+                    q += 16 + l;
                 }
-                stage.resize(l, 0);
-                pool.read((hdr.log_off() + p + 16) as u64, &mut stage[..l])?;
-                pool.write((hdr.image_off() + o) as u64, &stage[..l])?;
-                p += 16 + l;
             }
             pool.fence();
         }
