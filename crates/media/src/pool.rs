@@ -247,8 +247,8 @@ pub struct PoolOptions {
     /// Attach the pool to this crash-model domain.
     pub domain: Option<PowerDomain>,
     /// Allocate the file's blocks at creation (`posix_fallocate` of the whole size; the
-    /// default). With `false` the data area is left sparse (after the same free-space check)
-    /// and the owner calls [`Pool::reserve`] on each range before its first write there: a
+    /// default). With `false` the data area is left sparse (no free-space check: the file
+    /// takes space as it is reserved) and the owner calls [`Pool::reserve`] on each range before its first write there: a
     /// store into an unallocated page of a full file system would raise `SIGBUS` instead of an
     /// error. Allocating 400 MB of tmpfs up front costs ~110 ms here.
     pub reserve_all: bool,
@@ -683,7 +683,9 @@ impl Pool {
             return Err(MediaError::from_io("fchmod", path, last_err()));
         }
         let available = available_bytes(fd.as_raw_fd());
-        if let Some(avail) = available {
+        // A sparse pool takes space as its owner reserves it: only a preallocated one must
+        // fit now.
+        if let Some(avail) = available.filter(|_| opts.reserve_all) {
             if opts.size > avail {
                 return Err(MediaError::NoSpace {
                     path: path.to_path_buf(),

@@ -168,12 +168,23 @@ impl Header {
 /// The log holds the worst case of one checkpoint: every byte of the heap dirty, in ranges of
 /// at least 16 bytes separated by gaps of at least 16 bytes (adjacent ranges are merged), so at
 /// most `capacity / 32` records of 16 header bytes: `capacity * 3 / 2` suffices.
+///
+/// A metadata area holds a snapshot of the whole table: for a heap full of 16 B objects, an
+/// `Alloc` record (28 bytes) and a `Crc` record (17 bytes) per object, `capacity * 45 / 16`;
+/// `capacity * 3` plus 1 MiB for names. (The pool is sparse: an area costs what is written.)
 pub fn area_sizes(capacity: usize) -> (usize, usize) {
     let round = |x: usize| x.div_ceil(PAGE) * PAGE;
     (
-        round(capacity / 4 + (1 << 20)),
+        round(capacity * 3 + (1 << 20)),
         round(capacity + capacity / 2 + PAGE),
     )
+}
+
+/// The metadata area size heaps created before issue #21 have (`capacity / 4 + 1 MiB`: a
+/// snapshot of 64 B objects with checksums did not fit). They still open; their size is valid
+/// next to [`area_sizes`]'s.
+pub fn legacy_meta_size(capacity: usize) -> usize {
+    (capacity / 4 + (1 << 20)).div_ceil(PAGE) * PAGE
 }
 
 /// Appends the encoding of `r` to `out`.

@@ -325,7 +325,8 @@ fn pick_addresses(n: usize, len: usize) -> Result<Vec<usize>> {
 impl Heap {
     /// Creates a new heap whose checkpoint space is a new pool file at `path` (fails with a
     /// media error if it exists), maps the views at fresh addresses and starts tracking.
-    /// The pool gets `capacity * 3 + ~2 MiB` bytes (see [`format::area_sizes`]).
+    /// The pool gets `capacity * 8.5 + ~2 MiB` bytes (see [`format::area_sizes`]), sparse: a
+    /// checkpoint reserves what it writes.
     pub fn create(path: impl AsRef<Path>, opts: &HeapOptions) -> Result<Heap> {
         let path = path.as_ref().to_path_buf();
         if ![1, 2, 4, 8].contains(&opts.views) {
@@ -475,7 +476,8 @@ impl Heap {
             || hdr.sb_size == 0
             || hdr.sb_size as usize % PAGE != 0
             || cap % hdr.sb_size as usize != 0
-            || hdr.meta_size as usize != ms
+            || (hdr.meta_size as usize != ms
+                && hdr.meta_size as usize != format::legacy_meta_size(cap))
             || hdr.log_size as usize != ls
             || hdr.data_len() > pool.data_len()
             || hdr.meta_active > 1

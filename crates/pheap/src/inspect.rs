@@ -195,7 +195,9 @@ fn inspect_impl(path: &Path, data: bool) -> std::result::Result<Report, String> 
             hdr.sb_size
         ));
     }
-    if hdr.meta_size as usize != ms || hdr.log_size as usize != ls {
+    let meta_ok =
+        hdr.meta_size as usize == ms || hdr.meta_size as usize == format::legacy_meta_size(cap);
+    if !meta_ok || hdr.log_size as usize != ls {
         geo.push(format!(
             "area sizes meta {} / log {} differ from the ones capacity {cap} implies ({ms} / {ls})",
             hdr.meta_size, hdr.log_size
