@@ -1135,6 +1135,34 @@ impl Pool {
         Ok(())
     }
 
+    /// [`Pool::write`] of several ranges, every range checked before any is written, charged
+    /// and counted as one write of their total length: the non-temporal stores of a batch of
+    /// small writes (a checkpoint's records) pipeline, instead of each write's count, a locked
+    /// add, waiting for its own stores to drain (~0.3 µs a write here). Not fenced.
+    #[track_caller]
+    pub fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
+        self.check_writable()?;
+        let mut total = 0u64;
+        for &(off, data) in writes {
+            self.check(off, data.len())?;
+            total += data.len() as u64;
+        }
+        for &(off, data) in writes {
+            // SAFETY: bounds-checked above; the mapping is live and writable; each data slice
+            // is a distinct buffer.
+            unsafe {
+                persist::nt_copy_nofence(
+                    self.data_ptr().add(off as usize),
+                    data.as_ptr(),
+                    data.len(),
+                )
+            };
+            self.note_stores(HEADER_SIZE + off, data.len() as u64);
+        }
+        self.charge_write(total);
+        Ok(())
+    }
+
     /// [`Pool::write`] followed by [`Pool::persist`] of the same range: durable on return.
     #[track_caller]
     pub fn write_persist(&self, off: u64, data: &[u8]) -> Result<()> {

@@ -1024,14 +1024,20 @@ impl Heap {
             for &(at, len, p0, p1) in &loads {
                 stage.resize(len, 0);
                 pool.read((hdr.log_off() + at) as u64, &mut stage[..len])?;
+                // One batch per load (the fail point halfway through the records, as a crash
+                // there would find them).
                 let mut q = 0;
+                let mut batch: Vec<(u64, &[u8])> = Vec::with_capacity(p1 - p0);
                 for (i, &(o, l)) in pieces[p0..p1].iter().enumerate() {
                     if p0 + i == pieces.len() / 2 {
+                        pool.write_many(&batch)?;
+                        batch.clear();
                         fail_point("mid-apply");
                     }
-                    pool.write((hdr.image_off() + o) as u64, &stage[q + 16..q + 16 + l])?;
+                    batch.push(((hdr.image_off() + o) as u64, &stage[q + 16..q + 16 + l]));
                     q += 16 + l;
                 }
+                pool.write_many(&batch)?;
             }
             pool.fence();
         }
