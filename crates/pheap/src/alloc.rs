@@ -19,7 +19,7 @@
 //!   seen: realloc copies through the library view).
 
 use crate::error::{Error, Result};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
 /// Page size (x86-64).
@@ -35,6 +35,12 @@ pub const CLASSES: [usize; 15] = [
 pub fn class_for(size: usize) -> Option<usize> {
     CLASSES.iter().position(|&c| c >= size.max(1))
 }
+
+/// [`Alloc::dirty`] flag: an object stood at the offset at the last committed checkpoint.
+pub const EXISTED: u8 = 1;
+/// [`Alloc::dirty`] flag: the live object at the offset was created or moved (or resized) since
+/// the last `ckall`: its bytes are copied whole by the next one.
+pub const FRESH: u8 = 2;
 
 /// The slot capacity an object of `size` bytes gets: its class size for at most a page, else
 /// whole pages.
@@ -160,11 +166,11 @@ pub struct Alloc {
     pub objs: FxHashMap<usize, Obj>,
     /// Name → heap offset.
     pub names: FxHashMap<String, usize>,
-    /// Offsets whose table entry changed since the last committed checkpoint → whether an
-    /// object stood there at that checkpoint (see the module comment).
-    pub dirty: FxHashMap<usize, bool>,
-    /// Objects created or moved since the last checkpoint.
-    pub fresh: FxHashSet<usize>,
+    /// Offsets whose table entry changed since the last committed checkpoint, or whose object
+    /// was created or moved since the last `ckall` → [`EXISTED`] (an object stood there at the
+    /// last committed checkpoint) | [`FRESH`] (the live object there must be copied whole at
+    /// the next `ckall`). One map for both, so that a call does one lookup for them.
+    pub dirty: FxHashMap<usize, u8>,
     /// Committed checksums of the checkpoint image: chunk offset → (length, CRC-32). A chunk
     /// without an entry has never been checkpointed since its object was (re)recorded.
     pub crcs: FxHashMap<usize, (usize, u32)>,
@@ -190,7 +196,6 @@ impl Alloc {
             objs: FxHashMap::default(),
             names: FxHashMap::default(),
             dirty: FxHashMap::default(),
-            fresh: FxHashSet::default(),
             crcs: FxHashMap::default(),
         }
     }
@@ -216,15 +221,53 @@ impl Alloc {
     /// (before the change). The first change of an interval fixes what the last checkpoint
     /// holds there: the object standing there now unless an earlier change of this interval
     /// put it there.
-    fn touch(&mut self, off: usize, existed: bool) {
-        self.dirty.entry(off).or_insert(existed);
+    /// `set` and `clear` are [`FRESH`] bits to change.
+    fn touch(&mut self, off: usize, existed: bool, set: u8, clear: u8) {
+        let f = self
+            .dirty
+            .entry(off)
+            .or_insert(if existed { EXISTED } else { 0 });
+        *f = (*f | set) & !clear;
+    }
+
+    /// The live objects created or moved since the last `ckall` (their bytes are copied whole).
+    pub fn fresh(&self) -> impl Iterator<Item = usize> + '_ {
+        self.dirty
+            .iter()
+            .filter(|(_, &f)| f & FRESH != 0)
+            .map(|(&o, _)| o)
+    }
+
+    /// After a committed checkpoint: the table changes are in the journal; with `keep_fresh`
+    /// (a `ckone`, which copies one object) the objects still to be copied stay listed, now as
+    /// standing in the committed table.
+    pub fn committed(&mut self, keep_fresh: bool) {
+        if keep_fresh {
+            self.dirty.retain(|_, f| *f & FRESH != 0);
+            for f in self.dirty.values_mut() {
+                *f = EXISTED | FRESH;
+            }
+        } else {
+            self.dirty.clear();
+        }
+    }
+
+    /// Takes `off` off the objects to copy whole (a `ckone` copies it now).
+    pub fn unfresh(&mut self, off: usize) {
+        if let Some(f) = self.dirty.get_mut(&off) {
+            *f &= !FRESH;
+        }
     }
 
     /// The metadata records of the table changes since the last committed checkpoint, by
     /// offset: an `Alloc` with the final object where one stands, a `Free` where the last
     /// checkpoint had one and none stands now, nothing where neither holds.
     pub fn journal(&self) -> Vec<MetaRec> {
-        let mut offs: Vec<(usize, bool)> = self.dirty.iter().map(|(&o, &e)| (o, e)).collect();
+        let mut offs: Vec<(usize, bool)> = self
+            .dirty
+            .iter()
+            .map(|(&o, &f)| (o, f & EXISTED != 0))
+            .collect();
         offs.sort_unstable();
         offs.into_iter()
             .filter_map(|(off, existed)| match self.objs.get(&off) {
@@ -354,10 +397,9 @@ impl Alloc {
         if let Some(n) = name {
             self.names.insert(n.to_string(), off);
         }
-        self.touch(off, false);
+        self.touch(off, false, FRESH, 0);
         self.forget_crcs(off, slot);
         self.objs.insert(off, obj);
-        self.fresh.insert(off);
         Ok(off)
     }
 
@@ -430,9 +472,8 @@ impl Alloc {
         if let Some(n) = &obj.name {
             self.names.remove(n);
         }
-        self.fresh.remove(&off);
         self.forget_crcs(off, obj.slot);
-        self.touch(off, true);
+        self.touch(off, true, 0, FRESH);
         let page = off / PAGE;
         if obj.is_large() {
             self.give_pages(page, obj.slot / PAGE);
@@ -477,8 +518,7 @@ impl Alloc {
             }
         }
         self.forget_crcs(off, slot);
-        self.touch(off, true);
-        self.fresh.insert(off);
+        self.touch(off, true, FRESH, 0);
     }
 
     /// Sets or clears the name of the object at `off` (used when realloc moves an object); no-op
@@ -496,7 +536,7 @@ impl Alloc {
         obj.name = name;
         let slot = obj.slot;
         self.forget_crcs(off, slot);
-        self.touch(off, true);
+        self.touch(off, true, 0, 0);
     }
 
     /// The user view (of `views`) an object at heap offset `off` with slot `slot` is returned

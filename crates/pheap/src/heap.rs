@@ -785,7 +785,7 @@ impl Heap {
             Some(off) => {
                 let o = g.alloc.objs.get(&off).ok_or(Error::InvalidPointer(off))?;
                 ranges.push((off, o.size, off));
-                g.alloc.fresh.remove(&off);
+                g.alloc.unfresh(off);
             }
             None => {
                 for v in 0..g.trackers.len() {
@@ -804,8 +804,8 @@ impl Heap {
                         }
                     }
                 }
-                for &off in &g.alloc.fresh {
-                    // `fresh` only holds live objects (free removes its entry).
+                for off in g.alloc.fresh() {
+                    // Only live objects are fresh (free clears the flag).
                     if let Some(o) = g.alloc.objs.get(&off) {
                         ranges.push((off, o.size, off));
                     }
@@ -813,7 +813,6 @@ impl Heap {
                 if g.resync {
                     ranges.extend(g.alloc.objs.iter().map(|(&off, o)| (off, o.size, off)));
                 }
-                g.alloc.fresh.clear();
             }
         }
         let t_scan = std::time::Instant::now();
@@ -1054,7 +1053,7 @@ impl Heap {
             };
         }
         g.meta_hasher = hasher;
-        g.alloc.dirty.clear();
+        g.alloc.committed(only.is_some());
         stage.clear();
         g.stage = stage;
         let st = CkStats {
