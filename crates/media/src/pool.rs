@@ -1124,15 +1124,7 @@ impl Pool {
     /// durable — until a later [`Pool::fence`], [`Pool::persist`] or [`Pool::write_persist`]
     /// (for msync-backed pools, [`Pool::persist`] of the range).
     pub fn write(&self, off: u64, data: &[u8]) -> Result<()> {
-        self.check_writable()?;
-        self.check(off, data.len())?;
-        // SAFETY: bounds-checked range of the live, writable mapping; data is a distinct buffer.
-        unsafe {
-            persist::nt_copy_nofence(self.data_ptr().add(off as usize), data.as_ptr(), data.len())
-        };
-        self.note_stores(HEADER_SIZE + off, data.len() as u64);
-        self.charge_write(data.len() as u64);
-        Ok(())
+        self.write_many(&[(off, data)])
     }
 
     /// [`Pool::write`] of several ranges, every range checked before any is written, charged

@@ -151,6 +151,15 @@ struct Sb {
     in_partial: bool,
 }
 
+impl Sb {
+    /// The slot holding heap offset `off` (a page of this superblock): the inverse of
+    /// [`Alloc::slot_off`].
+    fn slot_index(&self, off: usize) -> usize {
+        let size = CLASSES[self.class];
+        (off / PAGE - self.first_page) * (PAGE / size) + (off % PAGE) / size
+    }
+}
+
 /// Allocator state over a heap of fixed capacity.
 #[derive(Debug)]
 pub struct Alloc {
@@ -481,9 +490,7 @@ impl Alloc {
             // A page owned by Small(id) belongs to a live superblock: the owner is reset to
             // Free (give_pages) in the same step that drops the superblock.
             let sb = self.sbs[id as usize].as_mut().expect("live superblock");
-            let size = CLASSES[sb.class];
-            let per_page = PAGE / size;
-            let slot = (page - sb.first_page) * per_page + (off % PAGE) / size;
+            let slot = sb.slot_index(off);
             sb.used[slot / 64] &= !(1 << (slot % 64));
             sb.hint = sb.hint.min(slot / 64);
             sb.nused -= 1;
@@ -512,8 +519,7 @@ impl Alloc {
         let (slot, size) = (obj.slot, obj.size);
         if let Owner::Small(id) = self.pages[off / PAGE] {
             if let Some(sb) = self.sbs[id as usize].as_mut() {
-                let per_page = PAGE / CLASSES[sb.class];
-                let k = (off / PAGE - sb.first_page) * per_page + (off % PAGE) / CLASSES[sb.class];
+                let k = sb.slot_index(off);
                 sb.sizes[k] = size as u16; // a small object stays at most a page
             }
         }
