@@ -2,7 +2,8 @@
  * The persistent heap (FGCK) from C with the paper's names: create a heap, allocate named and
  * anonymous objects, write them, checkpoint (nvh_ckall, nvh_ckone), close, reopen, find the
  * objects by name and check their contents; a child that writes without checkpointing and
- * dies leaves the last checkpoint intact.
+ * dies leaves the last checkpoint intact; a checkpoint with another thread writing stops it
+ * (nvh_ckall_stopping_threads).
  * Build: cc pheap.c $(pkg-config --cflags --libs tiermem) -o pheap
  * Usage: pheap DIR      (DIR: an empty scratch directory, e.g. under /dev/shm)
  * Exits 0 when every check passes; prints what failed otherwise.
@@ -10,6 +11,8 @@
 #include <tiermem.h>
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +31,14 @@
     } while (0)
 
 #define N_RECORDS 1000
+
+/* A thread that keeps writing a heap object (step 6). */
+static atomic_int stop_writer;
+static void *writer(void *arg) {
+    volatile uint64_t *c = arg;
+    while (!atomic_load(&stop_writer)) (*c)++;
+    return NULL;
+}
 
 struct record {
     uint64_t key;
@@ -134,6 +145,21 @@ int main(int argc, char **argv) {
     /* The freed record's memory is reusable. */
     void *again = nvh_malloc(sizeof(struct record), "again");
     CHECK(again != NULL, "nvh_malloc after reopen");
+
+    /* 6. A checkpoint while another thread keeps writing: nvh_ckall_stopping_threads parks it
+     * (a safepoint) for the checkpoint, then lets it run on. */
+    pthread_t w;
+    CHECK(pthread_create(&w, NULL, writer, counter) == 0, "pthread_create");
+    uint64_t pause_us = 0;
+    CHECK(nvh_ckall_stopping_threads(1000, &st, &pause_us) == 0, "nvh_ckall_stopping_threads");
+    CHECK(st.pages_written >= 1, "the writer's page was written (%llu)",
+          (unsigned long long)st.pages_written);
+    uint64_t seen = *counter;
+    usleep(2000);
+    CHECK(*counter != seen, "the writer runs again after the checkpoint");
+    atomic_store(&stop_writer, 1);
+    CHECK(pthread_join(w, NULL) == 0, "pthread_join");
+    printf("checkpoint with a writer thread stopped: pause %llu us\n", (unsigned long long)pause_us);
     CHECK(nvh_close() == 0, "nvh_close");
     printf("C pheap: all checks passed\n");
     return 0;

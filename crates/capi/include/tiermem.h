@@ -1345,6 +1345,17 @@ void *nvh_get(const char *name);
 int nvh_ckall(struct nvh_ckpt_stats *out);
 
 /**
+ * `nvh_ckall` with every other thread of the process stopped: each is signalled (signal
+ * `SIGRTMAX - 6`) and parks in the handler (a thread inside an `nvh_*` call finishes it
+ * first) until the checkpoint is durable, so threads may keep writing heap objects at any
+ * time. Waits at most `timeout_ms` for the threads to park, else checkpoints nothing, resumes
+ * them and returns -ETIMEDOUT (a thread that blocks the signal). Fills `*out` when it is not
+ * NULL and `*pause_us` (first signal to resume, microseconds) when it is not NULL. Returns 0
+ * or a negative errno.
+ */
+int nvh_ckall_stopping_threads(uint32_t timeout_ms, struct nvh_ckpt_stats *out, uint64_t *pause_us);
+
+/**
  * Checkpoints the one object named `name` (in full) plus the allocation changes, atomically.
  * Returns 0, -ENOENT when no object has that name, or another negative errno.
  */

@@ -56,7 +56,7 @@ impl From<CkStats> for nvh_ckpt_stats {
 /// The errno of a heap error: InvalidArgument → EINVAL, OutOfMemory → ENOMEM, InvalidPointer
 /// → EINVAL, NameTaken → EEXIST, NoSuchName → ENOENT, AddressTaken → EADDRINUSE, Corrupt →
 /// EBADMSG, VersionMismatch → EPROTO, MetadataFull → ENOSPC, NotOpen → EBADF, AlreadyOpen →
-/// EBUSY, media errors → their errno, OS errors → their errno, anything else → EIO.
+/// EBUSY, Safepoint → ETIMEDOUT, media errors → their errno, OS errors → their errno, anything else → EIO.
 fn pheap_errno(e: &Error) -> i32 {
     #[allow(unreachable_patterns)]
     match e {
@@ -70,6 +70,7 @@ fn pheap_errno(e: &Error) -> i32 {
         Error::MetadataFull { .. } => libc::ENOSPC,
         Error::NotOpen => libc::EBADF,
         Error::AlreadyOpen => libc::EBUSY,
+        Error::Safepoint(_) => libc::ETIMEDOUT,
         Error::Media(m) => m.errno(),
         Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         _ => libc::EIO,
@@ -246,6 +247,35 @@ pub extern "C" fn nvh_ckall(out: *mut nvh_ckpt_stats) -> c_int {
             0
         }
         Err(e) => pfail(e),
+    })
+}
+
+/// `nvh_ckall` with every other thread of the process stopped: each is signalled (signal
+/// `SIGRTMAX - 6`) and parks in the handler (a thread inside an `nvh_*` call finishes it
+/// first) until the checkpoint is durable, so threads may keep writing heap objects at any
+/// time. Waits at most `timeout_ms` for the threads to park, else checkpoints nothing, resumes
+/// them and returns -ETIMEDOUT (a thread that blocks the signal). Fills `*out` when it is not
+/// NULL and `*pause_us` (first signal to resume, microseconds) when it is not NULL. Returns 0
+/// or a negative errno.
+#[no_mangle]
+pub extern "C" fn nvh_ckall_stopping_threads(
+    timeout_ms: u32,
+    out: *mut nvh_ckpt_stats,
+    pause_us: *mut u64,
+) -> c_int {
+    guard("nvh_ckall_stopping_threads", || {
+        let t = std::time::Duration::from_millis(timeout_ms as u64);
+        match tiermem_pheap::nvh_ckall_stopping_threads(t) {
+            Ok((s, pause)) => {
+                put_stats(out, s);
+                if !pause_us.is_null() {
+                    // SAFETY: the caller passes NULL or a writable u64.
+                    unsafe { *pause_us = pause.as_micros() as u64 };
+                }
+                0
+            }
+            Err(e) => pfail(e),
+        }
     })
 }
 

@@ -67,6 +67,7 @@ mod fork_guard;
 pub mod policy;
 pub mod probe;
 pub mod region;
+pub mod safepoint;
 pub mod scope;
 pub mod sig;
 pub mod sys;

@@ -16,12 +16,12 @@
 #![warn(missing_docs)]
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::cell::Cell;
 use std::ffi::c_void;
 use std::io::Write;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+use tiermem_fault::safepoint;
 use tiermem_pheap::{Heap, HeapOptions};
 
 extern "C" {
@@ -109,7 +109,6 @@ static FREES: AtomicU64 = AtomicU64::new(0);
 static FALLBACK: AtomicU64 = AtomicU64::new(0);
 static CHECKPOINTS: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
-static WARNED_THREADS: AtomicU8 = AtomicU8::new(0);
 static WARNED_FULL: AtomicU8 = AtomicU8::new(0);
 static WARNED_BAD_FREE: AtomicU8 = AtomicU8::new(0);
 
@@ -117,34 +116,31 @@ static WARNED_BAD_FREE: AtomicU8 = AtomicU8::new(0);
 static LIBC_USABLE: AtomicUsize = AtomicUsize::new(0);
 static STATS_PATH: OnceLock<Option<String>> = OnceLock::new();
 
-thread_local! {
-    /// True while this thread runs library code that may allocate: such calls go to glibc.
-    static IN_LIB: Cell<bool> = const { Cell::new(false) };
+/// Marks the current thread as inside the library until dropped: calls it makes go to glibc,
+/// and it is a safepoint section (`tiermem_fault::safepoint`): a checkpoint of a
+/// multi-threaded program parks this thread only once it has left the library.
+struct Guard {
+    was: bool,
+    _s: safepoint::Section,
 }
-
-/// Marks the current thread as inside the library until dropped (restores the old value).
-struct Guard(bool);
 
 impl Guard {
     fn enter() -> Guard {
-        Guard(IN_LIB.try_with(|c| c.replace(true)).unwrap_or(true))
+        let was = safepoint::in_section();
+        Guard {
+            was,
+            _s: safepoint::section(),
+        }
     }
 
     /// True when the thread was already inside the library (a re-entrant call: no safe point).
     fn was_inside(&self) -> bool {
-        self.0
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let old = self.0;
-        let _ = IN_LIB.try_with(|c| c.set(old));
+        self.was
     }
 }
 
 fn in_lib() -> bool {
-    IN_LIB.try_with(|c| c.get()).unwrap_or(true)
+    safepoint::in_section()
 }
 
 /// The heap if it is ready and this thread is not already inside the library.
@@ -231,6 +227,23 @@ fn init_heap() -> Result<Heap, String> {
         Ordering::Relaxed,
     );
     let _ = STATS_PATH.set(env("TIERMEM_PHEAP_STATS"));
+    if let Some(sig) = env_num("TIERMEM_PHEAP_SIGNAL")? {
+        let sig = sig as i32;
+        if sig < libc::SIGRTMIN() || sig > libc::SIGRTMAX() {
+            return Err(format!(
+                "TIERMEM_PHEAP_SIGNAL={sig} is not a real-time signal ({}..={})",
+                libc::SIGRTMIN(),
+                libc::SIGRTMAX()
+            ));
+        }
+        STOP_SIGNAL.store(sig as usize, Ordering::Relaxed);
+    }
+    if let Some(ms) = env_num("TIERMEM_SAFEPOINT_TIMEOUT_MS")? {
+        STOP_TIMEOUT_MS.store(ms.max(1), Ordering::Relaxed);
+    }
+    if env("TIERMEM_PHEAP_VERIFY_EACH").is_some_and(|v| v != "0") {
+        VERIFY_EACH.store(1, Ordering::Relaxed);
+    }
     let path = env("TIERMEM_PHEAP_PATH").unwrap_or_else(default_path);
     let path = std::path::PathBuf::from(path);
     if let Some(dir) = path.parent() {
@@ -345,7 +358,11 @@ extern "C" fn init() {
     // SAFETY: registering plain extern "C" functions without arguments.
     unsafe {
         libc::atexit(at_exit);
-        libc::pthread_atfork(None, None, Some(after_fork_child));
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_parent),
+            Some(after_fork_child),
+        );
     }
     STATE.store(READY, Ordering::Release);
 }
@@ -354,44 +371,116 @@ extern "C" fn init() {
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
 
-/// Number of threads of this process (from /proc/self/stat; 1 if unreadable).
-fn thread_count() -> usize {
-    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
-        return 1;
-    };
-    // Fields after the parenthesised comm: state is field 3, num_threads field 20.
-    s.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(17)?.parse().ok())
-        .unwrap_or(1)
+/// How checkpoints stop the program's other threads (`TIERMEM_PHEAP_SIGNAL`,
+/// `TIERMEM_SAFEPOINT_TIMEOUT_MS`), set at init.
+static STOP_SIGNAL: AtomicUsize = AtomicUsize::new(0);
+static STOP_TIMEOUT_MS: AtomicU64 = AtomicU64::new(100);
+/// Pauses of the checkpoints (first signal to resume), microseconds; the most threads stopped.
+static PAUSES_US: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+static STOP_US: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+static THREADS_MAX: AtomicUsize = AtomicUsize::new(0);
+static SAFEPOINT_TIMEOUTS: AtomicU64 = AtomicU64::new(0);
+/// `TIERMEM_PHEAP_VERIFY_EACH=1`: compare each checkpoint with the heap while the threads are
+/// still stopped; mismatches are counted and reported.
+static VERIFY_EACH: AtomicU8 = AtomicU8::new(0);
+static VERIFIED: AtomicU64 = AtomicU64::new(0);
+static VERIFY_FAILED: AtomicU64 = AtomicU64::new(0);
+
+fn stop_options() -> safepoint::StopOptions {
+    let sig = STOP_SIGNAL.load(Ordering::Relaxed) as i32;
+    safepoint::StopOptions {
+        signal: if sig > 0 {
+            sig
+        } else {
+            safepoint::default_signal()
+        },
+        timeout: std::time::Duration::from_millis(STOP_TIMEOUT_MS.load(Ordering::Relaxed)),
+    }
 }
 
-/// Checkpoints now if single-threaded; otherwise counts a skipped checkpoint and warns once.
+/// Checkpoints now, with every other thread of the process parked at a safepoint while it runs
+/// (a single-threaded program stops nobody). A failure (threads that would not stop in time,
+/// a full device) is counted as skipped and reported on stderr after the threads resume.
 /// Must be called with the guard held and with no heap lock held by this thread.
 fn checkpoint(h: &Heap) {
     if IN_CHILD.load(Ordering::Relaxed) != 0 {
         return;
     }
-    let n = thread_count();
-    if n > 1 {
-        SKIPPED.fetch_add(1, Ordering::Relaxed);
-        warn_once(
-            &WARNED_THREADS,
-            &format!(
-                "{n} threads: checkpoints are only consistent for single-threaded programs; \
-                 skipping them"
-            ),
-        );
-        return;
-    }
-    match h.ckall() {
+    let t0 = std::time::Instant::now();
+    let held = match safepoint::stop_others(&stop_options()) {
+        Ok(s) => s,
+        Err(safepoint::StopError::Busy) => return,
+        Err(e) => {
+            SKIPPED.fetch_add(1, Ordering::Relaxed);
+            if matches!(e, safepoint::StopError::Timeout { .. }) {
+                SAFEPOINT_TIMEOUTS.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = writeln!(
+                std::io::stderr(),
+                "tiermem-pheap-preload: checkpoint skipped: {e}"
+            );
+            return;
+        }
+    };
+    let r = h.ckall();
+    let verdict = match (&r, VERIFY_EACH.load(Ordering::Relaxed)) {
+        (Ok(_), 1) => Some(h.verify_checkpoint()),
+        _ => None,
+    };
+    let (threads, stop_time) = (held.threads, held.stop_time);
+    drop(held);
+    let pause = t0.elapsed();
+    match r {
         Ok(_) => {
             CHECKPOINTS.fetch_add(1, Ordering::Relaxed);
+            THREADS_MAX.fetch_max(threads, Ordering::Relaxed);
+            if threads > 0 {
+                lock(&PAUSES_US).push(pause.as_micros().min(u32::MAX as u128) as u32);
+                lock(&STOP_US).push(stop_time.as_micros().min(u32::MAX as u128) as u32);
+            }
         }
         Err(e) => {
             SKIPPED.fetch_add(1, Ordering::Relaxed);
             let _ = writeln!(std::io::stderr(), "tiermem-pheap-preload: checkpoint: {e}");
         }
     }
+    match verdict {
+        Some(Ok(())) => {
+            VERIFIED.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(Err(e)) => {
+            VERIFY_FAILED.fetch_add(1, Ordering::Relaxed);
+            let _ = writeln!(
+                std::io::stderr(),
+                "tiermem-pheap-preload: checkpoint differs from the heap: {e}"
+            );
+        }
+        None => {}
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `{"n":..,"p50":..,"p99":..,"max":..}` of a list of microsecond samples.
+fn summary(v: &[u32]) -> String {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    let q = |p: f64| -> u32 {
+        if v.is_empty() {
+            0
+        } else {
+            v[((v.len() - 1) as f64 * p).round() as usize]
+        }
+    };
+    format!(
+        "{{\"n\":{},\"p50\":{},\"p99\":{},\"max\":{}}}",
+        v.len(),
+        q(0.5),
+        q(0.99),
+        v.last().copied().unwrap_or(0)
+    )
 }
 
 /// The safe point: called at the start of every allocator call that reaches the heap.
@@ -425,7 +514,9 @@ extern "C" fn at_exit() {
         let json = format!(
             "{{\"views\":{},\"checkpoints\":{},\"bytes_copied\":{},\"objects_copied\":{},\
              \"pages_written\":{},\"ckpt_ns_total\":{},\"allocs\":{},\"frees\":{},\
-             \"fallback_allocs\":{},\"ckpt_phase_ns\":{{{}}},\"heap_path\":{}}}\n",
+             \"fallback_allocs\":{},\"ckpt_phase_ns\":{{{}}},\"skipped\":{},\
+             \"safepoint_threads_max\":{},\"safepoint_pause_us\":{},\"safepoint_stop_us\":{},\
+             \"safepoint_timeouts\":{},\"verified\":{},\"verify_failed\":{},\"heap_path\":{}}}\n",
             h.views(),
             CHECKPOINTS.load(Ordering::Relaxed),
             t.bytes_copied,
@@ -441,6 +532,13 @@ extern "C" fn at_exit() {
                 .map(|(n, v)| format!("\"{n}\":{v}"))
                 .collect::<Vec<_>>()
                 .join(","),
+            SKIPPED.load(Ordering::Relaxed),
+            THREADS_MAX.load(Ordering::Relaxed),
+            summary(&lock(&PAUSES_US)),
+            summary(&lock(&STOP_US)),
+            SAFEPOINT_TIMEOUTS.load(Ordering::Relaxed),
+            VERIFIED.load(Ordering::Relaxed),
+            VERIFY_FAILED.load(Ordering::Relaxed),
             json_str(&h.path().to_string_lossy()),
         );
         if let Err(e) = std::fs::write(path, json) {
@@ -466,10 +564,24 @@ fn json_str(s: &str) -> String {
     o
 }
 
+/// `fork` runs with the forking thread inside a safepoint section, from the last prepare
+/// handler (ours is registered first, so it runs last, right before glibc locks its malloc
+/// arenas) to the parent and child handlers: a checkpoint's stop never parks a thread that
+/// holds the arena locks a checkpoint's own allocations need.
+extern "C" fn before_fork() {
+    safepoint::enter_raw();
+}
+
+extern "C" fn after_fork_parent() {
+    safepoint::leave_raw();
+}
+
 /// In a forked child the views would still share the parent's memfd, so the child's writes
 /// would land in the parent's heap. Give the child a private copy: a new memfd holding the
 /// resident pages, mapped over every view at the same addresses. The child never checkpoints.
 extern "C" fn after_fork_child() {
+    safepoint::after_fork_child();
+    safepoint::leave_raw();
     if STATE.load(Ordering::Acquire) != READY {
         return;
     }
@@ -639,6 +751,9 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         return;
     }
     if !owned(p) {
+        // In a section: a stop must not park this thread inside glibc's free, holding an
+        // arena lock the checkpoint's own allocations may need.
+        let _s = safepoint::section();
         // SAFETY: not in the heap's views, so glibc allocated it.
         unsafe { __libc_free(p) };
         return;
@@ -703,7 +818,8 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         return ptr::null_mut();
     }
     if !owned(p) {
-        // SAFETY: a glibc block.
+        let _s = safepoint::section(); // as in free
+                                       // SAFETY: a glibc block.
         return unsafe { __libc_realloc(p, size) };
     }
     let h = owner_heap();
@@ -855,4 +971,154 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
         let f: unsafe extern "C" fn(*mut c_void) -> usize = std::mem::transmute(f);
         f(p)
     }
+}
+
+// jemalloc's non-standard API. A program linked with jemalloc (Debian's redis-server) calls
+// these beside malloc/free; with malloc interposed they must describe the pheap's objects, not
+// jemalloc's (a `nallocx` larger than `malloc_usable_size` would let the program write past an
+// object; a `mallctl("background_thread", true)` would start a thread that blocks every
+// signal, so no checkpoint's safepoint could stop it).
+
+/// jemalloc `MALLOCX_LG_ALIGN` / `MALLOCX_ZERO` flags: alignment and zeroing.
+fn mallocx_flags(flags: i32) -> (usize, bool) {
+    let lg = (flags & 0x3f) as u32;
+    (
+        if lg == 0 { 16 } else { 1usize << lg.min(30) },
+        flags & 0x40 != 0,
+    )
+}
+
+/// jemalloc `nallocx`: the usable size an allocation of `size` would have (the requested size,
+/// as [`malloc_usable_size`] reports for heap objects).
+#[no_mangle]
+pub extern "C" fn nallocx(size: usize, _flags: i32) -> usize {
+    size.max(1)
+}
+
+/// jemalloc `mallctl`: no jemalloc controls exist under the pheap; every name is `ENOENT`.
+///
+/// # Safety
+/// Any arguments (none is dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn mallctl(
+    _name: *const libc::c_char,
+    _oldp: *mut c_void,
+    _oldlenp: *mut usize,
+    _newp: *mut c_void,
+    _newlen: usize,
+) -> i32 {
+    libc::ENOENT
+}
+
+/// jemalloc `malloc_stats_print`: one line saying the heap is a tiermem pheap, through the
+/// callback when given (else stderr).
+///
+/// # Safety
+/// `cb`, when not null, is a valid callback taking `opaque` and a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_stats_print(
+    cb: Option<unsafe extern "C" fn(*mut c_void, *const libc::c_char)>,
+    opaque: *mut c_void,
+    _opts: *const libc::c_char,
+) {
+    let msg =
+        c"tiermem pheap preload: malloc is a tiermem persistent heap; no jemalloc statistics\n";
+    match cb {
+        // SAFETY: the caller's callback with its own opaque pointer.
+        Some(f) => unsafe { f(opaque, msg.as_ptr()) },
+        None => {
+            let _ = std::io::stderr().write_all(msg.to_bytes());
+        }
+    }
+}
+
+/// jemalloc `mallocx`: `malloc` with `MALLOCX_LG_ALIGN` and `MALLOCX_ZERO` honoured.
+///
+/// # Safety
+/// As `malloc(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn mallocx(size: usize, flags: i32) -> *mut c_void {
+    let (align, zero) = mallocx_flags(flags);
+    let p = heap_alloc(size.max(1), align);
+    if zero && !p.is_null() {
+        // SAFETY: a fresh block of at least `size` bytes.
+        unsafe { ptr::write_bytes(p as *mut u8, 0, size) };
+    }
+    p
+}
+
+/// jemalloc `rallocx`: `realloc` (an alignment above 16 moves the object to a block aligned
+/// so; `MALLOCX_ZERO` zeroes the grown tail).
+///
+/// # Safety
+/// As `realloc(3)` with a non-null `p`.
+#[no_mangle]
+pub unsafe extern "C" fn rallocx(p: *mut c_void, size: usize, flags: i32) -> *mut c_void {
+    let (align, zero) = mallocx_flags(flags);
+    // SAFETY: as malloc_usable_size of a live block.
+    let old = unsafe { malloc_usable_size(p) };
+    let q = if align <= 16 {
+        // SAFETY: as realloc.
+        unsafe { realloc(p, size.max(1)) }
+    } else {
+        let q = heap_alloc(size.max(1), align);
+        if !q.is_null() {
+            // SAFETY: `p` has `old` bytes, `q` at least `size`; then the old block is freed.
+            unsafe {
+                ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size));
+                free(p);
+            }
+        }
+        q
+    };
+    if zero && !q.is_null() && size > old {
+        // SAFETY: `q` has at least `size` bytes.
+        unsafe { ptr::write_bytes((q as *mut u8).add(old), 0, size - old) };
+    }
+    q
+}
+
+/// jemalloc `xallocx`: resizing in place is not offered; returns the current usable size.
+///
+/// # Safety
+/// As `malloc_usable_size(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn xallocx(
+    p: *mut c_void,
+    _size: usize,
+    _extra: usize,
+    _flags: i32,
+) -> usize {
+    // SAFETY: as malloc_usable_size.
+    unsafe { malloc_usable_size(p) }
+}
+
+/// jemalloc `sallocx`: the usable size of `p`.
+///
+/// # Safety
+/// As `malloc_usable_size(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn sallocx(p: *const c_void, _flags: i32) -> usize {
+    // SAFETY: as malloc_usable_size.
+    unsafe { malloc_usable_size(p as *mut c_void) }
+}
+
+/// jemalloc `dallocx`: `free`.
+///
+/// # Safety
+/// As `free(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn dallocx(p: *mut c_void, _flags: i32) {
+    // SAFETY: as free.
+    unsafe { free(p) }
+}
+
+/// jemalloc `sdallocx`: `free` (the size hint is not needed).
+///
+/// # Safety
+/// As `free(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn sdallocx(p: *mut c_void, _size: usize, _flags: i32) {
+    // SAFETY: as free.
+    unsafe { free(p) }
 }

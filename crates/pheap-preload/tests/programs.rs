@@ -408,3 +408,123 @@ fn never_replaces_what_is_not_its_own_heap() {
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
     refused(&ro, "is read-only");
 }
+
+/// Compiles `tests/data/<name>.c` (with pthreads) into `dir`.
+fn compile(dir: &Path, name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{name}.c"));
+    let exe = dir.join(name);
+    let cc = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run cc (install build-essential)");
+    assert!(
+        cc.status.success(),
+        "compiling {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    exe
+}
+
+/// Issue #21 part 4: a multi-threaded program is checkpointed at safepoints. Four threads
+/// allocate and write without pause, one sleeps, one is blocked in read(2); a checkpoint every
+/// 5 ms stops all others, and each checkpoint is compared with the heap while they are stopped
+/// (`TIERMEM_PHEAP_VERIFY_EACH`): a thread left running would make some differ.
+#[test]
+fn multi_threaded_program_checkpoints_at_safepoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile(dir.path(), "threads");
+    let p = Prog {
+        name: "threads",
+        argv: vec![exe.display().to_string(), "60000".into()],
+        stdin: None,
+    };
+    assert_eq!(run(&p, &[]), "threads ok\n");
+    for views in [2, 1] {
+        let heap = dir.path().join(format!("threads-{views}.heap"));
+        let stats = dir.path().join(format!("threads-{views}.json"));
+        let out = run(
+            &p,
+            &[
+                ("LD_PRELOAD", preload_lib().display().to_string()),
+                ("TIERMEM_PHEAP_PATH", heap.display().to_string()),
+                ("TIERMEM_PHEAP_VIEWS", views.to_string()),
+                ("TIERMEM_PHEAP_CAPACITY", "64M".to_string()),
+                ("TIERMEM_PHEAP_STATS", stats.display().to_string()),
+                ("TIERMEM_CKPT_MS", "5".to_string()),
+                ("TIERMEM_PHEAP_VERIFY_EACH", "1".to_string()),
+            ],
+        );
+        assert_eq!(out, "threads ok\n", "views={views}");
+        let text = std::fs::read_to_string(&stats).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {text}"));
+        assert!(n("checkpoints") >= 3, "views={views}: {text}");
+        assert_eq!(n("skipped"), 0, "views={views}: {text}");
+        assert_eq!(n("verify_failed"), 0, "views={views}: {text}");
+        assert_eq!(n("verified"), n("checkpoints"), "views={views}: {text}");
+        // 3 other workers, the sleeper, the reader and main (in pthread_join) at least once.
+        assert!(n("safepoint_threads_max") >= 6, "views={views}: {text}");
+        assert!(
+            v["safepoint_pause_us"]["n"].as_u64().unwrap() >= 1,
+            "views={views}: {text}"
+        );
+        let r = tiermem_pheap::inspect::inspect(&heap).unwrap();
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+    }
+}
+
+/// Issue #21 part 4: kill -9 of a multi-threaded program at random moments while it writes and
+/// checkpoints every 10 ms: each time the heap verifies (`tiermem pheap verify`'s checks) and
+/// reopens.
+#[test]
+fn multi_threaded_program_killed_heap_verifies_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile(dir.path(), "threads");
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    eprintln!("kill delays from seed {seed}");
+    let mut rng = seed | 1;
+    for round in 0..5 {
+        rng ^= rng << 13;
+        rng ^= rng >> 17;
+        rng ^= rng << 5;
+        let delay = 80 + (rng % 320) as u64;
+        let heap = dir.path().join(format!("k{round}.heap"));
+        let mut child = Command::new(&exe)
+            .arg("0")
+            .env("LD_PRELOAD", preload_lib())
+            .env("TIERMEM_PHEAP_PATH", &heap)
+            .env("TIERMEM_PHEAP_CAPACITY", "64M")
+            .env("TIERMEM_CKPT_MS", "10")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        child.kill().unwrap(); // SIGKILL
+        let st = child.wait().unwrap();
+        assert!(!st.success(), "round {round}: the program ended by itself");
+        let r = tiermem_pheap::inspect::inspect(&heap)
+            .unwrap_or_else(|e| panic!("round {round} (killed after {delay} ms): {e}"));
+        assert!(
+            r.problems.is_empty(),
+            "round {round} (killed after {delay} ms): {:?}",
+            r.problems
+        );
+        let epoch = r.header.as_ref().map_or(0, |h| h.epoch);
+        assert!(epoch >= 1, "round {round}: no checkpoint in {delay} ms");
+        let h = tiermem_pheap::Heap::open(&heap)
+            .unwrap_or_else(|e| panic!("round {round}: reopen: {e}"));
+        assert_eq!(
+            h.len(),
+            r.objects.len(),
+            "round {round}: reopened object count"
+        );
+        drop(h);
+    }
+}

@@ -73,6 +73,9 @@ pub enum Error {
     /// A process-global heap is already open.
     #[error("a persistent heap is already open: call nvh_close first")]
     AlreadyOpen,
+    /// The other threads could not be stopped for a checkpoint (nothing was checkpointed).
+    #[error("{0}")]
+    Safepoint(String),
     /// Media layer (pool) error.
     #[error(transparent)]
     Media(#[from] tiermem_media::MediaError),

@@ -6,6 +6,7 @@ use crate::format::{self, encode_meta, Header, HEAP_VERSION, MAX_VIEWS};
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use tiermem_fault::safepoint;
 use tiermem_fault::{PageRange, TrackerOptions, TrackingMethod, WriteTracker};
 use tiermem_media::{OpenOptions, Pool, PoolOptions, PowerDomain};
 
@@ -238,6 +239,27 @@ pub struct Heap {
     path: PathBuf,
     nviews: usize,
     capacity: usize,
+}
+
+/// The heap's lock held inside a safepoint section (`tiermem_fault::safepoint`): a thread
+/// signalled by [`Heap::checkpoint_stopping_threads`] while it holds (or waits for) the lock
+/// parks only after releasing it. Field order: the lock is released before the section ends.
+struct Locked<'a> {
+    g: parking_lot::MutexGuard<'a, Inner>,
+    _s: safepoint::Section,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.g
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.g
+    }
 }
 
 impl std::fmt::Debug for Heap {
@@ -589,6 +611,15 @@ impl Heap {
         })
     }
 
+    /// The heap's lock, taken inside a safepoint section (see [`Locked`]).
+    fn lock(&self) -> Locked<'_> {
+        let s = safepoint::section();
+        Locked {
+            g: self.inner.lock(),
+            _s: s,
+        }
+    }
+
     /// Path of the heap's pool file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -607,7 +638,7 @@ impl Heap {
     /// How writes are tracked (all user views use the same method).
     pub fn tracking_method(&self) -> TrackingMethod {
         // One tracker per user view, and there is at least one view (1, 2, 4 or 8).
-        self.inner.lock().trackers[0].method()
+        self.lock().trackers[0].method()
     }
 
     /// Base addresses: `[library view, user view 0, user view 1, ...]`.
@@ -635,7 +666,7 @@ impl Heap {
     /// then be found with [`Heap::get`] after a restart. Memory is not zeroed. Errors:
     /// [`Error::NameTaken`], [`Error::OutOfMemory`].
     pub fn malloc(&self, size: usize, name: Option<&str>) -> Result<*mut u8> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let off = g.alloc.alloc(size, name)?;
         Ok(self.user_ptr(off, crate::alloc::slot_for(size)))
     }
@@ -645,7 +676,7 @@ impl Heap {
     pub fn free(&self, ptr: *mut u8) -> Result<()> {
         let addr = ptr as usize;
         let off = self.offset_of(addr).ok_or(Error::InvalidPointer(addr))?;
-        self.inner.lock().alloc.free(off, addr).map(|_| ())
+        self.lock().alloc.free(off, addr).map(|_| ())
     }
 
     /// Resizes the object at `ptr` (any view; null behaves as `malloc(size, None)`), keeping
@@ -658,7 +689,7 @@ impl Heap {
         }
         let addr = ptr as usize;
         let off = self.offset_of(addr).ok_or(Error::InvalidPointer(addr))?;
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let obj = g
             .alloc
             .objs
@@ -694,7 +725,7 @@ impl Heap {
 
     /// The user pointer of the object named `name`, if any.
     pub fn get(&self, name: &str) -> Option<*mut u8> {
-        let g = self.inner.lock();
+        let g = self.lock();
         let off = *g.alloc.names.get(name)?;
         let slot = g.alloc.objs.get(&off)?.slot; // names only map live objects
         Some(self.user_ptr(off, slot))
@@ -703,12 +734,12 @@ impl Heap {
     /// Requested size of the object starting at `ptr` (any view), if it is live.
     pub fn size_of(&self, ptr: *const u8) -> Option<usize> {
         let off = self.offset_of(ptr as usize)?;
-        self.inner.lock().alloc.objs.get(&off).map(|o| o.size)
+        self.lock().alloc.objs.get(&off).map(|o| o.size)
     }
 
     /// Number of live objects.
     pub fn len(&self) -> usize {
-        self.inner.lock().alloc.objs.len()
+        self.lock().alloc.objs.len()
     }
 
     /// True when no object is live.
@@ -745,13 +776,13 @@ impl Heap {
 
     /// Totals over all checkpoints of this open heap (`epoch` is the last epoch).
     pub fn totals(&self) -> CkStats {
-        self.inner.lock().totals
+        self.lock().totals
     }
 
     /// User pointers of the objects copied by the last checkpoint, ascending by heap offset
     /// (for tests and diagnostics).
     pub fn last_copied(&self) -> Vec<*mut u8> {
-        let g = self.inner.lock();
+        let g = self.lock();
         g.last_copied
             .iter()
             .filter_map(|off| g.alloc.objs.get(off).map(|o| self.user_ptr(*off, o.slot)))
@@ -760,7 +791,7 @@ impl Heap {
 
     fn checkpoint(&self, only: Option<usize>) -> Result<CkStats> {
         let t0 = std::time::Instant::now();
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         let r = self.checkpoint_locked(&mut g, only, t0);
         // What the failed checkpoint consumed (write tracking, the fresh set) is not lost:
         // the next `ckall` copies every live object.
@@ -1082,6 +1113,61 @@ impl Heap {
             *a += b;
         }
         Ok(st)
+    }
+
+    /// Compares the last checkpoint with the heap: every live object's bytes in the checkpoint
+    /// image against its bytes in memory. Right after [`Heap::ckall`], with no writer running
+    /// (under [`Heap::checkpoint_stopping_threads`]'s stop), they must be equal. Reads the
+    /// whole live heap from the pool: a test and diagnostic, not a per-checkpoint cost to pay
+    /// in production. Errors: [`Error::Corrupt`] naming the first differing object and how
+    /// many differ; pool read errors.
+    pub fn verify_checkpoint(&self) -> Result<()> {
+        let g = self.lock();
+        let img = g.hdr.image_off();
+        let lib = self.views.bases[0];
+        let mut buf = Vec::new();
+        let mut bad = 0usize;
+        let mut first = None;
+        for (&off, o) in g.alloc.objs.iter() {
+            buf.resize(o.size, 0);
+            g.pool.read((img + off) as u64, &mut buf)?;
+            // SAFETY: a live object's `size` bytes at its offset in the library view.
+            let mem = unsafe { std::slice::from_raw_parts((lib + off) as *const u8, o.size) };
+            if buf != mem {
+                bad += 1;
+                first = Some(first.map_or(off, |f: usize| f.min(off)));
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(off) => Err(Error::Corrupt {
+                path: self.path.clone(),
+                what: format!(
+                    "{bad} of {} live objects differ from the checkpoint (the lowest at heap \
+                     offset {off:#x})",
+                    g.alloc.objs.len()
+                ),
+            }),
+        }
+    }
+
+    /// [`Heap::ckall`] with every other thread of the process stopped at a safepoint
+    /// (`tiermem_fault::safepoint`): each is signalled, parks in the signal handler (a thread
+    /// inside a heap call first finishes it), the checkpoint runs, and all resume when it
+    /// returns. The checkpoint is therefore a consistent image of the heap at one instant, for
+    /// programs whose threads write heap objects at any time. Returns the checkpoint's stats and
+    /// the pause (from the first signal until the threads resume). Errors: [`Error::Safepoint`]
+    /// when the threads cannot be stopped within `opts.timeout` (nothing was checkpointed and
+    /// every thread runs again), or the checkpoint's own errors.
+    pub fn checkpoint_stopping_threads(
+        &self,
+        opts: &safepoint::StopOptions,
+    ) -> Result<(CkStats, std::time::Duration)> {
+        let t0 = std::time::Instant::now();
+        let held = safepoint::stop_others(opts).map_err(|e| Error::Safepoint(e.to_string()))?;
+        let r = self.ckall();
+        drop(held);
+        r.map(|st| (st, t0.elapsed()))
     }
 
     /// Takes a final checkpoint ([`Heap::ckall`]) and closes the heap (stops tracking, unmaps

@@ -116,6 +116,19 @@ pub fn nvh_ckall() -> Result<CkStats> {
     global()?.ckall()
 }
 
+/// [`Heap::checkpoint_stopping_threads`] on the global heap (default signal, `timeout`):
+/// every other thread of the process is parked while the checkpoint runs. Returns the
+/// checkpoint's stats and the pause.
+pub fn nvh_ckall_stopping_threads(
+    timeout: std::time::Duration,
+) -> Result<(CkStats, std::time::Duration)> {
+    let opts = tiermem_fault::safepoint::StopOptions {
+        timeout,
+        ..Default::default()
+    };
+    global()?.checkpoint_stopping_threads(&opts)
+}
+
 /// [`Heap::ckone`] on the global heap.
 pub fn nvh_ckone(name: &str) -> Result<CkStats> {
     global()?.ckone(name)

@@ -57,6 +57,7 @@ pub fn build_and_run_src(
             "-Wextra",
             "-Werror",
             "-O1",
+            "-pthread",
         ])
         .arg(src)
         .arg("-I")
