@@ -22,6 +22,7 @@ pub mod pager;
 pub mod pager_app;
 pub mod pager_multi;
 pub mod pheap;
+pub mod pheap_servers;
 pub mod plot;
 pub mod prefault;
 pub mod progress;

@@ -130,8 +130,11 @@ pub struct Report {
     pub alloc: Value,
     /// Unmodified programs under the preload library (FGCK 2 views vs PGCK 1 view), or why
     /// they were skipped; `preload_slowdown` per program (preload with checkpoints every
-    /// 100 ms over plain, medians).
+    /// 100 ms over plain, medians); `safepoint_pause_p99_us` per multi-threaded server.
     pub programs: Value,
+    /// The largest of the servers' safepoint pause p99s (µs; first signal to resume, a
+    /// checkpoint every 100 ms under load), NaN when no server ran.
+    pub safepoint_pause_p99_us: f64,
 }
 
 #[derive(Clone, Copy)]
@@ -991,8 +994,15 @@ pub fn run(o: &Options) -> Result<Report> {
         alloc_ratio_vs_glibc: ratio("glibc"),
         alloc_ratio_vs_jemalloc: ratio("jemalloc"),
         alloc: Value::Object(alloc),
+        safepoint_pause_p99_us: f64::NAN,
         programs: programs(&dir, o.quick, plan.runs),
     };
+    let mut report = report;
+    report.safepoint_pause_p99_us = report.programs["safepoint_pause_p99_us"]
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.values().filter_map(Value::as_f64))
+        .fold(f64::NAN, f64::max);
     Ok(report)
 }
 
@@ -1165,15 +1175,11 @@ fn programs(dir: &Path, quick: bool, runs: usize) -> Value {
             json!(r2(100.0 * (1.0 - bytes[0] / bytes[1]))),
         );
     }
-    for prog in ["redis-server", "memcached"] {
-        slowdown.insert(
-            prog.to_string(),
-            json!({"skipped": "multi-threaded: the preload library does not checkpoint a process \
-                   with more than one thread until the safepoint is built (issue #21, part 4)"}),
-        );
-    }
+    let sv = crate::pheap_servers::servers(dir, &lib, quick, runs);
+    slowdown.extend(sv.slowdown);
+    rows.extend(sv.rows);
     json!({"preload": lib, "ckpt_ms": 100, "rows": rows, "bytes_saved_pct": saved,
-           "preload_slowdown": slowdown})
+           "preload_slowdown": slowdown, "safepoint_pause_p99_us": sv.pause_p99_us})
 }
 
 /// Wall time of one plain run of `prog` (stdin fed, output discarded), in ms.
