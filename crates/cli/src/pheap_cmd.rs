@@ -93,7 +93,7 @@ fn report_json(r: &Report) -> Value {
         "ok": r.problems.is_empty(),
         "clean": r.problems.is_empty() && r.warnings.is_empty(),
         "warnings": r.warnings,
-        "checksummed_chunks": r.checksummed_chunks,
+        "checksummed_pages": r.checksummed_pages,
         "file_size": r.file_size,
         "header_copies": [copy_json(r, 0), copy_json(r, 1)],
         "active_copy": r.active_copy.map(|i| if i == 0 { "A" } else { "B" }),
@@ -218,8 +218,8 @@ fn verify(path: &Path, as_json: bool) -> Result<()> {
                 r.objects.len()
             );
             println!(
-                "checkpoint image: {} object chunks match their CRC-32",
-                r.checksummed_chunks
+                "checkpoint image: the live bytes of {} pages match their CRC-32",
+                r.checksummed_pages
             );
             match r.log {
                 Some(LogState::Empty) => println!("redo log: empty (last checkpoint applied)"),

@@ -86,45 +86,18 @@ pub enum MetaRec {
         /// Heap offset.
         off: usize,
     },
-    /// The checkpoint image bytes `[off, off+len)` of one object chunk (see [`chunks`]) have
-    /// CRC-32 `crc`. Follows the `Alloc` record of its object (an `Alloc` or `Free` record drops
-    /// the checksums of the object's slot).
+    /// The live bytes of the checkpoint image's page at `off` (its objects' bytes in that
+    /// page, in offset order: [`crate::format::live_in_page`]) are `len` bytes with CRC-32
+    /// `crc`. Follows the table records of the same checkpoint (an `Alloc` or `Free` record
+    /// drops the checksums of the pages of the object's slot).
     Crc {
-        /// Heap offset of the chunk.
+        /// Heap offset of the page.
         off: usize,
-        /// Chunk length in bytes.
+        /// Live bytes in the page.
         len: usize,
-        /// CRC-32 of the chunk's image bytes.
+        /// CRC-32 of those bytes as they are in the image.
         crc: u32,
     },
-}
-
-/// The checksummed chunks `(offset, len)` of the object at `off`: a small object is one chunk;
-/// a large one has a chunk per page it covers (a checkpoint copies a large object's written
-/// pages, so each page's part is checksummed on its own).
-pub fn chunks(off: usize, obj: &Obj) -> impl Iterator<Item = (usize, usize)> {
-    let end = off.saturating_add(obj.size);
-    let step = if obj.is_large() {
-        PAGE
-    } else {
-        obj.size.max(1)
-    };
-    (off..end)
-        .step_by(step)
-        .map(move |c| (c, step.min(end - c)))
-}
-
-/// The chunk of the object at `objoff` that contains heap offset `at`, if `at` lies in it.
-pub fn chunk_at(objoff: usize, obj: &Obj, at: usize) -> Option<(usize, usize)> {
-    let end = objoff.checked_add(obj.size)?;
-    if at < objoff || at >= end {
-        return None;
-    }
-    if !obj.is_large() {
-        return Some((objoff, obj.size));
-    }
-    let c = objoff + (at - objoff) / PAGE * PAGE;
-    Some((c, PAGE.min(end - c)))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,8 +153,9 @@ pub struct Alloc {
     /// last committed checkpoint) | [`FRESH`] (the live object there must be copied whole at
     /// the next `ckall`). One map for both, so that a call does one lookup for them.
     pub dirty: FxHashMap<usize, u8>,
-    /// Committed checksums of the checkpoint image: chunk offset → (length, CRC-32). A chunk
-    /// without an entry has never been checkpointed since its object was (re)recorded.
+    /// Committed checksums of the checkpoint image: page offset → (live bytes, CRC-32 of them;
+    /// see [`crate::format::live_in_page`]). A page without an entry has not been checkpointed
+    /// since one of its objects changed.
     pub crcs: FxHashMap<usize, (usize, u32)>,
 }
 
@@ -209,20 +183,16 @@ impl Alloc {
         }
     }
 
-    /// Drops the checksums of the chunks of an object with slot `slot` at `off` (the object
-    /// there changed). `crcs` only ever holds chunks of live objects (a free drops its
-    /// object's; `replay_meta` keeps the same rule), and an object's chunks start at its
-    /// offset, and for a large one at each page after it (see [`chunks`]).
+    /// Drops the checksums of the pages of an object with slot `slot` at `off` (the object
+    /// there changed; the next checkpoint checksums those pages again). `replay_meta` keeps
+    /// the same rule.
     fn forget_crcs(&mut self, off: usize, slot: usize) {
         if self.crcs.is_empty() {
             return;
         }
-        if slot <= PAGE {
-            self.crcs.remove(&off);
-        } else {
-            for c in (off..off.saturating_add(slot)).step_by(PAGE) {
-                self.crcs.remove(&c);
-            }
+        let first = off / PAGE * PAGE;
+        for c in (first..off.saturating_add(slot.max(1))).step_by(PAGE) {
+            self.crcs.remove(&c);
         }
     }
 

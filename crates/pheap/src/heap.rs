@@ -153,6 +153,11 @@ struct Inner {
 /// reads back at a time when applying it): small enough to stay in the cache.
 const STAGE: usize = 256 << 10;
 
+/// Largest gap between two ranges a checkpoint copies as one (see `checkpoint_locked`). The
+/// bytes in a gap are slack or free slots, or a live object whose view page was not written
+/// (so its working copy still equals its image): copying them changes nothing recovered.
+const MERGE_GAP: usize = 256;
+
 /// Which parts of the pool's data area have their blocks allocated ([`Pool::reserve`]): the
 /// pool is created sparse, and a checkpoint reserves what it will write before its commit, so
 /// that a full file system fails the checkpoint with an error (the previous one stays) instead
@@ -568,21 +573,21 @@ impl Heap {
             pool.read((img + p * PAGE) as u64, dst)?;
         }
         // Verify the restored objects against the image checksums of the journal.
+        let mut live = Vec::new();
         for (&c, &(len, crc)) in &alloc.crcs {
-            // SAFETY: replay_meta accepted only chunks of live objects, and rebuild checked
-            // that every object lies below capacity: [c, c+len) is inside the library view.
-            let b = unsafe { std::slice::from_raw_parts((bases[0] + c) as *const u8, len) };
-            if crc32fast::hash(b) != crc {
-                let (o, obj) = alloc
-                    .objs
-                    .iter()
-                    .filter(|(o, _)| **o <= c)
-                    .max_by_key(|(o, _)| **o)
-                    .map(|(o, obj)| (*o, obj.name.clone()))
-                    .unwrap_or((c, None));
+            live.clear();
+            alloc.visible(1, 0, c / PAGE, &mut live);
+            let mut h = crc32fast::Hasher::new();
+            for &(o, l, _) in &live {
+                // SAFETY: `visible` returns parts of live objects, which `rebuild` checked lie
+                // below capacity: [o, o+l) is inside the library view.
+                h.update(unsafe { std::slice::from_raw_parts((bases[0] + o) as *const u8, l) });
+            }
+            let have: usize = live.iter().map(|r| r.1).sum();
+            if have != len || h.finalize() != crc {
+                let o = live.first().map_or(c, |r| r.2);
                 return Err(corrupt(format!(
-                    "checkpoint image damaged: bytes {c:#x}+{len} of the object at {o:#x}{} fail their checksum",
-                    obj.map(|n| format!(" ({n:?})")).unwrap_or_default()
+                    "checkpoint image damaged: the {len} live bytes of page {c:#x} (objects from {o:#x}) fail their checksum"
                 )));
             }
         }
@@ -856,12 +861,14 @@ impl Heap {
         // Ascending already (objects do not overlap); the sort only checks that.
         g.last_copied.sort();
         g.last_copied.dedup();
-        // Merge into disjoint copy ranges.
+        // Merge into disjoint copy ranges, bridging gaps of up to MERGE_GAP bytes (the slack
+        // of slots, a free slot): a record per object costs more than copying a few hundred
+        // bytes more, and one long copy streams where many short ones each pay a flush.
         ranges.retain(|r| r.1 > 0);
         let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
         for &(o, l, _) in &ranges {
             match merged.last_mut() {
-                Some((mo, ml)) if o <= *mo + *ml => *ml = (*ml).max(o + l - *mo),
+                Some((mo, ml)) if o <= *mo + *ml + MERGE_GAP => *ml = (*ml).max(o + l - *mo),
                 _ => merged.push((o, l)),
             }
         }
@@ -898,80 +905,170 @@ impl Heap {
         // Space for everything this checkpoint writes, before anything is written.
         Reserved::prefix(pool, hdr.log_off(), &mut g.reserved.log, pos)?;
         g.reserved.image(pool, hdr.image_off(), &merged)?;
-        // Image checksums of every object chunk copied (each lies in one piece). A range of an
-        // object is one of its chunks (a small object whole, or the part of a large object in
-        // one page, as `visible` clips it), except a whole large object (fresh, or `ckone`),
-        // which is a chunk per page.
-        let mut chunk_list: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
-        for &(o, l, obj) in &ranges {
-            if obj == usize::MAX {
-                continue;
-            }
-            if o == obj && l > PAGE {
-                chunk_list.extend((o..o + l).step_by(PAGE).map(|c| (c, PAGE.min(o + l - c))));
-            } else {
-                chunk_list.push((o, l));
+        // Page checksums: every page the log writes into and every page whose objects changed
+        // gets the CRC-32 of its live bytes as the image will hold them after the apply: the
+        // staged bytes where a piece covers them, the image's current bytes elsewhere (this
+        // checkpoint does not write those). Computed when the stage holding the page's pieces
+        // is flushed: a stage load ends only where a new page starts, so a page's pieces are in
+        // one load.
+        let journal = g.alloc.journal();
+        let mut crc_pages: Vec<usize> = Vec::with_capacity(merged.len() * 2 + journal.len());
+        for &(o, l) in &merged {
+            crc_pages.extend(o / PAGE..(o + l).div_ceil(PAGE));
+        }
+        for r in &journal {
+            match r {
+                crate::alloc::MetaRec::Alloc { off, obj } => {
+                    crc_pages.extend(off / PAGE..(off + obj.slot.max(1)).div_ceil(PAGE))
+                }
+                crate::alloc::MetaRec::Free { off } => crc_pages.push(off / PAGE),
+                crate::alloc::MetaRec::Crc { .. } => {}
             }
         }
-        chunk_list.sort();
-        chunk_list.dedup();
-        let mut new_crcs: Vec<(usize, usize, Option<u32>)> = Vec::with_capacity(chunk_list.len());
+        crc_pages.sort_unstable();
+        crc_pages.dedup();
+        let mut new_crcs: Vec<(usize, usize, Option<u32>)> = Vec::with_capacity(crc_pages.len());
+        let mut next_crc = 0usize;
+        let mut live: Vec<(usize, usize, usize)> = Vec::new();
+        let mut img_buf: Vec<u8> = Vec::new();
+        // Checksums the pages in crc_pages[next_crc..] below page `upto` (exclusive); `load`:
+        // the pieces in the stage and where each one's bytes start in it.
+        let mut page_crcs = |upto: usize,
+                             stage: &[u8],
+                             load: &[(usize, usize, usize)],
+                             next_crc: &mut usize,
+                             new_crcs: &mut Vec<(usize, usize, Option<u32>)>|
+         -> Result<()> {
+            let mut pj = 0usize;
+            while let Some(&p) = crc_pages.get(*next_crc) {
+                if p >= upto {
+                    break;
+                }
+                *next_crc += 1;
+                live.clear();
+                g.alloc.visible(1, 0, p, &mut live);
+                if live.is_empty() {
+                    new_crcs.push((p * PAGE, 0, None));
+                    continue;
+                }
+                let mut h = crc32fast::Hasher::new();
+                let total: usize = live.iter().map(|r| r.1).sum();
+                while pj < load.len() && load[pj].0 + load[pj].1 <= p * PAGE {
+                    pj += 1;
+                }
+                // Adjacent objects (no slack between them) are one run of bytes: one update.
+                let mut w = 0;
+                for r in 0..live.len() {
+                    if w > 0 && live[w - 1].0 + live[w - 1].1 == live[r].0 {
+                        live[w - 1].1 += live[r].1;
+                    } else {
+                        live[w] = live[r];
+                        w += 1;
+                    }
+                }
+                live.truncate(w);
+                for &(lo, ll, _) in &live {
+                    let (mut at, end) = (lo, lo + ll);
+                    let mut k = pj;
+                    while at < end {
+                        // The piece covering `at`, or the next one starting after it.
+                        while k < load.len() && load[k].0 + load[k].1 <= at {
+                            k += 1;
+                        }
+                        match load.get(k) {
+                            Some(&(o, l, sp)) if o <= at => {
+                                let e = end.min(o + l);
+                                h.update(&stage[sp + (at - o)..sp + (e - o)]);
+                                at = e;
+                            }
+                            next => {
+                                let e = next.map_or(end, |&(o, _, _)| end.min(o));
+                                img_buf.resize(e - at, 0);
+                                pool.read((hdr.image_off() + at) as u64, &mut img_buf)?;
+                                h.update(&img_buf);
+                                at = e;
+                            }
+                        }
+                    }
+                }
+                new_crcs.push((p * PAGE, total, Some(h.finalize())));
+            }
+            Ok(())
+        };
         let mut stage = std::mem::take(&mut g.stage);
         stage.clear();
         stage.reserve(STAGE + 16);
         let mut crc = crc32fast::Hasher::new();
         let mut written = 0usize;
-        let mut next_chunk = 0usize;
         // The stage loads: (log offset, length, first piece, end piece), replayed by the apply.
         let mut loads: Vec<(usize, usize, usize, usize)> = Vec::new();
+        // The pieces of the stage now: (offset, length, where its bytes start in the stage).
+        let mut load: Vec<(usize, usize, usize)> = Vec::new();
         let mut first_piece = 0usize;
-        let mut flush =
-            |stage: &mut Vec<u8>, written: &mut usize, crc: &mut crc32fast::Hasher, end: usize| {
-                crc.update(stage);
-                let r = pool.write((hdr.log_off() + *written) as u64, stage);
-                loads.push((*written, stage.len(), first_piece, end));
-                first_piece = end;
-                *written += stage.len();
-                stage.clear();
-                r
-            };
+        let mut flush = |stage: &mut Vec<u8>,
+                         load: &mut Vec<(usize, usize, usize)>,
+                         written: &mut usize,
+                         crc: &mut crc32fast::Hasher,
+                         end: usize,
+                         upto: usize,
+                         next_crc: &mut usize,
+                         new_crcs: &mut Vec<(usize, usize, Option<u32>)>|
+         -> Result<()> {
+            page_crcs(upto, stage, load, next_crc, new_crcs)?;
+            crc.update(stage);
+            let r = pool.write((hdr.log_off() + *written) as u64, stage);
+            loads.push((*written, stage.len(), first_piece, end));
+            first_piece = end;
+            *written += stage.len();
+            stage.clear();
+            load.clear();
+            r.map_err(Error::from)
+        };
         for (pi, &(o, l)) in pieces.iter().enumerate() {
-            if stage.len() + 16 + l > STAGE + 16 {
-                flush(&mut stage, &mut written, &mut crc, pi)?;
+            // A load ends only where a new page starts (see above).
+            let new_page = load
+                .last()
+                .map_or(true, |&(po, pl, _)| (po + pl - 1) / PAGE < o / PAGE);
+            if new_page && !stage.is_empty() && stage.len() + 16 + l > STAGE + 16 {
+                flush(
+                    &mut stage,
+                    &mut load,
+                    &mut written,
+                    &mut crc,
+                    pi,
+                    o / PAGE,
+                    &mut next_crc,
+                    &mut new_crcs,
+                )?;
             }
-            let at = stage.len() + 16;
             stage.extend_from_slice(&(o as u64).to_le_bytes());
             stage.extend_from_slice(&(l as u64).to_le_bytes());
+            load.push((o, l, stage.len()));
             // SAFETY: [lib+o, lib+o+l) lies inside the library view (object ranges and whole
             // pages are below capacity).
             stage.extend_from_slice(unsafe {
                 std::slice::from_raw_parts((lib + o) as *const u8, l)
             });
-            // The chunks starting in this piece (both lists ascending), from the staged bytes.
-            while let Some(&(c, cl)) = chunk_list.get(next_chunk) {
-                if c >= o + l {
-                    break;
-                }
-                let sum = (c >= o && c + cl <= o + l)
-                    .then(|| crc32fast::hash(&stage[at + (c - o)..at + (c - o) + cl]));
-                new_crcs.push((c, cl, sum));
-                next_chunk += 1;
-            }
         }
-        // Chunks past every piece (none: each chunk lies in a copied range).
-        new_crcs.extend(
-            chunk_list[next_chunk..]
-                .iter()
-                .map(|&(c, cl)| (c, cl, None)),
-        );
         if !stage.is_empty() {
-            flush(&mut stage, &mut written, &mut crc, pieces.len())?;
+            flush(
+                &mut stage,
+                &mut load,
+                &mut written,
+                &mut crc,
+                pieces.len(),
+                usize::MAX,
+                &mut next_crc,
+                &mut new_crcs,
+            )?;
         }
+        // Pages with no piece at all after the last load (changed objects only).
+        page_crcs(usize::MAX, &[], &[], &mut next_crc, &mut new_crcs)?;
         debug_assert_eq!(written, pos);
         let t_log = std::time::Instant::now();
         // 2. Metadata journal (append) or snapshot (switch areas).
         let mut mbuf = Vec::new();
-        for r in &g.alloc.journal() {
+        for r in &journal {
             encode_meta(r, &mut mbuf);
         }
         for &(off, len, sum) in &new_crcs {
@@ -1050,24 +1147,27 @@ impl Heap {
         let t_commit = std::time::Instant::now();
         // 4. Apply to the image, 5. mark the log empty.
         if pos > 0 {
-            // From the pool's log (the committed bytes), a stage load at a time.
-            for &(at, len, p0, p1) in &loads {
-                stage.resize(len, 0);
-                pool.read((hdr.log_off() + at) as u64, &mut stage[..len])?;
-                // One batch per load (the fail point halfway through the records, as a crash
-                // there would find them).
-                let mut q = 0;
-                let mut batch: Vec<(u64, &[u8])> = Vec::with_capacity(p1 - p0);
+            // From the pool's log (the committed bytes) straight to the image, a stage load
+            // at a time (one batch per load; the fail point halfway through the records, as a
+            // crash there would find them).
+            let mut batch: Vec<(u64, u64, usize)> = Vec::new();
+            for &(at, _, p0, p1) in &loads {
+                let mut q = at;
+                batch.clear();
                 for (i, &(o, l)) in pieces[p0..p1].iter().enumerate() {
                     if p0 + i == pieces.len() / 2 {
-                        pool.write_many(&batch)?;
+                        pool.copy_many(&batch)?;
                         batch.clear();
                         fail_point("mid-apply");
                     }
-                    batch.push(((hdr.image_off() + o) as u64, &stage[q + 16..q + 16 + l]));
+                    batch.push((
+                        (hdr.log_off() + q + 16) as u64,
+                        (hdr.image_off() + o) as u64,
+                        l,
+                    ));
                     q += 16 + l;
                 }
-                pool.write_many(&batch)?;
+                pool.copy_many(&batch)?;
             }
             pool.fence();
         }

@@ -59,8 +59,8 @@ pub struct Report {
     /// Warnings: the heap opens to its last checkpoint, but something is damaged (one header
     /// copy invalid). `tiermem pheap verify` exits 1 on them too.
     pub warnings: Vec<String>,
-    /// Object chunks with an image checksum in the committed journal.
-    pub checksummed_chunks: usize,
+    /// Pages whose live bytes have an image checksum in the committed journal.
+    pub checksummed_pages: usize,
     /// True when the objects' image bytes were read and checked against their checksums
     /// ([`inspect`]; not [`inspect_metadata`]).
     pub data_checked: bool,
@@ -127,7 +127,7 @@ fn inspect_impl(path: &Path, data: bool) -> std::result::Result<Report, String> 
         problems: Vec::new(),
         notes: Vec::new(),
         warnings: Vec::new(),
-        checksummed_chunks: 0,
+        checksummed_pages: 0,
         data_checked: false,
     };
     if pool.tag() != "pheap" {
@@ -299,7 +299,7 @@ fn inspect_impl(path: &Path, data: bool) -> std::result::Result<Report, String> 
         return Ok(r);
     }
     r.objects = table.clone();
-    r.checksummed_chunks = crcs.len();
+    r.checksummed_pages = crcs.len();
     match Alloc::rebuild(cap, hdr.sb_size as usize, table) {
         Ok(a) => r.pages_in_use = a.used_pages().count(),
         Err(e) => {
@@ -323,32 +323,40 @@ fn inspect_impl(path: &Path, data: bool) -> std::result::Result<Report, String> 
         }
         let mut bad = 0usize;
         let mut buf = Vec::new();
+        let mut live = Vec::new();
         for (&c, &(len, crc)) in &crcs {
-            buf.resize(len, 0);
-            if let Err(e) = pool.read((hdr.image_off() + c) as u64, &mut buf) {
-                r.problems
-                    .push(format!("reading the checkpoint image: {e}"));
-                return Ok(r);
-            }
-            for &(o, b) in &overlay {
-                let (s, e) = (o.max(c), (o + b.len()).min(c + len));
-                if s < e {
-                    buf[s - c..e - c].copy_from_slice(&b[s - o..e - o]);
+            live.clear();
+            format::live_in_page(&r.objects, c / PAGE, &mut live);
+            let mut h = crc32fast::Hasher::new();
+            for &(lo, ll) in &live {
+                buf.resize(ll, 0);
+                if let Err(e) = pool.read((hdr.image_off() + lo) as u64, &mut buf) {
+                    r.problems
+                        .push(format!("reading the checkpoint image: {e}"));
+                    return Ok(r);
                 }
+                for &(o, b) in &overlay {
+                    let (s, e) = (o.max(lo), (o + b.len()).min(lo + ll));
+                    if s < e {
+                        buf[s - lo..e - lo].copy_from_slice(&b[s - o..e - o]);
+                    }
+                }
+                h.update(&buf);
             }
-            if crc32fast::hash(&buf) != crc {
+            let have: usize = live.iter().map(|r| r.1).sum();
+            if have != len || h.finalize() != crc {
                 bad += 1;
                 if bad <= 10 {
-                    let o = r.objects.range(..=c).next_back().map_or(c, |(o, _)| *o);
+                    let o = live.first().map_or(c, |r| r.0);
                     r.problems.push(format!(
-                        "checkpoint image damaged: bytes {c:#x}+{len} of the object at {o:#x} fail their checksum"
+                        "checkpoint image damaged: the {len} live bytes of page {c:#x} (objects from {o:#x}) fail their checksum"
                     ));
                 }
             }
         }
         if bad > 10 {
             r.problems
-                .push(format!("... {} more damaged object chunks", bad - 10));
+                .push(format!("... {} more damaged pages", bad - 10));
         }
         r.data_checked = true;
     }
