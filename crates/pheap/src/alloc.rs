@@ -9,7 +9,11 @@
 //!   a large object (more than one page) is a run of whole pages of its own.
 //! * Small objects never straddle a page boundary: a page of a class of size `s` holds
 //!   `PAGE / s` slots at in-page offsets `0, s, 2s, ...`.
-//! * Every live object is in `objs` (offset → size, slot capacity, name); names are unique.
+//! * The object table lives where the objects do: a small object is a set bit of its
+//!   superblock's slot bitmap with its requested size beside it; a large object is an entry
+//!   of `large` (offset → size, slot); names are in `named` (offset → name) and `names`
+//!   (name → offset) and are unique. A lookup by offset is two array indexings, not a hash
+//!   probe that misses the cache (the central hash table cost a free ~100 ns).
 //! * `dirty` lists the offsets whose table entry changed since the last committed checkpoint,
 //!   each with whether an object stood there at that checkpoint; the checkpoint turns them into
 //!   the metadata redo log ([`Alloc::journal`]): one record per changed offset with its final
@@ -36,11 +40,15 @@ pub fn class_for(size: usize) -> Option<usize> {
     CLASSES.iter().position(|&c| c >= size.max(1))
 }
 
-/// [`Alloc::dirty`] flag: an object stood at the offset at the last committed checkpoint.
+/// Dirty flag (see `Alloc`): an object stood at the offset at the last committed checkpoint.
 pub const EXISTED: u8 = 1;
-/// [`Alloc::dirty`] flag: the live object at the offset was created or moved (or resized) since
-/// the last `ckall`: its bytes are copied whole by the next one.
+/// Dirty flag: the live object at the offset was created or moved (or resized) since the last
+/// `ckall`: its bytes are copied whole by the next one.
 pub const FRESH: u8 = 2;
+/// Dirty flag: the offset is listed (its table entry changed, or it is fresh).
+pub const LISTED: u8 = 4;
+/// Objects start at multiples of this (the smallest class).
+const GRAIN: usize = 16;
 
 /// The slot capacity an object of `size` bytes gets: its class size for at most a page, else
 /// whole pages.
@@ -116,7 +124,7 @@ struct Sb {
     used: Vec<u64>,
     /// No word of `used` below this index has a free slot.
     hint: usize,
-    /// Requested size of the object in each used slot (as in `objs`), so that a checkpoint's
+    /// Requested size of the object in each used slot (the object table of small objects), so that a checkpoint's
     /// scan of a page needs no table lookup.
     sizes: Vec<u16>,
     nused: usize,
@@ -143,16 +151,24 @@ pub struct Alloc {
     sbs: Vec<Option<Sb>>,
     sb_free_ids: Vec<u32>,
     partial: Vec<Vec<u32>>,
-    /// Live objects by heap offset (a hash map: a call does one or two point lookups; the
-    /// few ordered uses sort).
-    pub objs: FxHashMap<usize, Obj>,
+    /// Large objects: heap offset → (requested size, slot).
+    large: FxHashMap<usize, (usize, usize)>,
+    /// Names of the named objects by heap offset.
+    named: FxHashMap<usize, String>,
+    /// Number of live objects.
+    nobjs: usize,
     /// Name → heap offset.
     pub names: FxHashMap<String, usize>,
-    /// Offsets whose table entry changed since the last committed checkpoint, or whose object
-    /// was created or moved since the last `ckall` → [`EXISTED`] (an object stood there at the
-    /// last committed checkpoint) | [`FRESH`] (the live object there must be copied whole at
-    /// the next `ckall`). One map for both, so that a call does one lookup for them.
-    pub dirty: FxHashMap<usize, u8>,
+    /// Flags of the offsets whose table entry changed since the last committed checkpoint, or
+    /// whose object was created or moved since the last `ckall`: [`LISTED`] (the offset is in
+    /// `dirty_list`) | [`EXISTED`] (an object stood there at the last committed checkpoint) |
+    /// [`FRESH`] (the live object there must be copied whole at the next `ckall`). One byte
+    /// per 16 heap bytes (objects start at multiples of 16), indexed by `offset / 16`: a call
+    /// touches one byte instead of probing a hash map whose entries miss the cache. The vector
+    /// is zeroed memory from the allocator (`calloc`: pages become resident when touched).
+    dirty: Vec<u8>,
+    /// The offsets with [`LISTED`] set, in the order they were first changed.
+    dirty_list: Vec<usize>,
     /// Committed checksums of the checkpoint image: page offset → (live bytes, CRC-32 of them;
     /// see [`crate::format::live_in_page`]). A page without an entry has not been checkpointed
     /// since one of its objects changed.
@@ -176,11 +192,93 @@ impl Alloc {
             sbs: Vec::new(),
             sb_free_ids: Vec::new(),
             partial: vec![Vec::new(); CLASSES.len()],
-            objs: FxHashMap::default(),
+            large: FxHashMap::default(),
+            named: FxHashMap::default(),
+            nobjs: 0,
             names: FxHashMap::default(),
-            dirty: FxHashMap::default(),
+            dirty: vec![0; capacity / GRAIN],
+            dirty_list: Vec::new(),
             crcs: FxHashMap::default(),
         }
+    }
+
+    /// The superblock id and slot index of the small object starting at `off`, if one does.
+    fn small_at(&self, off: usize) -> Option<(u32, usize)> {
+        let Owner::Small(id) = *self.pages.get(off / PAGE)? else {
+            return None;
+        };
+        let sb = self.sbs.get(id as usize)?.as_ref()?;
+        let size = CLASSES[sb.class];
+        let in_page = off % PAGE;
+        if in_page % size != 0 || in_page / size >= PAGE / size {
+            return None;
+        }
+        let k = sb.slot_index(off);
+        (sb.used[k / 64] & (1 << (k % 64)) != 0).then_some((id, k))
+    }
+
+    /// Requested size and slot of the live object starting at heap offset `off`.
+    pub fn size_slot(&self, off: usize) -> Option<(usize, usize)> {
+        match *self.pages.get(off / PAGE)? {
+            Owner::Small(_) => {
+                let (id, k) = self.small_at(off)?;
+                let sb = self.sbs[id as usize].as_ref()?;
+                Some((sb.sizes[k] as usize, CLASSES[sb.class]))
+            }
+            Owner::Large(_) => self.large.get(&off).copied(),
+            Owner::Free => None,
+        }
+    }
+
+    /// The live object starting at heap offset `off` (its name cloned).
+    pub fn get(&self, off: usize) -> Option<Obj> {
+        let (size, slot) = self.size_slot(off)?;
+        Some(Obj {
+            size,
+            slot,
+            name: self.named.get(&off).cloned(),
+        })
+    }
+
+    /// Number of live objects.
+    pub fn len(&self) -> usize {
+        self.nobjs
+    }
+
+    /// True when no object is live.
+    pub fn is_empty(&self) -> bool {
+        self.nobjs == 0
+    }
+
+    /// Every live object `(offset, object)`, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, Obj)> + '_ {
+        let small = self.sbs.iter().flatten().flat_map(move |sb| {
+            let size = CLASSES[sb.class];
+            (0..sb.nslots)
+                .filter(move |&k| sb.used[k / 64] & (1 << (k % 64)) != 0)
+                .map(move |k| {
+                    let off = self.slot_off(sb, k);
+                    (
+                        off,
+                        Obj {
+                            size: sb.sizes[k] as usize,
+                            slot: size,
+                            name: self.named.get(&off).cloned(),
+                        },
+                    )
+                })
+        });
+        let large = self.large.iter().map(move |(&off, &(size, slot))| {
+            (
+                off,
+                Obj {
+                    size,
+                    slot,
+                    name: self.named.get(&off).cloned(),
+                },
+            )
+        });
+        small.chain(large)
     }
 
     /// Drops the checksums of the pages of an object with slot `slot` at `off` (the object
@@ -202,38 +300,46 @@ impl Alloc {
     /// put it there.
     /// `set` and `clear` are [`FRESH`] bits to change.
     fn touch(&mut self, off: usize, existed: bool, set: u8, clear: u8) {
-        let f = self
-            .dirty
-            .entry(off)
-            .or_insert(if existed { EXISTED } else { 0 });
+        let f = &mut self.dirty[off / GRAIN];
+        if *f & LISTED == 0 {
+            *f = LISTED | if existed { EXISTED } else { 0 };
+            self.dirty_list.push(off);
+        }
         *f = (*f | set) & !clear;
     }
 
     /// The live objects created or moved since the last `ckall` (their bytes are copied whole).
     pub fn fresh(&self) -> impl Iterator<Item = usize> + '_ {
-        self.dirty
+        self.dirty_list
             .iter()
-            .filter(|(_, &f)| f & FRESH != 0)
-            .map(|(&o, _)| o)
+            .copied()
+            .filter(|&o| self.dirty[o / GRAIN] & FRESH != 0)
     }
 
     /// After a committed checkpoint: the table changes are in the journal; with `keep_fresh`
     /// (a `ckone`, which copies one object) the objects still to be copied stay listed, now as
     /// standing in the committed table.
     pub fn committed(&mut self, keep_fresh: bool) {
-        if keep_fresh {
-            self.dirty.retain(|_, f| *f & FRESH != 0);
-            for f in self.dirty.values_mut() {
-                *f = EXISTED | FRESH;
-            }
-        } else {
-            self.dirty.clear();
+        let mut list = std::mem::take(&mut self.dirty_list);
+        for &o in &list {
+            let f = &mut self.dirty[o / GRAIN];
+            *f = if keep_fresh && *f & FRESH != 0 {
+                LISTED | EXISTED | FRESH
+            } else {
+                0
+            };
         }
+        if keep_fresh {
+            list.retain(|&o| self.dirty[o / GRAIN] != 0);
+        } else {
+            list.clear();
+        }
+        self.dirty_list = list;
     }
 
     /// Takes `off` off the objects to copy whole (a `ckone` copies it now).
     pub fn unfresh(&mut self, off: usize) {
-        if let Some(f) = self.dirty.get_mut(&off) {
+        if let Some(f) = self.dirty.get_mut(off / GRAIN) {
             *f &= !FRESH;
         }
     }
@@ -243,17 +349,14 @@ impl Alloc {
     /// checkpoint had one and none stands now, nothing where neither holds.
     pub fn journal(&self) -> Vec<MetaRec> {
         let mut offs: Vec<(usize, bool)> = self
-            .dirty
+            .dirty_list
             .iter()
-            .map(|(&o, &f)| (o, f & EXISTED != 0))
+            .map(|&o| (o, self.dirty[o / GRAIN] & EXISTED != 0))
             .collect();
         offs.sort_unstable();
         offs.into_iter()
-            .filter_map(|(off, existed)| match self.objs.get(&off) {
-                Some(obj) => Some(MetaRec::Alloc {
-                    off,
-                    obj: obj.clone(),
-                }),
+            .filter_map(|(off, existed)| match self.get(off) {
+                Some(obj) => Some(MetaRec::Alloc { off, obj }),
                 None => existed.then_some(MetaRec::Free { off }),
             })
             .collect()
@@ -362,23 +465,20 @@ impl Alloc {
             for p in &mut self.pages[start..start + n] {
                 *p = Owner::Large(start as u32);
             }
+            self.large.insert(start * PAGE, (size, n * PAGE));
             (start * PAGE, n * PAGE)
         } else {
             // size <= PAGE here and the last class is PAGE, so a class exists.
             let c = class_for(size).unwrap_or(CLASSES.len() - 1);
             (self.alloc_small(c, size)?, CLASSES[c])
         };
-        let obj = Obj {
-            size,
-            slot,
-            name: name.map(str::to_string),
-        };
         if let Some(n) = name {
             self.names.insert(n.to_string(), off);
+            self.named.insert(off, n.to_string());
         }
+        self.nobjs += 1;
         self.touch(off, false, FRESH, 0);
         self.forget_crcs(off, slot);
-        self.objs.insert(off, obj);
         Ok(off)
     }
 
@@ -447,10 +547,20 @@ impl Alloc {
     /// Frees the object at heap offset `off`; [`Error::InvalidPointer`] (carrying `addr`) when
     /// no object starts there.
     pub fn free(&mut self, off: usize, addr: usize) -> Result<Obj> {
-        let obj = self.objs.remove(&off).ok_or(Error::InvalidPointer(addr))?;
-        if let Some(n) = &obj.name {
+        let (size, slot) = self.size_slot(off).ok_or(Error::InvalidPointer(addr))?;
+        let name = if self.named.is_empty() {
+            None
+        } else {
+            self.named.remove(&off)
+        };
+        if let Some(n) = &name {
             self.names.remove(n);
         }
+        let obj = Obj { size, slot, name };
+        if obj.is_large() {
+            self.large.remove(&off);
+        }
+        self.nobjs -= 1;
         self.forget_crcs(off, obj.slot);
         self.touch(off, true, 0, FRESH);
         let page = off / PAGE;
@@ -482,16 +592,16 @@ impl Alloc {
     /// Changes the recorded size of the object at `off` in place (`new_size <= slot`); no-op
     /// when no object starts at `off`.
     pub fn resize_in_place(&mut self, off: usize, new_size: usize) {
-        let Some(obj) = self.objs.get_mut(&off) else {
+        let Some((_, slot)) = self.size_slot(off) else {
             return;
         };
-        obj.size = new_size.max(1);
-        let (slot, size) = (obj.slot, obj.size);
-        if let Owner::Small(id) = self.pages[off / PAGE] {
+        let size = new_size.max(1);
+        if let Some((id, k)) = self.small_at(off) {
             if let Some(sb) = self.sbs[id as usize].as_mut() {
-                let k = sb.slot_index(off);
                 sb.sizes[k] = size as u16; // a small object stays at most a page
             }
+        } else if let Some(e) = self.large.get_mut(&off) {
+            e.0 = size;
         }
         self.forget_crcs(off, slot);
         self.touch(off, true, FRESH, 0);
@@ -500,17 +610,16 @@ impl Alloc {
     /// Sets or clears the name of the object at `off` (used when realloc moves an object); no-op
     /// when no object starts at `off`.
     pub fn set_name(&mut self, off: usize, name: Option<String>) {
-        let Some(obj) = self.objs.get_mut(&off) else {
+        let Some((_, slot)) = self.size_slot(off) else {
             return;
         };
-        if let Some(old) = obj.name.take() {
+        if let Some(old) = self.named.remove(&off) {
             self.names.remove(&old);
         }
-        if let Some(n) = &name {
+        if let Some(n) = name {
             self.names.insert(n.clone(), off);
+            self.named.insert(off, n);
         }
-        obj.name = name;
-        let slot = obj.slot;
         self.forget_crcs(off, slot);
         self.touch(off, true, 0, 0);
     }
@@ -547,9 +656,9 @@ impl Alloc {
                     return;
                 }
                 let off = start as usize * PAGE;
-                if let Some(o) = self.objs.get(&off) {
+                if let Some(&(size, _)) = self.large.get(&off) {
                     let (ps, pe) = (page * PAGE, (page + 1) * PAGE);
-                    let (s, e) = (off.max(ps), (off + o.size).min(pe));
+                    let (s, e) = (off.max(ps), (off + size).min(pe));
                     if s < e {
                         out.push((s, e - s, off));
                     }
@@ -571,7 +680,6 @@ impl Alloc {
                         continue;
                     }
                     let len = sb.sizes[slot] as usize;
-                    debug_assert_eq!(self.objs.get(&off).map(|o| o.size), Some(len));
                     out.push((off, len, off));
                 }
             }
@@ -623,6 +731,7 @@ impl Alloc {
                 for p in &mut a.pages[page..page + n] {
                     *p = Owner::Large(page as u32);
                 }
+                a.large.insert(off, (obj.size, obj.slot));
             } else {
                 let c = CLASSES
                     .iter()
@@ -670,7 +779,9 @@ impl Alloc {
                 if a.names.insert(n.clone(), off).is_some() {
                     return Err(format!("name {n:?} used twice"));
                 }
+                a.named.insert(off, n.clone());
             }
+            a.nobjs += 1;
         }
         for (id, sb) in a.sbs.iter_mut().enumerate() {
             if let Some(sb) = sb {
@@ -680,7 +791,6 @@ impl Alloc {
                 }
             }
         }
-        a.objs = table.into_iter().collect();
         Ok(a)
     }
 
@@ -714,7 +824,7 @@ mod tests {
         for &s in &[1usize, 17, 40, 100, 1000, 1300, 2000, 4096] {
             for _ in 0..50 {
                 let off = a.alloc(s, None).unwrap();
-                let slot = a.objs[&off].slot;
+                let slot = a.get(off).unwrap().slot;
                 assert_eq!(off / PAGE, (off + slot - 1) / PAGE, "size {s} at {off:#x}");
             }
         }
@@ -727,7 +837,7 @@ mod tests {
             0usize, 1, 16, 17, 1000, 1360, 1361, 4096, 4097, 12288, 12289,
         ] {
             let off = a.alloc(s, None).unwrap();
-            assert_eq!(a.objs[&off].slot, slot_for(s), "size {s}");
+            assert_eq!(a.get(off).unwrap().slot, slot_for(s), "size {s}");
         }
     }
 
@@ -750,10 +860,13 @@ mod tests {
         let x = a.alloc(10, Some("x")).unwrap();
         let big = a.alloc(9000, None).unwrap();
         a.alloc(700, None).unwrap();
-        let b = Alloc::rebuild(1 << 20, 64 << 10, a.objs.clone().into_iter().collect()).unwrap();
+        let table: BTreeMap<usize, Obj> = a.iter().collect();
+        assert_eq!(table.len(), 3);
+        let b = Alloc::rebuild(1 << 20, 64 << 10, table.clone()).unwrap();
         assert_eq!(b.names["x"], x);
-        assert_eq!(b.objs, a.objs);
-        let mut bad: BTreeMap<usize, Obj> = a.objs.clone().into_iter().collect();
+        assert_eq!(b.iter().collect::<BTreeMap<_, _>>(), table);
+        assert_eq!(b.len(), 3);
+        let mut bad = table;
         bad.insert(
             big + PAGE,
             Obj {

@@ -695,12 +695,7 @@ impl Heap {
         let addr = ptr as usize;
         let off = self.offset_of(addr).ok_or(Error::InvalidPointer(addr))?;
         let mut g = self.lock();
-        let obj = g
-            .alloc
-            .objs
-            .get(&off)
-            .cloned()
-            .ok_or(Error::InvalidPointer(addr))?;
+        let obj = g.alloc.get(off).ok_or(Error::InvalidPointer(addr))?;
         let size = size.max(1);
         let fits = size <= obj.slot && (obj.is_large() == (size > PAGE));
         if fits {
@@ -732,19 +727,19 @@ impl Heap {
     pub fn get(&self, name: &str) -> Option<*mut u8> {
         let g = self.lock();
         let off = *g.alloc.names.get(name)?;
-        let slot = g.alloc.objs.get(&off)?.slot; // names only map live objects
+        let (_, slot) = g.alloc.size_slot(off)?; // names only map live objects
         Some(self.user_ptr(off, slot))
     }
 
     /// Requested size of the object starting at `ptr` (any view), if it is live.
     pub fn size_of(&self, ptr: *const u8) -> Option<usize> {
         let off = self.offset_of(ptr as usize)?;
-        self.lock().alloc.objs.get(&off).map(|o| o.size)
+        self.lock().alloc.size_slot(off).map(|o| o.0)
     }
 
     /// Number of live objects.
     pub fn len(&self) -> usize {
-        self.lock().alloc.objs.len()
+        self.lock().alloc.len()
     }
 
     /// True when no object is live.
@@ -790,7 +785,7 @@ impl Heap {
         let g = self.lock();
         g.last_copied
             .iter()
-            .filter_map(|off| g.alloc.objs.get(off).map(|o| self.user_ptr(*off, o.slot)))
+            .filter_map(|off| g.alloc.size_slot(*off).map(|o| self.user_ptr(*off, o.1)))
             .collect()
     }
 
@@ -819,8 +814,8 @@ impl Heap {
         let mut objs_seen: Vec<(usize, usize, usize)> = Vec::new();
         match only {
             Some(off) => {
-                let o = g.alloc.objs.get(&off).ok_or(Error::InvalidPointer(off))?;
-                ranges.push((off, o.size, off));
+                let (size, _) = g.alloc.size_slot(off).ok_or(Error::InvalidPointer(off))?;
+                ranges.push((off, size, off));
                 g.alloc.unfresh(off);
             }
             None => {
@@ -842,12 +837,12 @@ impl Heap {
                 }
                 for off in g.alloc.fresh() {
                     // Only live objects are fresh (free clears the flag).
-                    if let Some(o) = g.alloc.objs.get(&off) {
-                        ranges.push((off, o.size, off));
+                    if let Some((size, _)) = g.alloc.size_slot(off) {
+                        ranges.push((off, size, off));
                     }
                 }
                 if g.resync {
-                    ranges.extend(g.alloc.objs.iter().map(|(&off, o)| (off, o.size, off)));
+                    ranges.extend(g.alloc.iter().map(|(off, o)| (off, o.size, off)));
                 }
             }
         }
@@ -1091,16 +1086,10 @@ impl Heap {
             nh.meta_len += mbuf.len() as u64;
         } else {
             mbuf.clear();
-            let mut table: Vec<(&usize, &crate::alloc::Obj)> = g.alloc.objs.iter().collect();
-            table.sort_unstable_by_key(|(o, _)| **o);
-            for (&off, obj) in table {
-                encode_meta(
-                    &crate::alloc::MetaRec::Alloc {
-                        off,
-                        obj: obj.clone(),
-                    },
-                    &mut mbuf,
-                );
+            let mut table: Vec<(usize, crate::alloc::Obj)> = g.alloc.iter().collect();
+            table.sort_unstable_by_key(|(o, _)| *o);
+            for (off, obj) in table {
+                encode_meta(&crate::alloc::MetaRec::Alloc { off, obj }, &mut mbuf);
             }
             let mut all = g.alloc.crcs.clone();
             for &(off, len, sum) in &new_crcs {
@@ -1228,7 +1217,7 @@ impl Heap {
         let mut buf = Vec::new();
         let mut bad = 0usize;
         let mut first = None;
-        for (&off, o) in g.alloc.objs.iter() {
+        for (off, o) in g.alloc.iter() {
             buf.resize(o.size, 0);
             g.pool.read((img + off) as u64, &mut buf)?;
             // SAFETY: a live object's `size` bytes at its offset in the library view.
@@ -1245,7 +1234,7 @@ impl Heap {
                 what: format!(
                     "{bad} of {} live objects differ from the checkpoint (the lowest at heap \
                      offset {off:#x})",
-                    g.alloc.objs.len()
+                    g.alloc.len()
                 ),
             }),
         }
