@@ -149,13 +149,17 @@ int main(int argc, char **argv) {
     /* 6. A checkpoint while another thread keeps writing: nvh_ckall_stopping_threads parks it
      * (a safepoint) for the checkpoint, then lets it run on. */
     pthread_t w;
+    uint64_t seen = *counter;
     CHECK(pthread_create(&w, NULL, writer, counter) == 0, "pthread_create");
+    /* Wait (at most 5 s) until the writer is writing. */
+    for (int i = 0; i < 5000 && *(volatile uint64_t *)counter == seen; i++) usleep(1000);
+    CHECK(*counter != seen, "the writer thread never wrote");
     uint64_t pause_us = 0;
     CHECK(nvh_ckall_stopping_threads(1000, &st, &pause_us) == 0, "nvh_ckall_stopping_threads");
     CHECK(st.pages_written >= 1, "the writer's page was written (%llu)",
           (unsigned long long)st.pages_written);
-    uint64_t seen = *counter;
-    usleep(2000);
+    seen = *counter;
+    for (int i = 0; i < 5000 && *(volatile uint64_t *)counter == seen; i++) usleep(1000);
     CHECK(*counter != seen, "the writer runs again after the checkpoint");
     atomic_store(&stop_writer, 1);
     CHECK(pthread_join(w, NULL) == 0, "pthread_join");
