@@ -116,6 +116,18 @@ fn read_stats(path: &Path) -> Stats {
     }
 }
 
+/// The environment of a run under the preload library: its heap at `heap` (64 MiB), `views`
+/// views, statistics into `stats`.
+fn preload_env<'a>(heap: &Path, stats: &Path, views: usize) -> Vec<(&'a str, String)> {
+    vec![
+        ("LD_PRELOAD", preload_lib().display().to_string()),
+        ("TIERMEM_PHEAP_PATH", heap.display().to_string()),
+        ("TIERMEM_PHEAP_VIEWS", views.to_string()),
+        ("TIERMEM_PHEAP_CAPACITY", "64M".to_string()),
+        ("TIERMEM_PHEAP_STATS", stats.display().to_string()),
+    ]
+}
+
 /// Runs `p` under the preload library with `views` and the checkpoint trigger `trigger`
 /// (an environment variable and value), checks its output against `expected`, returns stats.
 fn run_preloaded(
@@ -128,14 +140,8 @@ fn run_preloaded(
     let tag = format!("{}-v{views}-{}", p.name, trigger.0);
     let heap = dir.join(format!("{tag}.heap"));
     let stats = dir.join(format!("{tag}.json"));
-    let env = [
-        ("LD_PRELOAD", preload_lib().display().to_string()),
-        ("TIERMEM_PHEAP_PATH", heap.display().to_string()),
-        ("TIERMEM_PHEAP_VIEWS", views.to_string()),
-        ("TIERMEM_PHEAP_CAPACITY", "64M".to_string()),
-        ("TIERMEM_PHEAP_STATS", stats.display().to_string()),
-        (trigger.0, trigger.1.to_string()),
-    ];
+    let mut env = preload_env(&heap, &stats, views);
+    env.push((trigger.0, trigger.1.to_string()));
     let out = run(p, &env);
     assert_eq!(
         out, expected,
@@ -237,21 +243,7 @@ fn unmodified_programs_same_output_with_checkpoints() {
 #[test]
 fn allocator_entry_points() {
     let dir = tempfile::tempdir().unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/api.c");
-    let exe = dir.path().join("api");
-    let cc = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("run cc (install build-essential)");
-    assert!(
-        cc.status.success(),
-        "compiling {} failed:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let exe = compile(dir.path(), "api");
     let p = Prog {
         name: "api",
         argv: vec![exe.display().to_string()],
@@ -262,17 +254,9 @@ fn allocator_entry_points() {
         // A checkpoint every 50 allocator calls: many safe points in the middle of the run.
         let heap = dir.path().join(format!("api-{views}.heap"));
         let stats = dir.path().join(format!("api-{views}.json"));
-        let out = run(
-            &p,
-            &[
-                ("LD_PRELOAD", preload_lib().display().to_string()),
-                ("TIERMEM_PHEAP_PATH", heap.display().to_string()),
-                ("TIERMEM_PHEAP_VIEWS", views.to_string()),
-                ("TIERMEM_PHEAP_CAPACITY", "64M".to_string()),
-                ("TIERMEM_PHEAP_STATS", stats.display().to_string()),
-                ("TIERMEM_CKPT_CALLS", "50".to_string()),
-            ],
-        );
+        let mut env = preload_env(&heap, &stats, views);
+        env.push(("TIERMEM_CKPT_CALLS", "50".to_string()));
+        let out = run(&p, &env);
         assert_eq!(out, "api ok\n", "views={views}");
         let s = read_stats(&stats);
         assert!(s.allocs >= 2000 && s.frees >= 1000, "views={views}: {s:?}");
@@ -446,18 +430,10 @@ fn multi_threaded_program_checkpoints_at_safepoints() {
     for views in [2, 1] {
         let heap = dir.path().join(format!("threads-{views}.heap"));
         let stats = dir.path().join(format!("threads-{views}.json"));
-        let out = run(
-            &p,
-            &[
-                ("LD_PRELOAD", preload_lib().display().to_string()),
-                ("TIERMEM_PHEAP_PATH", heap.display().to_string()),
-                ("TIERMEM_PHEAP_VIEWS", views.to_string()),
-                ("TIERMEM_PHEAP_CAPACITY", "64M".to_string()),
-                ("TIERMEM_PHEAP_STATS", stats.display().to_string()),
-                ("TIERMEM_CKPT_MS", "5".to_string()),
-                ("TIERMEM_PHEAP_VERIFY_EACH", "1".to_string()),
-            ],
-        );
+        let mut env = preload_env(&heap, &stats, views);
+        env.push(("TIERMEM_CKPT_MS", "5".to_string()));
+        env.push(("TIERMEM_PHEAP_VERIFY_EACH", "1".to_string()));
+        let out = run(&p, &env);
         assert_eq!(out, "threads ok\n", "views={views}");
         let text = std::fs::read_to_string(&stats).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
