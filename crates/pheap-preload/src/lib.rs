@@ -19,7 +19,7 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
 use std::io::Write;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use tiermem_fault::safepoint;
 use tiermem_pheap::{Heap, HeapOptions};
@@ -568,21 +568,130 @@ fn json_str(s: &str) -> String {
 /// handler (ours is registered first, so it runs last, right before glibc locks its malloc
 /// arenas) to the parent and child handlers: a checkpoint's stop never parks a thread that
 /// holds the arena locks a checkpoint's own allocations need.
+///
+/// The child copies the heap into a memfd of its own (`after_fork_child`) while the parent
+/// would run on and change it: redis-server's `BGSAVE` child then read a half-updated
+/// dictionary and crashed. So the parent stops its other threads at a safepoint before the
+/// fork and, after it, waits until the child says its copy is complete (a futex in a shared
+/// page); the child's heap is the parent's at the instant of the fork. The wait is bounded
+/// (`FORK_WAIT_MS`): a child that dies before copying does not hang the parent.
+static FORK_SYNC: AtomicPtr<AtomicU32> = AtomicPtr::new(ptr::null_mut());
+/// The stop held across a fork (taken in the prepare handler, dropped in the parent's).
+static FORK_STOP: Mutex<Option<safepoint::Stopped>> = Mutex::new(None);
+const FORK_PENDING: u32 = 0;
+const FORK_COPIED: u32 = 1;
+const FORK_WAIT_MS: u64 = 30_000;
+
+/// The shared page holding the fork handshake word (created at the first fork).
+fn fork_sync() -> Option<&'static AtomicU32> {
+    let mut p = FORK_SYNC.load(Ordering::Acquire);
+    if p.is_null() {
+        // SAFETY: an anonymous shared mapping of one page (shared with every later child).
+        let m = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if m == libc::MAP_FAILED {
+            return None;
+        }
+        p = m as *mut AtomicU32;
+        if let Err(other) =
+            FORK_SYNC.compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
+        {
+            // SAFETY: unmapping our own mapping, which lost the race.
+            unsafe { libc::munmap(m, 4096) };
+            p = other;
+        }
+    }
+    // SAFETY: a live shared page (never unmapped), aligned for a u32.
+    Some(unsafe { &*p })
+}
+
 extern "C" fn before_fork() {
     safepoint::enter_raw();
+    if STATE.load(Ordering::Acquire) != READY {
+        return;
+    }
+    let Some(sync) = fork_sync() else { return };
+    sync.store(FORK_PENDING, Ordering::Release);
+    let mut tries = 0;
+    loop {
+        match safepoint::stop_others(&stop_options()) {
+            Ok(s) => {
+                *lock(&FORK_STOP) = Some(s);
+                return;
+            }
+            // A checkpoint's stop is under way and waits for this thread: leave the section
+            // (parking until that checkpoint ends), then try again.
+            Err(safepoint::StopError::Busy) if tries < 1000 => {
+                tries += 1;
+                safepoint::leave_raw();
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                safepoint::enter_raw();
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "tiermem-pheap-preload: fork: the other threads could not be stopped ({e}); the child's heap may be torn"
+                );
+                return;
+            }
+        }
+    }
 }
 
 extern "C" fn after_fork_parent() {
+    let held = lock(&FORK_STOP).take();
+    if let (Some(_), Some(sync)) = (&held, fork_sync()) {
+        let t0 = std::time::Instant::now();
+        while sync.load(Ordering::Acquire) == FORK_PENDING
+            && t0.elapsed() < std::time::Duration::from_millis(FORK_WAIT_MS)
+        {
+            let ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 10_000_000,
+            };
+            // SAFETY: FUTEX_WAIT (shared: the child is another process) on the live word.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    sync.as_ptr(),
+                    libc::FUTEX_WAIT,
+                    FORK_PENDING,
+                    &ts as *const libc::timespec,
+                )
+            };
+        }
+    }
+    drop(held);
     safepoint::leave_raw();
 }
 
-/// In a forked child the views would still share the parent's memfd, so the child's writes
-/// would land in the parent's heap. Give the child a private copy: a new memfd holding the
-/// resident pages, mapped over every view at the same addresses. The child never checkpoints.
+/// Tells a parent waiting in `after_fork_parent` that this child no longer reads the shared
+/// heap (copied, failed or not copying).
+fn fork_copied() {
+    if let Some(sync) = fork_sync() {
+        sync.store(FORK_COPIED, Ordering::Release);
+        // SAFETY: FUTEX_WAKE (shared) on the live word.
+        unsafe { libc::syscall(libc::SYS_futex, sync.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+    }
+}
+
 extern "C" fn after_fork_child() {
+    // The parent's stop is not the child's (its Drop would end a round here).
+    if let Some(s) = lock(&FORK_STOP).take() {
+        std::mem::forget(s);
+    }
     safepoint::after_fork_child();
     safepoint::leave_raw();
     if STATE.load(Ordering::Acquire) != READY {
+        fork_copied();
         return;
     }
     IN_CHILD.store(1, Ordering::Relaxed);
@@ -595,6 +704,7 @@ extern "C" fn after_fork_child() {
             "tiermem-pheap-preload: fork child: {what}: {}",
             std::io::Error::last_os_error()
         );
+        fork_copied();
         // SAFETY: terminating the child; its heap would alias the parent's.
         unsafe { libc::_exit(127) }
     };
@@ -669,6 +779,7 @@ extern "C" fn after_fork_child() {
     }
     // SAFETY: the mappings keep the memfd alive.
     unsafe { libc::close(fd) };
+    fork_copied();
 }
 
 /// `aligned` allocation through the heap when the alignment can be honoured by size classes

@@ -4,7 +4,9 @@
  * in nanosleep and one is blocked in read(2) on a pipe, so checkpoints (safepoints) land in
  * allocator calls, in the middle of writes and in system calls. Every object holds a pattern
  * derived from its seed; a thread checks it before every realloc and free, so a checkpoint
- * that disturbed a thread's memory is caught. Usage: threads ITERATIONS (0 = until killed).
+ * that disturbed a thread's memory is caught. With FORKS, the main thread forks that many
+ * children while the others run; each checks the rewriters' objects in its copy of the heap.
+ * Usage: threads ITERATIONS (0 = until killed) [FORKS].
  * Prints "threads ok". */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -13,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 enum { WORKERS = 2, REWRITERS = 2, SLOTS = 512 };
@@ -25,7 +28,12 @@ struct obj {
     unsigned char *p;
     size_t size;
     uint32_t seed;
+    volatile int busy; /* set while the object is being rewritten */
 };
+
+/* The rewriters' objects, global so that a forked child can check them (its copy of this
+ * array is the parent's at the instant of the fork). */
+static struct obj rw_objs[2][512];
 
 static uint32_t next(uint32_t *s) {
     *s ^= *s << 13;
@@ -86,19 +94,27 @@ static void *worker(void *arg) {
  * safepoint stops them during a checkpoint. */
 static void *rewriter(void *arg) {
     uint32_t rng = 0x85ebca6bu * (uint32_t)(uintptr_t)(arg) + 1;
-    struct obj o[SLOTS];
+    struct obj *o = rw_objs[(uintptr_t)arg - 1];
     for (int i = 0; i < SLOTS; i++) {
+        o[i].busy = 1;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
         o[i].size = 1 + next(&rng) % 1500;
         o[i].seed = next(&rng);
         o[i].p = malloc(o[i].size);
         if (!o[i].p) fail("malloc failed", -1);
         fill(o[i].p, o[i].size, o[i].seed);
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        o[i].busy = 0;
     }
     for (long it = 0; !done; it++) {
         struct obj *t = &o[next(&rng) % SLOTS];
         if (!intact(t->p, t->size, t->seed)) fail("rewritten object damaged", it);
+        t->busy = 1;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
         t->seed = next(&rng);
         fill(t->p, t->size, t->seed);
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        t->busy = 0;
     }
     for (int i = 0; i < SLOTS; i++) free(o[i].p);
     return NULL;
@@ -120,8 +136,34 @@ static void *reader(void *arg) {
     return NULL;
 }
 
+/* Forked while the others write: the child's heap must be the parent's at the instant of the
+ * fork, so every rewriter object not being rewritten then holds its pattern. Returns the
+ * number of children that found a damaged object or failed. */
+static int fork_checks(int n) {
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        struct timespec ts = {0, 3000000};
+        nanosleep(&ts, NULL);
+        pid_t pid = fork();
+        if (pid < 0) return n;
+        if (pid == 0) {
+            int damaged = 0;
+            for (int r = 0; r < REWRITERS; r++)
+                for (int k = 0; k < SLOTS; k++) {
+                    struct obj *t = &rw_objs[r][k];
+                    if (t->p && !t->busy && !intact(t->p, t->size, t->seed)) damaged++;
+                }
+            _exit(damaged ? 1 : 0);
+        }
+        int st;
+        if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
+    }
+    return bad;
+}
+
 int main(int argc, char **argv) {
     iterations = argc > 1 ? atol(argv[1]) : 200000;
+    int forks = argc > 2 ? atoi(argv[2]) : 0;
     if (pipe(pipefd) != 0) return 2;
     pthread_t w[WORKERS], rw[REWRITERS], sl, rd;
     if (pthread_create(&sl, NULL, sleeper, NULL) || pthread_create(&rd, NULL, reader, NULL)) return 2;
@@ -129,12 +171,17 @@ int main(int argc, char **argv) {
         if (pthread_create(&rw[i], NULL, rewriter, (void *)(i + 1))) return 2;
     for (long i = 0; i < WORKERS; i++)
         if (pthread_create(&w[i], NULL, worker, (void *)(i + 1))) return 2;
+    int bad_forks = forks ? fork_checks(forks) : 0;
     for (int i = 0; i < WORKERS; i++) pthread_join(w[i], NULL);
     done = 1;
     if (write(pipefd[1], "x", 1) != 1) return 2;
     for (int i = 0; i < REWRITERS; i++) pthread_join(rw[i], NULL);
     pthread_join(sl, NULL);
     pthread_join(rd, NULL);
+    if (bad_forks) {
+        fprintf(stderr, "threads: %d of %d forked children found a torn heap\n", bad_forks, forks);
+        return 1;
+    }
     printf("threads ok\n");
     return 0;
 }
