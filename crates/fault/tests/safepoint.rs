@@ -21,7 +21,11 @@ fn wait_until(mut f: impl FnMut() -> bool) {
 
 #[test]
 fn stops_resumes_defers_and_times_out() {
-    let opts = StopOptions::default();
+    // A generous bound: a loaded CI machine may take long to deliver the signals.
+    let opts = StopOptions {
+        timeout: Duration::from_secs(5),
+        ..StopOptions::default()
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let counters: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let mut handles = Vec::new();
