@@ -171,13 +171,32 @@ struct Reserved {
     log: usize,
     /// One bit per image page.
     image: Vec<u64>,
+    /// One bit per image page that may hold committed data: a page a checkpoint wrote (set
+    /// before its commit, so a failed one errs on the safe side), and at open every page of
+    /// the committed table's objects. A checkpoint writes the pages without the bit straight
+    /// into the image, before its commit, without a redo record: the committed checkpoint has
+    /// nothing there (a growing heap's new pages skip the log, half its copying).
+    committed: Vec<u64>,
 }
 
 impl Reserved {
     fn new(capacity: usize) -> Reserved {
         Reserved {
             image: vec![0; (capacity / PAGE).div_ceil(64)],
+            committed: vec![0; (capacity / PAGE).div_ceil(64)],
             ..Default::default()
+        }
+    }
+
+    /// True when image page `p` may hold committed data (see `committed`).
+    fn holds_committed(&self, p: usize) -> bool {
+        self.committed[p / 64] & (1 << (p % 64)) != 0
+    }
+
+    /// Marks image pages `[first, end)` as possibly holding committed data.
+    fn mark_committed(&mut self, first: usize, end: usize) {
+        for p in first..end {
+            self.committed[p / 64] |= 1 << (p % 64);
         }
     }
 
@@ -566,7 +585,8 @@ impl Heap {
         let views = Views::map(memfd(cap)?, cap, &bases)?;
         // Restore the working copy (only pages the object table uses).
         let img = hdr.image_off();
-        for p in alloc.used_pages() {
+        let alloc_pages: Vec<usize> = alloc.used_pages().collect();
+        for &p in &alloc_pages {
             // SAFETY: page p < capacity lies inside the library view mapping (cap bytes).
             let dst =
                 unsafe { std::slice::from_raw_parts_mut((bases[0] + p * PAGE) as *mut u8, PAGE) };
@@ -605,7 +625,14 @@ impl Heap {
                     epoch: hdr.epoch,
                     ..Default::default()
                 },
-                reserved: Reserved::new(cap),
+                reserved: {
+                    // The pages of the committed table's objects hold committed image data.
+                    let mut r = Reserved::new(cap);
+                    for p in alloc_pages {
+                        r.mark_committed(p, p + 1);
+                    }
+                    r
+                },
                 stage: Vec::new(),
                 resync: false,
             }),
@@ -876,21 +903,37 @@ impl Heap {
         // (kept from one checkpoint to the next, so its pages stay in the cache and are never
         // faulted in again), and each full stage is checksummed and written to the pool in one
         // streaming copy.
-        let mut pieces: Vec<(usize, usize)> = Vec::with_capacity(merged.len());
+        // A piece is also cut where the image pages turn from holding committed data to not
+        // (or back): a piece on pages without committed data is written straight into the
+        // image before the commit and gets no redo record (`Reserved::committed`).
+        let mut pieces: Vec<(usize, usize, bool)> = Vec::with_capacity(merged.len());
         for &(o, l) in &merged {
             let mut at = o;
             while at < o + l {
-                let cut = if o + l - at <= STAGE {
+                let direct = !g.reserved.holds_committed(at / PAGE);
+                let mut cut = if o + l - at <= STAGE {
                     o + l
                 } else {
                     (at + STAGE) / PAGE * PAGE
                 };
-                pieces.push((at, cut - at));
+                let mut p = at / PAGE + 1;
+                while p * PAGE < cut {
+                    if g.reserved.holds_committed(p) == direct {
+                        cut = p * PAGE;
+                        break;
+                    }
+                    p += 1;
+                }
+                pieces.push((at, cut - at, direct));
                 at = cut;
             }
         }
-        let bytes: usize = pieces.iter().map(|&(_, l)| l).sum();
-        let pos = bytes + 16 * pieces.len();
+        let bytes: usize = pieces.iter().map(|&(_, l, _)| l).sum();
+        let pos: usize = pieces
+            .iter()
+            .filter(|p| !p.2)
+            .map(|&(_, l, _)| 16 + l)
+            .sum();
         if pos > hdr.log_size as usize {
             return Err(Error::Corrupt {
                 path: self.path.clone(),
@@ -900,6 +943,9 @@ impl Heap {
         // Space for everything this checkpoint writes, before anything is written.
         Reserved::prefix(pool, hdr.log_off(), &mut g.reserved.log, pos)?;
         g.reserved.image(pool, hdr.image_off(), &merged)?;
+        for &(o, l, _) in &pieces {
+            g.reserved.mark_committed(o / PAGE, (o + l).div_ceil(PAGE));
+        }
         // Page checksums: every page the log writes into and every page whose objects changed
         // gets the CRC-32 of its live bytes as the image will hold them after the apply: the
         // staged bytes where a piece covers them, the image's current bytes elsewhere (this
@@ -930,7 +976,7 @@ impl Heap {
         // the pieces in the stage and where each one's bytes start in it.
         let mut page_crcs = |upto: usize,
                              stage: &[u8],
-                             load: &[(usize, usize, usize)],
+                             load: &[(usize, usize, usize, bool)],
                              next_crc: &mut usize,
                              new_crcs: &mut Vec<(usize, usize, Option<u32>)>|
          -> Result<()> {
@@ -971,13 +1017,13 @@ impl Heap {
                             k += 1;
                         }
                         match load.get(k) {
-                            Some(&(o, l, sp)) if o <= at => {
+                            Some(&(o, l, sp, _)) if o <= at => {
                                 let e = end.min(o + l);
                                 h.update(&stage[sp + (at - o)..sp + (e - o)]);
                                 at = e;
                             }
                             next => {
-                                let e = next.map_or(end, |&(o, _, _)| end.min(o));
+                                let e = next.map_or(end, |&(o, _, _, _)| end.min(o));
                                 img_buf.resize(e - at, 0);
                                 pool.read((hdr.image_off() + at) as u64, &mut img_buf)?;
                                 h.update(&img_buf);
@@ -995,42 +1041,51 @@ impl Heap {
         stage.reserve(STAGE + 16);
         let mut crc = crc32fast::Hasher::new();
         let mut written = 0usize;
-        // The stage loads: (log offset, length, first piece, end piece), replayed by the apply.
-        let mut loads: Vec<(usize, usize, usize, usize)> = Vec::new();
-        // The pieces of the stage now: (offset, length, where its bytes start in the stage).
-        let mut load: Vec<(usize, usize, usize)> = Vec::new();
-        let mut first_piece = 0usize;
+        // The pieces that went to the log: (offset, length, log position of the record),
+        // replayed by the apply.
+        let mut log_pieces: Vec<(usize, usize, usize)> = Vec::new();
+        // The pieces of the stage now: (offset, length, where its bytes start in the stage,
+        // straight to the image).
+        let mut load: Vec<(usize, usize, usize, bool)> = Vec::new();
         let mut flush = |stage: &mut Vec<u8>,
-                         load: &mut Vec<(usize, usize, usize)>,
+                         load: &mut Vec<(usize, usize, usize, bool)>,
                          written: &mut usize,
                          crc: &mut crc32fast::Hasher,
-                         end: usize,
                          upto: usize,
                          next_crc: &mut usize,
                          new_crcs: &mut Vec<(usize, usize, Option<u32>)>|
          -> Result<()> {
             page_crcs(upto, stage, load, next_crc, new_crcs)?;
-            crc.update(stage);
-            let r = pool.write((hdr.log_off() + *written) as u64, stage);
-            loads.push((*written, stage.len(), first_piece, end));
-            first_piece = end;
-            *written += stage.len();
+            let mut direct: Vec<(u64, &[u8])> = Vec::new();
+            let mut logged: Vec<(u64, &[u8])> = Vec::new();
+            for &(o, l, sp, d) in load.iter() {
+                if d {
+                    direct.push(((hdr.image_off() + o) as u64, &stage[sp..sp + l]));
+                } else {
+                    let rec = &stage[sp - 16..sp + l];
+                    crc.update(rec);
+                    logged.push(((hdr.log_off() + *written) as u64, rec));
+                    log_pieces.push((o, l, *written));
+                    *written += rec.len();
+                }
+            }
+            pool.write_many(&direct)?;
+            pool.write_many(&logged)?;
             stage.clear();
             load.clear();
-            r.map_err(Error::from)
+            Ok(())
         };
-        for (pi, &(o, l)) in pieces.iter().enumerate() {
+        for &(o, l, d) in pieces.iter() {
             // A load ends only where a new page starts (see above).
             let new_page = load
                 .last()
-                .map_or(true, |&(po, pl, _)| (po + pl - 1) / PAGE < o / PAGE);
+                .map_or(true, |&(po, pl, _, _)| (po + pl - 1) / PAGE < o / PAGE);
             if new_page && !stage.is_empty() && stage.len() + 16 + l > STAGE + 16 {
                 flush(
                     &mut stage,
                     &mut load,
                     &mut written,
                     &mut crc,
-                    pi,
                     o / PAGE,
                     &mut next_crc,
                     &mut new_crcs,
@@ -1038,7 +1093,7 @@ impl Heap {
             }
             stage.extend_from_slice(&(o as u64).to_le_bytes());
             stage.extend_from_slice(&(l as u64).to_le_bytes());
-            load.push((o, l, stage.len()));
+            load.push((o, l, stage.len(), d));
             // SAFETY: [lib+o, lib+o+l) lies inside the library view (object ranges and whole
             // pages are below capacity).
             stage.extend_from_slice(unsafe {
@@ -1051,7 +1106,6 @@ impl Heap {
                 &mut load,
                 &mut written,
                 &mut crc,
-                pieces.len(),
                 usize::MAX,
                 &mut next_crc,
                 &mut new_crcs,
@@ -1136,28 +1190,22 @@ impl Heap {
         let t_commit = std::time::Instant::now();
         // 4. Apply to the image, 5. mark the log empty.
         if pos > 0 {
-            // From the pool's log (the committed bytes) straight to the image, a stage load
-            // at a time (one batch per load; the fail point halfway through the records, as a
-            // crash there would find them).
-            let mut batch: Vec<(u64, u64, usize)> = Vec::new();
-            for &(at, _, p0, p1) in &loads {
-                let mut q = at;
-                batch.clear();
-                for (i, &(o, l)) in pieces[p0..p1].iter().enumerate() {
-                    if p0 + i == pieces.len() / 2 {
-                        pool.copy_many(&batch)?;
-                        batch.clear();
-                        fail_point("mid-apply");
-                    }
-                    batch.push((
-                        (hdr.log_off() + q + 16) as u64,
+            // From the pool's log (the committed bytes) straight to the image, in one batch
+            // (the fail point halfway through the records, as a crash there would find them).
+            let half = log_pieces.len() / 2;
+            let copies: Vec<(u64, u64, usize)> = log_pieces
+                .iter()
+                .map(|&(o, l, at)| {
+                    (
+                        (hdr.log_off() + at + 16) as u64,
                         (hdr.image_off() + o) as u64,
                         l,
-                    ));
-                    q += 16 + l;
-                }
-                pool.copy_many(&batch)?;
-            }
+                    )
+                })
+                .collect();
+            pool.copy_many(&copies[..half])?;
+            fail_point("mid-apply");
+            pool.copy_many(&copies[half..])?;
             pool.fence();
         }
         // The other header copy too (also with nothing to apply): after a complete checkpoint
