@@ -56,6 +56,11 @@ fn start(s: &Server, lib: &Path, heap: &Path, stats: &Path, mode: Mode) -> Resul
         "redis-server" => {
             c.args(["--port", &port.to_string(), "--bind", "127.0.0.1"]);
             c.args(["--save", "", "--appendonly", "no", "--daemonize", "no"]);
+            // Its own directory and dump name: a dump.rdb in the working directory would be
+            // loaded at start (clients then get LOADING errors) and the numbers not comparable.
+            let dir = heap.parent().unwrap_or(Path::new("."));
+            c.arg("--dir").arg(dir);
+            c.args(["--dbfilename", &format!("pheap-bench-{port}.rdb")]);
         }
         _ => {
             c.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"]);
