@@ -320,6 +320,12 @@ fn committed_unapplied_log_is_reported_and_its_corruption_detected() {
         .unwrap();
         let p = h.malloc(100, Some("x")).unwrap();
         // SAFETY: p has 100 bytes.
+        unsafe { std::ptr::write_bytes(p, 8, 100) };
+        // A first, complete checkpoint: its page now holds committed data, so the next
+        // checkpoint's copy goes through the redo log (a page without committed data is
+        // written straight into the image and logs nothing).
+        h.ckall().unwrap();
+        // SAFETY: as above.
         unsafe { std::ptr::write_bytes(p, 9, 100) };
         std::env::set_var("TIERMEM_PHEAP_FAIL_AT", "after-commit");
         let _ = h.ckall();
@@ -345,7 +351,7 @@ fn committed_unapplied_log_is_reported_and_its_corruption_detected() {
     let v = json_of(&out);
     assert_eq!(v["log"]["state"], "committed", "{v}");
     assert_eq!(v["log"]["bytes"], 100);
-    assert_eq!(v["epoch"], 1);
+    assert_eq!(v["epoch"], 2);
     // verify did not replay it.
     assert_eq!(
         json_of(&tiermem(&["info", "--json"], &path))["log"]["state"],
