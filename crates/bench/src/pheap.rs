@@ -224,7 +224,7 @@ fn minflt() -> u64 {
 }
 
 /// xorshift64*: deterministic, fast, good enough for picking objects.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
@@ -232,7 +232,7 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 }
@@ -639,7 +639,8 @@ fn run_in_worker_env(
     Ok(s)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (the upper one of an even count; NaN when empty).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
         return f64::NAN;
@@ -647,7 +648,8 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn r2(x: f64) -> f64 {
+/// `x` rounded to two decimals.
+pub(crate) fn r2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
@@ -1124,9 +1126,7 @@ fn programs(dir: &Path, quick: bool, runs: usize) -> Value {
     let mut saved = serde_json::Map::new();
     let mut slowdown = serde_json::Map::new();
     for (prog, args, stdin) in progs {
-        let on_path = std::env::var_os("PATH")
-            .is_some_and(|ps| std::env::split_paths(&ps).any(|d| d.join(prog).exists()));
-        if !on_path {
+        if !crate::on_path(prog) {
             rows.push(json!({"program": prog, "skipped": format!("{prog} not installed")}));
             continue;
         }

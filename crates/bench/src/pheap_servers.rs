@@ -9,6 +9,8 @@
 //! heap and reopen it.
 
 use crate::kv_harness::free_port;
+use crate::on_path;
+use crate::pheap::{median, r2, Rng};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -31,11 +33,6 @@ const SERVERS: [Server; 2] = [
         client: "memcslap",
     },
 ];
-
-fn on_path(prog: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|ps| std::env::split_paths(&ps).any(|d| d.join(prog).exists()))
-}
 
 /// How a server is run: plain, or under the preload (checkpoint period, verify each).
 #[derive(Clone, Copy)]
@@ -236,19 +233,6 @@ fn kill_round(s: &Server, lib: &Path, dir: &Path, after: Duration) -> Value {
     )
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
-}
-
-fn r2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
-}
-
 /// What the servers showed: per server, the slowdown (or a `skipped` / `error` reason), the
 /// safepoint pause p99 (µs, median over the runs), the verified run and the kill rounds.
 pub struct Servers {
@@ -265,6 +249,11 @@ pub fn servers(dir: &Path, lib: &Path, quick: bool, runs: usize) -> Servers {
         rows: Vec::new(),
     };
     let kills = if quick { 1 } else { 4 };
+    // Kill moments differ from run to run.
+    let mut rng = Rng(std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        | 1);
     for s in &SERVERS {
         let missing: Vec<&str> = [s.name, s.client]
             .into_iter()
@@ -324,7 +313,7 @@ pub fn servers(dir: &Path, lib: &Path, quick: bool, runs: usize) -> Servers {
         let mut kill_rows = Vec::new();
         for k in 0..kills {
             crate::progress::step(&format!("{}: kill -9 round {}", s.name, k + 1));
-            let after = Duration::from_millis(300 + fastrand_ms(1200));
+            let after = Duration::from_millis(300 + rng.below(1200) as u64);
             kill_rows.push(kill_round(s, lib, dir, after));
         }
         out.rows.push(json!({
@@ -343,17 +332,4 @@ pub fn servers(dir: &Path, lib: &Path, quick: bool, runs: usize) -> Servers {
         }));
     }
     out
-}
-
-/// A pseudo-random number of milliseconds below `n` (clock-seeded: kill moments differ from run
-/// to run).
-fn fastrand_ms(n: u64) -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut x = t ^ 0x9e37_79b9_7f4a_7c15;
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^= x >> 33;
-    x % n.max(1)
 }

@@ -110,15 +110,32 @@ impl std::error::Error for StopError {}
 /// it there but when its outermost section ends. Sections nest. Cheap (one thread-local
 /// increment); not `Send`.
 pub struct Section {
+    nested: bool,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 /// Enters a [`Section`] on the current thread.
 #[inline]
 pub fn section() -> Section {
-    let _ = DEPTH.try_with(|d| d.set(d.get() + 1));
+    let nested = DEPTH
+        .try_with(|d| {
+            let n = d.get();
+            d.set(n + 1);
+            n > 0
+        })
+        .unwrap_or(true);
     Section {
+        nested,
         _not_send: std::marker::PhantomData,
+    }
+}
+
+impl Section {
+    /// True when the thread was already inside a section when this one began (with its
+    /// thread-locals torn down, true as well: see [`in_section`]).
+    #[inline]
+    pub fn nested(&self) -> bool {
+        self.nested
     }
 }
 
@@ -273,6 +290,7 @@ pub fn enter_raw() {
 /// Leaves a section entered with [`enter_raw`] (parking now if a stop was deferred).
 pub fn leave_raw() {
     drop(Section {
+        nested: false,
         _not_send: std::marker::PhantomData,
     });
 }

@@ -119,23 +119,16 @@ static STATS_PATH: OnceLock<Option<String>> = OnceLock::new();
 /// Marks the current thread as inside the library until dropped: calls it makes go to glibc,
 /// and it is a safepoint section (`tiermem_fault::safepoint`): a checkpoint of a
 /// multi-threaded program parks this thread only once it has left the library.
-struct Guard {
-    was: bool,
-    _s: safepoint::Section,
-}
+struct Guard(safepoint::Section);
 
 impl Guard {
     fn enter() -> Guard {
-        let was = safepoint::in_section();
-        Guard {
-            was,
-            _s: safepoint::section(),
-        }
+        Guard(safepoint::section())
     }
 
     /// True when the thread was already inside the library (a re-entrant call: no safe point).
     fn was_inside(&self) -> bool {
-        self.was
+        self.0.nested()
     }
 }
 

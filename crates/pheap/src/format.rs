@@ -220,7 +220,11 @@ pub fn encode_meta(r: &MetaRec, out: &mut Vec<u8>) {
 /// Appends to `out` the live byte ranges `(offset, len)` of page `page` in `table`, ascending:
 /// each object's first `size` bytes clipped to the page. The bytes a page checksum covers.
 pub fn live_in_page(table: &BTreeMap<usize, Obj>, page: usize, out: &mut Vec<(usize, usize)>) {
-    let (ps, pe) = (page * PAGE, (page + 1) * PAGE);
+    // Saturating: `page` may come from a damaged file (a record at the top of the address space).
+    let (ps, pe) = (
+        page.saturating_mul(PAGE),
+        page.saturating_add(1).saturating_mul(PAGE),
+    );
     let start = out.len();
     for (&o, obj) in table.range(..pe).rev() {
         let end = o.saturating_add(obj.size).min(pe);

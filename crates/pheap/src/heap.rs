@@ -1008,6 +1008,9 @@ impl Heap {
                     }
                 }
                 live.truncate(w);
+                // The image's bytes of the parts no piece covers: the page read once, at the
+                // first such part (a half-written page has one per object of the other half).
+                let mut page_read = false;
                 for &(lo, ll, _) in &live {
                     let (mut at, end) = (lo, lo + ll);
                     let mut k = pj;
@@ -1024,9 +1027,13 @@ impl Heap {
                             }
                             next => {
                                 let e = next.map_or(end, |&(o, _, _, _)| end.min(o));
-                                img_buf.resize(e - at, 0);
-                                pool.read((hdr.image_off() + at) as u64, &mut img_buf)?;
-                                h.update(&img_buf);
+                                if !page_read {
+                                    img_buf.resize(PAGE, 0);
+                                    pool.read((hdr.image_off() + p * PAGE) as u64, &mut img_buf)?;
+                                    page_read = true;
+                                }
+                                // `visible` clips every part to page p.
+                                h.update(&img_buf[at - p * PAGE..e - p * PAGE]);
                                 at = e;
                             }
                         }
