@@ -10,17 +10,21 @@
 //! * Small objects never straddle a page boundary: a page of a class of size `s` holds
 //!   `PAGE / s` slots at in-page offsets `0, s, 2s, ...`.
 //! * The object table lives where the objects do: a small object is a set bit of its
-//!   superblock's slot bitmap with its requested size beside it; a large object is an entry
-//!   of `large` (offset → size, slot); names are in `named` (offset → name) and `names`
-//!   (name → offset) and are unique. A lookup by offset is two array indexings, not a hash
-//!   probe that misses the cache (the central hash table cost a free ~100 ns).
-//! * `dirty` lists the offsets whose table entry changed since the last committed checkpoint,
-//!   each with whether an object stood there at that checkpoint; the checkpoint turns them into
-//!   the metadata redo log ([`Alloc::journal`]): one record per changed offset with its final
-//!   state, so an object created and freed between two checkpoints costs no record, and a call
-//!   costs a map update instead of building a record. `fresh` lists the objects created or
-//!   moved since then (their bytes are copied at the next checkpoint even if no user write was
-//!   seen: realloc copies through the library view).
+//!   superblock's slot bitmap with its requested size in the slot's entry; a large object is
+//!   an entry of `large` (offset → size, slot, flags); names are in `named` (offset → name)
+//!   and `names` (name → offset) and are unique. A lookup by offset is two array indexings,
+//!   not a hash probe that misses the cache (the central hash table cost a free ~100 ns).
+//! * Dirty flags say which offsets' table entries changed since the last committed checkpoint
+//!   (listed in `dirty_list`), whether an object stood there at that checkpoint, and whether
+//!   the live object must be copied whole (created or moved since: realloc copies through the
+//!   library view). They sit beside the object's size (three bits of a small slot's entry,
+//!   a field of a large entry), so a call touches one line of metadata for both; an offset
+//!   whose superblock or large object went away keeps its flags as an *orphan* until its
+//!   next object or the next commit. The checkpoint turns the list into the metadata redo
+//!   log ([`Alloc::journal`]): one record per changed offset with its final state, so an
+//!   object created and freed between two checkpoints costs no record.
+//! * Freed slots are handed out again last-in first-out per class (`recent`): the slot a
+//!   program just freed is likely still in its caches, and `Heap::free` prefetches it.
 
 use crate::error::{Error, Result};
 use rustc_hash::FxHashMap;
@@ -37,7 +41,45 @@ pub const CLASSES: [usize; 15] = [
 
 /// The class index for `size` (≤ one page).
 pub fn class_for(size: usize) -> Option<usize> {
-    CLASSES.iter().position(|&c| c >= size.max(1))
+    CLASS_OF
+        .get(size.max(1).div_ceil(GRAIN))
+        .map(|&c| c as usize)
+}
+
+/// Smallest class index for each multiple of 16 bytes up to a page (index `size / 16`,
+/// rounded up): `class_for` without a search.
+const CLASS_OF: [u8; PAGE / GRAIN + 1] = {
+    let mut t = [0u8; PAGE / GRAIN + 1];
+    let (mut i, mut c) = (0, 0);
+    while i < t.len() {
+        while CLASSES[c] < i * GRAIN {
+            c += 1;
+        }
+        t[i] = c as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Objects start at multiples of this (the smallest class).
+const GRAIN: usize = 16;
+
+/// `ceil(2^32 / class size)` per class: `(x * RECIP[c]) >> 32` is `x / CLASSES[c]` exactly
+/// for every in-page offset `x < 4096` (the error `x / 2^32` stays below `1 / size`), without
+/// a division instruction on the allocator's paths.
+const RECIP: [u64; 15] = {
+    let mut t = [0u64; 15];
+    let mut c = 0;
+    while c < 15 {
+        t[c] = (1u64 << 32).div_ceil(CLASSES[c] as u64);
+        c += 1;
+    }
+    t
+};
+
+/// `x / CLASSES[c]` for `x ≤ PAGE` (see [`RECIP`]).
+fn div_class(x: usize, c: usize) -> usize {
+    ((x as u64 * RECIP[c]) >> 32) as usize
 }
 
 /// Dirty flag (see `Alloc`): an object stood at the offset at the last committed checkpoint.
@@ -47,8 +89,13 @@ pub const EXISTED: u8 = 1;
 pub const FRESH: u8 = 2;
 /// Dirty flag: the offset is listed (its table entry changed, or it is fresh).
 pub const LISTED: u8 = 4;
-/// Objects start at multiples of this (the smallest class).
-const GRAIN: usize = 16;
+/// Bits of a slot entry holding the requested size (a small object is at most a page, 4096 <
+/// 2^13); the three flags sit above them.
+const SIZE_BITS: u32 = 13;
+const SIZE_MASK: u16 = (1 << SIZE_BITS) - 1;
+/// Freed slots remembered per class for reuse, most recent first (their cache lines and TLB
+/// entries are likely still warm: see `Heap::free`).
+const RECENT: usize = 32;
 
 /// The slot capacity an object of `size` bytes gets: its class size for at most a page, else
 /// whole pages.
@@ -124,20 +171,61 @@ struct Sb {
     used: Vec<u64>,
     /// No word of `used` below this index has a free slot.
     hint: usize,
-    /// Requested size of the object in each used slot (the object table of small objects), so that a checkpoint's
-    /// scan of a page needs no table lookup.
-    sizes: Vec<u16>,
+    /// Per slot: the requested size of the object in a used slot (the object table of small
+    /// objects, so that a checkpoint's scan of a page needs no table lookup) in the low
+    /// [`SIZE_BITS`] bits, and the slot's dirty flags ([`LISTED`], [`EXISTED`], [`FRESH`])
+    /// above them. One `u16` per slot, so a call touches one cache line of metadata for both.
+    ent: Vec<u16>,
     nused: usize,
     nslots: usize,
+    /// Slots per page (`PAGE / CLASSES[class]`).
+    per_page: usize,
     in_partial: bool,
 }
 
 impl Sb {
+    /// Heap offset of slot `k`: the inverse of [`Sb::slot_index`].
+    fn off_of(&self, k: usize) -> usize {
+        (self.first_page + k / self.per_page) * PAGE + (k % self.per_page) * CLASSES[self.class]
+    }
+
+    /// Requested size of the object in slot `k` (meaningful when the slot is used).
+    fn size(&self, k: usize) -> usize {
+        (self.ent[k] & SIZE_MASK) as usize
+    }
+
+    /// Dirty flags of slot `k`.
+    fn flags(&self, k: usize) -> u8 {
+        (self.ent[k] >> SIZE_BITS) as u8
+    }
+
+    /// Sets the requested size of slot `k` (≤ one page), keeping its flags.
+    fn set_size(&mut self, k: usize, size: usize) {
+        self.ent[k] = (self.ent[k] & !SIZE_MASK) | size as u16;
+    }
+
+    /// Sets the dirty flags of slot `k`, keeping its size.
+    fn set_flags(&mut self, k: usize, f: u8) {
+        self.ent[k] = (self.ent[k] & SIZE_MASK) | (u16::from(f) << SIZE_BITS);
+    }
+
+    fn is_used(&self, k: usize) -> bool {
+        self.used[k / 64] & (1 << (k % 64)) != 0
+    }
+
+    /// The slot starting at heap offset `off` (a page of this superblock), if a slot starts
+    /// there.
+    fn slot_at(&self, off: usize) -> Option<usize> {
+        let in_page = off % PAGE;
+        let q = div_class(in_page, self.class);
+        (q * CLASSES[self.class] == in_page && q < self.per_page)
+            .then(|| (off / PAGE - self.first_page) * self.per_page + q)
+    }
+
     /// The slot holding heap offset `off` (a page of this superblock): the inverse of
     /// [`Alloc::slot_off`].
     fn slot_index(&self, off: usize) -> usize {
-        let size = CLASSES[self.class];
-        (off / PAGE - self.first_page) * (PAGE / size) + (off % PAGE) / size
+        (off / PAGE - self.first_page) * self.per_page + div_class(off % PAGE, self.class)
     }
 }
 
@@ -151,24 +239,24 @@ pub struct Alloc {
     sbs: Vec<Option<Sb>>,
     sb_free_ids: Vec<u32>,
     partial: Vec<Vec<u32>>,
-    /// Large objects: heap offset → (requested size, slot).
-    large: FxHashMap<usize, (usize, usize)>,
+    /// Large objects: heap offset → (requested size, slot, dirty flags).
+    large: FxHashMap<usize, (usize, usize, u8)>,
     /// Names of the named objects by heap offset.
     named: FxHashMap<usize, String>,
     /// Number of live objects.
     nobjs: usize,
     /// Name → heap offset.
     pub names: FxHashMap<String, usize>,
-    /// Flags of the offsets whose table entry changed since the last committed checkpoint, or
-    /// whose object was created or moved since the last `ckall`: [`LISTED`] (the offset is in
-    /// `dirty_list`) | [`EXISTED`] (an object stood there at the last committed checkpoint) |
-    /// [`FRESH`] (the live object there must be copied whole at the next `ckall`). One byte
-    /// per 16 heap bytes (objects start at multiples of 16), indexed by `offset / 16`: a call
-    /// touches one byte instead of probing a hash map whose entries miss the cache. The vector
-    /// is zeroed memory from the allocator (`calloc`: pages become resident when touched).
-    dirty: Vec<u8>,
+    /// Dirty flags of offsets where no slot or large object starts any more (its superblock
+    /// was released or its large object freed since the last committed checkpoint). Every
+    /// other offset's flags live beside its object: in its superblock's slot entry or its
+    /// `large` entry (see [`Alloc::flags`]). Empty almost always.
+    orphans: BTreeMap<usize, u8>,
     /// The offsets with [`LISTED`] set, in the order they were first changed.
     dirty_list: Vec<usize>,
+    /// Per class, recently freed slots (heap offsets) to hand out first, at most [`RECENT`];
+    /// an entry is checked when taken (its superblock may have gone).
+    recent: Vec<Vec<usize>>,
     /// Committed checksums of the checkpoint image: page offset → (live bytes, CRC-32 of them;
     /// see [`crate::format::live_in_page`]). A page without an entry has not been checkpointed
     /// since one of its objects changed.
@@ -196,8 +284,9 @@ impl Alloc {
             named: FxHashMap::default(),
             nobjs: 0,
             names: FxHashMap::default(),
-            dirty: vec![0; capacity / GRAIN],
+            orphans: BTreeMap::new(),
             dirty_list: Vec::new(),
+            recent: vec![Vec::new(); CLASSES.len()],
             crcs: FxHashMap::default(),
         }
     }
@@ -208,13 +297,8 @@ impl Alloc {
             return None;
         };
         let sb = self.sbs.get(id as usize)?.as_ref()?;
-        let size = CLASSES[sb.class];
-        let in_page = off % PAGE;
-        if in_page % size != 0 || in_page / size >= PAGE / size {
-            return None;
-        }
-        let k = sb.slot_index(off);
-        (sb.used[k / 64] & (1 << (k % 64)) != 0).then_some((id, k))
+        let k = sb.slot_at(off)?;
+        sb.is_used(k).then_some((id, k))
     }
 
     /// Requested size and slot of the live object starting at heap offset `off`.
@@ -223,9 +307,9 @@ impl Alloc {
             Owner::Small(_) => {
                 let (id, k) = self.small_at(off)?;
                 let sb = self.sbs[id as usize].as_ref()?;
-                Some((sb.sizes[k] as usize, CLASSES[sb.class]))
+                Some((sb.size(k), CLASSES[sb.class]))
             }
-            Owner::Large(_) => self.large.get(&off).copied(),
+            Owner::Large(_) => self.large.get(&off).map(|e| (e.0, e.1)),
             Owner::Free => None,
         }
     }
@@ -257,18 +341,18 @@ impl Alloc {
             (0..sb.nslots)
                 .filter(move |&k| sb.used[k / 64] & (1 << (k % 64)) != 0)
                 .map(move |k| {
-                    let off = self.slot_off(sb, k);
+                    let off = sb.off_of(k);
                     (
                         off,
                         Obj {
-                            size: sb.sizes[k] as usize,
+                            size: sb.size(k),
                             slot: size,
                             name: self.named.get(&off).cloned(),
                         },
                     )
                 })
         });
-        let large = self.large.iter().map(move |(&off, &(size, slot))| {
+        let large = self.large.iter().map(move |(&off, &(size, slot, _))| {
             (
                 off,
                 Obj {
@@ -300,12 +384,77 @@ impl Alloc {
     /// put it there.
     /// `set` and `clear` are [`FRESH`] bits to change.
     fn touch(&mut self, off: usize, existed: bool, set: u8, clear: u8) {
-        let f = &mut self.dirty[off / GRAIN];
-        if *f & LISTED == 0 {
-            *f = LISTED | if existed { EXISTED } else { 0 };
+        let mut f = self.flags(off);
+        if f & LISTED == 0 {
+            f = LISTED | if existed { EXISTED } else { 0 };
             self.dirty_list.push(off);
         }
-        *f = (*f | set) & !clear;
+        self.set_flags(off, (f | set) & !clear);
+    }
+
+    /// Dirty flags of heap offset `off`: those of the slot or large object starting there,
+    /// else its orphaned flags, else none.
+    fn flags(&self, off: usize) -> u8 {
+        match self.pages.get(off / PAGE) {
+            Some(Owner::Small(id)) => {
+                if let Some(sb) = self.sbs.get(*id as usize).and_then(|s| s.as_ref()) {
+                    if let Some(k) = sb.slot_at(off) {
+                        return sb.flags(k);
+                    }
+                }
+            }
+            Some(Owner::Large(_)) => {
+                if let Some(e) = self.large.get(&off) {
+                    return e.2;
+                }
+            }
+            _ => {}
+        }
+        self.orphans.get(&off).copied().unwrap_or(0)
+    }
+
+    /// Sets the dirty flags of `off` where [`Alloc::flags`] reads them (an offset where no
+    /// object can start keeps them as an orphan; 0 drops an orphan).
+    fn set_flags(&mut self, off: usize, f: u8) {
+        match self.pages.get(off / PAGE) {
+            Some(Owner::Small(id)) => {
+                if let Some(sb) = self.sbs.get_mut(*id as usize).and_then(|s| s.as_mut()) {
+                    if let Some(k) = sb.slot_at(off) {
+                        sb.set_flags(k, f);
+                        return;
+                    }
+                }
+            }
+            Some(Owner::Large(_)) => {
+                if let Some(e) = self.large.get_mut(&off) {
+                    e.2 = f;
+                    return;
+                }
+            }
+            _ => {}
+        }
+        if f == 0 {
+            self.orphans.remove(&off);
+        } else {
+            self.orphans.insert(off, f);
+        }
+    }
+
+    /// Moves the orphaned flags of offsets in pages `[first, first + n)` where an object can
+    /// now start (a superblock or large object was just placed there) into their new place.
+    fn adopt_orphans(&mut self, first: usize, n: usize) {
+        if self.orphans.is_empty() {
+            return;
+        }
+        let offs: Vec<(usize, u8)> = self
+            .orphans
+            .range(first * PAGE..(first + n) * PAGE)
+            .map(|(&o, &f)| (o, f))
+            .collect();
+        for (o, f) in offs {
+            self.orphans.remove(&o);
+            self.set_flags(o, f); // back into orphans when no object can start at o
+        }
     }
 
     /// The live objects created or moved since the last `ckall` (their bytes are copied whole).
@@ -313,7 +462,7 @@ impl Alloc {
         self.dirty_list
             .iter()
             .copied()
-            .filter(|&o| self.dirty[o / GRAIN] & FRESH != 0)
+            .filter(|&o| self.flags(o) & FRESH != 0)
     }
 
     /// After a committed checkpoint: the table changes are in the journal; with `keep_fresh`
@@ -322,25 +471,28 @@ impl Alloc {
     pub fn committed(&mut self, keep_fresh: bool) {
         let mut list = std::mem::take(&mut self.dirty_list);
         for &o in &list {
-            let f = &mut self.dirty[o / GRAIN];
-            *f = if keep_fresh && *f & FRESH != 0 {
+            let f = self.flags(o);
+            let f = if keep_fresh && f & FRESH != 0 {
                 LISTED | EXISTED | FRESH
             } else {
                 0
             };
+            self.set_flags(o, f);
         }
         if keep_fresh {
-            list.retain(|&o| self.dirty[o / GRAIN] != 0);
+            list.retain(|&o| self.flags(o) != 0);
         } else {
             list.clear();
         }
+        self.orphans.clear(); // no object stands at an orphan's offset: nothing to keep
         self.dirty_list = list;
     }
 
     /// Takes `off` off the objects to copy whole (a `ckone` copies it now).
     pub fn unfresh(&mut self, off: usize) {
-        if let Some(f) = self.dirty.get_mut(off / GRAIN) {
-            *f &= !FRESH;
+        let f = self.flags(off);
+        if f & FRESH != 0 {
+            self.set_flags(off, f & !FRESH);
         }
     }
 
@@ -351,7 +503,7 @@ impl Alloc {
         let mut offs: Vec<(usize, bool)> = self
             .dirty_list
             .iter()
-            .map(|&o| (o, self.dirty[o / GRAIN] & EXISTED != 0))
+            .map(|&o| (o, self.flags(o) & EXISTED != 0))
             .collect();
         offs.sort_unstable();
         offs.into_iter()
@@ -414,9 +566,10 @@ impl Alloc {
             first_page,
             used: vec![0; nslots.div_ceil(64)],
             hint: 0,
-            sizes: vec![0; nslots],
+            ent: vec![0; nslots],
             nused: 0,
             nslots,
+            per_page,
             in_partial: false,
         };
         let id = match self.sb_free_ids.pop() {
@@ -432,13 +585,25 @@ impl Alloc {
         for p in &mut self.pages[first_page..first_page + self.sb_pages] {
             *p = Owner::Small(id);
         }
+        self.adopt_orphans(first_page, self.sb_pages);
         id
     }
 
-    fn slot_off(&self, sb: &Sb, slot: usize) -> usize {
-        let size = CLASSES[sb.class];
-        let per_page = PAGE / size;
-        (sb.first_page + slot / per_page) * PAGE + (slot % per_page) * size
+    /// Drops the empty superblock `id`: its pages go back to the free runs, and the flags of
+    /// its slots that are still listed become orphans (a `Free` record may be due there).
+    fn release_sb(&mut self, id: u32) {
+        let Some(sb) = self.sbs[id as usize].take() else {
+            return;
+        };
+        for k in 0..sb.nslots {
+            let f = sb.flags(k);
+            if f != 0 {
+                self.orphans.insert(sb.off_of(k), f);
+            }
+        }
+        self.sb_free_ids.push(id);
+        self.partial[sb.class].retain(|&x| x != id);
+        self.give_pages(sb.first_page, self.sb_pages);
     }
 
     /// Allocates `size` bytes (≥ 1) and returns the heap offset. Records the object in the
@@ -465,7 +630,8 @@ impl Alloc {
             for p in &mut self.pages[start..start + n] {
                 *p = Owner::Large(start as u32);
             }
-            self.large.insert(start * PAGE, (size, n * PAGE));
+            self.large.insert(start * PAGE, (size, n * PAGE, 0));
+            self.adopt_orphans(start, n);
             (start * PAGE, n * PAGE)
         } else {
             // size <= PAGE here and the last class is PAGE, so a class exists.
@@ -477,12 +643,29 @@ impl Alloc {
             self.named.insert(off, n.to_string());
         }
         self.nobjs += 1;
-        self.touch(off, false, FRESH, 0);
+        if slot > PAGE {
+            self.touch(off, false, FRESH, 0); // take_slot did it for a small object
+        }
         self.forget_crcs(off, slot);
         Ok(off)
     }
 
     fn alloc_small(&mut self, c: usize, size: usize) -> Result<usize> {
+        // A recently freed slot first (LIFO), if its superblock still serves class c.
+        while let Some(off) = self.recent[c].pop() {
+            let Owner::Small(id) = self.pages[off / PAGE] else {
+                continue;
+            };
+            let Some(sb) = self.sbs[id as usize].as_mut() else {
+                continue;
+            };
+            let k = sb.slot_index(off);
+            if sb.class != c || sb.is_used(k) {
+                continue;
+            }
+            self.take_slot(id, k, size, off);
+            return Ok(off);
+        }
         let id = loop {
             match self.partial[c].last().copied() {
                 Some(id) => {
@@ -528,26 +711,51 @@ impl Alloc {
         sb.hint = wi;
         let slot = wi * 64 + (!w).trailing_zeros() as usize;
         debug_assert!(slot < sb.nslots);
-        sb.used[wi] |= 1 << (slot % 64);
-        sb.sizes[slot] = size as u16; // size <= PAGE
+        let off = sb.off_of(slot);
+        self.take_slot(id, slot, size, off);
+        Ok(off)
+    }
+
+    /// Marks free slot `k` (at heap offset `off`) of live superblock `id` used by a new object
+    /// of `size` bytes (≤ one page) and notes the change (`touch(off, existed: false, set:
+    /// FRESH)` on the slot's own flags); a superblock that becomes full leaves its class's
+    /// partial list.
+    fn take_slot(&mut self, id: u32, k: usize, size: usize, off: usize) {
+        // Callers pass a live superblock (checked or just created).
+        let Some(sb) = self.sbs[id as usize].as_mut() else {
+            return;
+        };
+        sb.used[k / 64] |= 1 << (k % 64);
+        let f = sb.flags(k);
+        let f = if f & LISTED == 0 {
+            self.dirty_list.push(off);
+            LISTED | FRESH
+        } else {
+            f | FRESH
+        };
+        sb.ent[k] = size as u16 | (u16::from(f) << SIZE_BITS);
         sb.nused += 1;
-        if sb.nused == sb.nslots {
+        if sb.nused == sb.nslots && sb.in_partial {
             sb.in_partial = false;
-            // `id` came from the end of the list (above), unless it was just created there.
+            let c = sb.class;
+            // Usually `id` is the list's last entry (alloc_small takes that one).
             if self.partial[c].last() == Some(&id) {
                 self.partial[c].pop();
             } else {
                 self.partial[c].retain(|&x| x != id);
             }
         }
-        let sb = self.sbs[id as usize].as_ref().unwrap(); // still the live superblock `id`
-        Ok(self.slot_off(sb, slot))
     }
 
     /// Frees the object at heap offset `off`; [`Error::InvalidPointer`] (carrying `addr`) when
     /// no object starts there.
     pub fn free(&mut self, off: usize, addr: usize) -> Result<Obj> {
-        let (size, slot) = self.size_slot(off).ok_or(Error::InvalidPointer(addr))?;
+        if let Some(&Owner::Small(id)) = self.pages.get(off / PAGE) {
+            return self.free_small(id, off, addr);
+        }
+        let Some((size, slot)) = self.size_slot(off) else {
+            return Err(Error::InvalidPointer(addr));
+        };
         let name = if self.named.is_empty() {
             None
         } else {
@@ -557,14 +765,16 @@ impl Alloc {
             self.names.remove(n);
         }
         let obj = Obj { size, slot, name };
-        if obj.is_large() {
-            self.large.remove(&off);
-        }
         self.nobjs -= 1;
         self.forget_crcs(off, obj.slot);
         self.touch(off, true, 0, FRESH);
         let page = off / PAGE;
         if obj.is_large() {
+            if let Some((_, _, f)) = self.large.remove(&off) {
+                if f != 0 {
+                    self.orphans.insert(off, f);
+                }
+            }
             self.give_pages(page, obj.slot / PAGE);
         } else if let Owner::Small(id) = self.pages[page] {
             // A page owned by Small(id) belongs to a live superblock: the owner is reset to
@@ -574,19 +784,65 @@ impl Alloc {
             sb.used[slot / 64] &= !(1 << (slot % 64));
             sb.hint = sb.hint.min(slot / 64);
             sb.nused -= 1;
+            let c = sb.class;
             if sb.nused == 0 {
-                let (first, class) = (sb.first_page, sb.class);
-                self.sbs[id as usize] = None;
-                self.sb_free_ids.push(id);
-                self.partial[class].retain(|&x| x != id);
-                self.give_pages(first, self.sb_pages);
-            } else if !sb.in_partial {
-                sb.in_partial = true;
-                let c = sb.class;
-                self.partial[c].push(id);
+                self.release_sb(id);
+            } else {
+                if !sb.in_partial {
+                    sb.in_partial = true;
+                    self.partial[c].push(id);
+                }
+                if self.recent[c].len() < RECENT {
+                    self.recent[c].push(off);
+                }
             }
         }
         Ok(obj)
+    }
+
+    /// `free` of an offset in a page of superblock `id`: one lookup of the slot, whose entry
+    /// holds the size and the dirty flags.
+    fn free_small(&mut self, id: u32, off: usize, addr: usize) -> Result<Obj> {
+        let Some(sb) = self.sbs.get_mut(id as usize).and_then(|s| s.as_mut()) else {
+            return Err(Error::InvalidPointer(addr));
+        };
+        let Some(k) = sb.slot_at(off).filter(|&k| sb.is_used(k)) else {
+            return Err(Error::InvalidPointer(addr));
+        };
+        let (size, slot, c) = (sb.size(k), CLASSES[sb.class], sb.class);
+        // `touch(off, existed: true, set: 0, clear: FRESH)` on the slot's own flags.
+        let f = sb.flags(k);
+        if f & LISTED == 0 {
+            self.dirty_list.push(off);
+            sb.set_flags(k, LISTED | EXISTED);
+        } else if f & FRESH != 0 {
+            sb.set_flags(k, f & !FRESH);
+        }
+        sb.used[k / 64] &= !(1 << (k % 64));
+        sb.hint = sb.hint.min(k / 64);
+        sb.nused -= 1;
+        if sb.nused == 0 {
+            self.release_sb(id);
+        } else {
+            if !sb.in_partial {
+                sb.in_partial = true;
+                self.partial[c].push(id);
+            }
+            if self.recent[c].len() < RECENT {
+                self.recent[c].push(off);
+            }
+        }
+        let name = if self.named.is_empty() {
+            None
+        } else {
+            self.named.remove(&off)
+        };
+        if let Some(n) = &name {
+            self.names.remove(n);
+        }
+        self.nobjs -= 1;
+        self.forget_crcs(off, slot);
+        Ok(Obj { size, slot, name })
     }
 
     /// Changes the recorded size of the object at `off` in place (`new_size <= slot`); no-op
@@ -598,7 +854,7 @@ impl Alloc {
         let size = new_size.max(1);
         if let Some((id, k)) = self.small_at(off) {
             if let Some(sb) = self.sbs[id as usize].as_mut() {
-                sb.sizes[k] = size as u16; // a small object stays at most a page
+                sb.set_size(k, size); // a small object stays at most a page
             }
         } else if let Some(e) = self.large.get_mut(&off) {
             e.0 = size;
@@ -656,7 +912,7 @@ impl Alloc {
                     return;
                 }
                 let off = start as usize * PAGE;
-                if let Some(&(size, _)) = self.large.get(&off) {
+                if let Some(&(size, _, _)) = self.large.get(&off) {
                     let (ps, pe) = (page * PAGE, (page + 1) * PAGE);
                     let (s, e) = (off.max(ps), (off + size).min(pe));
                     if s < e {
@@ -679,7 +935,7 @@ impl Alloc {
                     if Self::view_of(views, off, size) != view {
                         continue;
                     }
-                    let len = sb.sizes[slot] as usize;
+                    let len = sb.size(slot);
                     out.push((off, len, off));
                 }
             }
@@ -731,7 +987,7 @@ impl Alloc {
                 for p in &mut a.pages[page..page + n] {
                     *p = Owner::Large(page as u32);
                 }
-                a.large.insert(off, (obj.size, obj.slot));
+                a.large.insert(off, (obj.size, obj.slot, 0));
             } else {
                 let c = CLASSES
                     .iter()
@@ -772,7 +1028,7 @@ impl Alloc {
                     return Err(format!("object at {off:#x} listed twice"));
                 }
                 sb.used[slot / 64] |= 1 << (slot % 64);
-                sb.sizes[slot] = obj.size as u16; // obj.size <= obj.slot <= PAGE
+                sb.set_size(slot, obj.size); // obj.size <= obj.slot <= PAGE
                 sb.nused += 1;
             }
             if let Some(n) = &obj.name {
@@ -852,6 +1108,69 @@ mod tests {
         assert_eq!(Alloc::view_of(4, 3 * 1024, 1024), 3);
         assert_eq!(Alloc::view_of(4, 2720, 1360), 2);
         assert_eq!(Alloc::view_of(1, 3000, 16), 0);
+    }
+
+    #[test]
+    fn class_tables_match_the_classes() {
+        for size in 1..=PAGE {
+            let c = class_for(size).unwrap();
+            assert!(
+                CLASSES[c] >= size && (c == 0 || CLASSES[c - 1] < size),
+                "size {size}"
+            );
+        }
+        assert_eq!(class_for(PAGE + 1), None);
+        for (c, size) in CLASSES.iter().enumerate() {
+            for x in 0..=PAGE {
+                assert_eq!(div_class(x, c), x / size, "{x} / {size}");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+        /// The journal of every interval, replayed onto the table of the previous checkpoint,
+        /// gives the live table: superblocks released and their pages reused (by another class
+        /// or a large object) between two checkpoints included, where the dirty flags of the
+        /// freed objects live on as orphans.
+        #[test]
+        fn journal_replays_to_the_table(ops in proptest::collection::vec((0u8..10, 0usize..64, 1usize..20000), 1..400)) {
+            let mut a = Alloc::new(1 << 20, 16 << 10);
+            let mut live: Vec<usize> = Vec::new();
+            let mut committed: BTreeMap<usize, Obj> = BTreeMap::new();
+            for (kind, i, size) in ops {
+                match kind {
+                    0..=4 => {
+                        // Mostly small sizes; some large.
+                        let size = if kind == 4 { size } else { 1 + size % 1500 };
+                        if let Ok(off) = a.alloc(size, None) {
+                            live.push(off);
+                        }
+                    }
+                    5..=8 if !live.is_empty() => {
+                        let off = live.swap_remove(i % live.len());
+                        a.free(off, off).unwrap();
+                    }
+                    _ => {
+                        for r in a.journal() {
+                            match r {
+                                MetaRec::Alloc { off, obj } => {
+                                    committed.insert(off, obj);
+                                }
+                                MetaRec::Free { off } => {
+                                    proptest::prop_assert!(committed.remove(&off).is_some(), "free of {off:#x} not in the last checkpoint");
+                                }
+                                MetaRec::Crc { .. } => {}
+                            }
+                        }
+                        a.committed(false);
+                        let now: BTreeMap<usize, Obj> = a.iter().collect();
+                        proptest::prop_assert_eq!(&committed, &now);
+                        proptest::prop_assert!(a.orphans.is_empty());
+                    }
+                }
+            }
+        }
     }
 
     #[test]
