@@ -257,6 +257,10 @@ pub struct Alloc {
     /// Per class, recently freed slots (heap offsets) to hand out first, at most [`RECENT`];
     /// an entry is checked when taken (its superblock may have gone).
     recent: Vec<Vec<usize>>,
+    /// Per class, one superblock kept though empty (it stays in the partial list), so that a
+    /// program that allocates and frees one object in turn does not create and release a
+    /// superblock each time.
+    spare: Vec<Option<u32>>,
     /// Committed checksums of the checkpoint image: page offset → (live bytes, CRC-32 of them;
     /// see [`crate::format::live_in_page`]). A page without an entry has not been checkpointed
     /// since one of its objects changed.
@@ -287,6 +291,7 @@ impl Alloc {
             orphans: BTreeMap::new(),
             dirty_list: Vec::new(),
             recent: vec![Vec::new(); CLASSES.len()],
+            spare: vec![None; CLASSES.len()],
             crcs: FxHashMap::default(),
         }
     }
@@ -735,6 +740,9 @@ impl Alloc {
         };
         sb.ent[k] = size as u16 | (u16::from(f) << SIZE_BITS);
         sb.nused += 1;
+        if self.spare[sb.class] == Some(id) {
+            self.spare[sb.class] = None;
+        }
         if sb.nused == sb.nslots && sb.in_partial {
             sb.in_partial = false;
             let c = sb.class;
@@ -776,26 +784,6 @@ impl Alloc {
                 }
             }
             self.give_pages(page, obj.slot / PAGE);
-        } else if let Owner::Small(id) = self.pages[page] {
-            // A page owned by Small(id) belongs to a live superblock: the owner is reset to
-            // Free (give_pages) in the same step that drops the superblock.
-            let sb = self.sbs[id as usize].as_mut().expect("live superblock");
-            let slot = sb.slot_index(off);
-            sb.used[slot / 64] &= !(1 << (slot % 64));
-            sb.hint = sb.hint.min(slot / 64);
-            sb.nused -= 1;
-            let c = sb.class;
-            if sb.nused == 0 {
-                self.release_sb(id);
-            } else {
-                if !sb.in_partial {
-                    sb.in_partial = true;
-                    self.partial[c].push(id);
-                }
-                if self.recent[c].len() < RECENT {
-                    self.recent[c].push(off);
-                }
-            }
         }
         Ok(obj)
     }
@@ -821,9 +809,12 @@ impl Alloc {
         sb.used[k / 64] &= !(1 << (k % 64));
         sb.hint = sb.hint.min(k / 64);
         sb.nused -= 1;
-        if sb.nused == 0 {
+        if sb.nused == 0 && self.spare[c].is_some_and(|x| x != id) {
             self.release_sb(id);
         } else {
+            if sb.nused == 0 {
+                self.spare[c] = Some(id);
+            }
             if !sb.in_partial {
                 sb.in_partial = true;
                 self.partial[c].push(id);
