@@ -33,6 +33,10 @@ use std::collections::BTreeMap;
 /// Page size (x86-64).
 pub const PAGE: usize = 4096;
 
+/// Largest superblock: 16 MiB, so that a superblock's slot indices stay below 2^20 (see
+/// `RECIP_PP`).
+pub const MAX_SB_SIZE: usize = 16 << 20;
+
 /// Slot sizes of the small classes. Each divides into a page without a slot crossing a page
 /// boundary; the largest is one page.
 pub const CLASSES: [usize; 15] = [
@@ -64,6 +68,9 @@ const CLASS_OF: [u8; PAGE / GRAIN + 1] = {
 /// Objects start at multiples of this (the smallest class).
 const GRAIN: usize = 16;
 
+/// `region_sb` entry of a region without a superblock.
+const NO_SB: u32 = u32::MAX;
+
 /// `ceil(2^32 / class size)` per class: `(x * RECIP[c]) >> 32` is `x / CLASSES[c]` exactly
 /// for every in-page offset `x < 4096` (the error `x / 2^32` stays below `1 / size`), without
 /// a division instruction on the allocator's paths.
@@ -72,6 +79,19 @@ const RECIP: [u64; 15] = {
     let mut c = 0;
     while c < 15 {
         t[c] = (1u64 << 32).div_ceil(CLASSES[c] as u64);
+        c += 1;
+    }
+    t
+};
+
+/// `ceil(2^32 / (PAGE / CLASSES[c]))`: `(k * RECIP_PP[c]) >> 32` is `k / slots-per-page`
+/// exactly for every slot index `k < 2^20` (superblocks of up to 16 MiB hold fewer), as for
+/// [`RECIP`] (the error `k / 2^32` stays below `1 / 256`).
+const RECIP_PP: [u64; 15] = {
+    let mut t = [0u64; 15];
+    let mut c = 0;
+    while c < 15 {
+        t[c] = (1u64 << 32).div_ceil((PAGE / CLASSES[c]) as u64);
         c += 1;
     }
     t
@@ -186,7 +206,8 @@ struct Sb {
 impl Sb {
     /// Heap offset of slot `k`: the inverse of [`Sb::slot_index`].
     fn off_of(&self, k: usize) -> usize {
-        (self.first_page + k / self.per_page) * PAGE + (k % self.per_page) * CLASSES[self.class]
+        let p = ((k as u64 * RECIP_PP[self.class]) >> 32) as usize; // k / per_page
+        (self.first_page + p) * PAGE + (k - p * self.per_page) * CLASSES[self.class]
     }
 
     /// Requested size of the object in slot `k` (meaningful when the slot is used).
@@ -234,8 +255,15 @@ impl Sb {
 pub struct Alloc {
     cap_pages: usize,
     sb_pages: usize,
+    /// `log2(sb_pages)` when `sb_pages` is a power of two (the default 16): the region of an
+    /// offset by a shift, not a division, on every call.
+    sb_shift: Option<u32>,
     free_runs: BTreeMap<usize, usize>,
     pages: Vec<Owner>,
+    /// The superblock occupying each aligned run of `sb_pages` pages ([`NO_SB`] if none): the
+    /// small-object lookups' first step, 4 bytes per superblock-sized region, so it stays in
+    /// the cache where `pages` (8 bytes a page) does not.
+    region_sb: Vec<u32>,
     sbs: Vec<Option<Sb>>,
     sb_free_ids: Vec<u32>,
     partial: Vec<Vec<u32>>,
@@ -279,8 +307,12 @@ impl Alloc {
         Alloc {
             cap_pages,
             sb_pages: sb_size / PAGE,
+            sb_shift: (sb_size / PAGE)
+                .is_power_of_two()
+                .then(|| (sb_size / PAGE).trailing_zeros()),
             free_runs,
             pages: vec![Owner::Free; cap_pages],
+            region_sb: vec![NO_SB; cap_pages.div_ceil((sb_size / PAGE).max(1))],
             sbs: Vec::new(),
             sb_free_ids: Vec::new(),
             partial: vec![Vec::new(); CLASSES.len()],
@@ -298,12 +330,21 @@ impl Alloc {
 
     /// The superblock id and slot index of the small object starting at `off`, if one does.
     fn small_at(&self, off: usize) -> Option<(u32, usize)> {
-        let Owner::Small(id) = *self.pages.get(off / PAGE)? else {
-            return None;
-        };
+        let id = self.sb_at(off)?;
         let sb = self.sbs.get(id as usize)?.as_ref()?;
         let k = sb.slot_at(off)?;
         sb.is_used(k).then_some((id, k))
+    }
+
+    /// The superblock whose pages hold heap offset `off`, if one does.
+    fn sb_at(&self, off: usize) -> Option<u32> {
+        let page = off / PAGE;
+        let r = match self.sb_shift {
+            Some(sh) => page >> sh,
+            None => page / self.sb_pages,
+        };
+        let id = *self.region_sb.get(r)?;
+        (id != NO_SB).then_some(id)
     }
 
     /// Requested size and slot of the live object starting at heap offset `off`.
@@ -401,8 +442,11 @@ impl Alloc {
     /// else its orphaned flags, else none.
     fn flags(&self, off: usize) -> u8 {
         match self.pages.get(off / PAGE) {
-            Some(Owner::Small(id)) => {
-                if let Some(sb) = self.sbs.get(*id as usize).and_then(|s| s.as_ref()) {
+            Some(Owner::Small(_)) => {
+                if let Some(sb) = self
+                    .sb_at(off)
+                    .and_then(|id| self.sbs[id as usize].as_ref())
+                {
                     if let Some(k) = sb.slot_at(off) {
                         return sb.flags(k);
                     }
@@ -422,8 +466,9 @@ impl Alloc {
     /// object can start keeps them as an orphan; 0 drops an orphan).
     fn set_flags(&mut self, off: usize, f: u8) {
         match self.pages.get(off / PAGE) {
-            Some(Owner::Small(id)) => {
-                if let Some(sb) = self.sbs.get_mut(*id as usize).and_then(|s| s.as_mut()) {
+            Some(Owner::Small(_)) => {
+                let id = self.sb_at(off).unwrap_or(NO_SB);
+                if let Some(sb) = self.sbs.get_mut(id as usize).and_then(|s| s.as_mut()) {
                     if let Some(k) = sb.slot_at(off) {
                         sb.set_flags(k, f);
                         return;
@@ -590,6 +635,7 @@ impl Alloc {
         for p in &mut self.pages[first_page..first_page + self.sb_pages] {
             *p = Owner::Small(id);
         }
+        self.region_sb[first_page / self.sb_pages] = id;
         self.adopt_orphans(first_page, self.sb_pages);
         id
     }
@@ -607,6 +653,7 @@ impl Alloc {
             }
         }
         self.sb_free_ids.push(id);
+        self.region_sb[sb.first_page / self.sb_pages] = NO_SB;
         self.partial[sb.class].retain(|&x| x != id);
         self.give_pages(sb.first_page, self.sb_pages);
     }
@@ -658,7 +705,7 @@ impl Alloc {
     fn alloc_small(&mut self, c: usize, size: usize) -> Result<usize> {
         // A recently freed slot first (LIFO), if its superblock still serves class c.
         while let Some(off) = self.recent[c].pop() {
-            let Owner::Small(id) = self.pages[off / PAGE] else {
+            let Some(id) = self.sb_at(off) else {
                 continue;
             };
             let Some(sb) = self.sbs[id as usize].as_mut() else {
@@ -758,7 +805,7 @@ impl Alloc {
     /// Frees the object at heap offset `off`; [`Error::InvalidPointer`] (carrying `addr`) when
     /// no object starts there.
     pub fn free(&mut self, off: usize, addr: usize) -> Result<Obj> {
-        if let Some(&Owner::Small(id)) = self.pages.get(off / PAGE) {
+        if let Some(id) = self.sb_at(off) {
             return self.free_small(id, off, addr);
         }
         let Some((size, slot)) = self.size_slot(off) else {
@@ -880,10 +927,15 @@ impl Alloc {
     /// objects (whole pages) always use view 0. Any rule is correct as long as it is a
     /// function of the slot: a write anywhere in the object goes through its one view.
     pub fn view_of(views: usize, off: usize, slot: usize) -> usize {
-        if slot > PAGE || views == 1 {
+        if slot > PAGE || views <= 1 {
             return 0;
         }
-        (off % PAGE) / (PAGE / views)
+        if views.is_power_of_two() {
+            // (off % PAGE) / (PAGE / views) without a division (views is 2, 4 or 8).
+            (off % PAGE) >> (PAGE.trailing_zeros() - views.trailing_zeros())
+        } else {
+            (off % PAGE) / (PAGE / views)
+        }
     }
 
     /// Appends to `out` the byte ranges `(offset, len, object offset)` of the objects visible
@@ -949,7 +1001,7 @@ impl Alloc {
         sb_size: usize,
         table: BTreeMap<usize, Obj>,
     ) -> std::result::Result<Alloc, String> {
-        if sb_size == 0 || sb_size % PAGE != 0 || capacity % sb_size != 0 {
+        if sb_size == 0 || sb_size % PAGE != 0 || sb_size > MAX_SB_SIZE || capacity % sb_size != 0 {
             return Err(format!(
                 "superblock size {sb_size} does not divide capacity {capacity} in pages"
             ));
@@ -1114,6 +1166,10 @@ mod tests {
         for (c, size) in CLASSES.iter().enumerate() {
             for x in 0..=PAGE {
                 assert_eq!(div_class(x, c), x / size, "{x} / {size}");
+            }
+            let per_page = PAGE / size;
+            for k in (0..1 << 20).step_by(7).chain([(1 << 20) - 1]) {
+                assert_eq!(((k as u64 * RECIP_PP[c]) >> 32) as usize, k / per_page);
             }
         }
     }

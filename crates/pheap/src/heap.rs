@@ -381,9 +381,10 @@ impl Heap {
                 opts.views
             )));
         }
-        if opts.sb_size == 0 || opts.sb_size % PAGE != 0 {
+        if opts.sb_size == 0 || opts.sb_size % PAGE != 0 || opts.sb_size > crate::alloc::MAX_SB_SIZE
+        {
             return Err(Error::InvalidArgument(
-                "sb_size must be a positive multiple of 4096".into(),
+                "sb_size must be a positive multiple of 4096 of at most 16 MiB".into(),
             ));
         }
         if opts.capacity == 0 || opts.capacity % opts.sb_size != 0 || opts.capacity >= 1 << 40 {
