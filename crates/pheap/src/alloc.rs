@@ -289,6 +289,9 @@ pub struct Alloc {
     /// program that allocates and frees one object in turn does not create and release a
     /// superblock each time.
     spare: Vec<Option<u32>>,
+    /// Superblocks that became empty while some of their slots had dirty flags: released at
+    /// the next commit if still empty.
+    emptied: Vec<u32>,
     /// Committed checksums of the checkpoint image: page offset → (live bytes, CRC-32 of them;
     /// see [`crate::format::live_in_page`]). A page without an entry has not been checkpointed
     /// since one of its objects changed.
@@ -324,6 +327,7 @@ impl Alloc {
             dirty_list: Vec::new(),
             recent: vec![Vec::new(); CLASSES.len()],
             spare: vec![None; CLASSES.len()],
+            emptied: Vec::new(),
             crcs: FxHashMap::default(),
         }
     }
@@ -536,6 +540,12 @@ impl Alloc {
         }
         self.orphans.clear(); // no object stands at an orphan's offset: nothing to keep
         self.dirty_list = list;
+        for id in std::mem::take(&mut self.emptied) {
+            let empty = matches!(&self.sbs[id as usize], Some(sb) if sb.nused == 0 && self.spare[sb.class] != Some(id));
+            if empty {
+                self.release_sb(id); // its flags were cleared above (an empty one has no fresh slot)
+            }
+        }
     }
 
     /// Takes `off` off the objects to copy whole (a `ckone` copies it now).
@@ -550,18 +560,34 @@ impl Alloc {
     /// offset: an `Alloc` with the final object where one stands, a `Free` where the last
     /// checkpoint had one and none stands now, nothing where neither holds.
     pub fn journal(&self) -> Vec<MetaRec> {
-        let mut offs: Vec<(usize, bool)> = self
+        // Offsets are multiples of 16: bit 0 carries EXISTED, so the sort is over plain words.
+        let mut offs: Vec<usize> = self
             .dirty_list
             .iter()
-            .map(|&o| (o, self.flags(o) & EXISTED != 0))
+            .map(|&o| o | usize::from(self.flags(o) & EXISTED != 0))
             .collect();
         offs.sort_unstable();
-        offs.into_iter()
-            .filter_map(|(off, existed)| match self.get(off) {
-                Some(obj) => Some(MetaRec::Alloc { off, obj }),
-                None => existed.then_some(MetaRec::Free { off }),
-            })
-            .collect()
+        let mut out = Vec::with_capacity(offs.len());
+        for w in offs {
+            let off = w & !1;
+            match self.size_slot(off) {
+                Some((size, slot)) => out.push(MetaRec::Alloc {
+                    off,
+                    obj: Obj {
+                        size,
+                        slot,
+                        name: if self.named.is_empty() {
+                            None
+                        } else {
+                            self.named.get(&off).cloned()
+                        },
+                    },
+                }),
+                None if w & 1 != 0 => out.push(MetaRec::Free { off }),
+                None => {}
+            }
+        }
+        out
     }
 
     fn capacity(&self) -> usize {
@@ -856,10 +882,15 @@ impl Alloc {
         sb.used[k / 64] &= !(1 << (k % 64));
         sb.hint = sb.hint.min(k / 64);
         sb.nused -= 1;
-        if sb.nused == 0 && self.spare[c].is_some_and(|x| x != id) {
+        let extra = sb.nused == 0 && self.spare[c].is_some_and(|x| x != id);
+        if extra && (0..sb.nslots).all(|k| sb.flags(k) == 0) {
             self.release_sb(id);
         } else {
-            if sb.nused == 0 {
+            if extra {
+                // Its slots' flags of this interval stay in its entries (no orphans to look
+                // up at the checkpoint): released by `committed` if still empty then.
+                self.emptied.push(id);
+            } else if sb.nused == 0 {
                 self.spare[c] = Some(id);
             }
             if !sb.in_partial {

@@ -976,21 +976,36 @@ impl Heap {
         // is flushed: a stage load ends only where a new page starts, so a page's pieces are in
         // one load.
         let journal = g.alloc.journal();
-        let mut crc_pages: Vec<usize> = Vec::with_capacity(merged.len() * 2 + journal.len());
+        // The pages, ascending and once each: a bit per heap page (a sort of one entry per
+        // changed object cost a checkpoint of 200 k freed objects 4 ms).
+        let mut page_bits = vec![0u64; (self.capacity / PAGE).div_ceil(64)];
+        let mut mark = |from: usize, to: usize| {
+            for p in from..to {
+                if let Some(w) = page_bits.get_mut(p / 64) {
+                    *w |= 1 << (p % 64);
+                }
+            }
+        };
         for &(o, l) in &merged {
-            crc_pages.extend(o / PAGE..(o + l).div_ceil(PAGE));
+            mark(o / PAGE, (o + l).div_ceil(PAGE));
         }
         for r in &journal {
             match r {
                 crate::alloc::MetaRec::Alloc { off, obj } => {
-                    crc_pages.extend(off / PAGE..(off + obj.slot.max(1)).div_ceil(PAGE))
+                    mark(off / PAGE, (off + obj.slot.max(1)).div_ceil(PAGE))
                 }
-                crate::alloc::MetaRec::Free { off } => crc_pages.push(off / PAGE),
+                crate::alloc::MetaRec::Free { off } => mark(off / PAGE, off / PAGE + 1),
                 crate::alloc::MetaRec::Crc { .. } => {}
             }
         }
-        crc_pages.sort_unstable();
-        crc_pages.dedup();
+        let mut crc_pages: Vec<usize> = Vec::new();
+        for (i, &w) in page_bits.iter().enumerate() {
+            let mut w = w;
+            while w != 0 {
+                crc_pages.push(i * 64 + w.trailing_zeros() as usize);
+                w &= w - 1;
+            }
+        }
         let mut new_crcs: Vec<(usize, usize, Option<u32>)> = Vec::with_capacity(crc_pages.len());
         let mut next_crc = 0usize;
         let mut live: Vec<(usize, usize, usize)> = Vec::new();
@@ -1146,7 +1161,8 @@ impl Heap {
         debug_assert_eq!(written, pos);
         let t_log = std::time::Instant::now();
         // 2. Metadata journal (append) or snapshot (switch areas).
-        let mut mbuf = Vec::new();
+        // Sized up front: an Alloc record is at most 28 bytes and its name, a Crc one 17.
+        let mut mbuf = Vec::with_capacity(journal.len() * 28 + new_crcs.len() * 17);
         for r in &journal {
             encode_meta(r, &mut mbuf);
         }
