@@ -869,20 +869,28 @@ impl Heap {
                 g.alloc.unfresh(off);
             }
             None => {
+                // The written pages of every view, then the objects they show in page order
+                // (within a page, view v's part precedes view v+1's), so that `ranges` comes
+                // out ascending: sorting a quarter million objects' ranges cost a dense
+                // checkpoint ~2 ms, sorting the pages costs a sixteenth of that.
+                let mut written: Vec<(usize, usize)> = Vec::new();
                 for v in 0..g.trackers.len() {
                     g.trackers[v].scan(&mut g.scan_buf)?;
                     for r in &g.scan_buf {
-                        for p in r.offset / PAGE..(r.offset + r.len) / PAGE {
-                            pages_written += 1;
-                            if self.nviews == 1 {
-                                objs_seen.clear();
-                                g.alloc.visible(1, 0, p, &mut objs_seen);
-                                ranges.extend(objs_seen.iter().copied());
-                                ranges.push((p * PAGE, PAGE, usize::MAX));
-                            } else {
-                                g.alloc.visible(self.nviews, v, p, &mut ranges);
-                            }
-                        }
+                        written
+                            .extend((r.offset / PAGE..(r.offset + r.len) / PAGE).map(|p| (p, v)));
+                    }
+                }
+                written.sort_unstable();
+                pages_written = written.len();
+                for (p, v) in written {
+                    if self.nviews == 1 {
+                        objs_seen.clear();
+                        g.alloc.visible(1, 0, p, &mut objs_seen);
+                        ranges.extend(objs_seen.iter().copied());
+                        ranges.push((p * PAGE, PAGE, usize::MAX));
+                    } else {
+                        g.alloc.visible(self.nviews, v, p, &mut ranges);
                     }
                 }
                 for off in g.alloc.fresh() {
@@ -897,9 +905,11 @@ impl Heap {
             }
         }
         let t_scan = std::time::Instant::now();
-        // `ranges` is a few ascending runs (one per view, then the fresh objects): the stable
-        // sort merges runs, in close to linear time here.
-        ranges.sort_by_key(|r| r.0);
+        // `ranges` is ascending up to the fresh objects (see above): sorted only when they
+        // (or a resync) follow, by a stable sort that merges the runs.
+        if !ranges.windows(2).all(|w| w[0].0 <= w[1].0) {
+            ranges.sort_by_key(|r| r.0);
+        }
         g.last_copied.clear();
         g.last_copied
             .extend(ranges.iter().filter(|r| r.2 != usize::MAX).map(|r| r.2));
