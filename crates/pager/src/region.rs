@@ -342,6 +342,12 @@ impl PagedRegion {
     /// budget holds makes faults wait at the cap until pins are dropped. A range outside the
     /// region is clamped to it.
     pub fn pin(&self, off: usize, len: usize) {
+        // A range the program just dropped (MADV_DONTNEED: its REMOVE event read, `on_event`
+        // not yet run) still reads `Resident` here though its pages are gone, and the system
+        // call would then fail with EFAULT on them (sort under `tiermem pager run` reading into
+        // a buffer it had freed and allocated again, ~1 run in 30 with three runs at once): let
+        // the event be handled first, as `resolve` does. One atomic load when none is in flight.
+        tiermem_fault::engine::wait_for_event_dispatch();
         let st = &self.state;
         let (first, end) = page_span(off, len, st.shadow.len());
         for p in first..end {
