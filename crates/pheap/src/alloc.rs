@@ -837,14 +837,7 @@ impl Alloc {
         let Some((size, slot)) = self.size_slot(off) else {
             return Err(Error::InvalidPointer(addr));
         };
-        let name = if self.named.is_empty() {
-            None
-        } else {
-            self.named.remove(&off)
-        };
-        if let Some(n) = &name {
-            self.names.remove(n);
-        }
+        let name = self.take_name(off);
         let obj = Obj { size, slot, name };
         self.nobjs -= 1;
         self.forget_crcs(off, obj.slot);
@@ -859,6 +852,16 @@ impl Alloc {
             self.give_pages(page, obj.slot / PAGE);
         }
         Ok(obj)
+    }
+
+    /// Removes and returns the name of the object at `off`, if it has one (freed or moved).
+    fn take_name(&mut self, off: usize) -> Option<String> {
+        if self.named.is_empty() {
+            return None;
+        }
+        let name = self.named.remove(&off)?;
+        self.names.remove(&name);
+        Some(name)
     }
 
     /// `free` of an offset in a page of superblock `id`: one lookup of the slot, whose entry
@@ -901,14 +904,7 @@ impl Alloc {
                 self.recent[c].push(off);
             }
         }
-        let name = if self.named.is_empty() {
-            None
-        } else {
-            self.named.remove(&off)
-        };
-        if let Some(n) = &name {
-            self.names.remove(n);
-        }
+        let name = self.take_name(off);
         self.nobjs -= 1;
         self.forget_crcs(off, slot);
         Ok(Obj { size, slot, name })
