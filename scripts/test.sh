@@ -15,8 +15,9 @@ start=$(date +%s)
 logf=$(mktemp /tmp/tiermem-test.XXXXXX.log)
 TIERMEM_REQUIRE_CLIENTS=1 cargo test --release --workspace --no-fail-fast 2>&1 | tee "$logf"
 status=${PIPESTATUS[0]}
-passed=$(grep -Eo '[0-9]+ passed' "$logf" | awk '{s+=$1} END {print s+0}')
-failed=$(grep -Eo '[0-9]+ failed' "$logf" | awk '{s+=$1} END {print s+0}')
+# Only libtest's summary lines count (a test's own output, e.g. the tour's "1 failed", does not).
+passed=$(grep -E '^test result' "$logf" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -E '^test result' "$logf" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
   # cargo failed without a failing test: a test target did not build (or a test binary
   # crashed before its summary). Count it, so the closing line cannot read as a pass.
