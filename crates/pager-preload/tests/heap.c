@@ -134,9 +134,9 @@ int main(int argc, char **argv) {
 
     /* A buffer freed and allocated again, read into at once: the free's MADV_DONTNEED returns
      * when its event is read, before the pager has marked the pages dropped, so the read's pin
-     * must wait for that (it took the stale "resident" for good and read(2) failed with EFAULT:
-     * sort under `tiermem pager run`, ~1 run in 30). The window is short: this loop hit it in
-     * 2 of 12 runs with three runs at once, not in a run alone. */
+     * waits for that (without the wait read(2) failed with EFAULT now and then: sort under
+     * `tiermem pager run`, ~1 run in 30). The window is short: this loop hit it in 2 of 12 runs
+     * with three runs at once, not in a run alone. */
     {
         size_t bl = 256 * 1024;
         int rfd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);

@@ -343,10 +343,12 @@ impl PagedRegion {
     /// region is clamped to it.
     pub fn pin(&self, off: usize, len: usize) {
         // A range the program just dropped (MADV_DONTNEED: its REMOVE event read, `on_event`
-        // not yet run) still reads `Resident` here though its pages are gone, and the system
-        // call would then fail with EFAULT on them (sort under `tiermem pager run` reading into
-        // a buffer it had freed and allocated again, ~1 run in 30 with three runs at once): let
-        // the event be handled first, as `resolve` does. One atomic load when none is in flight.
+        // not yet run) can still read `Resident` here though its pages are gone, and the system
+        // call then fails with EFAULT on them: let the event be handled first, as `resolve`
+        // does. One atomic load when none is in flight. (sort under `tiermem pager run`, reading
+        // into a buffer it had freed and allocated again, failed so in ~1 run in 30 with three
+        // runs at once, and never with this wait; an artificial 2 ms delay of the dispatch did
+        // not reproduce it, so the exact interleaving is not pinned down.)
         tiermem_fault::engine::wait_for_event_dispatch();
         let st = &self.state;
         let (first, end) = page_span(off, len, st.shadow.len());
