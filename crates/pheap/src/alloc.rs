@@ -370,8 +370,17 @@ impl Alloc {
         Some(Obj {
             size,
             slot,
-            name: self.named.get(&off).cloned(),
+            name: self.name_of(off),
         })
+    }
+
+    /// The name of the object at `off`, if it has one (no map probe on a heap without names).
+    fn name_of(&self, off: usize) -> Option<String> {
+        if self.named.is_empty() {
+            None
+        } else {
+            self.named.get(&off).cloned()
+        }
     }
 
     /// Number of live objects.
@@ -397,7 +406,7 @@ impl Alloc {
                         Obj {
                             size: sb.size(k),
                             slot: size,
-                            name: self.named.get(&off).cloned(),
+                            name: self.name_of(off),
                         },
                     )
                 })
@@ -408,7 +417,7 @@ impl Alloc {
                 Obj {
                     size,
                     slot,
-                    name: self.named.get(&off).cloned(),
+                    name: self.name_of(off),
                 },
             )
         });
@@ -445,23 +454,15 @@ impl Alloc {
     /// Dirty flags of heap offset `off`: those of the slot or large object starting there,
     /// else its orphaned flags, else none.
     fn flags(&self, off: usize) -> u8 {
-        match self.pages.get(off / PAGE) {
-            Some(Owner::Small(_)) => {
-                if let Some(sb) = self
-                    .sb_at(off)
-                    .and_then(|id| self.sbs[id as usize].as_ref())
-                {
-                    if let Some(k) = sb.slot_at(off) {
-                        return sb.flags(k);
-                    }
-                }
+        if let Some(sb) = self
+            .sb_at(off)
+            .and_then(|id| self.sbs[id as usize].as_ref())
+        {
+            if let Some(k) = sb.slot_at(off) {
+                return sb.flags(k);
             }
-            Some(Owner::Large(_)) => {
-                if let Some(e) = self.large.get(&off) {
-                    return e.2;
-                }
-            }
-            _ => {}
+        } else if let Some(e) = self.large.get(&off) {
+            return e.2;
         }
         self.orphans.get(&off).copied().unwrap_or(0)
     }
@@ -469,23 +470,15 @@ impl Alloc {
     /// Sets the dirty flags of `off` where [`Alloc::flags`] reads them (an offset where no
     /// object can start keeps them as an orphan; 0 drops an orphan).
     fn set_flags(&mut self, off: usize, f: u8) {
-        match self.pages.get(off / PAGE) {
-            Some(Owner::Small(_)) => {
-                let id = self.sb_at(off).unwrap_or(NO_SB);
-                if let Some(sb) = self.sbs.get_mut(id as usize).and_then(|s| s.as_mut()) {
-                    if let Some(k) = sb.slot_at(off) {
-                        sb.set_flags(k, f);
-                        return;
-                    }
-                }
+        let id = self.sb_at(off).unwrap_or(NO_SB);
+        if let Some(sb) = self.sbs.get_mut(id as usize).and_then(|s| s.as_mut()) {
+            if let Some(k) = sb.slot_at(off) {
+                sb.set_flags(k, f);
+                return;
             }
-            Some(Owner::Large(_)) => {
-                if let Some(e) = self.large.get_mut(&off) {
-                    e.2 = f;
-                    return;
-                }
-            }
-            _ => {}
+        } else if let Some(e) = self.large.get_mut(&off) {
+            e.2 = f;
+            return;
         }
         if f == 0 {
             self.orphans.remove(&off);
@@ -570,19 +563,8 @@ impl Alloc {
         let mut out = Vec::with_capacity(offs.len());
         for w in offs {
             let off = w & !1;
-            match self.size_slot(off) {
-                Some((size, slot)) => out.push(MetaRec::Alloc {
-                    off,
-                    obj: Obj {
-                        size,
-                        slot,
-                        name: if self.named.is_empty() {
-                            None
-                        } else {
-                            self.named.get(&off).cloned()
-                        },
-                    },
-                }),
+            match self.get(off) {
+                Some(obj) => out.push(MetaRec::Alloc { off, obj }),
                 None if w & 1 != 0 => out.push(MetaRec::Free { off }),
                 None => {}
             }
