@@ -29,6 +29,8 @@
 use crate::error::{Error, Result};
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU16, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// Page size (x86-64).
 pub const PAGE: usize = 4096;
@@ -117,6 +119,98 @@ const SIZE_MASK: u16 = (1 << SIZE_BITS) - 1;
 /// entries are likely still warm: see `Heap::free`).
 const RECENT: usize = 32;
 
+/// The small objects' slot entries and each superblock-sized region's class, in atomics at
+/// fixed places, so that a thread's allocation cache (`crate::tcache`) can allocate and free a
+/// slot without the heap's lock. Under the lock the allocator reads and writes them with
+/// relaxed loads and stores (plain moves on x86-64).
+///
+/// An entry (`u16`) holds the requested size of the object in its slot (0: no object: the
+/// slot is free, or reserved by a thread's cache) in the low [`SIZE_BITS`] bits and the slot's
+/// dirty flags ([`LISTED`], [`EXISTED`], [`FRESH`]) above them: a call touches one cache line
+/// of metadata for both. Region `r`'s superblock keeps its entries at
+/// `[r * stride, r * stride + nslots)`.
+pub struct SlotTable {
+    /// Per region: 0 without a superblock, else its class + 1.
+    region: Box<[AtomicU8]>,
+    ent: Box<[AtomicU16]>,
+    /// Entries per region: the superblock size / 16 (the most slots a superblock has).
+    stride: usize,
+    /// `log2(superblock size)` when it is a power of two: only then do threads' caches work
+    /// (a region by a shift); else every call takes the heap's lock.
+    pub region_shift: Option<u32>,
+}
+
+impl std::fmt::Debug for SlotTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SlotTable {{ regions: {}, stride: {} }}",
+            self.region.len(),
+            self.stride
+        )
+    }
+}
+
+impl SlotTable {
+    fn new(regions: usize, sb_size: usize) -> SlotTable {
+        let stride = sb_size / GRAIN;
+        // Zeroed by `calloc` (pages untouched until used: a 128 MiB heap's table is 16 MiB of
+        // address space).
+        let ent: Box<[u16]> = vec![0u16; regions * stride].into_boxed_slice();
+        let region: Box<[u8]> = vec![0u8; regions].into_boxed_slice();
+        SlotTable {
+            // SAFETY: AtomicU16 / AtomicU8 have the size, alignment and bit validity of u16 /
+            // u8, so a boxed slice of one is a boxed slice of the other.
+            ent: unsafe { Box::from_raw(Box::into_raw(ent) as *mut [AtomicU16]) },
+            // SAFETY: as above.
+            region: unsafe { Box::from_raw(Box::into_raw(region) as *mut [AtomicU8]) },
+            stride,
+            region_shift: sb_size.is_power_of_two().then(|| sb_size.trailing_zeros()),
+        }
+    }
+
+    /// The class of the superblock holding heap offset `off` (needs `region_shift`), if any.
+    #[inline]
+    pub fn class_at(&self, off: usize, shift: u32) -> Option<usize> {
+        let c = self.region.get(off >> shift)?.load(Relaxed);
+        (c != 0).then(|| c as usize - 1)
+    }
+
+    /// The entry of the slot starting at heap offset `off` of a superblock of class `c`
+    /// ([`SlotTable::class_at`]), if a slot of that class starts there.
+    #[inline]
+    pub fn slot_entry(&self, off: usize, c: usize, shift: u32) -> Option<&AtomicU16> {
+        let in_page = off % PAGE;
+        let q = div_class(in_page, c);
+        if q * CLASSES[c] != in_page {
+            return None;
+        }
+        let r = off >> shift;
+        let page_in_sb = (off - (r << shift)) / PAGE;
+        // Slots per page times pages: below stride (the slots of one superblock).
+        let k = page_in_sb * (PAGE / CLASSES[c]) + q;
+        self.ent.get(r * self.stride + k)
+    }
+}
+
+/// The requested size in a slot entry (0: no object).
+#[inline]
+pub fn entry_size(e: u16) -> usize {
+    (e & SIZE_MASK) as usize
+}
+
+/// The dirty flags in a slot entry.
+#[inline]
+pub fn entry_flags(e: u16) -> u8 {
+    (e >> SIZE_BITS) as u8
+}
+
+/// A slot entry of `size` bytes (0: no object) and flags `f`.
+#[inline]
+pub fn entry(size: usize, f: u8) -> u16 {
+    size as u16 | (u16::from(f) << SIZE_BITS)
+}
+
 /// The slot capacity an object of `size` bytes gets: its class size for at most a page, else
 /// whole pages.
 pub fn slot_for(size: usize) -> usize {
@@ -191,11 +285,12 @@ struct Sb {
     used: Vec<u64>,
     /// No word of `used` below this index has a free slot.
     hint: usize,
-    /// Per slot: the requested size of the object in a used slot (the object table of small
-    /// objects, so that a checkpoint's scan of a page needs no table lookup) in the low
-    /// [`SIZE_BITS`] bits, and the slot's dirty flags ([`LISTED`], [`EXISTED`], [`FRESH`])
-    /// above them. One `u16` per slot, so a call touches one cache line of metadata for both.
-    ent: Vec<u16>,
+    /// The table holding this superblock's slot entries ([`SlotTable`]: the object table of
+    /// small objects, so that a checkpoint's scan of a page needs no table lookup) from index
+    /// `base`. A slot's bit in `used` says it is taken (by an object, or by a thread's cache);
+    /// its entry's size says whether an object is in it.
+    t: Arc<SlotTable>,
+    base: usize,
     nused: usize,
     nslots: usize,
     /// Slots per page (`PAGE / CLASSES[class]`).
@@ -210,28 +305,43 @@ impl Sb {
         (self.first_page + p) * PAGE + (k - p * self.per_page) * CLASSES[self.class]
     }
 
-    /// Requested size of the object in slot `k` (meaningful when the slot is used).
+    fn ent(&self, k: usize) -> &AtomicU16 {
+        &self.t.ent[self.base + k]
+    }
+
+    /// Requested size of the object in slot `k`; 0 when no object is there.
     fn size(&self, k: usize) -> usize {
-        (self.ent[k] & SIZE_MASK) as usize
+        entry_size(self.ent(k).load(Relaxed))
     }
 
     /// Dirty flags of slot `k`.
     fn flags(&self, k: usize) -> u8 {
-        (self.ent[k] >> SIZE_BITS) as u8
+        entry_flags(self.ent(k).load(Relaxed))
     }
 
-    /// Sets the requested size of slot `k` (≤ one page), keeping its flags.
+    /// Sets the requested size of slot `k` (≤ one page; 0: no object), keeping its flags.
     fn set_size(&mut self, k: usize, size: usize) {
-        self.ent[k] = (self.ent[k] & !SIZE_MASK) | size as u16;
+        let e = self.ent(k);
+        e.store((e.load(Relaxed) & !SIZE_MASK) | size as u16, Relaxed);
     }
 
     /// Sets the dirty flags of slot `k`, keeping its size.
     fn set_flags(&mut self, k: usize, f: u8) {
-        self.ent[k] = (self.ent[k] & SIZE_MASK) | (u16::from(f) << SIZE_BITS);
+        let e = self.ent(k);
+        e.store(
+            (e.load(Relaxed) & SIZE_MASK) | (u16::from(f) << SIZE_BITS),
+            Relaxed,
+        );
     }
 
+    /// True when slot `k` is taken (by an object or a thread's cache).
     fn is_used(&self, k: usize) -> bool {
         self.used[k / 64] & (1 << (k % 64)) != 0
+    }
+
+    /// True when an object is in slot `k`.
+    fn is_live(&self, k: usize) -> bool {
+        self.size(k) != 0
     }
 
     /// The slot starting at heap offset `off` (a page of this superblock), if a slot starts
@@ -264,6 +374,8 @@ pub struct Alloc {
     /// small-object lookups' first step, 4 bytes per superblock-sized region, so it stays in
     /// the cache where `pages` (8 bytes a page) does not.
     region_sb: Vec<u32>,
+    /// The slot entries and region classes, shared with the threads' caches.
+    table: Arc<SlotTable>,
     sbs: Vec<Option<Sb>>,
     sb_free_ids: Vec<u32>,
     partial: Vec<Vec<u32>>,
@@ -271,8 +383,9 @@ pub struct Alloc {
     large: FxHashMap<usize, (usize, usize, u8)>,
     /// Names of the named objects by heap offset.
     named: FxHashMap<usize, String>,
-    /// Number of live objects.
-    nobjs: usize,
+    /// Live objects allocated minus freed through the allocator (threads' caches count
+    /// theirs apart: `crate::tcache`), so it may go below zero.
+    nobjs: isize,
     /// Name → heap offset.
     pub names: FxHashMap<String, usize>,
     /// Dirty flags of offsets where no slot or large object starts any more (its superblock
@@ -316,6 +429,10 @@ impl Alloc {
             free_runs,
             pages: vec![Owner::Free; cap_pages],
             region_sb: vec![NO_SB; cap_pages.div_ceil((sb_size / PAGE).max(1))],
+            table: Arc::new(SlotTable::new(
+                cap_pages.div_ceil((sb_size / PAGE).max(1)),
+                sb_size,
+            )),
             sbs: Vec::new(),
             sb_free_ids: Vec::new(),
             partial: vec![Vec::new(); CLASSES.len()],
@@ -337,7 +454,7 @@ impl Alloc {
         let id = self.sb_at(off)?;
         let sb = self.sbs.get(id as usize)?.as_ref()?;
         let k = sb.slot_at(off)?;
-        sb.is_used(k).then_some((id, k))
+        sb.is_live(k).then_some((id, k))
     }
 
     /// The superblock whose pages hold heap offset `off`, if one does.
@@ -383,14 +500,21 @@ impl Alloc {
         }
     }
 
-    /// Number of live objects.
-    pub fn len(&self) -> usize {
+    /// Objects allocated minus freed through this allocator: the live objects when no thread's
+    /// cache has allocated or freed any (`Heap::len` adds theirs).
+    pub fn count(&self) -> isize {
         self.nobjs
     }
 
-    /// True when no object is live.
-    pub fn is_empty(&self) -> bool {
-        self.nobjs == 0
+    /// The slot table shared with the threads' caches.
+    pub fn table(&self) -> &Arc<SlotTable> {
+        &self.table
+    }
+
+    /// True when some live object has a name (a thread's cache then leaves frees to the
+    /// allocator, which drops names).
+    pub fn has_names(&self) -> bool {
+        !self.named.is_empty()
     }
 
     /// Every live object `(offset, object)`, in no particular order.
@@ -398,7 +522,7 @@ impl Alloc {
         let small = self.sbs.iter().flatten().flat_map(move |sb| {
             let size = CLASSES[sb.class];
             (0..sb.nslots)
-                .filter(move |&k| sb.used[k / 64] & (1 << (k % 64)) != 0)
+                .filter(move |&k| sb.is_live(k))
                 .map(move |k| {
                     let off = sb.off_of(k);
                     (
@@ -619,12 +743,18 @@ impl Alloc {
     fn new_sb(&mut self, class: usize, first_page: usize) -> u32 {
         let per_page = PAGE / CLASSES[class];
         let nslots = per_page * self.sb_pages;
+        let region = first_page / self.sb_pages;
+        let base = region * self.table.stride;
+        for e in &self.table.ent[base..base + nslots] {
+            e.store(0, Relaxed);
+        }
         let sb = Sb {
             class,
             first_page,
             used: vec![0; nslots.div_ceil(64)],
             hint: 0,
-            ent: vec![0; nslots],
+            t: self.table.clone(),
+            base,
             nused: 0,
             nslots,
             per_page,
@@ -643,7 +773,8 @@ impl Alloc {
         for p in &mut self.pages[first_page..first_page + self.sb_pages] {
             *p = Owner::Small(id);
         }
-        self.region_sb[first_page / self.sb_pages] = id;
+        self.region_sb[region] = id;
+        self.table.region[region].store(class as u8 + 1, Relaxed);
         self.adopt_orphans(first_page, self.sb_pages);
         id
     }
@@ -662,6 +793,7 @@ impl Alloc {
         }
         self.sb_free_ids.push(id);
         self.region_sb[sb.first_page / self.sb_pages] = NO_SB;
+        self.table.region[sb.first_page / self.sb_pages].store(0, Relaxed);
         self.partial[sb.class].retain(|&x| x != id);
         self.give_pages(sb.first_page, self.sb_pages);
     }
@@ -711,6 +843,13 @@ impl Alloc {
     }
 
     fn alloc_small(&mut self, c: usize, size: usize) -> Result<usize> {
+        let (id, k, off) = self.pick_slot(c, size)?;
+        self.take_slot(id, k, size, off);
+        Ok(off)
+    }
+
+    /// A free slot of class `c`: (superblock, slot, heap offset); `size` is for the error.
+    fn pick_slot(&mut self, c: usize, size: usize) -> Result<(u32, usize, usize)> {
         // A recently freed slot first (LIFO), if its superblock still serves class c.
         while let Some(off) = self.recent[c].pop() {
             let Some(id) = self.sb_at(off) else {
@@ -723,8 +862,7 @@ impl Alloc {
             if sb.class != c || sb.is_used(k) {
                 continue;
             }
-            self.take_slot(id, k, size, off);
-            return Ok(off);
+            return Ok((id, k, off));
         }
         let id = loop {
             match self.partial[c].last().copied() {
@@ -771,9 +909,7 @@ impl Alloc {
         sb.hint = wi;
         let slot = wi * 64 + (!w).trailing_zeros() as usize;
         debug_assert!(slot < sb.nslots);
-        let off = sb.off_of(slot);
-        self.take_slot(id, slot, size, off);
-        Ok(off)
+        Ok((id, slot, sb.off_of(slot)))
     }
 
     /// Marks free slot `k` (at heap offset `off`) of live superblock `id` used by a new object
@@ -781,11 +917,11 @@ impl Alloc {
     /// FRESH)` on the slot's own flags); a superblock that becomes full leaves its class's
     /// partial list.
     fn take_slot(&mut self, id: u32, k: usize, size: usize, off: usize) {
+        self.reserve_slot(id, k);
         // Callers pass a live superblock (checked or just created).
         let Some(sb) = self.sbs[id as usize].as_mut() else {
             return;
         };
-        sb.used[k / 64] |= 1 << (k % 64);
         let f = sb.flags(k);
         let f = if f & LISTED == 0 {
             self.dirty_list.push(off);
@@ -793,7 +929,16 @@ impl Alloc {
         } else {
             f | FRESH
         };
-        sb.ent[k] = size as u16 | (u16::from(f) << SIZE_BITS);
+        sb.ent(k).store(entry(size, f), Relaxed);
+    }
+
+    /// Marks free slot `k` of live superblock `id` taken (its entry unchanged); a superblock
+    /// that becomes full leaves its class's partial list.
+    fn reserve_slot(&mut self, id: u32, k: usize) {
+        let Some(sb) = self.sbs[id as usize].as_mut() else {
+            return;
+        };
+        sb.used[k / 64] |= 1 << (k % 64);
         sb.nused += 1;
         if self.spare[sb.class] == Some(id) {
             self.spare[sb.class] = None;
@@ -852,10 +997,10 @@ impl Alloc {
         let Some(sb) = self.sbs.get_mut(id as usize).and_then(|s| s.as_mut()) else {
             return Err(Error::InvalidPointer(addr));
         };
-        let Some(k) = sb.slot_at(off).filter(|&k| sb.is_used(k)) else {
+        let Some(k) = sb.slot_at(off).filter(|&k| sb.is_live(k)) else {
             return Err(Error::InvalidPointer(addr));
         };
-        let (size, slot, c) = (sb.size(k), CLASSES[sb.class], sb.class);
+        let (size, slot) = (sb.size(k), CLASSES[sb.class]);
         // `touch(off, existed: true, set: 0, clear: FRESH)` on the slot's own flags.
         let f = sb.flags(k);
         if f & LISTED == 0 {
@@ -864,6 +1009,22 @@ impl Alloc {
         } else if f & FRESH != 0 {
             sb.set_flags(k, f & !FRESH);
         }
+        sb.set_size(k, 0);
+        self.release_slot(id, k, off);
+        let name = self.take_name(off);
+        self.nobjs -= 1;
+        self.forget_crcs(off, slot);
+        Ok(Obj { size, slot, name })
+    }
+
+    /// Gives taken slot `k` (at `off`) of live superblock `id`, holding no object, back to its
+    /// superblock (which is released when this leaves it empty, unless it is its class's
+    /// spare or carries flags).
+    fn release_slot(&mut self, id: u32, k: usize, off: usize) {
+        let Some(sb) = self.sbs.get_mut(id as usize).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        let c = sb.class;
         sb.used[k / 64] &= !(1 << (k % 64));
         sb.hint = sb.hint.min(k / 64);
         sb.nused -= 1;
@@ -886,10 +1047,64 @@ impl Alloc {
                 self.recent[c].push(off);
             }
         }
-        let name = self.take_name(off);
-        self.nobjs -= 1;
-        self.forget_crcs(off, slot);
-        Ok(Obj { size, slot, name })
+    }
+
+    /// Takes up to `n` free slots of class `c` for a thread's cache (`crate::tcache`): pushes
+    /// their offsets onto `out`, most recently freed last. Each is listed (its flags say no
+    /// object stood there at the last checkpoint: none stands there now, and none did since
+    /// then, or it would be listed already), so that the cache can hand it out without the
+    /// lock. Stops early when the heap is full.
+    pub fn reserve(&mut self, c: usize, n: usize, out: &mut Vec<usize>) {
+        let start = out.len();
+        for _ in 0..n {
+            let Ok((id, k, off)) = self.pick_slot(c, CLASSES[c]) else {
+                break;
+            };
+            self.reserve_slot(id, k);
+            if let Some(sb) = self.sbs[id as usize].as_mut() {
+                if sb.flags(k) & LISTED == 0 {
+                    sb.set_flags(k, LISTED);
+                    self.dirty_list.push(off);
+                }
+            }
+            out.push(off);
+        }
+        out[start..].reverse();
+    }
+
+    /// Gives a slot taken by [`Alloc::reserve`] and holding no object back to its superblock.
+    pub fn unreserve(&mut self, off: usize) {
+        let Some(id) = self.sb_at(off) else { return };
+        let Some(sb) = self.sbs[id as usize].as_ref() else {
+            return;
+        };
+        if let Some(k) = sb.slot_at(off).filter(|&k| sb.is_used(k) && !sb.is_live(k)) {
+            self.release_slot(id, k, off);
+        }
+    }
+
+    /// Puts an object of `size` bytes (at most the slot) into a slot taken by
+    /// [`Alloc::reserve`] (at `off`), noting the change as `alloc` does.
+    pub fn take_reserved(&mut self, off: usize, size: usize) {
+        let Some((id, k)) = self.sb_at(off).and_then(|id| {
+            let sb = self.sbs[id as usize].as_ref()?;
+            sb.slot_at(off).filter(|&k| sb.is_used(k)).map(|k| (id, k))
+        }) else {
+            return;
+        };
+        let Some(sb) = self.sbs[id as usize].as_mut() else {
+            return;
+        };
+        let f = sb.flags(k);
+        let f = if f & LISTED == 0 {
+            self.dirty_list.push(off);
+            LISTED | FRESH
+        } else {
+            f | FRESH
+        };
+        sb.ent(k)
+            .store(entry(size.clamp(1, CLASSES[sb.class]), f), Relaxed);
+        self.nobjs += 1;
     }
 
     /// Changes the recorded size of the object at `off` in place (`new_size <= slot`); no-op
@@ -980,7 +1195,7 @@ impl Alloc {
                 let base = (page - sb.first_page) * per_page;
                 for k in 0..per_page {
                     let slot = base + k;
-                    if sb.used[slot / 64] & (1 << (slot % 64)) == 0 {
+                    if !sb.is_live(slot) {
                         continue;
                     }
                     let off = page * PAGE + k * size;
@@ -1240,7 +1455,7 @@ mod tests {
         let b = Alloc::rebuild(1 << 20, 64 << 10, table.clone()).unwrap();
         assert_eq!(b.names["x"], x);
         assert_eq!(b.iter().collect::<BTreeMap<_, _>>(), table);
-        assert_eq!(b.len(), 3);
+        assert_eq!(b.count(), 3);
         let mut bad = table;
         bad.insert(
             big + PAGE,

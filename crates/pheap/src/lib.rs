@@ -29,6 +29,7 @@ pub mod error;
 pub mod format;
 mod heap;
 pub mod inspect;
+mod tcache;
 
 pub use error::{Error, Result};
 pub use heap::{CkStats, Heap, HeapOptions};
