@@ -153,7 +153,10 @@ impl std::fmt::Debug for SlotTable {
 
 impl SlotTable {
     fn new(regions: usize, sb_size: usize) -> SlotTable {
-        let stride = sb_size / GRAIN;
+        // One cache line more than the most slots a superblock has: each region's entries
+        // start on another cache set (with a power-of-two stride all regions' first lines
+        // compete for the same few sets of L1 and L2).
+        let stride = sb_size / GRAIN + 32;
         // Zeroed by `calloc` (pages untouched until used: a 128 MiB heap's table is 16 MiB of
         // address space).
         let ent: Box<[u16]> = vec![0u16; regions * stride].into_boxed_slice();
