@@ -811,11 +811,29 @@ impl Heap {
         let Some(off) = self.offset_of(addr) else {
             return Err(Error::InvalidPointer(addr));
         };
+        let _s = safepoint::section(); // as in malloc
+        let size = size.max(1);
+        if let Some((old, c)) = tcache::small_object(&self.shared, off) {
+            if size <= CLASSES[c] {
+                if tcache::resize(&self.shared, off, c, size).is_some() {
+                    return Ok(self.user_ptr(off, CLASSES[c]));
+                }
+            } else {
+                // Through the threads' caches. The bytes are copied between the user views
+                // (the new object is copied whole by the next checkpoint anyway): the
+                // library view's pages would each fault in once more.
+                let new = self.malloc(size, None)?;
+                // SAFETY: `old` live bytes at the old object's user address, `size > old`
+                // bytes at the new one; distinct live objects do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(self.user_ptr(off, CLASSES[c]), new, old) };
+                self.free(ptr)?;
+                return Ok(new);
+            }
+        }
         let mut g = self.lock();
         let Some(obj) = g.alloc.get(off) else {
             return Err(Error::InvalidPointer(addr));
         };
-        let size = size.max(1);
         let fits = size <= obj.slot && (obj.is_large() == (size > PAGE));
         if fits {
             g.alloc.resize_in_place(off, size);
@@ -932,22 +950,39 @@ impl Heap {
         only: Option<usize>,
         t0: std::time::Instant,
     ) -> Result<CkStats> {
-        let mut ranges: Vec<(usize, usize, usize)> = Vec::new();
         let mut pages_written = 0;
-        let mut objs_seen: Vec<(usize, usize, usize)> = Vec::new();
+        // The ranges to copy, (offset, length, object offset or usize::MAX for a PGCK page),
+        // produced in ascending order of offset and merged as they come into disjoint copy
+        // ranges, bridging gaps of up to MERGE_GAP bytes (the slack of slots, a free slot): a
+        // record per object costs more than copying a few hundred bytes more, and one long
+        // copy streams where many short ones each pay a flush. No list of every object's range
+        // is built: a dense checkpoint's quarter million ranges made four passes over 6 MB.
+        let mut merged: Vec<(usize, usize)> = Vec::new();
+        let mut copied = std::mem::take(&mut g.last_copied);
+        copied.clear();
+        let mut add = |merged: &mut Vec<(usize, usize)>, (o, l, obj): (usize, usize, usize)| {
+            if obj != usize::MAX {
+                copied.push(obj);
+            }
+            if l == 0 {
+                return;
+            }
+            match merged.last_mut() {
+                Some((mo, ml)) if o <= *mo + *ml + MERGE_GAP => *ml = (*ml).max(o + l - *mo),
+                _ => merged.push((o, l)),
+            }
+        };
         match only {
             Some(off) => {
                 let Some((size, _)) = g.alloc.size_slot(off) else {
                     return Err(Error::InvalidPointer(off));
                 };
-                ranges.push((off, size, off));
+                add(&mut merged, (off, size, off));
                 g.alloc.unfresh(off);
             }
             None => {
-                // The written pages of every view, then the objects they show in page order
-                // (within a page, view v's part precedes view v+1's), so that `ranges` comes
-                // out ascending: sorting a quarter million objects' ranges cost a dense
-                // checkpoint ~2 ms, sorting the pages costs a sixteenth of that.
+                // The written pages of every view, in page order (within a page, view v's part
+                // precedes view v+1's, so a page's objects come out ascending).
                 let mut written: Vec<(usize, usize)> = Vec::new();
                 for v in 0..g.trackers.len() {
                     g.trackers[v].scan(&mut g.scan_buf)?;
@@ -958,50 +993,60 @@ impl Heap {
                 }
                 written.sort_unstable();
                 pages_written = written.len();
-                for (p, v) in written {
-                    if self.nviews == 1 {
-                        objs_seen.clear();
-                        g.alloc.visible(1, 0, p, &mut objs_seen);
-                        ranges.extend(objs_seen.iter().copied());
-                        ranges.push((p * PAGE, PAGE, usize::MAX));
-                    } else {
-                        g.alloc.visible(self.nviews, v, p, &mut ranges);
-                    }
-                }
-                for off in g.alloc.fresh() {
-                    // Only live objects are fresh (free clears the flag).
-                    if let Some((size, _)) = g.alloc.size_slot(off) {
-                        ranges.push((off, size, off));
-                    }
-                }
+                // Plus every object created or moved since the last checkpoint (only live
+                // objects are fresh: free clears the flag), and after a failed checkpoint every
+                // object: sorted, and fed in between the pages.
+                let mut extra: Vec<(usize, usize, usize)> = g
+                    .alloc
+                    .fresh()
+                    .filter_map(|off| g.alloc.size_slot(off).map(|(size, _)| (off, size, off)))
+                    .collect();
                 if g.resync {
-                    ranges.extend(g.alloc.iter().map(|(off, o)| (off, o.size, off)));
+                    extra.extend(g.alloc.iter().map(|(off, o)| (off, o.size, off)));
+                }
+                if !extra.windows(2).all(|w| w[0].0 <= w[1].0) {
+                    extra.sort_unstable_by_key(|r| r.0);
+                }
+                let mut ei = 0;
+                let mut page: Vec<(usize, usize, usize)> = Vec::new();
+                let mut wi = 0;
+                while wi < written.len() {
+                    let p = written[wi].0;
+                    while ei < extra.len() && extra[ei].0 < p * PAGE {
+                        add(&mut merged, extra[ei]);
+                        ei += 1;
+                    }
+                    page.clear();
+                    if self.nviews == 1 {
+                        page.push((p * PAGE, PAGE, usize::MAX));
+                    }
+                    while wi < written.len() && written[wi].0 == p {
+                        g.alloc.visible(self.nviews, written[wi].1, p, &mut page);
+                        wi += 1;
+                    }
+                    let before = page.len();
+                    while ei < extra.len() && extra[ei].0 < (p + 1) * PAGE {
+                        page.push(extra[ei]);
+                        ei += 1;
+                    }
+                    if page.len() > before {
+                        page.sort_by_key(|r| r.0);
+                    }
+                    for &r in &page {
+                        add(&mut merged, r);
+                    }
+                }
+                for &r in &extra[ei..] {
+                    add(&mut merged, r);
                 }
             }
         }
         let t_scan = std::time::Instant::now();
-        // `ranges` is ascending up to the fresh objects (see above): sorted only when they
-        // (or a resync) follow, by a stable sort that merges the runs.
-        if !ranges.windows(2).all(|w| w[0].0 <= w[1].0) {
-            ranges.sort_by_key(|r| r.0);
-        }
-        g.last_copied.clear();
-        g.last_copied
-            .extend(ranges.iter().filter(|r| r.2 != usize::MAX).map(|r| r.2));
-        // Ascending already (objects do not overlap); the sort only checks that.
-        g.last_copied.sort();
-        g.last_copied.dedup();
-        // Merge into disjoint copy ranges, bridging gaps of up to MERGE_GAP bytes (the slack
-        // of slots, a free slot): a record per object costs more than copying a few hundred
-        // bytes more, and one long copy streams where many short ones each pay a flush.
-        ranges.retain(|r| r.1 > 0);
-        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
-        for &(o, l, _) in &ranges {
-            match merged.last_mut() {
-                Some((mo, ml)) if o <= *mo + *ml + MERGE_GAP => *ml = (*ml).max(o + l - *mo),
-                _ => merged.push((o, l)),
-            }
-        }
+        // Ascending already (the ranges came in order of offset; a large object's parts and an
+        // object both written and fresh repeat next to each other).
+        debug_assert!(copied.windows(2).all(|w| w[0] <= w[1]));
+        copied.dedup();
+        g.last_copied = copied;
         let lib = self.views.bases[0];
         let hdr = g.hdr;
         let pool = &g.pool;

@@ -342,3 +342,38 @@ pub(crate) fn free<G: std::ops::DerefMut<Target = Alloc>>(
         Some(())
     })
 }
+
+/// The requested size and class of the small object starting at heap offset `off`, read
+/// without the lock; `None` when no small object starts there, when caches do not work on
+/// this heap, or when objects have names (the locked path keeps them).
+pub(crate) fn small_object(sh: &Shared, off: usize) -> Option<(usize, usize)> {
+    let shift = sh.shift?;
+    if sh.names.load(Relaxed) {
+        return None;
+    }
+    let c = sh.table.class_at(off, shift)?;
+    let size = entry_size(sh.table.slot_entry(off, c, shift)?.load(Relaxed));
+    (size != 0).then_some((size, c))
+}
+
+/// Changes the requested size of the small object of class `c` at `off` to `size` (at most
+/// the class size) in place, as `Alloc::resize_in_place` does (the object is then copied
+/// whole by the next checkpoint). `None` when the locked path must do it (the slot's first
+/// change since the last checkpoint, a checkpoint running, the object gone).
+pub(crate) fn resize(sh: &Arc<Shared>, off: usize, c: usize, size: usize) -> Option<()> {
+    let shift = sh.shift?;
+    let e = sh.table.slot_entry(off, c, shift)?;
+    with_cache(sh, |cache| {
+        if !enter(sh, &cache.slot) {
+            return None;
+        }
+        let v = e.load(Relaxed);
+        let f = entry_flags(v);
+        let ok = entry_size(v) != 0 && f & LISTED != 0;
+        if ok {
+            e.store(entry(size, f | FRESH), Relaxed);
+        }
+        leave(&cache.slot);
+        ok.then_some(())
+    })
+}
