@@ -104,8 +104,47 @@ static CKPT_CALLS: AtomicU64 = AtomicU64::new(0);
 static NEXT_CKPT_NS: AtomicU64 = AtomicU64::new(u64::MAX);
 static CALLS: AtomicU64 = AtomicU64::new(0);
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static FREES: AtomicU64 = AtomicU64::new(0);
+/// Calls served by the heap, counted per thread: a shared counter's locked add waited for the
+/// stores before it (the program's writes into its objects) to drain, a third of `malloc`'s
+/// and half of `free`'s time in the library under sqlite3.
+#[derive(Default)]
+struct Counts {
+    allocs: AtomicU64,
+    frees: AtomicU64,
+}
+
+impl Counts {
+    /// Adds one to `c` (written by its own thread only: a plain load and store).
+    fn bump(c: &AtomicU64) {
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+}
+
+/// Every thread's counts (kept after the thread exits, for the exit statistics).
+static ALL_COUNTS: Mutex<Vec<std::sync::Arc<Counts>>> = Mutex::new(Vec::new());
+
+thread_local! {
+    static COUNTS: std::sync::Arc<Counts> = {
+        let c = std::sync::Arc::new(Counts::default());
+        lock(&ALL_COUNTS).push(c.clone());
+        c
+    };
+}
+
+/// Counts one call served by the heap on this thread (`alloc`: an allocation, else a free).
+fn count(alloc: bool) {
+    let _ = COUNTS.try_with(|c| Counts::bump(if alloc { &c.allocs } else { &c.frees }));
+}
+
+/// The calls served by the heap so far, over every thread: (allocations, frees).
+fn counts() -> (u64, u64) {
+    lock(&ALL_COUNTS).iter().fold((0, 0), |(a, f), c| {
+        (
+            a + c.allocs.load(Ordering::Relaxed),
+            f + c.frees.load(Ordering::Relaxed),
+        )
+    })
+}
 static FALLBACK: AtomicU64 = AtomicU64::new(0);
 static CHECKPOINTS: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
@@ -516,8 +555,8 @@ extern "C" fn at_exit() {
             t.objects_copied,
             t.pages_written,
             t.nanos,
-            ALLOCS.load(Ordering::Relaxed),
-            FREES.load(Ordering::Relaxed),
+            counts().0,
+            counts().1,
             FALLBACK.load(Ordering::Relaxed),
             tiermem_pheap::CkStats::PHASES
                 .iter()
@@ -804,8 +843,10 @@ fn heap_alloc(size: usize, align: usize) -> *mut c_void {
     };
     if let Some(req) = req {
         match h.malloc(req, None) {
-            Ok(p) if (p as usize) % align.max(1) == 0 => {
-                ALLOCS.fetch_add(1, Ordering::Relaxed);
+            // A mask for the power-of-two alignments (all but memalign's odd ones): the
+            // division took a fifth of this function's time.
+            Ok(p) if aligned(p as usize, align) => {
+                count(true);
                 return p as *mut c_void;
             }
             Ok(p) => {
@@ -823,6 +864,15 @@ fn heap_alloc(size: usize, align: usize) -> *mut c_void {
         } else {
             __libc_memalign(align, size)
         }
+    }
+}
+
+/// True when `addr` is a multiple of `align` (0 counts as 1).
+fn aligned(addr: usize, align: usize) -> bool {
+    if align.is_power_of_two() {
+        addr & (align - 1) == 0
+    } else {
+        addr % align.max(1) == 0
     }
 }
 
@@ -865,7 +915,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     let h = owner_heap();
     let g = Guard::enter();
     if h.free(p as *mut u8).is_ok() {
-        FREES.fetch_add(1, Ordering::Relaxed);
+        count(false);
     } else {
         warn_once(
             &WARNED_BAD_FREE,
