@@ -382,3 +382,27 @@ fn pool_is_send_and_sync_and_shared_between_threads() {
     assert_eq!(b, [2u8; 64]);
     assert_eq!(p.stats().snapshot().writes, 200);
 }
+
+/// `populate_range` maps a range of a sparse tmpfs pool without changing a byte, and is
+/// refused out of range.
+#[test]
+fn populate_range_keeps_contents_and_checks_bounds() {
+    let dir = shm_dir();
+    let pool = Pool::create(
+        dir.path().join("pop"),
+        &PoolOptions::new(1 << 20).reserve_all(false),
+    )
+    .unwrap();
+    pool.write_persist(8192, b"kept").unwrap();
+    pool.reserve(0, pool.data_len()).unwrap();
+    pool.populate_range(100, 300_000).unwrap();
+    let mut b = [0u8; 4];
+    pool.read(8192, &mut b).unwrap();
+    assert_eq!(&b, b"kept");
+    pool.read(200_000, &mut b).unwrap();
+    assert_eq!(b, [0; 4]);
+    pool.populate_range(0, pool.data_len()).unwrap();
+    assert!(pool
+        .populate_range(pool.data_len() as u64 - 10, 11)
+        .is_err());
+}

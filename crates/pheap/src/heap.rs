@@ -229,6 +229,9 @@ impl Reserved {
         if len > *have {
             let end = len.div_ceil(PAGE) * PAGE;
             pool.reserve((area_off + *have) as u64, end - *have)?;
+            // Mapped now, in one call, rather than by a page fault per page as the checkpoint
+            // writes it (sqlite3's checkpoints, growing the image: 28 -> 23 ms).
+            pool.populate_range((area_off + *have) as u64, end - *have)?;
             *have = end;
         }
         Ok(())
@@ -241,6 +244,7 @@ impl Reserved {
         let flush = |run: Option<(usize, usize)>| -> Result<()> {
             if let Some((s, n)) = run {
                 pool.reserve((image_off + s * PAGE) as u64, n * PAGE)?;
+                pool.populate_range((image_off + s * PAGE) as u64, n * PAGE)?; // as in prefix
             }
             Ok(())
         };
