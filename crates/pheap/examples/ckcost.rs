@@ -1,6 +1,6 @@
 //! Where a checkpoint's time goes: a heap of CAP MiB (default 128) filled with N objects of
 //! SIZE bytes, then rounds of "write K objects, checkpoint", printing each phase's median.
-//! `cargo run --release -p tiermem-pheap --example ckcost -- [DIR] [CAP_MIB] [K]`
+//! `cargo run --release -p tiermem-pheap --example ckcost -- [DIR] [CAP_MIB] [K] [VIEWS]`
 use tiermem_pheap::{CkStats, Heap, HeapOptions};
 
 fn main() {
@@ -8,6 +8,7 @@ fn main() {
     let dir = a.get(1).cloned().unwrap_or_else(|| "/dev/shm".into());
     let cap: usize = a.get(2).and_then(|x| x.parse().ok()).unwrap_or(128);
     let k: usize = a.get(3).and_then(|x| x.parse().ok()).unwrap_or(1);
+    let views: usize = a.get(4).and_then(|x| x.parse().ok()).unwrap_or(2);
     let path = std::path::Path::new(&dir).join(format!("ckcost-{}.heap", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let t = std::time::Instant::now();
@@ -15,6 +16,7 @@ fn main() {
         &path,
         &HeapOptions {
             capacity: cap << 20,
+            views,
             ..HeapOptions::default()
         },
     )

@@ -2,7 +2,10 @@
 //!
 //! Everything here works on *heap offsets* (bytes from the start of the heap's memfd), never on
 //! addresses: the views ([`crate::Heap`]) translate. The allocator is plain data guarded by the
-//! heap's lock.
+//! heap's lock, except the small objects' slot entries and the regions' classes
+//! ([`SlotTable`]), which the threads' caches (`crate::tcache`) also read and write without it:
+//! a slot taken by a cache ([`Alloc::reserve`]) is set in its superblock's bitmap with no object
+//! in it (size 0), and the cache alone puts objects into it and takes them out.
 //!
 //! * Pages `[0, capacity/PAGE)` are handed out by a first-fit page-run allocator
 //!   (`free_runs`). A superblock is an aligned run of `sb_pages` pages serving one size class;
@@ -23,8 +26,9 @@
 //!   next object or the next commit. The checkpoint turns the list into the metadata redo
 //!   log ([`Alloc::journal`]): one record per changed offset with its final state, so an
 //!   object created and freed between two checkpoints costs no record.
-//! * Freed slots are handed out again last-in first-out per class (`recent`): the slot a
-//!   program just freed is likely still in its caches, and `Heap::free` prefetches it.
+//! * Freed slots are handed out again last-in first-out per class (`recent`, and the threads'
+//!   caches are stacks): the slot a program just freed is likely still in its caches, and
+//!   `Heap::free` prefetches it.
 
 use crate::error::{Error, Result};
 use rustc_hash::FxHashMap;

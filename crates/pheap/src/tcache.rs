@@ -95,12 +95,14 @@ pub(crate) struct Shared {
 }
 
 /// A thread's state as the checkpoint sees it.
-#[derive(Default)]
 struct ThreadSlot {
     /// The thread is inside a cache operation.
     busy: AtomicBool,
     /// Objects allocated minus freed by this thread's cache (written by its thread only).
     delta: AtomicIsize,
+    /// The thread's id, to tell a thread that no longer exists (a forked child inherits the
+    /// registrations of its parent's other threads, one of which may have been busy).
+    tid: libc::pid_t,
 }
 
 impl ThreadSlot {
@@ -199,13 +201,25 @@ impl Shared {
             // Every other thread either has its `busy` store visible now, or will see `ck`.
             barrier_all();
             for t in others {
+                let mut spins = 0u32;
                 while t.busy.load(Acquire) {
                     std::thread::yield_now();
+                    spins += 1;
+                    // A cache operation takes well under a microsecond unless its thread is
+                    // preempted; after ~a thousand yields, check that the thread still exists.
+                    if spins % 1024 == 0 && !thread_alive(t.tid) {
+                        break;
+                    }
                 }
             }
         }
         Exclusive(self)
     }
+}
+
+/// Whether thread `tid` of this process exists (its `/proc/self/task` entry).
+fn thread_alive(tid: libc::pid_t) -> bool {
+    std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
 }
 
 /// Cache operations are held off while this lives ([`Shared::exclude`]).
@@ -226,7 +240,12 @@ fn with_cache<R>(sh: &Arc<Shared>, f: impl FnOnce(&mut Cache) -> Option<R>) -> O
             let mut c = cell.try_borrow_mut().ok()?;
             if c.as_ref().map_or(true, |c| c.id != sh.id) {
                 *c = None; // gives the old heap's slots back (Drop)
-                let slot = Arc::new(ThreadSlot::default());
+                let slot = Arc::new(ThreadSlot {
+                    busy: AtomicBool::new(false),
+                    delta: AtomicIsize::new(0),
+                    // SAFETY: gettid has no preconditions.
+                    tid: unsafe { libc::gettid() },
+                });
                 sh.threads
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
