@@ -416,6 +416,9 @@ pub struct Alloc {
     /// see [`crate::format::live_in_page`]). A page without an entry has not been checkpointed
     /// since one of its objects changed.
     pub crcs: FxHashMap<usize, (usize, u32)>,
+    /// Bytes covered by one image checksum (`crate::format::crc_unit`): `crcs` is keyed by
+    /// multiples of it. A page unless the heap sets it.
+    pub crc_unit: usize,
 }
 
 impl Alloc {
@@ -453,6 +456,7 @@ impl Alloc {
             spare: vec![None; CLASSES.len()],
             emptied: Vec::new(),
             crcs: FxHashMap::default(),
+            crc_unit: PAGE,
         }
     }
 
@@ -562,8 +566,9 @@ impl Alloc {
         if self.crcs.is_empty() {
             return;
         }
-        let first = off / PAGE * PAGE;
-        for c in (first..off.saturating_add(slot.max(1))).step_by(PAGE) {
+        let unit = self.crc_unit.max(1);
+        let first = off / unit * unit;
+        for c in (first..off.saturating_add(slot.max(1))).step_by(unit) {
             self.crcs.remove(&c);
         }
     }

@@ -20,21 +20,30 @@
 //!   second header write marks the log empty (also when the log is empty, so that after a
 //!   complete checkpoint both header copies describe it). Recovery replays a committed,
 //!   non-empty log.
-//! * **Image checksums**: every page a checkpoint copies into, or whose objects changed, gets a
-//!   `Crc` record in the journal: the CRC-32 of the page's live bytes (its objects' bytes in
-//!   that page, in offset order; see [`live_in_page`]). `open` and `inspect` verify the image
-//!   against them, so a damaged image is refused rather than served. (Version 2 had a record
-//!   per object; a checkpoint of 100 k small objects wrote 1.7 MB of them.)
+//! * **Image checksums**: every *part* a checkpoint copies into, or whose objects changed, gets
+//!   a `Crc` record in the journal: the CRC-32 of the part's live bytes (its objects' bytes in
+//!   that part, in offset order; see [`live_in_part`]). A part is what one user view's page
+//!   tracks: `4096 / views` bytes ([`crc_unit`]; a whole page with one view). `open` and
+//!   `inspect` verify the image against them, so a damaged image is refused rather than served.
+//!   (Version 3 had one per page: a checkpoint that copied the written half of a page had to
+//!   read the other half back from the image to checksum the page. Version 2 had a record per
+//!   object; a checkpoint of 100 k small objects wrote 1.7 MB of them.)
 
 use crate::alloc::{MetaRec, Obj, PAGE};
 use std::collections::BTreeMap;
 
 /// Magic of the heap header.
 pub const HEAP_MAGIC: [u8; 8] = *b"TMPHEAP1";
-/// Format version. 3: the metadata journal carries a CRC-32 of each checkpointed page's live
-/// bytes ([`MetaRec::Crc`]); version 2 (a CRC per object chunk) and 1 heaps are refused
-/// (`VersionMismatch`).
-pub const HEAP_VERSION: u32 = 3;
+/// Format version. 4: the metadata journal carries a CRC-32 of the live bytes of each
+/// checkpointed part of a page ([`MetaRec::Crc`], [`crc_unit`]); version 3 (one per page), 2 (a
+/// CRC per object chunk) and 1 heaps are refused (`VersionMismatch`).
+pub const HEAP_VERSION: u32 = 4;
+
+/// Bytes covered by one image checksum in a heap of `views` user views: the part of a page one
+/// user view tracks (`4096 / views`; a page with one view).
+pub fn crc_unit(views: usize) -> usize {
+    PAGE / views.clamp(1, MAX_VIEWS)
+}
 /// Bytes of a header covered by its CRC (the CRC sits right after them).
 pub const HDR_CRC_AT: usize = 252;
 /// Maximum number of user views.
@@ -217,14 +226,18 @@ pub fn encode_meta(r: &MetaRec, out: &mut Vec<u8>) {
     }
 }
 
-/// Appends to `out` the live byte ranges `(offset, len)` of page `page` in `table`, ascending:
-/// each object's first `size` bytes clipped to the page. The bytes a page checksum covers.
-pub fn live_in_page(table: &BTreeMap<usize, Obj>, page: usize, out: &mut Vec<(usize, usize)>) {
-    // Saturating: `page` may come from a damaged file (a record at the top of the address space).
-    let (ps, pe) = (
-        page.saturating_mul(PAGE),
-        page.saturating_add(1).saturating_mul(PAGE),
-    );
+/// Appends to `out` the live byte ranges `(offset, len)` of the part `[start, start + unit)` in
+/// `table`, ascending: each object's first `size` bytes clipped to the part. The bytes a
+/// checksum covers.
+pub fn live_in_part(
+    table: &BTreeMap<usize, Obj>,
+    start: usize,
+    unit: usize,
+    out: &mut Vec<(usize, usize)>,
+) {
+    // Saturating: `start` may come from a damaged file (a record at the top of the address
+    // space).
+    let (ps, pe) = (start, start.saturating_add(unit));
     let start = out.len();
     for (&o, obj) in table.range(..pe).rev() {
         let end = o.saturating_add(obj.size).min(pe);
@@ -239,10 +252,10 @@ pub fn live_in_page(table: &BTreeMap<usize, Obj>, page: usize, out: &mut Vec<(us
     out[start..].reverse();
 }
 
-/// Drops the page checksums of the pages overlapping `[off, off+slot)`.
-fn forget(crcs: &mut BTreeMap<usize, (usize, u32)>, off: usize, slot: usize) {
+/// Drops the checksums of the parts (of `unit` bytes) overlapping `[off, off+slot)`.
+fn forget(crcs: &mut BTreeMap<usize, (usize, u32)>, off: usize, slot: usize, unit: usize) {
     let keys: Vec<usize> = crcs
-        .range(off / PAGE * PAGE..off.saturating_add(slot.max(1)))
+        .range(off / unit * unit..off.saturating_add(slot.max(1)))
         .map(|(&k, _)| k)
         .collect();
     for k in keys {
@@ -250,13 +263,15 @@ fn forget(crcs: &mut BTreeMap<usize, (usize, u32)>, off: usize, slot: usize) {
     }
 }
 
-/// Applies an encoded journal to `table` (offset → object) and `crcs` (page offset → (live
-/// bytes, CRC-32) of the checkpoint image). `Err` describes the first malformed record,
-/// including a page checksum whose length is not the page's live bytes in the table.
+/// Applies an encoded journal to `table` (offset → object) and `crcs` (part offset → (live
+/// bytes, CRC-32) of the checkpoint image; parts of `unit` bytes, [`crc_unit`]). `Err`
+/// describes the first malformed record, including a checksum whose length is not the part's
+/// live bytes in the table.
 pub fn replay_meta(
     mut b: &[u8],
     table: &mut BTreeMap<usize, Obj>,
     crcs: &mut BTreeMap<usize, (usize, u32)>,
+    unit: usize,
 ) -> Result<(), String> {
     let take = |b: &mut &[u8], n: usize| -> Result<Vec<u8>, String> {
         if b.len() < n {
@@ -285,14 +300,14 @@ pub fn replay_meta(
                     None
                 };
                 if let Some(old) = table.insert(off, Obj { size, slot, name }) {
-                    forget(crcs, off, old.slot);
+                    forget(crcs, off, old.slot, unit);
                 }
-                forget(crcs, off, slot);
+                forget(crcs, off, slot, unit);
             }
             2 => {
                 let off = u64_of(take(&mut b, 8)?);
                 match table.remove(&off) {
-                    Some(old) => forget(crcs, off, old.slot),
+                    Some(old) => forget(crcs, off, old.slot, unit),
                     None => return Err(format!("metadata journal frees unknown object {off:#x}")),
                 }
             }
@@ -301,13 +316,13 @@ pub fn replay_meta(
                 let len = u32_of(take(&mut b, 4)?) as usize;
                 let crc = u32_of(take(&mut b, 4)?);
                 let mut live = Vec::new();
-                if off % PAGE == 0 {
-                    live_in_page(table, off / PAGE, &mut live);
+                if off % unit == 0 {
+                    live_in_part(table, off, unit, &mut live);
                 }
                 let have: usize = live.iter().map(|r| r.1).sum();
                 if live.is_empty() || have != len {
                     return Err(format!(
-                        "metadata journal: checksum record of page {off:#x} ({len} bytes) does not match the live objects there ({have} bytes)"
+                        "metadata journal: checksum record at {off:#x} ({len} bytes) does not match the live objects there ({have} bytes)"
                     ));
                 }
                 crcs.insert(off, (len, crc));
@@ -401,22 +416,55 @@ mod tests {
         );
         let mut t = BTreeMap::new();
         let mut c = BTreeMap::new();
-        replay_meta(&out, &mut t, &mut c).unwrap();
+        replay_meta(&out, &mut t, &mut c, PAGE).unwrap();
         assert_eq!(t.len(), 1);
         assert_eq!(t[&32], obj);
         assert_eq!(c[&0], (10, 7));
-        assert!(replay_meta(&out[..out.len() - 1], &mut BTreeMap::new(), &mut c).is_err());
+        assert!(replay_meta(&out[..out.len() - 1], &mut BTreeMap::new(), &mut c, PAGE).is_err());
         // A checksum that does not match the page's live bytes, or of a page without objects,
         // or not at a page boundary, is refused.
         for (off, len) in [(0, 11), (PAGE, 10), (32, 10)] {
             let mut bad = Vec::new();
             encode_meta(&MetaRec::Crc { off, len, crc: 7 }, &mut bad);
-            assert!(replay_meta(&bad, &mut t, &mut c).is_err(), "{off} {len}");
+            assert!(
+                replay_meta(&bad, &mut t, &mut c, PAGE).is_err(),
+                "{off} {len}"
+            );
         }
         // Freeing the object drops its page's checksum.
         let mut free = Vec::new();
         encode_meta(&MetaRec::Free { off: 32 }, &mut free);
-        replay_meta(&free, &mut t, &mut c).unwrap();
+        replay_meta(&free, &mut t, &mut c, PAGE).unwrap();
         assert!(c.is_empty());
+        // With two views a record covers half a page: the object at 2048 + 16 is in the part
+        // at 2048, not in the one at 0.
+        let mut two = Vec::new();
+        let o = Obj {
+            size: 20,
+            slot: 32,
+            name: None,
+        };
+        encode_meta(&MetaRec::Alloc { off: 2064, obj: o }, &mut two);
+        encode_meta(
+            &MetaRec::Crc {
+                off: 2048,
+                len: 20,
+                crc: 1,
+            },
+            &mut two,
+        );
+        let (mut t2, mut c2) = (BTreeMap::new(), BTreeMap::new());
+        replay_meta(&two, &mut t2, &mut c2, crc_unit(2)).unwrap();
+        assert_eq!(c2[&2048], (20, 1));
+        let mut bad = Vec::new();
+        encode_meta(
+            &MetaRec::Crc {
+                off: 0,
+                len: 20,
+                crc: 1,
+            },
+            &mut bad,
+        );
+        assert!(replay_meta(&bad, &mut t2, &mut c2, crc_unit(2)).is_err());
     }
 }

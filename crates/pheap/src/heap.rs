@@ -476,7 +476,8 @@ impl Heap {
         }
         hdr.seq -= 1;
         let trackers = Self::track(&bases[1..], cap, opts.force_mprotect)?;
-        let alloc = Alloc::new(cap, opts.sb_size);
+        let mut alloc = Alloc::new(cap, opts.sb_size);
+        alloc.crc_unit = format::crc_unit(opts.views);
         Ok(Heap {
             shared: Shared::new(&alloc),
             inner: Mutex::new(Inner {
@@ -623,9 +624,11 @@ impl Heap {
         }
         let mut table = std::collections::BTreeMap::new();
         let mut crcs = std::collections::BTreeMap::new();
-        format::replay_meta(&journal, &mut table, &mut crcs).map_err(corrupt)?;
+        let unit = format::crc_unit(hdr.views as usize);
+        format::replay_meta(&journal, &mut table, &mut crcs, unit).map_err(corrupt)?;
         let mut alloc = Alloc::rebuild(cap, hdr.sb_size as usize, table).map_err(corrupt)?;
         alloc.crcs = crcs.into_iter().collect();
+        alloc.crc_unit = unit;
         let nviews = hdr.views as usize;
         let mut bases = vec![hdr.lib_base as usize];
         bases.extend(hdr.view_base[..nviews].iter().map(|&b| b as usize));
@@ -647,6 +650,7 @@ impl Heap {
         for (&c, &(len, crc)) in &alloc.crcs {
             live.clear();
             alloc.visible(1, 0, c / PAGE, &mut live);
+            clip(&mut live, c, c + unit);
             let mut h = crc32fast::Hasher::new();
             for &(o, l, _) in &live {
                 // SAFETY: `visible` returns parts of live objects, which `rebuild` checked lie
@@ -657,7 +661,7 @@ impl Heap {
             if have != len || h.finalize() != crc {
                 let o = live.first().map_or(c, |r| r.2);
                 return Err(corrupt(format!(
-                    "checkpoint image damaged: the {len} live bytes of page {c:#x} (objects from {o:#x}) fail their checksum"
+                    "checkpoint image damaged: the {len} live bytes at {c:#x} (objects from {o:#x}) fail their checksum"
                 )));
             }
         }
@@ -1113,21 +1117,27 @@ impl Heap {
         // is flushed: a stage load ends only where a new page starts, so a page's pieces are in
         // one load.
         let journal = g.alloc.journal();
-        // The pages, ascending and once each, from two runs merged: the merged ranges' pages
+        // The checksum parts (`format::crc_unit` bytes: what one user view's page tracks), by
+        // index, ascending and once each, from two runs merged: the merged ranges' parts
         // (ascending), and the journal's (sorted by offset, so ascending too unless a `Free`
         // of an orphaned offset lies under a large object placed since: then sorted). The
         // work stays proportional to what changed; a sort of every entry cost a checkpoint
-        // of 200 k freed objects 4 ms.
+        // of 200 k freed objects 4 ms. A `Free` record carries no slot size: every part of its
+        // page (a small object never leaves its page; a large one leaves no live bytes in its
+        // other pages).
+        let unit = g.alloc.crc_unit;
         let from_ranges = merged
             .iter()
-            .flat_map(|&(o, l)| o / PAGE..(o + l).div_ceil(PAGE));
+            .flat_map(|&(o, l)| o / unit..(o + l).div_ceil(unit));
         let mut from_journal: Vec<usize> = journal
             .iter()
             .flat_map(|r| match r {
                 crate::alloc::MetaRec::Alloc { off, obj } => {
-                    off / PAGE..(off + obj.slot.max(1)).div_ceil(PAGE)
+                    off / unit..(off + obj.slot.max(1)).div_ceil(unit)
                 }
-                crate::alloc::MetaRec::Free { off } => off / PAGE..off / PAGE + 1,
+                crate::alloc::MetaRec::Free { off } => {
+                    off / PAGE * PAGE / unit..(off / PAGE + 1) * PAGE / unit
+                }
                 crate::alloc::MetaRec::Crc { .. } => 0..0,
             })
             .collect();
@@ -1155,8 +1165,11 @@ impl Heap {
         // One page's live bytes in order: (start, end, where they start in the stage, or None:
         // from the image).
         let mut segs: Vec<(usize, usize, Option<usize>)> = Vec::new();
-        // Checksums the pages in crc_pages[next_crc..] below page `upto` (exclusive); `load`:
-        // the pieces in the stage and where each one's bytes start in it.
+        // The live ranges of the page of the last part checksummed (its other parts need them
+        // too).
+        let mut page_live: (usize, Vec<(usize, usize, usize)>) = (usize::MAX, Vec::new());
+        // Checksums the parts in crc_pages[next_crc..] below heap offset `upto` (exclusive);
+        // `load`: the pieces in the stage and where each one's bytes start in it.
         let mut page_crcs = |upto: usize,
                              stage: &[u8],
                              load: &[(usize, usize, usize, bool)],
@@ -1164,20 +1177,27 @@ impl Heap {
                              new_crcs: &mut Vec<(usize, usize, Option<u32>)>|
          -> Result<()> {
             let mut pj = 0usize;
-            while let Some(&p) = crc_pages.get(*next_crc) {
-                if p >= upto {
+            while let Some(&u) = crc_pages.get(*next_crc) {
+                let start = u * unit;
+                if start >= upto {
                     break;
                 }
                 *next_crc += 1;
+                if page_live.0 != start / PAGE {
+                    page_live.0 = start / PAGE;
+                    page_live.1.clear();
+                    g.alloc.visible(1, 0, start / PAGE, &mut page_live.1);
+                }
                 live.clear();
-                g.alloc.visible(1, 0, p, &mut live);
+                live.extend_from_slice(&page_live.1);
+                clip(&mut live, start, start + unit);
                 if live.is_empty() {
-                    new_crcs.push((p * PAGE, 0, None));
+                    new_crcs.push((start, 0, None));
                     continue;
                 }
                 let mut h = crc32fast::Hasher::new();
                 let total: usize = live.iter().map(|r| r.1).sum();
-                while pj < load.len() && load[pj].0 + load[pj].1 <= p * PAGE {
+                while pj < load.len() && load[pj].0 + load[pj].1 <= start {
                     pj += 1;
                 }
                 // Adjacent objects (no slack between them) are one run of bytes: one update.
@@ -1233,7 +1253,7 @@ impl Heap {
                         None => h.update(&img_buf[at - base..e - base]),
                     }
                 }
-                new_crcs.push((p * PAGE, total, Some(h.finalize())));
+                new_crcs.push((start, total, Some(h.finalize())));
             }
             Ok(())
         };
@@ -1287,7 +1307,7 @@ impl Heap {
                     &mut load,
                     &mut written,
                     &mut crc,
-                    o / PAGE,
+                    o / PAGE * PAGE,
                     &mut next_crc,
                     &mut new_crcs,
                 )?;
@@ -1514,6 +1534,16 @@ impl Heap {
     pub fn close(self) -> Result<CkStats> {
         self.ckall()
     }
+}
+
+/// Keeps the parts of the ranges `(offset, len, object)` of `live` that lie in `[s, e)`, clipped
+/// to it (a page's live bytes → one checksum part's).
+fn clip(live: &mut Vec<(usize, usize, usize)>, s: usize, e: usize) {
+    live.retain_mut(|r| {
+        let (a, b) = (r.0.max(s), (r.0 + r.1).min(e));
+        *r = (a, b.saturating_sub(a), r.2);
+        a < b
+    });
 }
 
 /// Test hook: when `TIERMEM_PHEAP_FAIL_AT` names this point, the process aborts here

@@ -294,7 +294,8 @@ fn inspect_impl(path: &Path, data: bool) -> std::result::Result<Report, String> 
     }
     let mut table = BTreeMap::new();
     let mut crcs = BTreeMap::new();
-    if let Err(e) = format::replay_meta(&journal, &mut table, &mut crcs) {
+    let unit = format::crc_unit(hdr.views as usize);
+    if let Err(e) = format::replay_meta(&journal, &mut table, &mut crcs, unit) {
         r.problems.push(e);
         return Ok(r);
     }
@@ -326,7 +327,7 @@ fn inspect_impl(path: &Path, data: bool) -> std::result::Result<Report, String> 
         let mut live = Vec::new();
         for (&c, &(len, crc)) in &crcs {
             live.clear();
-            format::live_in_page(&r.objects, c / PAGE, &mut live);
+            format::live_in_part(&r.objects, c, unit, &mut live);
             let mut h = crc32fast::Hasher::new();
             for &(lo, ll) in &live {
                 buf.resize(ll, 0);
@@ -349,14 +350,14 @@ fn inspect_impl(path: &Path, data: bool) -> std::result::Result<Report, String> 
                 if bad <= 10 {
                     let o = live.first().map_or(c, |r| r.0);
                     r.problems.push(format!(
-                        "checkpoint image damaged: the {len} live bytes of page {c:#x} (objects from {o:#x}) fail their checksum"
+                        "checkpoint image damaged: the {len} live bytes at {c:#x} (objects from {o:#x}) fail their checksum"
                     ));
                 }
             }
         }
         if bad > 10 {
             r.problems
-                .push(format!("... {} more damaged pages", bad - 10));
+                .push(format!("... {} more damaged parts", bad - 10));
         }
         r.data_checked = true;
     }
