@@ -262,14 +262,15 @@ pub enum MetaRec {
         /// Heap offset.
         off: usize,
     },
-    /// The live bytes of the checkpoint image's page at `off` (its objects' bytes in that
-    /// page, in offset order: [`crate::format::live_in_page`]) are `len` bytes with CRC-32
-    /// `crc`. Follows the table records of the same checkpoint (an `Alloc` or `Free` record
-    /// drops the checksums of the pages of the object's slot).
+    /// The live bytes of the checkpoint image's part at `off` (`crate::format::crc_unit`
+    /// bytes: its objects' bytes in that part, in offset order:
+    /// [`crate::format::live_in_part`]) are `len` bytes with CRC-32 `crc`. Follows the table
+    /// records of the same checkpoint (an `Alloc` or `Free` record drops the checksums of the
+    /// parts of the object's slot).
     Crc {
-        /// Heap offset of the page.
+        /// Heap offset of the part.
         off: usize,
-        /// Live bytes in the page.
+        /// Live bytes in the part.
         len: usize,
         /// CRC-32 of those bytes as they are in the image.
         crc: u32,
@@ -412,8 +413,8 @@ pub struct Alloc {
     /// Superblocks that became empty while some of their slots had dirty flags: released at
     /// the next commit if still empty.
     emptied: Vec<u32>,
-    /// Committed checksums of the checkpoint image: page offset → (live bytes, CRC-32 of them;
-    /// see [`crate::format::live_in_page`]). A page without an entry has not been checkpointed
+    /// Committed checksums of the checkpoint image: part offset → (live bytes, CRC-32 of them;
+    /// see [`crate::format::live_in_part`]). A part without an entry has not been checkpointed
     /// since one of its objects changed.
     pub crcs: FxHashMap<usize, (usize, u32)>,
     /// Bytes covered by one image checksum (`crate::format::crc_unit`): `crcs` is keyed by

@@ -199,6 +199,38 @@ pub fn legacy_meta_size(capacity: usize) -> usize {
     (capacity / 4 + (1 << 20)).div_ceil(PAGE) * PAGE
 }
 
+/// Appends the encodings of the part checksums `(offset, live bytes, CRC-32)` (ascending by
+/// offset, offsets multiples of `unit`) to `out`: each run of consecutive parts as one record
+/// (tag 5: first offset, count, then per part its live bytes as a `u16` and its CRC: 6 bytes a
+/// part where a `Crc` record takes 17; a dense checkpoint of 64 MiB has 32 k parts).
+pub fn encode_crcs(
+    crcs: impl IntoIterator<Item = (usize, usize, u32)>,
+    unit: usize,
+    out: &mut Vec<u8>,
+) {
+    let mut run: Option<(usize, usize, usize)> = None; // (first offset, count, count's position)
+    for (off, len, crc) in crcs {
+        match &mut run {
+            Some((first, n, _)) if *first + *n * unit == off && *n < u32::MAX as usize => *n += 1,
+            r => {
+                if let Some((_, n, at)) = r.take() {
+                    out[at..at + 4].copy_from_slice(&(n as u32).to_le_bytes());
+                }
+                out.push(5);
+                out.extend_from_slice(&(off as u64).to_le_bytes());
+                *r = Some((off, 1, out.len()));
+                out.extend_from_slice(&[0; 4]);
+            }
+        }
+        // A part's live bytes are at most `unit` ≤ 4096.
+        out.extend_from_slice(&(len as u16).to_le_bytes());
+        out.extend_from_slice(&crc.to_le_bytes());
+    }
+    if let Some((_, n, at)) = run {
+        out[at..at + 4].copy_from_slice(&(n as u32).to_le_bytes());
+    }
+}
+
 /// Appends the encoding of `r` to `out`.
 pub fn encode_meta(r: &MetaRec, out: &mut Vec<u8>) {
     match r {
@@ -315,21 +347,53 @@ pub fn replay_meta(
                 let off = u64_of(take(&mut b, 8)?);
                 let len = u32_of(take(&mut b, 4)?) as usize;
                 let crc = u32_of(take(&mut b, 4)?);
-                let mut live = Vec::new();
-                if off % unit == 0 {
-                    live_in_part(table, off, unit, &mut live);
-                }
-                let have: usize = live.iter().map(|r| r.1).sum();
-                if live.is_empty() || have != len {
+                add_crc(table, crcs, unit, off, len, crc)?;
+            }
+            5 => {
+                let off = u64_of(take(&mut b, 8)?);
+                let n = u32_of(take(&mut b, 4)?) as usize;
+                if n == 0 || n > b.len() / 6 {
                     return Err(format!(
-                        "metadata journal: checksum record at {off:#x} ({len} bytes) does not match the live objects there ({have} bytes)"
+                        "metadata journal: checksum run at {off:#x} of {n} parts does not fit the journal"
                     ));
                 }
-                crcs.insert(off, (len, crc));
+                for i in 0..n {
+                    let len =
+                        u16::from_le_bytes(take(&mut b, 2)?.try_into().unwrap_or([0; 2])) as usize;
+                    let crc = u32_of(take(&mut b, 4)?);
+                    let at = off
+                        .checked_add(i.saturating_mul(unit))
+                        .ok_or("metadata journal: checksum run beyond the address space")?;
+                    add_crc(table, crcs, unit, at, len, crc)?;
+                }
             }
             t => return Err(format!("metadata journal: unknown record tag {t}")),
         }
     }
+    Ok(())
+}
+
+/// Records the checksum of the part at `off` after checking it against the table: the part
+/// must be one (a multiple of `unit`) holding live bytes, `len` of them.
+fn add_crc(
+    table: &BTreeMap<usize, Obj>,
+    crcs: &mut BTreeMap<usize, (usize, u32)>,
+    unit: usize,
+    off: usize,
+    len: usize,
+    crc: u32,
+) -> Result<(), String> {
+    let mut live = Vec::new();
+    if off % unit == 0 {
+        live_in_part(table, off, unit, &mut live);
+    }
+    let have: usize = live.iter().map(|r| r.1).sum();
+    if live.is_empty() || have != len {
+        return Err(format!(
+            "metadata journal: checksum record at {off:#x} ({len} bytes) does not match the live objects there ({have} bytes)"
+        ));
+    }
+    crcs.insert(off, (len, crc));
     Ok(())
 }
 
@@ -466,5 +530,37 @@ mod tests {
             &mut bad,
         );
         assert!(replay_meta(&bad, &mut t2, &mut c2, crc_unit(2)).is_err());
+        // Runs of consecutive parts: one record each; every part checked as a `Crc` record.
+        let mut t3 = BTreeMap::new();
+        for off in [0usize, 2048, 4096, 3 * 4096] {
+            t3.insert(
+                off,
+                Obj {
+                    size: 100,
+                    slot: 128,
+                    name: None,
+                },
+            );
+        }
+        let parts = [
+            (0, 100, 1),
+            (2048, 100, 2),
+            (4096, 100, 3),
+            (3 * 4096, 100, 4),
+        ];
+        let mut runs = Vec::new();
+        encode_crcs(parts, 2048, &mut runs);
+        assert_eq!(runs.len(), 2 * 13 + 4 * 6, "two runs: 0..=4096 and 12288");
+        let mut c3 = BTreeMap::new();
+        replay_meta(&runs, &mut t3, &mut c3, 2048).unwrap();
+        assert_eq!(c3.len(), 4);
+        assert_eq!(c3[&4096], (100, 3));
+        let mut wrong = Vec::new();
+        encode_crcs([(0, 100, 1), (2048, 99, 2)], 2048, &mut wrong);
+        assert!(replay_meta(&wrong, &mut t3, &mut BTreeMap::new(), 2048).is_err());
+        // A count beyond the journal is refused before anything is read.
+        let mut huge = runs[..13].to_vec();
+        huge[9..13].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(replay_meta(&huge, &mut t3, &mut BTreeMap::new(), 2048).is_err());
     }
 }

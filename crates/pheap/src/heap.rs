@@ -1189,8 +1189,12 @@ impl Heap {
                     g.alloc.visible(1, 0, start / PAGE, &mut page_live.1);
                 }
                 live.clear();
-                live.extend_from_slice(&page_live.1);
-                clip(&mut live, start, start + unit);
+                for &(o, l, x) in &page_live.1 {
+                    let (a, e) = (o.max(start), (o + l).min(start + unit));
+                    if a < e {
+                        live.push((a, e - a, x));
+                    }
+                }
                 if live.is_empty() {
                     new_crcs.push((start, 0, None));
                     continue;
@@ -1342,11 +1346,13 @@ impl Heap {
         for r in &journal {
             encode_meta(r, &mut mbuf);
         }
-        for &(off, len, sum) in &new_crcs {
-            if let Some(crc) = sum {
-                encode_meta(&crate::alloc::MetaRec::Crc { off, len, crc }, &mut mbuf);
-            }
-        }
+        format::encode_crcs(
+            new_crcs
+                .iter()
+                .filter_map(|&(off, len, sum)| sum.map(|crc| (off, len, crc))),
+            unit,
+            &mut mbuf,
+        );
         let mut nh = hdr;
         let mut hasher;
         if hdr.meta_len as usize + mbuf.len() <= hdr.meta_size as usize {
@@ -1376,9 +1382,11 @@ impl Heap {
             }
             let mut all: Vec<(usize, (usize, u32))> = all.into_iter().collect();
             all.sort_unstable_by_key(|e| e.0);
-            for (off, (len, crc)) in all {
-                encode_meta(&crate::alloc::MetaRec::Crc { off, len, crc }, &mut mbuf);
-            }
+            format::encode_crcs(
+                all.into_iter().map(|(off, (len, crc))| (off, len, crc)),
+                unit,
+                &mut mbuf,
+            );
             if mbuf.len() > hdr.meta_size as usize {
                 return Err(Error::MetadataFull {
                     needed: mbuf.len(),
