@@ -416,10 +416,75 @@ pub struct Alloc {
     /// Committed checksums of the checkpoint image: part offset → (live bytes, CRC-32 of them;
     /// see [`crate::format::live_in_part`]). A part without an entry has not been checkpointed
     /// since one of its objects changed.
-    pub crcs: FxHashMap<usize, (usize, u32)>,
-    /// Bytes covered by one image checksum (`crate::format::crc_unit`): `crcs` is keyed by
-    /// multiples of it. A page unless the heap sets it.
-    pub crc_unit: usize,
+    pub crcs: PartCrcs,
+}
+
+/// The committed checksums of the checkpoint image's parts (`crate::format::crc_unit` bytes
+/// each): one slot per part of the heap, so that a checkpoint's tens of thousands of updates
+/// are stores, not hash-map inserts (1 % of a dense checkpoint's time).
+#[derive(Debug, Clone)]
+pub struct PartCrcs {
+    unit: usize,
+    /// Per part: (live bytes, CRC-32); 0 live bytes: no checksum.
+    v: Vec<(u32, u32)>,
+    n: usize,
+}
+
+impl PartCrcs {
+    /// No checksums, for a heap of `capacity` bytes in parts of `unit` bytes.
+    pub fn new(capacity: usize, unit: usize) -> PartCrcs {
+        let unit = unit.max(1);
+        PartCrcs {
+            unit,
+            v: vec![(0, 0); capacity.div_ceil(unit)],
+            n: 0,
+        }
+    }
+
+    /// Bytes per part.
+    pub fn unit(&self) -> usize {
+        self.unit
+    }
+
+    /// Sets the checksum of the part at `off` (a multiple of the unit below the capacity) to
+    /// `len` live bytes (≥ 1) with CRC `crc`; `false` (nothing set) for any other offset.
+    pub fn insert(&mut self, off: usize, (len, crc): (usize, u32)) -> bool {
+        match self.v.get_mut(off / self.unit) {
+            Some(e) if off % self.unit == 0 && len > 0 && len <= u32::MAX as usize => {
+                if e.0 == 0 {
+                    self.n += 1;
+                }
+                *e = (len as u32, crc);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Drops the checksum of the part at `off`, if it has one.
+    pub fn remove(&mut self, off: usize) {
+        if let Some(e) = self.v.get_mut(off / self.unit) {
+            if off % self.unit == 0 && e.0 != 0 {
+                *e = (0, 0);
+                self.n -= 1;
+            }
+        }
+    }
+
+    /// True when no part has a checksum.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Every checksum `(part offset, (live bytes, CRC))`, ascending by offset.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, (usize, u32))> + '_ {
+        let u = self.unit;
+        self.v
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.0 != 0)
+            .map(move |(i, e)| (i * u, (e.0 as usize, e.1)))
+    }
 }
 
 impl Alloc {
@@ -456,8 +521,7 @@ impl Alloc {
             recent: vec![Vec::new(); CLASSES.len()],
             spare: vec![None; CLASSES.len()],
             emptied: Vec::new(),
-            crcs: FxHashMap::default(),
-            crc_unit: PAGE,
+            crcs: PartCrcs::new(cap_pages * PAGE, PAGE),
         }
     }
 
@@ -567,10 +631,10 @@ impl Alloc {
         if self.crcs.is_empty() {
             return;
         }
-        let unit = self.crc_unit.max(1);
+        let unit = self.crcs.unit();
         let first = off / unit * unit;
         for c in (first..off.saturating_add(slot.max(1))).step_by(unit) {
-            self.crcs.remove(&c);
+            self.crcs.remove(c);
         }
     }
 

@@ -477,7 +477,7 @@ impl Heap {
         hdr.seq -= 1;
         let trackers = Self::track(&bases[1..], cap, opts.force_mprotect)?;
         let mut alloc = Alloc::new(cap, opts.sb_size);
-        alloc.crc_unit = format::crc_unit(opts.views);
+        alloc.crcs = crate::alloc::PartCrcs::new(cap, format::crc_unit(opts.views));
         Ok(Heap {
             shared: Shared::new(&alloc),
             inner: Mutex::new(Inner {
@@ -627,8 +627,14 @@ impl Heap {
         let unit = format::crc_unit(hdr.views as usize);
         format::replay_meta(&journal, &mut table, &mut crcs, unit).map_err(corrupt)?;
         let mut alloc = Alloc::rebuild(cap, hdr.sb_size as usize, table).map_err(corrupt)?;
-        alloc.crcs = crcs.into_iter().collect();
-        alloc.crc_unit = unit;
+        alloc.crcs = crate::alloc::PartCrcs::new(cap, unit);
+        for (off, e) in crcs {
+            if !alloc.crcs.insert(off, e) {
+                return Err(corrupt(format!(
+                    "image checksum of a part outside the heap: {off:#x}"
+                )));
+            }
+        }
         let nviews = hdr.views as usize;
         let mut bases = vec![hdr.lib_base as usize];
         bases.extend(hdr.view_base[..nviews].iter().map(|&b| b as usize));
@@ -647,7 +653,7 @@ impl Heap {
         }
         // Verify the restored objects against the image checksums of the journal.
         let mut live = Vec::new();
-        for (&c, &(len, crc)) in &alloc.crcs {
+        for (c, (len, crc)) in alloc.crcs.iter() {
             live.clear();
             alloc.visible(1, 0, c / PAGE, &mut live);
             clip(&mut live, c, c + unit);
@@ -1125,7 +1131,7 @@ impl Heap {
         // of 200 k freed objects 4 ms. A `Free` record carries no slot size: every part of its
         // page (a small object never leaves its page; a large one leaves no live bytes in its
         // other pages).
-        let unit = g.alloc.crc_unit;
+        let unit = g.alloc.crcs.unit();
         let from_ranges = merged
             .iter()
             .flat_map(|&(o, l)| o / unit..(o + l).div_ceil(unit));
@@ -1376,14 +1382,14 @@ impl Heap {
             let mut all = g.alloc.crcs.clone();
             for &(off, len, sum) in &new_crcs {
                 match sum {
-                    Some(crc) => all.insert(off, (len, crc)),
-                    None => all.remove(&off),
+                    Some(crc) => {
+                        all.insert(off, (len, crc));
+                    }
+                    None => all.remove(off),
                 };
             }
-            let mut all: Vec<(usize, (usize, u32))> = all.into_iter().collect();
-            all.sort_unstable_by_key(|e| e.0);
             format::encode_crcs(
-                all.into_iter().map(|(off, (len, crc))| (off, len, crc)),
+                all.iter().map(|(off, (len, crc))| (off, len, crc)),
                 unit,
                 &mut mbuf,
             );
@@ -1446,8 +1452,10 @@ impl Heap {
         g.hdr = nh;
         for &(off, len, sum) in &new_crcs {
             match sum {
-                Some(crc) => g.alloc.crcs.insert(off, (len, crc)),
-                None => g.alloc.crcs.remove(&off),
+                Some(crc) => {
+                    g.alloc.crcs.insert(off, (len, crc));
+                }
+                None => g.alloc.crcs.remove(off),
             };
         }
         g.meta_hasher = hasher;
