@@ -1270,17 +1270,28 @@ impl Alloc {
                 let size = CLASSES[sb.class];
                 let per_page = PAGE / size;
                 let base = (page - sb.first_page) * per_page;
-                for k in 0..per_page {
-                    let slot = base + k;
-                    if !sb.is_live(slot) {
-                        continue;
-                    }
+                // The slots whose first byte lies in the view's part of the page (`view_of`),
+                // without testing every slot of the page.
+                let exact = views.is_power_of_two();
+                let (lo, hi) = if views <= 1 || !exact {
+                    (0, per_page)
+                } else {
+                    let part = PAGE / views;
+                    (
+                        (view * part).div_ceil(size),
+                        ((view + 1) * part).div_ceil(size).min(per_page),
+                    )
+                };
+                for k in lo..hi {
                     let off = page * PAGE + k * size;
-                    if Self::view_of(views, off, size) != view {
+                    if !exact && Self::view_of(views, off, size) != view {
                         continue;
                     }
-                    let len = sb.size(slot);
-                    out.push((off, len, off));
+                    debug_assert_eq!(Self::view_of(views, off, size), view);
+                    let len = sb.size(base + k);
+                    if len != 0 {
+                        out.push((off, len, off));
+                    }
                 }
             }
         }

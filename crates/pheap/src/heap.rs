@@ -1008,7 +1008,7 @@ impl Heap {
                             .extend((r.offset / PAGE..(r.offset + r.len) / PAGE).map(|p| (p, v)));
                     }
                 }
-                written.sort_unstable();
+                written.sort(); // one ascending run per view: the stable sort merges them
                 pages_written = written.len();
                 // Plus every object created or moved since the last checkpoint (only live
                 // objects are fresh: free clears the flag), and after a failed checkpoint every
