@@ -39,9 +39,40 @@ static STOPPING: AtomicBool = AtomicBool::new(false);
 /// The signal the handler is installed for (0 = not installed).
 static INSTALLED: AtomicI32 = AtomicI32::new(0);
 
+/// `DEPTH` flag: this thread's [`ExitGuard`] is registered.
+const REGISTERED: u32 = 1 << 31;
+/// `DEPTH` flag: the thread is exiting (its thread-local destructors have begun). It is then in
+/// a section for good: glibc frees the thread's malloc caches after those destructors, with
+/// an arena lock held and without passing through any interposed `free`, and a thread parked
+/// there would hold that lock for the whole stop — the checkpointing thread's next `free`
+/// waited for it forever (seen: `multi_threaded_program_checkpoints_at_safepoints` hung). The
+/// stopper stops waiting for a thread once it has exited.
+const EXITING: u32 = 1 << 30;
+/// `DEPTH` bits counting nested sections.
+const COUNT: u32 = EXITING - 1;
+
+/// Marks its thread as exiting when the thread's thread-local destructors run (see
+/// [`EXITING`]). Registered by the thread's first [`section`].
+struct ExitGuard;
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        // Not the main thread: `exit` runs its thread-local destructors too, then the
+        // program's `atexit` handlers (a last checkpoint among them), and the process frees no
+        // thread caches after that.
+        // SAFETY: gettid and getpid have no preconditions.
+        if unsafe { libc::syscall(libc::SYS_gettid) as i32 == libc::getpid() } {
+            return;
+        }
+        let _ = DEPTH.try_with(|d| d.set(d.get() | EXITING));
+    }
+}
+
 thread_local! {
-    /// Nesting depth of [`Section`]s on this thread.
+    /// Nesting depth of [`Section`]s on this thread ([`COUNT`] bits), and the [`REGISTERED`]
+    /// and [`EXITING`] flags.
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    static EXIT_GUARD: ExitGuard = const { ExitGuard };
     /// A round whose park was deferred because the signal arrived inside a section (0: none).
     static DEFERRED: Cell<u32> = const { Cell::new(0) };
     /// The last round this thread parked in (a thread parks at most once per round).
@@ -119,9 +150,14 @@ pub struct Section {
 pub fn section() -> Section {
     let nested = DEPTH
         .try_with(|d| {
+            if d.get() & REGISTERED == 0 {
+                d.set(d.get() | REGISTERED);
+                // Registers the guard's destructor (once per thread).
+                let _ = EXIT_GUARD.try_with(|_| ());
+            }
             let n = d.get();
             d.set(n + 1);
-            n > 0
+            n & !REGISTERED != 0
         })
         .unwrap_or(true);
     Section {
@@ -143,16 +179,21 @@ impl Section {
 /// are being torn down, when nothing may be assumed about it).
 #[inline]
 pub fn in_section() -> bool {
-    DEPTH.try_with(|d| d.get() > 0).unwrap_or(true)
+    DEPTH
+        .try_with(|d| d.get() & !REGISTERED != 0)
+        .unwrap_or(true)
 }
 
 impl Drop for Section {
     #[inline]
     fn drop(&mut self) {
         let left = DEPTH.try_with(|d| {
-            let n = d.get().saturating_sub(1);
+            let mut n = d.get();
+            if n & COUNT != 0 {
+                n -= 1;
+            }
             d.set(n);
-            n == 0
+            n & !REGISTERED == 0
         });
         if left == Ok(true) {
             std::sync::atomic::compiler_fence(Ordering::SeqCst);
@@ -209,7 +250,7 @@ extern "C" fn on_signal(_sig: i32, _info: *mut libc::siginfo_t, _ctx: *mut libc:
     let errno = unsafe { *libc::__errno_location() };
     let round = ROUND.load(Ordering::Acquire);
     if round & 1 == 1 {
-        if DEPTH.try_with(|d| d.get()).unwrap_or(1) > 0 {
+        if DEPTH.try_with(|d| d.get() & !REGISTERED).unwrap_or(1) != 0 {
             let _ = DEFERRED.try_with(|d| d.set(round));
         } else {
             park(round);

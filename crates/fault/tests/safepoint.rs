@@ -148,3 +148,36 @@ fn stops_resumes_defers_and_times_out() {
     (&wr).write_all(&[7]).unwrap();
     assert_eq!(reader.join().unwrap().unwrap(), 7);
 }
+
+static EXITING_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// Records, when its thread's thread-local destructors run, whether the thread counts as
+/// inside a section then.
+struct Probe;
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        EXITING_SEEN.store(safepoint::in_section(), Ordering::SeqCst);
+    }
+}
+
+thread_local! {
+    static PROBE: Probe = const { Probe };
+}
+
+/// A thread whose thread-local destructors have begun is in a section for good, so a stop never
+/// parks it where glibc then frees the thread's malloc caches holding an arena lock (the stop's
+/// own `free` would wait for that lock forever). `Probe` is registered before the thread's
+/// first section, so its destructor runs after the safepoint's own (they run in reverse).
+/// Fails without the exit guard: `in_section()` is false there.
+#[test]
+fn an_exiting_thread_is_never_parked() {
+    std::thread::spawn(|| {
+        PROBE.with(|_| ());
+        drop(safepoint::section());
+        assert!(!safepoint::in_section());
+    })
+    .join()
+    .unwrap();
+    assert!(EXITING_SEEN.load(Ordering::SeqCst));
+}

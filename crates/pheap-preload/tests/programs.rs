@@ -481,6 +481,8 @@ fn multi_threaded_program_killed_heap_verifies_and_reopens() {
             .env("TIERMEM_PHEAP_PATH", &heap)
             .env("TIERMEM_PHEAP_CAPACITY", "64M")
             .env("TIERMEM_CKPT_MS", "10")
+            // As in the other runs: a loaded machine must not make the stops time out.
+            .env("TIERMEM_SAFEPOINT_TIMEOUT_MS", "5000")
             .stdout(Stdio::null())
             .spawn()
             .unwrap();

@@ -995,6 +995,13 @@ impl Alloc {
     /// partial list.
     fn take_slot(&mut self, id: u32, k: usize, size: usize, off: usize) {
         self.reserve_slot(id, k);
+        self.put_object(id, k, off, size);
+    }
+
+    /// Writes an object of `size` bytes (clamped to the slot) into taken slot `k` (at `off`) of
+    /// live superblock `id` and notes the change (`touch(off, existed: false, set: FRESH)` on
+    /// the slot's own flags).
+    fn put_object(&mut self, id: u32, k: usize, off: usize, size: usize) {
         // Callers pass a live superblock (checked or just created).
         let Some(sb) = self.sbs[id as usize].as_mut() else {
             return;
@@ -1006,7 +1013,8 @@ impl Alloc {
         } else {
             f | FRESH
         };
-        sb.ent(k).store(entry(size, f), Relaxed);
+        sb.ent(k)
+            .store(entry(size.clamp(1, CLASSES[sb.class]), f), Relaxed);
     }
 
     /// Marks free slot `k` of live superblock `id` taken (its entry unchanged); a superblock
@@ -1169,18 +1177,7 @@ impl Alloc {
         }) else {
             return;
         };
-        let Some(sb) = self.sbs[id as usize].as_mut() else {
-            return;
-        };
-        let f = sb.flags(k);
-        let f = if f & LISTED == 0 {
-            self.dirty_list.push(off);
-            LISTED | FRESH
-        } else {
-            f | FRESH
-        };
-        sb.ent(k)
-            .store(entry(size.clamp(1, CLASSES[sb.class]), f), Relaxed);
+        self.put_object(id, k, off, size);
         self.nobjs += 1;
     }
 

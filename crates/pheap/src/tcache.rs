@@ -121,6 +121,9 @@ struct Cache {
 
 impl Drop for Cache {
     fn drop(&mut self) {
+        // A section: a stop must not park this thread holding `returned` or `threads`, which
+        // the checkpoint takes.
+        let _s = tiermem_fault::safepoint::section();
         let Some(sh) = self.heap.upgrade() else {
             return;
         };
