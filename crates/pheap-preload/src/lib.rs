@@ -543,6 +543,7 @@ extern "C" fn at_exit() {
     checkpoint(h);
     if let Some(Some(path)) = STATS_PATH.get() {
         let t = h.totals();
+        let (allocs, frees) = counts();
         let json = format!(
             "{{\"views\":{},\"checkpoints\":{},\"bytes_copied\":{},\"objects_copied\":{},\
              \"pages_written\":{},\"ckpt_ns_total\":{},\"allocs\":{},\"frees\":{},\
@@ -555,8 +556,8 @@ extern "C" fn at_exit() {
             t.objects_copied,
             t.pages_written,
             t.nanos,
-            counts().0,
-            counts().1,
+            allocs,
+            frees,
             FALLBACK.load(Ordering::Relaxed),
             tiermem_pheap::CkStats::PHASES
                 .iter()

@@ -652,11 +652,12 @@ impl Heap {
             pool.read((img + p * PAGE) as u64, dst)?;
         }
         // Verify the restored objects against the image checksums of the journal.
-        let mut live = Vec::new();
+        let (mut page, mut live) = (Vec::new(), Vec::new());
         for (c, (len, crc)) in alloc.crcs.iter() {
+            page.clear();
+            alloc.visible(1, 0, c / PAGE, &mut page);
             live.clear();
-            alloc.visible(1, 0, c / PAGE, &mut live);
-            clip(&mut live, c, c + unit);
+            clip_into(&page, c, c + unit, &mut live);
             let mut h = crc32fast::Hasher::new();
             for &(o, l, _) in &live {
                 // SAFETY: `visible` returns parts of live objects, which `rebuild` checked lie
@@ -1150,7 +1151,7 @@ impl Heap {
         if !from_journal.windows(2).all(|w| w[0] <= w[1]) {
             from_journal.sort_unstable();
         }
-        let mut crc_pages: Vec<usize> = Vec::with_capacity(merged.len() + from_journal.len());
+        let mut crc_parts: Vec<usize> = Vec::with_capacity(merged.len() + from_journal.len());
         let (mut a, mut b) = (from_ranges.peekable(), from_journal.into_iter().peekable());
         loop {
             let p = match (a.peek(), b.peek()) {
@@ -1160,30 +1161,30 @@ impl Heap {
                 (None, _) => b.next(),
             };
             let Some(p) = p else { break };
-            if crc_pages.last() != Some(&p) {
-                crc_pages.push(p);
+            if crc_parts.last() != Some(&p) {
+                crc_parts.push(p);
             }
         }
-        let mut new_crcs: Vec<(usize, usize, Option<u32>)> = Vec::with_capacity(crc_pages.len());
+        let mut new_crcs: Vec<(usize, usize, Option<u32>)> = Vec::with_capacity(crc_parts.len());
         let mut next_crc = 0usize;
         let mut live: Vec<(usize, usize, usize)> = Vec::new();
         let mut img_buf: Vec<u8> = Vec::new();
-        // One page's live bytes in order: (start, end, where they start in the stage, or None:
+        // One part's live bytes in order: (start, end, where they start in the stage, or None:
         // from the image).
         let mut segs: Vec<(usize, usize, Option<usize>)> = Vec::new();
         // The live ranges of the page of the last part checksummed (its other parts need them
         // too).
         let mut page_live: (usize, Vec<(usize, usize, usize)>) = (usize::MAX, Vec::new());
-        // Checksums the parts in crc_pages[next_crc..] below heap offset `upto` (exclusive);
+        // Checksums the parts in crc_parts[next_crc..] below heap offset `upto` (exclusive);
         // `load`: the pieces in the stage and where each one's bytes start in it.
-        let mut page_crcs = |upto: usize,
+        let mut part_crcs = |upto: usize,
                              stage: &[u8],
                              load: &[(usize, usize, usize, bool)],
                              next_crc: &mut usize,
                              new_crcs: &mut Vec<(usize, usize, Option<u32>)>|
          -> Result<()> {
             let mut pj = 0usize;
-            while let Some(&u) = crc_pages.get(*next_crc) {
+            while let Some(&u) = crc_parts.get(*next_crc) {
                 let start = u * unit;
                 if start >= upto {
                     break;
@@ -1195,12 +1196,7 @@ impl Heap {
                     g.alloc.visible(1, 0, start / PAGE, &mut page_live.1);
                 }
                 live.clear();
-                for &(o, l, x) in &page_live.1 {
-                    let (a, e) = (o.max(start), (o + l).min(start + unit));
-                    if a < e {
-                        live.push((a, e - a, x));
-                    }
-                }
+                clip_into(&page_live.1, start, start + unit, &mut live);
                 if live.is_empty() {
                     new_crcs.push((start, 0, None));
                     continue;
@@ -1221,11 +1217,9 @@ impl Heap {
                     }
                 }
                 live.truncate(w);
-                // The page's live bytes in order, each from the stage where a piece covers it,
-                // else from the image (this checkpoint does not write there). The image is read
-                // once per page, and only from the first to the last byte needed (a page whose
-                // one half was written needs the other half: reading the whole page made a
-                // sparse FGCK checkpoint slower than PGCK's).
+                // The part's live bytes in order, each from the stage where a piece covers it,
+                // else from the image (this checkpoint does not write there), read once and
+                // only from the first to the last byte needed.
                 segs.clear();
                 for &(lo, ll, _) in &live {
                     let (mut at, end) = (lo, lo + ll);
@@ -1286,7 +1280,7 @@ impl Heap {
                          next_crc: &mut usize,
                          new_crcs: &mut Vec<(usize, usize, Option<u32>)>|
          -> Result<()> {
-            page_crcs(upto, stage, load, next_crc, new_crcs)?;
+            part_crcs(upto, stage, load, next_crc, new_crcs)?;
             let mut direct: Vec<(u64, &[u8])> = Vec::new();
             let mut logged: Vec<(u64, &[u8])> = Vec::new();
             for &(o, l, sp, d) in load.iter() {
@@ -1343,7 +1337,7 @@ impl Heap {
             )?;
         }
         // Pages with no piece at all after the last load (changed objects only).
-        page_crcs(usize::MAX, &[], &[], &mut next_crc, &mut new_crcs)?;
+        part_crcs(usize::MAX, &[], &[], &mut next_crc, &mut new_crcs)?;
         debug_assert_eq!(written, pos);
         let t_log = std::time::Instant::now();
         // 2. Metadata journal (append) or snapshot (switch areas).
@@ -1552,14 +1546,20 @@ impl Heap {
     }
 }
 
-/// Keeps the parts of the ranges `(offset, len, object)` of `live` that lie in `[s, e)`, clipped
-/// to it (a page's live bytes → one checksum part's).
-fn clip(live: &mut Vec<(usize, usize, usize)>, s: usize, e: usize) {
-    live.retain_mut(|r| {
-        let (a, b) = (r.0.max(s), (r.0 + r.1).min(e));
-        *r = (a, b.saturating_sub(a), r.2);
-        a < b
-    });
+/// Appends to `out` the parts of the ranges `(offset, len, object)` of `src` that lie in
+/// `[s, e)`, clipped to it (a page's live bytes → one checksum part's).
+fn clip_into(
+    src: &[(usize, usize, usize)],
+    s: usize,
+    e: usize,
+    out: &mut Vec<(usize, usize, usize)>,
+) {
+    for &(o, l, x) in src {
+        let (a, b) = (o.max(s), (o + l).min(e));
+        if a < b {
+            out.push((a, b - a, x));
+        }
+    }
 }
 
 /// Test hook: when `TIERMEM_PHEAP_FAIL_AT` names this point, the process aborts here

@@ -286,6 +286,38 @@ fn leave(t: &ThreadSlot) {
     t.busy.store(false, Release);
 }
 
+/// One cache operation on slot entry `e`: stores `next(current value)` when that is `Some`.
+/// False when a checkpoint runs or `next` declines (the caller takes the locked path).
+#[inline]
+fn update(
+    sh: &Shared,
+    t: &ThreadSlot,
+    e: &std::sync::atomic::AtomicU16,
+    next: impl FnOnce(u16) -> Option<u16>,
+) -> bool {
+    if !enter(sh, t) {
+        return false;
+    }
+    let done = match next(e.load(Relaxed)) {
+        Some(v) => {
+            e.store(v, Relaxed);
+            true
+        }
+        None => false,
+    };
+    leave(t);
+    done
+}
+
+/// The entry of an object of `size` bytes put into (or resized in) a slot whose entry is `v`:
+/// `None` unless the slot is listed (its first change since the last checkpoint takes the
+/// lock) and, for a new object (`new`), empty, or else holding one.
+#[inline]
+fn with_object(v: u16, size: usize, new: bool) -> Option<u16> {
+    let f = entry_flags(v);
+    (f & LISTED != 0 && (entry_size(v) == 0) == new).then(|| entry(size, f | FRESH))
+}
+
 /// Allocates an object of `size` bytes (≤ one page) of class `c` from this thread's cache;
 /// `lock` gives the allocator under the heap's lock (refills, and a slot's first change since
 /// the last checkpoint). Returns the heap offset, or `None` when the cache cannot serve it
@@ -300,17 +332,10 @@ pub(crate) fn malloc<G: std::ops::DerefMut<Target = Alloc>>(
     with_cache(sh, |cache| {
         if let Some(&off) = cache.bins[c].last() {
             let e = sh.table.slot_entry(off, c, shift)?;
-            if enter(sh, &cache.slot) {
-                let v = e.load(Relaxed);
-                let f = entry_flags(v);
-                if f & LISTED != 0 && entry_size(v) == 0 {
-                    e.store(entry(size, f | FRESH), Relaxed);
-                    cache.bins[c].pop();
-                    cache.slot.add(1);
-                    leave(&cache.slot);
-                    return Some(off);
-                }
-                leave(&cache.slot);
+            if update(sh, &cache.slot, e, |v| with_object(v, size, true)) {
+                cache.bins[c].pop();
+                cache.slot.add(1);
+                return Some(off);
             }
         }
         let mut a = lock();
@@ -348,19 +373,15 @@ pub(crate) fn free<G: std::ops::DerefMut<Target = Alloc>>(
                 a.unreserve(o);
             }
         }
-        if !enter(sh, &cache.slot) {
+        let freed = update(sh, &cache.slot, e, |v| {
+            let f = entry_flags(v);
+            (entry_size(v) != 0 && f & LISTED != 0).then(|| entry(0, f & !FRESH))
+        });
+        if !freed {
             return None;
         }
-        let v = e.load(Relaxed);
-        let f = entry_flags(v);
-        if entry_size(v) == 0 || f & LISTED == 0 {
-            leave(&cache.slot);
-            return None;
-        }
-        e.store(entry(0, f & !FRESH), Relaxed);
         cache.bins[c].push(off);
         cache.slot.add(-1);
-        leave(&cache.slot);
         Some(())
     })
 }
@@ -386,16 +407,6 @@ pub(crate) fn resize(sh: &Arc<Shared>, off: usize, c: usize, size: usize) -> Opt
     let shift = sh.shift?;
     let e = sh.table.slot_entry(off, c, shift)?;
     with_cache(sh, |cache| {
-        if !enter(sh, &cache.slot) {
-            return None;
-        }
-        let v = e.load(Relaxed);
-        let f = entry_flags(v);
-        let ok = entry_size(v) != 0 && f & LISTED != 0;
-        if ok {
-            e.store(entry(size, f | FRESH), Relaxed);
-        }
-        leave(&cache.slot);
-        ok.then_some(())
+        update(sh, &cache.slot, e, |v| with_object(v, size, false)).then_some(())
     })
 }
