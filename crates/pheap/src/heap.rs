@@ -478,6 +478,9 @@ impl Heap {
         let trackers = Self::track(&bases[1..], cap, opts.force_mprotect)?;
         let mut alloc = Alloc::new(cap, opts.sb_size);
         alloc.crcs = crate::alloc::PartCrcs::new(cap, format::crc_unit(opts.views));
+        if trackers[0].method() == TrackingMethod::UffdWpAsync {
+            alloc.back_fresh_pages(&bases[1..]);
+        }
         Ok(Heap {
             shared: Shared::new(&alloc),
             inner: Mutex::new(Inner {
@@ -673,6 +676,9 @@ impl Heap {
             }
         }
         let trackers = Self::track(&bases[1..], cap, force_mprotect)?;
+        if trackers[0].method() == TrackingMethod::UffdWpAsync {
+            alloc.back_fresh_pages(&bases[1..]);
+        }
         Ok(Heap {
             shared: Shared::new(&alloc),
             inner: Mutex::new(Inner {
