@@ -816,7 +816,8 @@ extern "C" fn after_fork_child() {
 }
 
 /// `aligned` allocation through the heap when the alignment can be honoured by size classes
-/// (power-of-two slots are naturally aligned; multi-page objects are page-aligned), else glibc.
+/// (power-of-two slots are naturally aligned, medium slots 512-aligned; multi-page objects are
+/// page-aligned), else glibc.
 fn heap_alloc(size: usize, align: usize) -> *mut c_void {
     let Some(h) = ready_heap() else {
         // SAFETY: plain glibc allocation.
@@ -836,6 +837,9 @@ fn heap_alloc(size: usize, align: usize) -> *mut c_void {
         let r = size.max(align);
         if r <= 4096 {
             Some(r.next_power_of_two())
+        } else if align > 512 {
+            // Medium slots are only 512-aligned: a whole-page run instead.
+            Some(r.max(tiermem_pheap::alloc::MEDIUM_MAX + 1))
         } else {
             Some(r)
         }

@@ -43,23 +43,41 @@ pub const PAGE: usize = 4096;
 /// `RECIP_PP`).
 pub const MAX_SB_SIZE: usize = 16 << 20;
 
-/// Slot sizes of the small classes. Each divides into a page without a slot crossing a page
-/// boundary; the largest is one page.
-pub const CLASSES: [usize; 15] = [
-    16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1360, 2048, 4096,
+/// Slot sizes of the size classes. The first [`NSMALL`] (the *small* classes) fit a page
+/// without a slot crossing a page boundary, the largest being one page; the others (the
+/// *medium* classes, above a page and below two) are packed end to end across their
+/// superblock's pages, as jemalloc's 5, 6 and 7 KiB classes are: a program's "page plus
+/// header" objects (sqlite3's page cache entries: a 4096-byte page and ~270 bytes of header)
+/// then take 1.1 pages each, not 2 (a run of whole pages); padded to two aligned pages, sqlite3
+/// on glibc itself ran 10 % slower (twice the pages and TLB entries for its page cache).
+pub const CLASSES: [usize; 19] = [
+    16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1360, 2048, 4096, 4608, 5120, 6144,
+    7168,
 ];
 
-/// The class index for `size` (≤ one page).
+/// The number of small classes (slots within a page): `CLASSES[..NSMALL]`.
+pub const NSMALL: usize = 15;
+
+/// The largest object a size class holds; larger ones are runs of whole pages.
+pub const MEDIUM_MAX: usize = CLASSES[CLASSES.len() - 1];
+
+/// True for a medium class (slots packed across pages).
+#[inline]
+pub fn is_medium(c: usize) -> bool {
+    c >= NSMALL
+}
+
+/// The class index for `size` (≤ [`MEDIUM_MAX`]).
 pub fn class_for(size: usize) -> Option<usize> {
     CLASS_OF
         .get(size.max(1).div_ceil(GRAIN))
         .map(|&c| c as usize)
 }
 
-/// Smallest class index for each multiple of 16 bytes up to a page (index `size / 16`,
-/// rounded up): `class_for` without a search.
-const CLASS_OF: [u8; PAGE / GRAIN + 1] = {
-    let mut t = [0u8; PAGE / GRAIN + 1];
+/// Smallest class index for each multiple of 16 bytes up to [`MEDIUM_MAX`] (index `size /
+/// 16`, rounded up): `class_for` without a search.
+const CLASS_OF: [u8; MEDIUM_MAX / GRAIN + 1] = {
+    let mut t = [0u8; MEDIUM_MAX / GRAIN + 1];
     let (mut i, mut c) = (0, 0);
     while i < t.len() {
         while CLASSES[c] < i * GRAIN {
@@ -77,35 +95,38 @@ const GRAIN: usize = 16;
 /// `region_sb` entry of a region without a superblock.
 const NO_SB: u32 = u32::MAX;
 
-/// `ceil(2^32 / class size)` per class: `(x * RECIP[c]) >> 32` is `x / CLASSES[c]` exactly
-/// for every in-page offset `x < 4096` (the error `x / 2^32` stays below `1 / size`), without
-/// a division instruction on the allocator's paths.
-const RECIP: [u64; 15] = {
-    let mut t = [0u64; 15];
+/// `ceil(2^40 / class size)` per class: `(x * RECIP[c]) >> 40` is `x / CLASSES[c]` exactly
+/// for every `x < 2^24` (an offset in a page, or in a superblock of at most 16 MiB: the error
+/// `x / 2^40 ≤ 2^-16` stays below `1 / size`), without a division instruction on the
+/// allocator's paths.
+const RECIP: [u64; CLASSES.len()] = {
+    let mut t = [0u64; CLASSES.len()];
     let mut c = 0;
-    while c < 15 {
-        t[c] = (1u64 << 32).div_ceil(CLASSES[c] as u64);
+    while c < CLASSES.len() {
+        t[c] = (1u64 << 40).div_ceil(CLASSES[c] as u64);
         c += 1;
     }
     t
 };
 
-/// `ceil(2^32 / (PAGE / CLASSES[c]))`: `(k * RECIP_PP[c]) >> 32` is `k / slots-per-page`
-/// exactly for every slot index `k < 2^20` (superblocks of up to 16 MiB hold fewer), as for
-/// [`RECIP`] (the error `k / 2^32` stays below `1 / 256`).
-const RECIP_PP: [u64; 15] = {
-    let mut t = [0u64; 15];
+/// `ceil(2^32 / (PAGE / CLASSES[c]))` for the small classes (0 for the medium ones, which have
+/// no slots per page): `(k * RECIP_PP[c]) >> 32` is `k / slots-per-page` exactly for every
+/// slot index `k < 2^20` (superblocks of up to 16 MiB hold fewer; the error `k / 2^32` stays
+/// below `1 / 256`).
+const RECIP_PP: [u64; CLASSES.len()] = {
+    let mut t = [0u64; CLASSES.len()];
     let mut c = 0;
-    while c < 15 {
+    while c < NSMALL {
         t[c] = (1u64 << 32).div_ceil((PAGE / CLASSES[c]) as u64);
         c += 1;
     }
     t
 };
 
-/// `x / CLASSES[c]` for `x ≤ PAGE` (see [`RECIP`]).
+/// `x / CLASSES[c]` for `x < 2^24` (see [`RECIP`]).
+#[inline]
 fn div_class(x: usize, c: usize) -> usize {
-    ((x as u64 * RECIP[c]) >> 32) as usize
+    ((x as u64 * RECIP[c]) >> 40) as usize
 }
 
 /// Dirty flag (see `Alloc`): an object stood at the offset at the last committed checkpoint.
@@ -115,8 +136,8 @@ pub const EXISTED: u8 = 1;
 pub const FRESH: u8 = 2;
 /// Dirty flag: the offset is listed (its table entry changed, or it is fresh).
 pub const LISTED: u8 = 4;
-/// Bits of a slot entry holding the requested size (a small object is at most a page, 4096 <
-/// 2^13); the three flags sit above them.
+/// Bits of a slot entry holding the requested size (an object of a class is at most
+/// [`MEDIUM_MAX`] < 2^13 bytes); the three flags sit above them.
 const SIZE_BITS: u32 = 13;
 const SIZE_MASK: u16 = (1 << SIZE_BITS) - 1;
 /// Freed slots remembered per class for reuse, most recent first (their cache lines and TLB
@@ -187,6 +208,15 @@ impl SlotTable {
     /// ([`SlotTable::class_at`]), if a slot of that class starts there.
     #[inline]
     pub fn slot_entry(&self, off: usize, c: usize, shift: u32) -> Option<&AtomicU16> {
+        if is_medium(c) {
+            let r = off >> shift;
+            let x = off - (r << shift);
+            let k = div_class(x, c);
+            if k * CLASSES[c] != x || (k + 1) * CLASSES[c] > 1 << shift {
+                return None;
+            }
+            return self.ent.get(r * self.stride + k);
+        }
         let in_page = off % PAGE;
         let q = div_class(in_page, c);
         if q * CLASSES[c] != in_page {
@@ -218,11 +248,11 @@ pub fn entry(size: usize, f: u8) -> u16 {
     size as u16 | (u16::from(f) << SIZE_BITS)
 }
 
-/// The slot capacity an object of `size` bytes gets: its class size for at most a page, else
-/// whole pages.
+/// The slot capacity an object of `size` bytes gets: its class size for at most
+/// [`MEDIUM_MAX`], else whole pages.
 pub fn slot_for(size: usize) -> usize {
     let size = size.max(1);
-    if size > PAGE {
+    if size > MEDIUM_MAX {
         size.div_ceil(PAGE) * PAGE
     } else {
         CLASSES[class_for(size).unwrap_or(CLASSES.len() - 1)]
@@ -234,16 +264,17 @@ pub fn slot_for(size: usize) -> usize {
 pub struct Obj {
     /// Requested size in bytes (what a checkpoint copies).
     pub size: usize,
-    /// Slot capacity: the class size for small objects, `pages * PAGE` for large ones.
+    /// Slot capacity: the class size for small and medium objects, `pages * PAGE` for large
+    /// ones.
     pub slot: usize,
     /// Optional unique name.
     pub name: Option<String>,
 }
 
 impl Obj {
-    /// True for whole-page objects.
+    /// True for whole-page objects (a run of pages of their own; every class is smaller).
     pub fn is_large(&self) -> bool {
-        self.slot > PAGE
+        self.slot > MEDIUM_MAX
     }
 }
 
@@ -301,7 +332,8 @@ struct Sb {
     base: usize,
     nused: usize,
     nslots: usize,
-    /// Slots per page (`PAGE / CLASSES[class]`).
+    /// Slots per page (`PAGE / CLASSES[class]`); 0 for a medium class, whose slots are
+    /// packed end to end from the superblock's start.
     per_page: usize,
     in_partial: bool,
 }
@@ -309,6 +341,9 @@ struct Sb {
 impl Sb {
     /// Heap offset of slot `k`: the inverse of [`Sb::slot_index`].
     fn off_of(&self, k: usize) -> usize {
+        if self.per_page == 0 {
+            return self.first_page * PAGE + k * CLASSES[self.class];
+        }
         let p = ((k as u64 * RECIP_PP[self.class]) >> 32) as usize; // k / per_page
         (self.first_page + p) * PAGE + (k - p * self.per_page) * CLASSES[self.class]
     }
@@ -355,6 +390,11 @@ impl Sb {
     /// The slot starting at heap offset `off` (a page of this superblock), if a slot starts
     /// there.
     fn slot_at(&self, off: usize) -> Option<usize> {
+        if self.per_page == 0 {
+            let x = off.checked_sub(self.first_page * PAGE)?;
+            let k = div_class(x, self.class);
+            return (k * CLASSES[self.class] == x && k < self.nslots).then_some(k);
+        }
         let in_page = off % PAGE;
         let q = div_class(in_page, self.class);
         (q * CLASSES[self.class] == in_page && q < self.per_page)
@@ -364,6 +404,9 @@ impl Sb {
     /// The slot holding heap offset `off` (a page of this superblock): the inverse of
     /// [`Alloc::slot_off`].
     fn slot_index(&self, off: usize) -> usize {
+        if self.per_page == 0 {
+            return div_class(off - self.first_page * PAGE, self.class);
+        }
         (off / PAGE - self.first_page) * self.per_page + div_class(off % PAGE, self.class)
     }
 }
@@ -591,11 +634,12 @@ impl Alloc {
         }
     }
 
-    /// The user views through which some slot of class `c` is returned, as a bit mask.
+    /// The user views through which some slot of class `c` is returned, as a bit mask (a
+    /// medium class's: view 0, as for large objects).
     fn class_views(&self, c: usize) -> u32 {
         let views = self.backing.as_ref().map_or(1, |b| b.views.len());
         let s = CLASSES[c];
-        (0..PAGE / s).fold(0, |m, k| m | 1 << Self::view_of(views, k * s, s))
+        (0..PAGE / s).fold(1, |m, k| m | 1 << Self::view_of(views, k * s, s))
     }
 
     /// The superblock id and slot index of the small object starting at `off`, if one does.
@@ -892,7 +936,11 @@ impl Alloc {
 
     fn new_sb(&mut self, class: usize, first_page: usize) -> u32 {
         let per_page = PAGE / CLASSES[class];
-        let nslots = per_page * self.sb_pages;
+        let nslots = if is_medium(class) {
+            self.sb_pages * PAGE / CLASSES[class]
+        } else {
+            per_page * self.sb_pages
+        };
         let region = first_page / self.sb_pages;
         let base = region * self.table.stride;
         for e in &self.table.ent[base..base + nslots] {
@@ -963,7 +1011,7 @@ impl Alloc {
             }
         }
         let size = size.max(1);
-        let (off, slot) = if size > PAGE {
+        let (off, slot) = if size > MEDIUM_MAX {
             let n = size.div_ceil(PAGE);
             let start = self.take_pages(n, 1).ok_or_else(|| Error::OutOfMemory {
                 requested: size,
@@ -978,7 +1026,7 @@ impl Alloc {
             self.adopt_orphans(start, n);
             (start * PAGE, n * PAGE)
         } else {
-            // size <= PAGE here and the last class is PAGE, so a class exists.
+            // size <= MEDIUM_MAX here, the last class, so a class exists.
             let c = class_for(size).unwrap_or(CLASSES.len() - 1);
             (self.alloc_small(c, size)?, CLASSES[c])
         };
@@ -987,8 +1035,8 @@ impl Alloc {
             self.named.insert(off, n.to_string());
         }
         self.nobjs += 1;
-        if slot > PAGE {
-            self.touch(off, false, FRESH, 0); // take_slot did it for a small object
+        if slot > MEDIUM_MAX {
+            self.touch(off, false, FRESH, 0); // take_slot did it for an object of a class
         }
         self.forget_crcs(off, slot);
         Ok(off)
@@ -1298,12 +1346,12 @@ impl Alloc {
     /// goes to the part containing its **first** byte. With two views this is the paper's rule
     /// (§3, Fig. 3, pages drawn with address 0 on top): objects in the upper (first) half via
     /// view 0, the bottom half via view 1, and an object crossing the middle via the upper
-    /// view, whose page then also covers the crossing object's tail in the bottom half. Large
-    /// objects (whole pages) always use view 0. Any rule is correct as long as it is a
+    /// view, whose page then also covers the crossing object's tail in the bottom half. Objects
+    /// larger than a page (medium and large) always use view 0. Any rule is correct as long as it is a
     /// function of the slot: a write anywhere in the object goes through its one view.
     pub fn view_of(views: usize, off: usize, slot: usize) -> usize {
         if slot > PAGE || views <= 1 {
-            return 0;
+            return 0; // large and medium objects: view 0
         }
         if views.is_power_of_two() {
             // (off % PAGE) / (PAGE / views) without a division (views is 2, 4 or 8).
@@ -1315,7 +1363,8 @@ impl Alloc {
 
     /// Appends to `out` the byte ranges `(offset, len, object offset)` of the objects visible
     /// through page `page` of user view `view` (of `views`): the small objects of that page
-    /// assigned to the view, and (view 0) the part of a large object lying in that page.
+    /// assigned to the view, and (view 0) the parts of the medium or large objects lying in
+    /// that page.
     pub fn visible(
         &self,
         views: usize,
@@ -1342,6 +1391,25 @@ impl Alloc {
                 // Small(id) pages always have a live superblock (see `free`).
                 let sb = self.sbs[id as usize].as_ref().expect("live superblock");
                 let size = CLASSES[sb.class];
+                if sb.per_page == 0 {
+                    // Medium: view 0 sees the parts of the objects lying in the page, as for
+                    // large objects.
+                    if view != 0 {
+                        return;
+                    }
+                    let base = sb.first_page * PAGE;
+                    let (ps, pe) = (page * PAGE, (page + 1) * PAGE);
+                    let lo = div_class(ps - base, sb.class);
+                    let hi = (div_class(pe - base - 1, sb.class) + 1).min(sb.nslots);
+                    for k in lo..hi {
+                        let off = base + k * size;
+                        let (s, e) = (off.max(ps), (off + sb.size(k)).min(pe));
+                        if s < e {
+                            out.push((s, e - s, off));
+                        }
+                    }
+                    return;
+                }
                 let per_page = PAGE / size;
                 let base = (page - sb.first_page) * per_page;
                 // The slots whose first byte lies in the view's part of the page (`view_of`),
@@ -1422,15 +1490,21 @@ impl Alloc {
                     .iter()
                     .position(|&s| s == obj.slot)
                     .ok_or_else(|| format!("object at {off:#x}: slot {} is no class", obj.slot))?;
-                if (off % PAGE) % obj.slot != 0 || (off % PAGE) + obj.slot > PAGE {
+                // page < cap_pages (off + slot <= capacity) and capacity is a multiple of
+                // sb_size (checked above), so the superblock [first, first + sb_pages) fits.
+                let first = page - page % a.sb_pages;
+                let misaligned = if is_medium(c) {
+                    let x = off - first * PAGE;
+                    x % obj.slot != 0 || x + obj.slot > a.sb_pages * PAGE
+                } else {
+                    (off % PAGE) % obj.slot != 0 || (off % PAGE) + obj.slot > PAGE
+                };
+                if misaligned {
                     return Err(format!(
                         "object at {off:#x} misaligned for class {}",
                         obj.slot
                     ));
                 }
-                // page < cap_pages (off + slot <= capacity) and capacity is a multiple of
-                // sb_size (checked above), so the superblock [first, first + sb_pages) fits.
-                let first = page - page % a.sb_pages;
                 let class_of = |id: u32| {
                     a.sbs
                         .get(id as usize)
@@ -1450,14 +1524,14 @@ impl Alloc {
                     .get_mut(id as usize)
                     .and_then(|s| s.as_mut())
                     .ok_or_else(|| format!("object at {off:#x}: superblock {id} missing"))?;
-                let per_page = PAGE / obj.slot;
-                // slot < nslots: page - first < sb_pages and the in-page index < per_page.
-                let slot = (page - first) * per_page + (off % PAGE) / obj.slot;
+                // slot < nslots: page - first < sb_pages and the in-page index < per_page (a
+                // medium slot: it ends within the superblock, checked above).
+                let slot = sb.slot_index(off);
                 if sb.used[slot / 64] & (1 << (slot % 64)) != 0 {
                     return Err(format!("object at {off:#x} listed twice"));
                 }
                 sb.used[slot / 64] |= 1 << (slot % 64);
-                sb.set_size(slot, obj.size); // obj.size <= obj.slot <= PAGE
+                sb.set_size(slot, obj.size); // obj.size <= obj.slot <= MEDIUM_MAX
                 sb.nused += 1;
             }
             if let Some(n) = &obj.name {
@@ -1519,11 +1593,63 @@ mod tests {
     fn slot_for_is_the_slot_alloc_gives() {
         let mut a = Alloc::new(4 << 20, 64 << 10);
         for s in [
-            0usize, 1, 16, 17, 1000, 1360, 1361, 4096, 4097, 12288, 12289,
+            0usize, 1, 16, 17, 1000, 1360, 1361, 4096, 4097, 4608, 4609, 7168, 7169, 8192, 12288,
+            12289,
         ] {
             let off = a.alloc(s, None).unwrap();
             assert_eq!(a.get(off).unwrap().slot, slot_for(s), "size {s}");
         }
+    }
+
+    /// Medium objects are packed end to end in their superblock (one of 4.3 KiB takes 4608
+    /// bytes, not two pages), are found from any of their offsets' slot, and a page shows view
+    /// 0 the parts of the objects lying in it (view 1 none).
+    #[test]
+    fn medium_objects_are_packed_across_pages() {
+        let mut a = Alloc::new(1 << 20, 64 << 10);
+        let offs: Vec<usize> = (0..14).map(|_| a.alloc(4352, None).unwrap()).collect();
+        let base = offs[0];
+        assert_eq!(base % (64 << 10), 0);
+        for (k, &o) in offs.iter().enumerate() {
+            assert_eq!(o, base + k * 4608);
+            assert_eq!(a.size_slot(o), Some((4352, 4608)));
+            assert_eq!(a.size_slot(o + 16), None);
+        }
+        // The 15th does not fit the 64 KiB superblock (15 * 4608 > 65536): a new one.
+        let next = a.alloc(4352, None).unwrap();
+        assert_ne!(next / (64 << 10), base / (64 << 10));
+        // Page 1 of the superblock holds the tail of object 0 (4096..4352) and the head of
+        // object 1 (4608..8192).
+        let mut v = Vec::new();
+        a.visible(2, 0, base / PAGE + 1, &mut v);
+        assert_eq!(
+            v,
+            vec![
+                (base + PAGE, 256, base),
+                (base + 4608, 8192 - 4608, base + 4608)
+            ]
+        );
+        v.clear();
+        a.visible(2, 1, base / PAGE + 1, &mut v);
+        assert!(v.is_empty());
+        a.free(offs[1], offs[1]).unwrap();
+        v.clear();
+        a.visible(2, 0, base / PAGE + 1, &mut v);
+        assert_eq!(v, vec![(base + PAGE, 256, base)]);
+        // Rebuilt from its table, the allocator has the same objects.
+        let table: BTreeMap<usize, Obj> = a.iter().collect();
+        let b = Alloc::rebuild(1 << 20, 64 << 10, table.clone()).unwrap();
+        assert_eq!(b.iter().collect::<BTreeMap<_, _>>(), table);
+        let mut bad = table;
+        bad.insert(
+            base + 4608 + 16,
+            Obj {
+                size: 10,
+                slot: 4608,
+                name: None,
+            },
+        );
+        assert!(Alloc::rebuild(1 << 20, 64 << 10, bad).is_err());
     }
 
     #[test]
@@ -1541,17 +1667,25 @@ mod tests {
 
     #[test]
     fn class_tables_match_the_classes() {
-        for size in 1..=PAGE {
+        for size in 1..=MEDIUM_MAX {
             let c = class_for(size).unwrap();
             assert!(
                 CLASSES[c] >= size && (c == 0 || CLASSES[c - 1] < size),
                 "size {size}"
             );
         }
-        assert_eq!(class_for(PAGE + 1), None);
+        assert_eq!(class_for(MEDIUM_MAX + 1), None);
+        assert!(CLASSES[..NSMALL].iter().all(|&s| s <= PAGE));
+        assert!(CLASSES[NSMALL..].iter().all(|&s| s > PAGE && s < 2 * PAGE));
         for (c, size) in CLASSES.iter().enumerate() {
-            for x in 0..=PAGE {
+            for x in (0..1 << 24)
+                .step_by(5)
+                .chain((0..=PAGE).chain([(1 << 24) - 1]))
+            {
                 assert_eq!(div_class(x, c), x / size, "{x} / {size}");
+            }
+            if is_medium(c) {
+                continue;
             }
             let per_page = PAGE / size;
             for k in (0..1 << 20).step_by(7).chain([(1 << 20) - 1]) {

@@ -34,10 +34,12 @@ use std::collections::BTreeMap;
 
 /// Magic of the heap header.
 pub const HEAP_MAGIC: [u8; 8] = *b"TMPHEAP1";
-/// Format version. 4: the metadata journal carries a CRC-32 of the live bytes of each
-/// checkpointed part of a page ([`MetaRec::Crc`], [`crc_unit`]); version 3 (one per page), 2 (a
-/// CRC per object chunk) and 1 heaps are refused (`VersionMismatch`).
-pub const HEAP_VERSION: u32 = 4;
+/// Format version. 5: objects of the medium classes (slots of 4608 to 7168 bytes packed across
+/// pages, `crate::alloc::CLASSES`). 4 added a CRC-32 of the live bytes of each checkpointed
+/// part of a page ([`MetaRec::Crc`], [`crc_unit`]). Heaps of version 4 (which a version-4
+/// library would misread once they hold medium objects), 3 (one CRC per page), 2 (a CRC per
+/// object chunk) and 1 are refused (`VersionMismatch`).
+pub const HEAP_VERSION: u32 = 5;
 
 /// Bytes covered by one image checksum in a heap of `views` user views: the part of a page one
 /// user view tracks (`4096 / views`; a page with one view).

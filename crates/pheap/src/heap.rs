@@ -858,7 +858,7 @@ impl Heap {
         let Some(obj) = g.alloc.get(off) else {
             return Err(Error::InvalidPointer(addr));
         };
-        let fits = size <= obj.slot && (obj.is_large() == (size > PAGE));
+        let fits = size <= obj.slot && (obj.is_large() == (size > crate::alloc::MEDIUM_MAX));
         if fits {
             g.alloc.resize_in_place(off, size);
             return Ok(self.user_ptr(off, obj.slot));
