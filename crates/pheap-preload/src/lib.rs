@@ -111,6 +111,9 @@ static CALLS: AtomicU64 = AtomicU64::new(0);
 struct Counts {
     allocs: AtomicU64,
     frees: AtomicU64,
+    /// Every call into the heap (allocations, frees, resizes): paces the clock reads of
+    /// [`maybe_checkpoint`].
+    calls: AtomicU64,
 }
 
 impl Counts {
@@ -131,9 +134,28 @@ thread_local! {
     };
 }
 
-/// Counts one call served by the heap on this thread (`alloc`: an allocation, else a free).
-fn count(alloc: bool) {
-    let _ = COUNTS.try_with(|c| Counts::bump(if alloc { &c.allocs } else { &c.frees }));
+/// What a call into the heap did, for [`count`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Alloc,
+    Free,
+    Other,
+}
+
+/// Counts one call served by the heap on this thread; returns the thread's calls so far (0
+/// when its thread-locals are gone).
+fn count(call: Call) -> u64 {
+    COUNTS
+        .try_with(|c| {
+            match call {
+                Call::Alloc => Counts::bump(&c.allocs),
+                Call::Free => Counts::bump(&c.frees),
+                Call::Other => {}
+            }
+            Counts::bump(&c.calls);
+            c.calls.load(Ordering::Relaxed)
+        })
+        .unwrap_or(0)
 }
 
 /// The calls served by the heap so far, over every thread: (allocations, frees).
@@ -177,7 +199,15 @@ fn in_lib() -> bool {
 
 /// The heap if it is ready and this thread is not already inside the library.
 fn ready_heap() -> Option<&'static Heap> {
-    if STATE.load(Ordering::Acquire) != READY || in_lib() {
+    if in_lib() {
+        return None;
+    }
+    heap_if_ready()
+}
+
+/// The heap if it is ready (whatever the thread is doing).
+fn heap_if_ready() -> Option<&'static Heap> {
+    if STATE.load(Ordering::Acquire) != READY {
         return None;
     }
     // SAFETY: HEAP is set (to a leaked Box, never freed) before STATE becomes READY.
@@ -516,11 +546,18 @@ fn summary(v: &[u32]) -> String {
 }
 
 /// The safe point: called at the start of every allocator call that reaches the heap.
-fn maybe_checkpoint(h: &Heap) {
+/// Reads the clock only every this many calls of a thread (a call takes well under a
+/// microsecond, so a checkpoint is late by microseconds; the clock read was 2 % of sqlite3's
+/// time under the preload).
+const CLOCK_EVERY: u64 = 32;
+
+/// Takes a checkpoint when one is due (`TIERMEM_CKPT_MS` elapsed, or every `TIERMEM_CKPT_CALLS`
+/// calls); `tick` is the calling thread's call count ([`count`]).
+fn maybe_checkpoint(h: &Heap, tick: u64) {
     let calls = CKPT_CALLS.load(Ordering::Relaxed);
     let due_calls = calls > 0 && CALLS.fetch_add(1, Ordering::Relaxed) % calls == calls - 1;
     let next = NEXT_CKPT_NS.load(Ordering::Relaxed);
-    let due_time = next != u64::MAX && {
+    let due_time = next != u64::MAX && tick % CLOCK_EVERY == 0 && {
         let now = now_ns();
         now >= next && {
             let ns = CKPT_NS.load(Ordering::Relaxed);
@@ -819,18 +856,22 @@ extern "C" fn after_fork_child() {
 /// (power-of-two slots are naturally aligned, medium slots 512-aligned; multi-page objects are
 /// page-aligned), else glibc.
 fn heap_alloc(size: usize, align: usize) -> *mut c_void {
-    let Some(h) = ready_heap() else {
-        // SAFETY: plain glibc allocation.
-        return unsafe {
-            if align <= 16 {
-                __libc_malloc(size)
-            } else {
-                __libc_memalign(align, size)
+    // The guard first: it says whether this call is re-entrant (from inside the library) with
+    // the one thread-local lookup a section costs.
+    let g = Guard::enter();
+    let h = match heap_if_ready() {
+        Some(h) if !g.was_inside() => h,
+        // SAFETY: plain glibc allocation (in a section, as the frees in `free`).
+        _ => {
+            return unsafe {
+                if align <= 16 {
+                    __libc_malloc(size)
+                } else {
+                    __libc_memalign(align, size)
+                }
             }
-        };
+        }
     };
-    let _g = Guard::enter();
-    maybe_checkpoint(h);
     let req = if align <= 16 {
         Some(size)
     } else if align <= 4096 {
@@ -851,7 +892,7 @@ fn heap_alloc(size: usize, align: usize) -> *mut c_void {
             // A mask for the power-of-two alignments (all but memalign's odd ones): the
             // division took a fifth of this function's time.
             Ok(p) if aligned(p as usize, align) => {
-                count(true);
+                maybe_checkpoint(h, count(Call::Alloc));
                 return p as *mut c_void;
             }
             Ok(p) => {
@@ -919,16 +960,17 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     }
     let h = owner_heap();
     let g = Guard::enter();
-    if h.free(p as *mut u8).is_ok() {
-        count(false);
+    let tick = if h.free(p as *mut u8).is_ok() {
+        count(Call::Free)
     } else {
         warn_once(
             &WARNED_BAD_FREE,
             "free() of an invalid pheap pointer ignored",
         );
-    }
+        0
+    };
     if !g.was_inside() {
-        maybe_checkpoint(h);
+        maybe_checkpoint(h, tick);
     }
 }
 
@@ -984,7 +1026,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     let h = owner_heap();
     let g = Guard::enter();
     if !g.was_inside() {
-        maybe_checkpoint(h);
+        maybe_checkpoint(h, count(Call::Other));
     }
     match h.realloc(p as *mut u8, size) {
         Ok(q) => q as *mut c_void,
