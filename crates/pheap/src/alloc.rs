@@ -894,6 +894,22 @@ impl Alloc {
         self.cap_pages * PAGE
     }
 
+    /// Where the bytes an object freed at `off` may have held end, for the checksums to redo:
+    /// its slot's end when `off` lies in a superblock of a medium class (the slot crosses
+    /// pages, and the next object may share its last page), else the end of `off`'s page (a
+    /// small slot never leaves its page; a large object leaves no live bytes in its other
+    /// pages, and the pages of a released superblock hold none).
+    pub fn freed_end(&self, off: usize) -> usize {
+        let page_end = (off / PAGE + 1) * PAGE;
+        match self
+            .sb_at(off)
+            .and_then(|id| self.sbs.get(id as usize)?.as_ref())
+        {
+            Some(sb) if is_medium(sb.class) => page_end.max(off + CLASSES[sb.class]),
+            _ => page_end,
+        }
+    }
+
     /// First-fit run of `n` pages whose start is a multiple of `align` pages.
     fn take_pages(&mut self, n: usize, align: usize) -> Option<usize> {
         let mut found = None;

@@ -1136,8 +1136,7 @@ impl Heap {
         // of an orphaned offset lies under a large object placed since: then sorted). The
         // work stays proportional to what changed; a sort of every entry cost a checkpoint
         // of 200 k freed objects 4 ms. A `Free` record carries no slot size: every part of its
-        // page (a small object never leaves its page; a large one leaves no live bytes in its
-        // other pages).
+        // page, and of a medium slot's further pages (`Alloc::freed_end`).
         let unit = g.alloc.crcs.unit();
         let from_ranges = merged
             .iter()
@@ -1149,7 +1148,7 @@ impl Heap {
                     off / unit..(off + obj.slot.max(1)).div_ceil(unit)
                 }
                 crate::alloc::MetaRec::Free { off } => {
-                    off / PAGE * PAGE / unit..(off / PAGE + 1) * PAGE / unit
+                    off / PAGE * PAGE / unit..g.alloc.freed_end(*off).div_ceil(unit)
                 }
                 crate::alloc::MetaRec::Crc { .. } => 0..0,
             })
