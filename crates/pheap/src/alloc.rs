@@ -123,6 +123,19 @@ const RECIP_PP: [u64; CLASSES.len()] = {
     t
 };
 
+/// Slots per page of each small class (`PAGE / CLASSES[c]`; 0 for the medium classes): a
+/// table, because `PAGE / CLASSES[c]` with `c` known only at run time is a division
+/// instruction (a fifth of a cache `free`'s time here).
+const PER_PAGE: [usize; CLASSES.len()] = {
+    let mut t = [0usize; CLASSES.len()];
+    let mut c = 0;
+    while c < NSMALL {
+        t[c] = PAGE / CLASSES[c];
+        c += 1;
+    }
+    t
+};
+
 /// `x / CLASSES[c]` for `x < 2^24` (see [`RECIP`]).
 #[inline]
 fn div_class(x: usize, c: usize) -> usize {
@@ -225,7 +238,7 @@ impl SlotTable {
         let r = off >> shift;
         let page_in_sb = (off - (r << shift)) / PAGE;
         // Slots per page times pages: below stride (the slots of one superblock).
-        let k = page_in_sb * (PAGE / CLASSES[c]) + q;
+        let k = page_in_sb * PER_PAGE[c] + q;
         self.ent.get(r * self.stride + k)
     }
 }
@@ -1426,7 +1439,7 @@ impl Alloc {
                     }
                     return;
                 }
-                let per_page = PAGE / size;
+                let per_page = sb.per_page;
                 let base = (page - sb.first_page) * per_page;
                 // The slots whose first byte lies in the view's part of the page (`view_of`),
                 // without testing every slot of the page.
