@@ -237,20 +237,9 @@ pub fn encode_crcs(
 pub fn encode_meta(r: &MetaRec, out: &mut Vec<u8>) {
     match r {
         MetaRec::Alloc { off, obj } => {
-            out.push(1);
-            out.extend_from_slice(&(*off as u64).to_le_bytes());
-            out.extend_from_slice(&(obj.size as u64).to_le_bytes());
-            out.extend_from_slice(&(obj.slot as u64).to_le_bytes());
-            let n = obj.name.as_deref().unwrap_or("");
-            let flag = obj.name.is_some() as u8;
-            out.push(flag);
-            out.extend_from_slice(&(n.len() as u16).to_le_bytes());
-            out.extend_from_slice(n.as_bytes());
+            encode_alloc(*off, obj.size, obj.slot, obj.name.as_deref(), out)
         }
-        MetaRec::Free { off } => {
-            out.push(2);
-            out.extend_from_slice(&(*off as u64).to_le_bytes());
-        }
+        MetaRec::Free { off } => encode_free(*off, out),
         MetaRec::Crc { off, len, crc } => {
             out.push(4);
             out.extend_from_slice(&(*off as u64).to_le_bytes());
@@ -258,6 +247,25 @@ pub fn encode_meta(r: &MetaRec, out: &mut Vec<u8>) {
             out.extend_from_slice(&crc.to_le_bytes());
         }
     }
+}
+
+/// Appends the encoding of `MetaRec::Alloc` of an object of `size` bytes in a slot of `slot`
+/// at `off`, named `name` ([`encode_meta`] without building the record).
+pub fn encode_alloc(off: usize, size: usize, slot: usize, name: Option<&str>, out: &mut Vec<u8>) {
+    out.push(1);
+    out.extend_from_slice(&(off as u64).to_le_bytes());
+    out.extend_from_slice(&(size as u64).to_le_bytes());
+    out.extend_from_slice(&(slot as u64).to_le_bytes());
+    let n = name.unwrap_or("");
+    out.push(name.is_some() as u8);
+    out.extend_from_slice(&(n.len() as u16).to_le_bytes());
+    out.extend_from_slice(n.as_bytes());
+}
+
+/// Appends the encoding of `MetaRec::Free` at `off`.
+pub fn encode_free(off: usize, out: &mut Vec<u8>) {
+    out.push(2);
+    out.extend_from_slice(&(off as u64).to_le_bytes());
 }
 
 /// Appends to `out` the live byte ranges `(offset, len)` of the part `[start, start + unit)` in
