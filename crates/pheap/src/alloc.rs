@@ -929,7 +929,7 @@ impl Alloc {
             size: 0,
             slot: 0,
         }));
-        if !self.dirty_list.is_sorted() {
+        if !self.dirty_list.windows(2).all(|w| w[0] <= w[1]) {
             out.sort_unstable_by_key(|c| c.off);
         }
         out.retain_mut(|c| {
