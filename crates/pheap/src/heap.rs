@@ -75,6 +75,10 @@ struct Views {
     memfd: OwnedFd,
     len: usize,
     bases: Vec<usize>,
+    /// `log2(len)` when the views are adjacent in order (`bases[i] = bases[0] + i * len`, as
+    /// `pick_addresses` places them) and `len` is a power of two (the usual capacities): an
+    /// address's view and offset by a shift and a mask, not a search.
+    adjacent_shift: Option<u32>,
 }
 
 impl Views {
@@ -85,6 +89,7 @@ impl Views {
             memfd,
             len,
             bases: Vec::new(),
+            adjacent_shift: None,
         };
         for (i, &b) in bases.iter().enumerate() {
             // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the kernel
@@ -121,6 +126,11 @@ impl Views {
             }
             v.bases.push(b);
         }
+        let adjacent = bases
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| Some(b) == bases[0].checked_add(i * len));
+        v.adjacent_shift = (adjacent && len.is_power_of_two()).then(|| len.trailing_zeros());
         Ok(v)
     }
 }
@@ -301,6 +311,8 @@ pub struct Heap {
     views: Views,
     path: PathBuf,
     nviews: usize,
+    /// `log2(PAGE / nviews)`: an in-page offset's part (its view) by a shift.
+    part_shift: u32,
     capacity: usize,
 }
 
@@ -511,6 +523,7 @@ impl Heap {
             views,
             path,
             nviews: opts.views,
+            part_shift: (PAGE / opts.views).trailing_zeros(),
             capacity: cap,
         })
     }
@@ -723,6 +736,7 @@ impl Heap {
             views,
             path,
             nviews,
+            part_shift: (PAGE / nviews).trailing_zeros(),
             capacity: cap,
         })
     }
@@ -767,14 +781,29 @@ impl Heap {
         self.views.bases.clone()
     }
 
+    #[inline]
     fn user_ptr(&self, off: usize, slot: usize) -> *mut u8 {
-        let v = Alloc::view_of(self.nviews, off, slot);
+        // Alloc::view_of without its tests (views is 1, 2, 4 or 8): the part of the page.
+        let v = if slot > PAGE {
+            0
+        } else {
+            (off % PAGE) >> self.part_shift
+        };
+        debug_assert_eq!(v, Alloc::view_of(self.nviews, off, slot));
+        if let Some(sh) = self.views.adjacent_shift {
+            return (self.views.bases[0] + ((1 + v) << sh) + off) as *mut u8;
+        }
         // view_of returns a view below nviews, and bases holds 1 + nviews entries.
         (self.views.bases[1 + v] + off) as *mut u8
     }
 
     /// Heap offset of an address in any view (library or user), if it lies in one.
+    #[inline]
     fn offset_of(&self, addr: usize) -> Option<usize> {
+        if let Some(sh) = self.views.adjacent_shift {
+            let rel = addr.checked_sub(self.views.bases[0])?;
+            return (rel >> sh < self.views.bases.len()).then_some(rel & ((1 << sh) - 1));
+        }
         self.views
             .bases
             .iter()
