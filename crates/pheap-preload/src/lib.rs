@@ -114,6 +114,11 @@ struct Counts {
     /// Every call into the heap (allocations, frees, resizes): paces the clock reads of
     /// [`maybe_checkpoint`].
     calls: AtomicU64,
+    /// The call at which this thread next reads the clock, the calls between two reads, and
+    /// the last read (see [`count`]).
+    clock_at: AtomicU64,
+    clock_stride: AtomicU64,
+    clock_ns: AtomicU64,
 }
 
 impl Counts {
@@ -142,9 +147,13 @@ enum Call {
     Other,
 }
 
-/// Counts one call served by the heap on this thread; returns the thread's calls so far (0
-/// when its thread-locals are gone).
-fn count(call: Call) -> u64 {
+/// Counts one call served by the heap on this thread, and reads the clock when this thread is
+/// due to: the time for [`maybe_checkpoint`], or `None` between reads. A thread reads the
+/// clock every [`CLOCK_STRIDE_MAX`] calls while its calls come faster than one per
+/// [`CLOCK_FAST_NS`] / that many, and on every call once they come slower than one per
+/// [`CLOCK_SLOW_NS`] (memcached's threads make a few hundred calls in seconds: a fixed stride
+/// of 32 took 3 of its 16 checkpoints). Always reads it when the thread-locals are gone.
+fn count(call: Call) -> Option<u64> {
     COUNTS
         .try_with(|c| {
             match call {
@@ -153,9 +162,26 @@ fn count(call: Call) -> u64 {
                 Call::Other => {}
             }
             Counts::bump(&c.calls);
-            c.calls.load(Ordering::Relaxed)
+            let calls = c.calls.load(Ordering::Relaxed);
+            if calls < c.clock_at.load(Ordering::Relaxed) {
+                return None;
+            }
+            let now = now_ns();
+            let dt = now.saturating_sub(c.clock_ns.load(Ordering::Relaxed));
+            let stride = c.clock_stride.load(Ordering::Relaxed).max(1);
+            let stride = if dt < CLOCK_FAST_NS {
+                (stride * 2).min(CLOCK_STRIDE_MAX)
+            } else if dt > CLOCK_SLOW_NS {
+                1
+            } else {
+                stride
+            };
+            c.clock_stride.store(stride, Ordering::Relaxed);
+            c.clock_ns.store(now, Ordering::Relaxed);
+            c.clock_at.store(calls + stride, Ordering::Relaxed);
+            Some(now)
         })
-        .unwrap_or(0)
+        .unwrap_or_else(|_| Some(now_ns()))
 }
 
 /// The calls served by the heap so far, over every thread: (allocations, frees).
@@ -546,25 +572,30 @@ fn summary(v: &[u32]) -> String {
 }
 
 /// The safe point: called at the start of every allocator call that reaches the heap.
-/// Reads the clock only every this many calls of a thread (a call takes well under a
-/// microsecond, so a checkpoint is late by microseconds; the clock read was 2 % of sqlite3's
-/// time under the preload).
-const CLOCK_EVERY: u64 = 32;
+/// The most calls of a thread between two clock reads (a read was 2 % of sqlite3's time under
+/// the preload, which makes 1.2 M calls in 0.2 s).
+const CLOCK_STRIDE_MAX: u64 = 32;
+/// A thread whose reads come closer than this doubles its stride...
+const CLOCK_FAST_NS: u64 = 20_000;
+/// ... and one whose reads come further apart than this reads on every call again: a
+/// checkpoint is at most ~this late on a thread that calls slowly, ~`CLOCK_FAST_NS` on one
+/// that calls fast.
+const CLOCK_SLOW_NS: u64 = 200_000;
 
 /// Takes a checkpoint when one is due (`TIERMEM_CKPT_MS` elapsed, or every `TIERMEM_CKPT_CALLS`
-/// calls); `tick` is the calling thread's call count ([`count`]).
-fn maybe_checkpoint(h: &Heap, tick: u64) {
+/// calls); `now` is the time when this thread read the clock for this call ([`count`]).
+fn maybe_checkpoint(h: &Heap, now: Option<u64>) {
     let calls = CKPT_CALLS.load(Ordering::Relaxed);
     let due_calls = calls > 0 && CALLS.fetch_add(1, Ordering::Relaxed) % calls == calls - 1;
     let next = NEXT_CKPT_NS.load(Ordering::Relaxed);
-    let due_time = next != u64::MAX && tick % CLOCK_EVERY == 0 && {
-        let now = now_ns();
-        now >= next && {
+    let due_time = match now {
+        Some(now) if next != u64::MAX && now >= next => {
             let ns = CKPT_NS.load(Ordering::Relaxed);
             NEXT_CKPT_NS
                 .compare_exchange(next, now + ns, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         }
+        _ => false,
     };
     if due_calls || due_time {
         checkpoint(h);
@@ -967,7 +998,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
             &WARNED_BAD_FREE,
             "free() of an invalid pheap pointer ignored",
         );
-        0
+        None
     };
     if !g.was_inside() {
         maybe_checkpoint(h, tick);
