@@ -531,3 +531,25 @@ fn forked_children_get_the_heap_of_the_instant_of_the_fork() {
     env.push(("TIERMEM_CKPT_MS", "5".to_string()));
     assert_eq!(run(&p, &env), "threads ok\n");
 }
+
+/// A program whose allocator calls are slow (one every 10 ms) still gets its checkpoint every
+/// 50 ms: a thread reads the clock on every call while its calls are slow (a fixed stride of 32
+/// calls between reads gave memcached 3 checkpoints instead of 16 under load).
+#[test]
+fn slow_callers_are_checkpointed_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile(dir.path(), "slow");
+    let p = Prog {
+        name: "slow",
+        argv: vec![exe.display().to_string()],
+        stdin: None,
+    };
+    let heap = dir.path().join("slow.heap");
+    let stats = dir.path().join("slow.json");
+    let mut env = preload_env(&heap, &stats, 2);
+    env.push(("TIERMEM_CKPT_MS", "50".to_string()));
+    assert_eq!(run(&p, &env), "slow ok\n");
+    let s = read_stats(&stats);
+    // 0.6 s of calls: about 12 checkpoints due, and the one at exit.
+    assert!(s.checkpoints >= 6, "{s:?}");
+}
