@@ -815,6 +815,7 @@ impl Heap {
     /// tracks the object's part of its page. `name`, if given, must be unique; the object can
     /// then be found with [`Heap::get`] after a restart. Memory is not zeroed. Errors:
     /// [`Error::NameTaken`], [`Error::OutOfMemory`].
+    #[inline]
     pub fn malloc(&self, size: usize, name: Option<&str>) -> Result<*mut u8> {
         // A section: a stop never parks this thread inside a cache operation, which the
         // checkpoint would wait for.
@@ -839,6 +840,7 @@ impl Heap {
 
     /// Frees the object starting at `ptr` (an address in any view: user or library).
     /// [`Error::InvalidPointer`] when no live object starts there (double free included).
+    #[inline]
     pub fn free(&self, ptr: *mut u8) -> Result<()> {
         let addr = ptr as usize;
         let Some(off) = self.offset_of(addr) else {
