@@ -661,10 +661,13 @@ impl Alloc {
     }
 
     /// The user views through which some slot of class `c` is returned, as a bit mask (a
-    /// medium class's: view 0, as for large objects).
+    /// medium class's: all of them, in turn).
     fn class_views(&self, c: usize) -> u32 {
         let views = self.backing.as_ref().map_or(1, |b| b.views.len());
         let s = CLASSES[c];
+        if is_medium(c) {
+            return (1u32 << views) - 1;
+        }
         (0..PAGE / s).fold(1, |m, k| m | 1 << Self::view_of(views, k * s, s))
     }
 
@@ -1426,12 +1429,19 @@ impl Alloc {
     /// goes to the part containing its **first** byte. With two views this is the paper's rule
     /// (§3, Fig. 3, pages drawn with address 0 on top): objects in the upper (first) half via
     /// view 0, the bottom half via view 1, and an object crossing the middle via the upper
-    /// view, whose page then also covers the crossing object's tail in the bottom half. Objects
-    /// larger than a page (medium and large) always use view 0. Any rule is correct as long as it is a
-    /// function of the slot: a write anywhere in the object goes through its one view.
+    /// view, whose page then also covers the crossing object's tail in the bottom half. Large
+    /// objects (whole pages) use view 0. Medium objects (packed across pages) take the views in
+    /// turn, slot by slot (`(off / slot) % views`): the page holding one's tail and the next
+    /// one's head then shows each write only the object written (sqlite3's page cache updates
+    /// the header at the tail of an entry far more often than the next entry's data). Any rule
+    /// is correct as long as it is a function of the slot: a write anywhere in the object goes
+    /// through its one view.
     pub fn view_of(views: usize, off: usize, slot: usize) -> usize {
-        if slot > PAGE || views <= 1 {
-            return 0; // large and medium objects: view 0
+        if slot > MEDIUM_MAX || views <= 1 {
+            return 0; // large objects: view 0
+        }
+        if slot > PAGE {
+            return (off / slot) % views;
         }
         if views.is_power_of_two() {
             // (off % PAGE) / (PAGE / views) without a division (views is 2, 4 or 8).
@@ -1472,17 +1482,17 @@ impl Alloc {
                 let sb = self.sbs[id as usize].as_ref().expect("live superblock");
                 let size = CLASSES[sb.class];
                 if sb.per_page == 0 {
-                    // Medium: view 0 sees the parts of the objects lying in the page, as for
-                    // large objects.
-                    if view != 0 {
-                        return;
-                    }
+                    // Medium: a view sees the parts lying in the page of the objects returned
+                    // through it (`view_of`: the views in turn, slot by slot).
                     let base = sb.first_page * PAGE;
                     let (ps, pe) = (page * PAGE, (page + 1) * PAGE);
                     let lo = div_class(ps - base, sb.class);
                     let hi = (div_class(pe - base - 1, sb.class) + 1).min(sb.nslots);
                     for k in lo..hi {
                         let off = base + k * size;
+                        if Self::view_of(views, off, size) != view {
+                            continue;
+                        }
                         let (s, e) = (off.max(ps), (off + sb.size(k)).min(pe));
                         if s < e {
                             out.push((s, e - s, off));
@@ -1699,9 +1709,22 @@ mod tests {
         let next = a.alloc(4352, None).unwrap();
         assert_ne!(next / (64 << 10), base / (64 << 10));
         // Page 1 of the superblock holds the tail of object 0 (4096..4352) and the head of
-        // object 1 (4608..8192).
+        // object 1 (4608..8192), returned through different views (the views in turn): each
+        // view's page 1 shows its own object's part only.
+        let (v0, v1) = (
+            Alloc::view_of(2, base, 4608),
+            Alloc::view_of(2, base + 4608, 4608),
+        );
+        assert_ne!(v0, v1);
         let mut v = Vec::new();
-        a.visible(2, 0, base / PAGE + 1, &mut v);
+        a.visible(2, v0, base / PAGE + 1, &mut v);
+        assert_eq!(v, vec![(base + PAGE, 256, base)]);
+        v.clear();
+        a.visible(2, v1, base / PAGE + 1, &mut v);
+        assert_eq!(v, vec![(base + 4608, 8192 - 4608, base + 4608)]);
+        // One view (PGCK) sees both.
+        v.clear();
+        a.visible(1, 0, base / PAGE + 1, &mut v);
         assert_eq!(
             v,
             vec![
@@ -1709,13 +1732,10 @@ mod tests {
                 (base + 4608, 8192 - 4608, base + 4608)
             ]
         );
-        v.clear();
-        a.visible(2, 1, base / PAGE + 1, &mut v);
-        assert!(v.is_empty());
         a.free(offs[1], offs[1]).unwrap();
         v.clear();
-        a.visible(2, 0, base / PAGE + 1, &mut v);
-        assert_eq!(v, vec![(base + PAGE, 256, base)]);
+        a.visible(2, v1, base / PAGE + 1, &mut v);
+        assert!(v.is_empty());
         // Rebuilt from its table, the allocator has the same objects.
         let table: BTreeMap<usize, Obj> = a.iter().collect();
         let b = Alloc::rebuild(1 << 20, 64 << 10, table.clone()).unwrap();
@@ -1740,6 +1760,13 @@ mod tests {
         assert_eq!(Alloc::view_of(2, 2047 - 63, 64), 0);
         assert_eq!(Alloc::view_of(2, 1360, 1360), 0);
         assert_eq!(Alloc::view_of(2, 8192, 3 * PAGE), 0);
+        // Medium slots take the views in turn.
+        assert_eq!(Alloc::view_of(2, 65536, 4608), (65536 / 4608) % 2);
+        assert_ne!(
+            Alloc::view_of(2, 65536, 4608),
+            Alloc::view_of(2, 65536 + 4608, 4608)
+        );
+        assert_eq!(Alloc::view_of(4, 3 * 5120, 5120), 3);
         assert_eq!(Alloc::view_of(4, 3 * 1024, 1024), 3);
         assert_eq!(Alloc::view_of(4, 2720, 1360), 2);
         assert_eq!(Alloc::view_of(1, 3000, 16), 0);

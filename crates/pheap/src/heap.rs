@@ -783,11 +783,11 @@ impl Heap {
 
     #[inline]
     fn user_ptr(&self, off: usize, slot: usize) -> *mut u8 {
-        // Alloc::view_of without its tests (views is 1, 2, 4 or 8): the part of the page.
-        let v = if slot > PAGE {
-            0
-        } else {
+        // Alloc::view_of with fewer tests (views is 1, 2, 4 or 8): the part of the page.
+        let v = if slot <= PAGE {
             (off % PAGE) >> self.part_shift
+        } else {
+            Alloc::view_of(self.nviews, off, slot)
         };
         debug_assert_eq!(v, Alloc::view_of(self.nviews, off, slot));
         if let Some(sh) = self.views.adjacent_shift {
