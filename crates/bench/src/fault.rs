@@ -117,6 +117,7 @@ pub fn run(o: &Options) -> Result<Report> {
         rounds,
         TrackerOptions {
             force_mprotect: true,
+            ..Default::default()
         },
     )
     .context("mprotect tracking")?;

@@ -183,6 +183,7 @@ pub extern "C" fn tiermem_tracker_create(
         }
         let opts = TrackerOptions {
             force_mprotect: flags & TIERMEM_TRACK_FORCE_MPROTECT != 0,
+            ..Default::default()
         };
         match WriteTracker::new(base.cast(), len, opts) {
             Ok(tracker) => {

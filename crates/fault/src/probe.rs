@@ -301,6 +301,7 @@ pub fn mprotect_fault_ns(pages: usize) -> Result<Vec<f64>> {
         m.len,
         TrackerOptions {
             force_mprotect: true,
+            ..Default::default()
         },
     )?;
     Ok(time_writes(m.ptr, pages))

@@ -82,6 +82,7 @@ fn tracker_mprotect_exact() {
     exact_rounds(
         TrackerOptions {
             force_mprotect: true,
+            ..Default::default()
         },
         TrackingMethod::Mprotect,
     );
@@ -119,6 +120,7 @@ fn tracker_concurrent_writers_lose_nothing() {
         TrackerOptions::default(),
         TrackerOptions {
             force_mprotect: true,
+            ..Default::default()
         },
     ] {
         let pages = 512;
@@ -184,8 +186,47 @@ fn scan_bench_function_verifies_exactness() {
         2,
         TrackerOptions {
             force_mprotect: true,
+            ..Default::default()
         },
     )
     .unwrap();
     assert_eq!(b.method, TrackingMethod::Mprotect);
+}
+
+/// A lazy tracker (nothing write-protected at the start) over shared memory: a bounded scan
+/// reports the pages below its limit that are not protected — written ones, and ones never
+/// mapped (which `PAGEMAP_SCAN` counts as written) — protects them, and nothing above the
+/// limit; after that, and after `protect`, exactly the written pages come back.
+#[test]
+fn lazy_tracker_scans_up_to_its_limit_and_is_exact_once_protected() {
+    let f = require_uffd();
+    require(f.wp_async, "UFFD_FEATURE_WP_ASYNC");
+    let pages = 256;
+    let a = Area::shared_anon(pages);
+    let opts = TrackerOptions {
+        lazy: true,
+        ..Default::default()
+    };
+    let mut t = WriteTracker::new(a.ptr, a.len, opts).unwrap();
+    if t.method() != TrackingMethod::UffdWpAsync {
+        eprintln!("skipped: no userfaultfd WP_ASYNC on shared memory here");
+        return;
+    }
+    for p in [3, 100, 200] {
+        unsafe { std::ptr::write_volatile(a.page(p), 1) };
+    }
+    let mut out = Vec::new();
+    // The first 128 pages: all reported (never protected), none above.
+    t.scan_upto(&mut out, 128 * PS).unwrap();
+    assert_eq!(expand(&out), (0..128).collect::<BTreeSet<_>>());
+    // Now protected: only what is written again comes back.
+    unsafe { std::ptr::write_volatile(a.page(7), 1) };
+    t.scan_upto(&mut out, 128 * PS).unwrap();
+    assert_eq!(expand(&out), [7].into_iter().collect::<BTreeSet<_>>());
+    // The upper half, protected explicitly: page 200's earlier write is forgotten, as for
+    // data the caller already holds; a new write is reported.
+    t.protect(128 * PS, 128 * PS).unwrap();
+    unsafe { std::ptr::write_volatile(a.page(150), 1) };
+    t.scan(&mut out).unwrap();
+    assert_eq!(expand(&out), [150].into_iter().collect::<BTreeSet<_>>());
 }

@@ -488,6 +488,9 @@ pub struct Alloc {
     pub crcs: PartCrcs,
     /// Fresh pages backed ahead of their first touch ([`Alloc::back_fresh_pages`]).
     backing: Option<Backing>,
+    /// No page at or above this one has been handed out since this allocator was made (a new
+    /// heap) or rebuilt (an opened one: above its highest used page). See [`Alloc::extent`].
+    hwm: usize,
 }
 
 /// Large objects of at most this many pages are backed ahead of their first touch when fresh
@@ -608,6 +611,21 @@ impl Alloc {
             emptied: Vec::new(),
             crcs: PartCrcs::new(cap_pages * PAGE, PAGE),
             backing: None,
+            hwm: 0,
+        }
+    }
+
+    /// Bytes from the start of the heap below which every page ever handed out lies: no user
+    /// pointer reaches beyond it, so a checkpoint's write scan stops there.
+    pub fn extent(&self) -> usize {
+        self.hwm * PAGE
+    }
+
+    /// The page above the highest one in use (0 when none is).
+    fn used_end(&self) -> usize {
+        match self.free_runs.iter().next_back() {
+            Some((&s, &l)) if s + l == self.cap_pages => s,
+            _ => self.cap_pages,
         }
     }
 
@@ -622,13 +640,9 @@ impl Alloc {
     /// holds only fresh objects, which the checkpoint copies whole anyway. Pages at or above
     /// the current highest used page count as never used.
     pub fn back_fresh_pages(&mut self, user_views: &[usize]) {
-        let hwm = match self.free_runs.iter().next_back() {
-            Some((&s, &l)) if s + l == self.cap_pages => s,
-            _ => self.cap_pages,
-        };
         self.backing = Some(Backing {
             views: user_views.to_vec(),
-            hwm,
+            hwm: self.used_end(),
         });
     }
 
@@ -988,6 +1002,7 @@ impl Alloc {
             }
         }
         let (s, l, a) = found?;
+        self.hwm = self.hwm.max(a + n);
         self.free_runs.remove(&s);
         if a > s {
             self.free_runs.insert(s, a - s);
@@ -1640,6 +1655,7 @@ impl Alloc {
                 }
             }
         }
+        a.hwm = a.used_end();
         Ok(a)
     }
 

@@ -528,12 +528,20 @@ impl Heap {
         })
     }
 
+    /// One tracker per user view, lazy (nothing write-protected at the start): a checkpoint
+    /// scans each view only below the allocator's extent (`Alloc::extent`: no pointer was ever
+    /// handed out beyond it), where every page is written-protected by a scan or by
+    /// [`Heap::open`] once it holds data, so the cost of tracking follows the memory used, not
+    /// the capacity.
     fn track(bases: &[usize], len: usize, force_mprotect: bool) -> Result<Vec<WriteTracker>> {
         bases
             .iter()
             .map(|&b| {
-                WriteTracker::new(b as *mut u8, len, TrackerOptions { force_mprotect })
-                    .map_err(Error::from)
+                let opts = TrackerOptions {
+                    force_mprotect,
+                    lazy: true,
+                };
+                WriteTracker::new(b as *mut u8, len, opts).map_err(Error::from)
             })
             .collect()
     }
@@ -700,7 +708,11 @@ impl Heap {
                 )));
             }
         }
-        let trackers = Self::track(&bases[1..], cap, force_mprotect)?;
+        let mut trackers = Self::track(&bases[1..], cap, force_mprotect)?;
+        // The restored objects' pages: reported when written from now on, not before.
+        for t in &mut trackers {
+            t.protect(0, alloc.extent())?;
+        }
         if trackers[0].method() == TrackingMethod::UffdWpAsync {
             alloc.back_fresh_pages(&bases[1..]);
         }
@@ -1056,7 +1068,8 @@ impl Heap {
                 // precedes view v+1's, so a page's objects come out ascending).
                 let mut written: Vec<(usize, usize)> = Vec::new();
                 for v in 0..g.trackers.len() {
-                    g.trackers[v].scan(&mut g.scan_buf)?;
+                    let extent = g.alloc.extent();
+                    g.trackers[v].scan_upto(&mut g.scan_buf, extent)?;
                     for r in &g.scan_buf {
                         written
                             .extend((r.offset / PAGE..(r.offset + r.len) / PAGE).map(|p| (p, v)));
