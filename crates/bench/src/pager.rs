@@ -1654,16 +1654,36 @@ fn run_app(
             app_data * 2 + (64 << 20),
             SWAP_PRIO_TOP,
         )?;
-        run_kernel(
-            &spec,
-            &ycsb,
-            &format!(
-                "tiermem-pager-bench-app-{}-{}",
+        // Rerun in a fresh cgroup with the same limit after an OOM kill, at most twice, and
+        // say so (as `run_kernel_probe` does for the probes).
+        let mut attempt = 0u32;
+        loop {
+            let cg = format!(
+                "tiermem-pager-bench-app-{}-{}-{attempt}",
                 app.name(),
                 std::process::id()
-            ),
-            &say,
-        )?
+            );
+            match run_kernel(&spec, &ycsb, &cg, &say) {
+                Ok(r) => break r,
+                Err(e)
+                    if attempt < 2
+                        && e.downcast_ref::<crate::pager_app::KernelOomKill>()
+                            .is_some() =>
+                {
+                    attempt += 1;
+                    notes.push(format!(
+                        "{} under kernel swap was OOM-killed by its memory cgroup (attempt \
+                         {attempt}) and rerun",
+                        app.program()
+                    ));
+                    progress::step(&format!(
+                        "{} under kernel-swap (again, after an OOM kill)",
+                        app.program()
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     };
     // The pager gets what the kernel got for the items: the budget and the slack (the server's
     // memory at start is outside the arena there too).

@@ -247,6 +247,19 @@ fn p99(r: &YcsbReport, op: &str) -> Result<f64> {
         .with_context(|| format!("YCSB reported no {op} operations"))
 }
 
+/// The context of a [`run_kernel`] error whose server its memory cgroup OOM-killed: memcg v1
+/// has no dirty throttling, and a server is sometimes killed while swap writeback lags behind
+/// its faults (seen with other disk traffic beside it), as the probes are (`bench pager`
+/// reruns those too).
+#[derive(Debug, Clone, Copy)]
+pub struct KernelOomKill;
+
+impl std::fmt::Display for KernelOomKill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OOM-killed by its memory cgroup")
+    }
+}
+
 /// The application under kernel swap (the caller has the swap file on and zswap off).
 pub fn run_kernel(
     spec: &AppSpec,
@@ -278,13 +291,21 @@ pub fn run_kernel(
     let majflt = crate::cpu::process_major_faults(pid).unwrap_or(0);
     let ooms = cg.oom_kills();
     let _ = server.stop(Stop::Signal(libc::SIGTERM), Duration::from_secs(10));
-    let r = r.with_context(|| {
-        format!(
-            "{} under kernel swap (OOM kills {ooms}; log: {})",
-            app.program(),
-            crate::kv_harness::log_tail(&log, 5)
-        )
-    })?;
+    let r = r
+        .with_context(|| {
+            format!(
+                "{} under kernel swap (OOM kills {ooms}; log: {})",
+                app.program(),
+                crate::kv_harness::log_tail(&log, 5)
+            )
+        })
+        .map_err(|e| {
+            if ooms > 0 {
+                e.context(KernelOomKill)
+            } else {
+                e
+            }
+        })?;
     let peak = cg.max_usage()?;
     Ok(AppRun {
         read_p99_us: p99(&r, "READ")?,
@@ -378,4 +399,21 @@ pub fn run_pager(spec: &AppSpec, ycsb: &Ycsb, say: &dyn Fn(&str)) -> Result<AppR
         budget_ok: peak <= spec.budget + 32 * page,
         limit_over_budget: 0,
     })
+}
+
+#[cfg(test)]
+mod oom_tests {
+    use super::KernelOomKill;
+
+    /// `bench pager` tells an OOM-killed kernel-swap run (rerun it) from any other failure by
+    /// this context.
+    #[test]
+    fn an_oom_kill_is_told_from_other_failures() {
+        let killed = anyhow::anyhow!("YCSB run: a client thread failed")
+            .context("redis-server under kernel swap (OOM kills 1)")
+            .context(KernelOomKill);
+        assert!(killed.downcast_ref::<KernelOomKill>().is_some());
+        let other = anyhow::anyhow!("YCSB run failed").context("redis-server under kernel swap");
+        assert!(other.downcast_ref::<KernelOomKill>().is_none());
+    }
 }

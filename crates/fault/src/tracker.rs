@@ -1,7 +1,8 @@
 //! Written-page tracking: which pages of a range were written since the last scan.
 //!
 //! Primary method ([`TrackingMethod::UffdWpAsync`]): a private userfaultfd with
-//! UFFD_FEATURE_WP_ASYNC (+WP_UNPOPULATED), the range registered in WP mode and write-protected.
+//! UFFD_FEATURE_WP_ASYNC (+WP_UNPOPULATED), the range registered in WP mode and write-protected
+//! (or, [`TrackerOptions::lazy`], protected by the scans themselves, bounded by the caller).
 //! A write to a protected page is resolved by the kernel itself (~0.8 µs, no message, no
 //! signal): it just clears the PTE's uffd-wp bit. A scan is one `PAGEMAP_SCAN` ioctl per output
 //! chunk with `PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC` and `PAGE_IS_WRITTEN` as category and
