@@ -892,16 +892,8 @@ fn heap_alloc(size: usize, align: usize) -> *mut c_void {
     let g = Guard::enter();
     let h = match heap_if_ready() {
         Some(h) if !g.was_inside() => h,
-        // SAFETY: plain glibc allocation (in a section, as the frees in `free`).
-        _ => {
-            return unsafe {
-                if align <= 16 {
-                    __libc_malloc(size)
-                } else {
-                    __libc_memalign(align, size)
-                }
-            }
-        }
+        // In a section, as the frees in `free`.
+        _ => return libc_alloc(size, align),
     };
     let req = if align <= 16 {
         Some(size)
@@ -934,6 +926,11 @@ fn heap_alloc(size: usize, align: usize) -> *mut c_void {
         }
     }
     FALLBACK.fetch_add(1, Ordering::Relaxed);
+    libc_alloc(size, align)
+}
+
+/// glibc's allocation of `size` bytes aligned to `align`.
+fn libc_alloc(size: usize, align: usize) -> *mut c_void {
     // SAFETY: plain glibc allocation.
     unsafe {
         if align <= 16 {
@@ -991,7 +988,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     }
     let h = owner_heap();
     let g = Guard::enter();
-    let tick = if h.free(p as *mut u8).is_ok() {
+    let now = if h.free(p as *mut u8).is_ok() {
         count(Call::Free)
     } else {
         warn_once(
@@ -1001,7 +998,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         None
     };
     if !g.was_inside() {
-        maybe_checkpoint(h, tick);
+        maybe_checkpoint(h, now);
     }
 }
 

@@ -486,8 +486,9 @@ pub struct Alloc {
     /// see [`crate::format::live_in_part`]). A part without an entry has not been checkpointed
     /// since one of its objects changed.
     pub crcs: PartCrcs,
-    /// Fresh pages backed ahead of their first touch ([`Alloc::back_fresh_pages`]).
-    backing: Option<Backing>,
+    /// Base address of each user view, once fresh pages are backed ahead of their first touch
+    /// ([`Alloc::back_fresh_pages`]).
+    backing: Option<Vec<usize>>,
     /// No page at or above this one has been handed out since this allocator was made (a new
     /// heap) or rebuilt (an opened one: above its highest used page). See [`Alloc::extent`].
     hwm: usize,
@@ -497,15 +498,6 @@ pub struct Alloc {
 /// ([`Alloc::back_fresh_pages`]); a larger one may well be used sparsely (a big `calloc`), so
 /// its pages are left to fault in as they are touched.
 pub const BACK_LARGE_PAGES: usize = 16;
-
-/// Where and from which page on [`Alloc`] backs the pages it hands out.
-#[derive(Debug, Clone)]
-struct Backing {
-    /// Base address of each user view.
-    views: Vec<usize>,
-    /// Pages at and above this one have never been handed out since the backing began.
-    hwm: usize,
-}
 
 /// The committed checksums of the checkpoint image's parts (`crate::format::crc_unit` bytes
 /// each): one slot per part of the heap, so that a checkpoint's tens of thousands of updates
@@ -638,28 +630,18 @@ impl Alloc {
     /// unprotect), 2 × ~1 µs of exception entry here; populated, the same work is done in the
     /// kernel without them. A populated page is reported written at the next checkpoint: it
     /// holds only fresh objects, which the checkpoint copies whole anyway. Pages at or above
-    /// the current highest used page count as never used.
+    /// the extent ([`Alloc::extent`]) count as never used.
     pub fn back_fresh_pages(&mut self, user_views: &[usize]) {
-        self.backing = Some(Backing {
-            views: user_views.to_vec(),
-            hwm: self.used_end(),
-        });
+        self.backing = Some(user_views.to_vec());
     }
 
-    /// Backs the never-used part of the page run `[start, start + n)` just handed out, in the
-    /// views whose bit is set in `views` (none: the run only counts as used from now on; see
-    /// [`Alloc::back_fresh_pages`]).
-    fn back(&mut self, start: usize, n: usize, views: u32) {
-        let Some(b) = self.backing.as_mut() else {
+    /// Backs pages `[from, end)`, just handed out for the first time, in the views whose bit
+    /// is set in `views` (see [`Alloc::back_fresh_pages`]).
+    fn back(&self, from: usize, end: usize, views: u32) {
+        let Some(bases) = self.backing.as_ref() else {
             return;
         };
-        let end = start + n;
-        if end <= b.hwm {
-            return;
-        }
-        let from = start.max(b.hwm);
-        b.hwm = end;
-        for (v, &base) in b.views.iter().enumerate() {
+        for (v, &base) in bases.iter().enumerate() {
             if views & (1 << v) != 0 {
                 // SAFETY: the run lies below the capacity, inside view v's mapping; populating
                 // writes nothing, it only maps the pages. A failure (no memory now) leaves the
@@ -677,7 +659,7 @@ impl Alloc {
     /// The user views through which some slot of class `c` is returned, as a bit mask (a
     /// medium class's: all of them, in turn).
     fn class_views(&self, c: usize) -> u32 {
-        let views = self.backing.as_ref().map_or(1, |b| b.views.len());
+        let views = self.backing.as_ref().map_or(1, Vec::len);
         let s = CLASSES[c];
         if is_medium(c) {
             return (1u32 << views) - 1;
@@ -991,8 +973,10 @@ impl Alloc {
         }
     }
 
-    /// First-fit run of `n` pages whose start is a multiple of `align` pages.
-    fn take_pages(&mut self, n: usize, align: usize) -> Option<usize> {
+    /// First-fit run of `n` pages whose start is a multiple of `align` pages; the part of it
+    /// never handed out before is backed in the views of the mask `back` (0: none; see
+    /// [`Alloc::back_fresh_pages`]).
+    fn take_pages(&mut self, n: usize, align: usize, back: u32) -> Option<usize> {
         let mut found = None;
         for (&s, &l) in &self.free_runs {
             let a = s.div_ceil(align) * align;
@@ -1002,7 +986,10 @@ impl Alloc {
             }
         }
         let (s, l, a) = found?;
-        self.hwm = self.hwm.max(a + n);
+        if a + n > self.hwm {
+            self.back(a.max(self.hwm), a + n, back);
+            self.hwm = a + n;
+        }
         self.free_runs.remove(&s);
         if a > s {
             self.free_runs.insert(s, a - s);
@@ -1111,15 +1098,17 @@ impl Alloc {
         let size = size.max(1);
         let (off, slot) = if size > MEDIUM_MAX {
             let n = size.div_ceil(PAGE);
-            let start = self.take_pages(n, 1).ok_or_else(|| Error::OutOfMemory {
-                requested: size,
-                capacity: self.capacity(),
-            })?;
+            // Large objects are returned through view 0.
+            let back = if n <= BACK_LARGE_PAGES { 1 } else { 0 };
+            let start = self
+                .take_pages(n, 1, back)
+                .ok_or_else(|| Error::OutOfMemory {
+                    requested: size,
+                    capacity: self.capacity(),
+                })?;
             for p in &mut self.pages[start..start + n] {
                 *p = Owner::Large(start as u32);
             }
-            // Large objects are returned through view 0.
-            self.back(start, n, if n <= BACK_LARGE_PAGES { 1 } else { 0 });
             self.large.insert(start * PAGE, (size, n * PAGE, 0));
             self.adopt_orphans(start, n);
             (start * PAGE, n * PAGE)
@@ -1177,14 +1166,13 @@ impl Alloc {
                     }
                 }
                 None => {
-                    let first = self.take_pages(self.sb_pages, self.sb_pages).ok_or(
+                    let views = self.class_views(c);
+                    let first = self.take_pages(self.sb_pages, self.sb_pages, views).ok_or(
                         Error::OutOfMemory {
                             requested: size,
                             capacity: self.capacity(),
                         },
                     )?;
-                    let views = self.class_views(c);
-                    self.back(first, self.sb_pages, views);
                     let id = self.new_sb(c, first);
                     // new_sb just stored Some at index id.
                     if let Some(sb) = self.sbs[id as usize].as_mut() {
@@ -1468,8 +1456,8 @@ impl Alloc {
 
     /// Appends to `out` the byte ranges `(offset, len, object offset)` of the objects visible
     /// through page `page` of user view `view` (of `views`): the small objects of that page
-    /// assigned to the view, and (view 0) the parts of the medium or large objects lying in
-    /// that page.
+    /// assigned to the view, the parts lying in that page of the medium objects assigned to
+    /// it, and (view 0) the part of a large object lying in that page.
     pub fn visible(
         &self,
         views: usize,
@@ -1708,8 +1696,8 @@ mod tests {
     }
 
     /// Medium objects are packed end to end in their superblock (one of 4.3 KiB takes 4608
-    /// bytes, not two pages), are found from any of their offsets' slot, and a page shows view
-    /// 0 the parts of the objects lying in it (view 1 none).
+    /// bytes, not two pages), are found from their first byte only, and a page shows each view
+    /// the parts lying in it of the objects returned through that view (the views in turn).
     #[test]
     fn medium_objects_are_packed_across_pages() {
         let mut a = Alloc::new(1 << 20, 64 << 10);

@@ -156,17 +156,22 @@ struct Inner {
     reserved: Reserved,
     /// The redo log's DRAM stage ([`STAGE`] bytes), kept between checkpoints.
     stage: Vec<u8>,
-    /// A checkpoint's table changes, the checksum parts they touch and the encoded metadata,
-    /// kept between checkpoints (their capacity: a checkpoint of 200 k new objects spent a
-    /// fifth of its time faulting in new vectors of 11 MB and more).
-    changes: Vec<crate::alloc::Change>,
-    parts: Vec<usize>,
-    /// The objects a checkpoint copies whole, kept likewise.
-    extra: Vec<(usize, usize, usize)>,
-    mbuf: Vec<u8>,
+    /// A checkpoint's working vectors, kept between checkpoints.
+    bufs: CkBuffers,
     /// A checkpoint failed after it had consumed the write tracking: the next `ckall` copies
     /// every live object.
     resync: bool,
+}
+
+/// A checkpoint's table changes, the checksum parts they touch, the objects it copies whole
+/// and its encoded metadata: kept between checkpoints for their capacity (a checkpoint of
+/// 200 k new objects spent a fifth of its time faulting in new vectors of 11 MB and more).
+#[derive(Default)]
+struct CkBuffers {
+    changes: Vec<crate::alloc::Change>,
+    parts: Vec<usize>,
+    extra: Vec<(usize, usize, usize)>,
+    mbuf: Vec<u8>,
 }
 
 /// Bytes of object data a checkpoint gathers in DRAM before writing them to the redo log (and
@@ -495,12 +500,9 @@ impl Heap {
             hdr.seq += 1;
         }
         hdr.seq -= 1;
-        let trackers = Self::track(&bases[1..], cap, opts.force_mprotect)?;
         let mut alloc = Alloc::new(cap, opts.sb_size);
         alloc.crcs = crate::alloc::PartCrcs::new(cap, format::crc_unit(opts.views));
-        if trackers[0].method() == TrackingMethod::UffdWpAsync {
-            alloc.back_fresh_pages(&bases[1..]);
-        }
+        let trackers = Self::track(&bases[1..], cap, opts.force_mprotect, &mut alloc)?;
         Ok(Heap {
             shared: Shared::new(&alloc),
             inner: Mutex::new(Inner {
@@ -514,10 +516,7 @@ impl Heap {
                 totals: CkStats::default(),
                 reserved: Reserved::new(cap),
                 stage: Vec::new(),
-                changes: Vec::new(),
-                parts: Vec::new(),
-                extra: Vec::new(),
-                mbuf: Vec::new(),
+                bufs: CkBuffers::default(),
                 resync: false,
             }),
             views,
@@ -530,20 +529,30 @@ impl Heap {
 
     /// One tracker per user view, lazy (nothing write-protected at the start): a checkpoint
     /// scans each view only below the allocator's extent (`Alloc::extent`: no pointer was ever
-    /// handed out beyond it), where every page is written-protected by a scan or by
-    /// [`Heap::open`] once it holds data, so the cost of tracking follows the memory used, not
-    /// the capacity.
-    fn track(bases: &[usize], len: usize, force_mprotect: bool) -> Result<Vec<WriteTracker>> {
-        bases
-            .iter()
-            .map(|&b| {
-                let opts = TrackerOptions {
-                    force_mprotect,
-                    lazy: true,
-                };
-                WriteTracker::new(b as *mut u8, len, opts).map_err(Error::from)
-            })
-            .collect()
+    /// handed out beyond it), where every page is write-protected by a scan once it is used,
+    /// so the cost of tracking follows the memory used, not the capacity. The pages `alloc`
+    /// already uses (a reopened heap's) are protected here: written from now on, not before.
+    /// With userfaultfd, `alloc` backs fresh pages ahead of their first write.
+    fn track(
+        bases: &[usize],
+        len: usize,
+        force_mprotect: bool,
+        alloc: &mut Alloc,
+    ) -> Result<Vec<WriteTracker>> {
+        let opts = TrackerOptions {
+            force_mprotect,
+            lazy: true,
+        };
+        let mut trackers = Vec::with_capacity(bases.len());
+        for &b in bases {
+            let mut t = WriteTracker::new(b as *mut u8, len, opts)?;
+            t.protect(0, alloc.extent())?;
+            trackers.push(t);
+        }
+        if trackers.first().map(WriteTracker::method) == Some(TrackingMethod::UffdWpAsync) {
+            alloc.back_fresh_pages(bases);
+        }
+        Ok(trackers)
     }
 
     /// Opens an existing heap: validates the pool (media header: magic, version, CRC) and the
@@ -708,14 +717,7 @@ impl Heap {
                 )));
             }
         }
-        let mut trackers = Self::track(&bases[1..], cap, force_mprotect)?;
-        // The restored objects' pages: reported when written from now on, not before.
-        for t in &mut trackers {
-            t.protect(0, alloc.extent())?;
-        }
-        if trackers[0].method() == TrackingMethod::UffdWpAsync {
-            alloc.back_fresh_pages(&bases[1..]);
-        }
+        let trackers = Self::track(&bases[1..], cap, force_mprotect, &mut alloc)?;
         Ok(Heap {
             shared: Shared::new(&alloc),
             inner: Mutex::new(Inner {
@@ -739,10 +741,7 @@ impl Heap {
                     r
                 },
                 stage: Vec::new(),
-                changes: Vec::new(),
-                parts: Vec::new(),
-                extra: Vec::new(),
-                mbuf: Vec::new(),
+                bufs: CkBuffers::default(),
                 resync: false,
             }),
             views,
@@ -1067,8 +1066,8 @@ impl Heap {
                 // The written pages of every view, in page order (within a page, view v's part
                 // precedes view v+1's, so a page's objects come out ascending).
                 let mut written: Vec<(usize, usize)> = Vec::new();
+                let extent = g.alloc.extent();
                 for v in 0..g.trackers.len() {
-                    let extent = g.alloc.extent();
                     g.trackers[v].scan_upto(&mut g.scan_buf, extent)?;
                     for r in &g.scan_buf {
                         written
@@ -1081,7 +1080,7 @@ impl Heap {
                 // Plus every object created or moved since the last checkpoint (only live
                 // objects are fresh: free clears the flag), and after a failed checkpoint every
                 // object: sorted, and fed in between the pages.
-                let mut extra = std::mem::take(&mut g.extra);
+                let mut extra = std::mem::take(&mut g.bufs.extra);
                 extra.clear();
                 extra.extend(
                     g.alloc
@@ -1126,7 +1125,7 @@ impl Heap {
                 for &r in &extra[ei..] {
                     add(&mut merged, r);
                 }
-                g.extra = extra;
+                g.bufs.extra = extra;
             }
         }
         let t_scan = std::time::Instant::now();
@@ -1193,7 +1192,7 @@ impl Heap {
         // checkpoint does not write those). Computed when the stage holding the page's pieces
         // is flushed: a stage load ends only where a new page starts, so a page's pieces are in
         // one load.
-        let mut journal = std::mem::take(&mut g.changes);
+        let mut journal = std::mem::take(&mut g.bufs.changes);
         g.alloc.journal_into(&mut journal);
         // The checksum parts (`format::crc_unit` bytes: what one user view's page tracks), by
         // index, ascending and once each, from two runs merged: the merged ranges' parts
@@ -1206,7 +1205,7 @@ impl Heap {
         let from_ranges = merged
             .iter()
             .flat_map(|&(o, l)| o / unit..(o + l).div_ceil(unit));
-        let mut from_journal = std::mem::take(&mut g.parts);
+        let mut from_journal = std::mem::take(&mut g.bufs.parts);
         from_journal.clear();
         from_journal.extend(journal.iter().flat_map(|c| match c.slot {
             0 => c.off / PAGE * PAGE / unit..g.alloc.freed_end(c.off).div_ceil(unit),
@@ -1409,7 +1408,7 @@ impl Heap {
         let t_log = std::time::Instant::now();
         // 2. Metadata journal (append) or snapshot (switch areas).
         // Sized up front: an Alloc record is at most 28 bytes and its name, a Crc one 17.
-        let mut mbuf = std::mem::take(&mut g.mbuf);
+        let mut mbuf = std::mem::take(&mut g.bufs.mbuf);
         mbuf.clear();
         mbuf.reserve(journal.len() * 28 + new_crcs.len() * 17);
         for c in &journal {
@@ -1529,7 +1528,7 @@ impl Heap {
         stage.clear();
         g.stage = stage;
         let meta_bytes = mbuf.len();
-        (g.changes, g.parts, g.mbuf) = (journal, from_journal, mbuf);
+        (g.bufs.changes, g.bufs.parts, g.bufs.mbuf) = (journal, from_journal, mbuf);
         let st = CkStats {
             epoch: nh.epoch,
             pages_written,
