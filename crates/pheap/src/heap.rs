@@ -831,6 +831,12 @@ impl Heap {
         // A section: a stop never parks this thread inside a cache operation, which the
         // checkpoint would wait for.
         let _s = safepoint::section();
+        self.malloc_in_section(size, name)
+    }
+
+    /// [`Heap::malloc`] for a caller already in a safepoint section.
+    #[inline]
+    fn malloc_in_section(&self, size: usize, name: Option<&str>) -> Result<*mut u8> {
         if name.is_none() {
             if let Some(c) = crate::alloc::class_for(size) {
                 let size = size.max(1);
@@ -871,6 +877,13 @@ impl Heap {
             _mm_prefetch::<_MM_HINT_ET0>(self.user_ptr(off, CLASSES[0]) as *const i8)
         };
         let _s = safepoint::section(); // as in malloc
+        self.free_in_section(off, addr)
+    }
+
+    /// Frees the object at heap offset `off` (`addr` is the address it was given as, for the
+    /// error), for a caller already in a safepoint section.
+    #[inline]
+    fn free_in_section(&self, off: usize, addr: usize) -> Result<()> {
         if tcache::free(&self.shared, off, || self.lock_alloc()).is_none() {
             let mut g = self.lock();
             g.alloc.free(off, addr)?;
@@ -904,11 +917,12 @@ impl Heap {
                 // Through the threads' caches. The bytes are copied between the user views
                 // (the new object is copied whole by the next checkpoint anyway): the
                 // library view's pages would each fault in once more.
-                let new = self.malloc(size, None)?;
+                // Already in a section; the old object's offset is known.
+                let new = self.malloc_in_section(size, None)?;
                 // SAFETY: `old` live bytes at the old object's user address, `size > old`
                 // bytes at the new one; distinct live objects do not overlap.
                 unsafe { std::ptr::copy_nonoverlapping(self.user_ptr(off, CLASSES[c]), new, old) };
-                self.free(ptr)?;
+                self.free_in_section(off, addr)?;
                 return Ok(new);
             }
         }
