@@ -239,6 +239,11 @@ impl Guard {
     fn was_inside(&self) -> bool {
         self.0.nested()
     }
+
+    /// The safepoint section this guard holds (for the heap's `*_in` calls).
+    fn section(&self) -> &safepoint::Section {
+        &self.0
+    }
 }
 
 fn in_lib() -> bool {
@@ -933,7 +938,7 @@ fn heap_alloc(size: usize, align: usize) -> *mut c_void {
         None
     };
     if let Some(req) = req {
-        match h.malloc(req, None) {
+        match h.malloc_in(g.section(), req, None) {
             // A mask for the power-of-two alignments (all but memalign's odd ones): the
             // division took a fifth of this function's time.
             Ok(p) if aligned(p as usize, align) => {
@@ -1010,7 +1015,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     }
     let h = owner_heap();
     let g = Guard::enter();
-    let now = if h.free(p as *mut u8).is_ok() {
+    let now = if h.free_in(g.section(), p as *mut u8).is_ok() {
         count(Call::Free)
     } else {
         warn_once(
@@ -1078,7 +1083,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if !g.was_inside() {
         maybe_checkpoint(h, count(Call::Other));
     }
-    match h.realloc(p as *mut u8, size) {
+    match h.realloc_in(g.section(), p as *mut u8, size) {
         Ok(q) => q as *mut c_void,
         Err(tiermem_pheap::Error::OutOfMemory { .. }) => {
             warn_once(&WARNED_FULL, "heap full: falling back to glibc malloc");

@@ -834,6 +834,18 @@ impl Heap {
         self.malloc_in_section(size, name)
     }
 
+    /// [`Heap::malloc`] for a caller already in a safepoint section on this thread (`_s`, not
+    /// `Send`, proves it): no second section is entered.
+    #[inline]
+    pub fn malloc_in(
+        &self,
+        _s: &safepoint::Section,
+        size: usize,
+        name: Option<&str>,
+    ) -> Result<*mut u8> {
+        self.malloc_in_section(size, name)
+    }
+
     /// [`Heap::malloc`] for a caller already in a safepoint section.
     #[inline]
     fn malloc_in_section(&self, size: usize, name: Option<&str>) -> Result<*mut u8> {
@@ -859,6 +871,13 @@ impl Heap {
     /// [`Error::InvalidPointer`] when no live object starts there (double free included).
     #[inline]
     pub fn free(&self, ptr: *mut u8) -> Result<()> {
+        let s = safepoint::section(); // as in malloc
+        self.free_in(&s, ptr)
+    }
+
+    /// [`Heap::free`] for a caller already in a safepoint section on this thread (`_s`).
+    #[inline]
+    pub fn free_in(&self, _s: &safepoint::Section, ptr: *mut u8) -> Result<()> {
         let addr = ptr as usize;
         let Some(off) = self.offset_of(addr) else {
             return Err(Error::InvalidPointer(addr));
@@ -876,7 +895,6 @@ impl Heap {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
             _mm_prefetch::<_MM_HINT_ET0>(self.user_ptr(off, CLASSES[0]) as *const i8)
         };
-        let _s = safepoint::section(); // as in malloc
         self.free_in_section(off, addr)
     }
 
@@ -899,14 +917,24 @@ impl Heap {
     /// slot allows, else moves (the copy goes through the library view and the moved object is
     /// checkpointed in full at the next checkpoint). Returns the user pointer.
     pub fn realloc(&self, ptr: *mut u8, size: usize) -> Result<*mut u8> {
+        let s = safepoint::section(); // as in malloc
+        self.realloc_in(&s, ptr, size)
+    }
+
+    /// [`Heap::realloc`] for a caller already in a safepoint section on this thread (`_s`).
+    pub fn realloc_in(
+        &self,
+        _s: &safepoint::Section,
+        ptr: *mut u8,
+        size: usize,
+    ) -> Result<*mut u8> {
         if ptr.is_null() {
-            return self.malloc(size, None);
+            return self.malloc_in_section(size, None);
         }
         let addr = ptr as usize;
         let Some(off) = self.offset_of(addr) else {
             return Err(Error::InvalidPointer(addr));
         };
-        let _s = safepoint::section(); // as in malloc
         let size = size.max(1);
         if let Some((old, c)) = tcache::small_object(&self.shared, off) {
             if size <= CLASSES[c] {

@@ -26,7 +26,7 @@
 //! reachable from there), which the next refill or checkpoint drains.
 
 use crate::alloc::{entry, entry_flags, entry_size, Alloc, CLASSES, FRESH, LISTED};
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::sync::atomic::{
     compiler_fence, AtomicBool, AtomicIsize, AtomicU64,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
@@ -159,7 +159,37 @@ impl Drop for Cache {
 }
 
 thread_local! {
-    static CACHE: RefCell<Option<Cache>> = const { RefCell::new(None) };
+    /// This thread's cache: null (none yet), [`BUSY`] (in use: a call from a signal handler
+    /// interrupted a cache operation), [`DEAD`] (its thread-locals are being torn down), or a
+    /// cache leaked from a `Box`. Constant-initialised and without a destructor, so an access
+    /// is one thread-local load, without the state tests of a lazily initialised or dropped
+    /// thread-local (a `RefCell<Option<Cache>>` here cost ~10 instructions a call).
+    static CACHE: Cell<*mut Cache> = const { Cell::new(std::ptr::null_mut()) };
+    /// Frees this thread's cache when the thread exits (registered with the first cache).
+    static CACHE_OWNER: CacheOwner = const { CacheOwner };
+}
+
+/// [`CACHE`] while a cache operation uses it.
+const BUSY: *mut Cache = 1 as *mut Cache;
+/// [`CACHE`] once its thread is exiting.
+const DEAD: *mut Cache = 2 as *mut Cache;
+
+/// Whether a [`CACHE`] value is a cache.
+fn is_cache(p: *mut Cache) -> bool {
+    !p.is_null() && p != BUSY && p != DEAD
+}
+
+/// Drops this thread's cache at thread exit (see [`CACHE`]).
+struct CacheOwner;
+
+impl Drop for CacheOwner {
+    fn drop(&mut self) {
+        let p = CACHE.with(|c| c.replace(DEAD));
+        if is_cache(p) {
+            // SAFETY: a cache leaked from a Box by `new_cache`, taken out of CACHE just now.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -206,14 +236,10 @@ impl Shared {
     pub(crate) fn exclude(&self) -> Exclusive<'_> {
         self.ck.store(true, SeqCst);
         let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        let me = CACHE
-            .try_with(|c| {
-                c.try_borrow()
-                    .ok()
-                    .and_then(|c| c.as_ref().map(|c| Arc::as_ptr(&c.slot)))
-            })
-            .ok()
-            .flatten();
+        let me = CACHE.with(Cell::get);
+        // SAFETY: a cache of this thread, not in use (a cache operation of this thread would
+        // be BUSY); it lives until this thread replaces or drops it.
+        let me = is_cache(me).then(|| Arc::as_ptr(unsafe { &(*me).slot }));
         let others: Vec<&Arc<ThreadSlot>> = threads
             .iter()
             .filter(|t| Some(Arc::as_ptr(t)) != me)
@@ -255,35 +281,60 @@ impl Drop for Exclusive<'_> {
 /// Runs `f` with this thread's cache for heap `sh` (creating it, and giving back the one of
 /// another heap); `None` when the thread has no usable cache (its thread-locals are being torn
 /// down, or a signal handler interrupted a cache operation).
+#[inline(always)]
 fn with_cache<R>(sh: &Arc<Shared>, f: impl FnOnce(&mut Cache) -> Option<R>) -> Option<R> {
-    CACHE
-        .try_with(|cell| {
-            let mut c = cell.try_borrow_mut().ok()?;
-            if c.as_ref().map_or(true, |c| c.id != sh.id) {
-                *c = None; // gives the old heap's slots back (Drop)
-                let slot = Arc::new(ThreadSlot {
-                    busy: AtomicBool::new(false),
-                    delta: AtomicIsize::new(0),
-                    // SAFETY: gettid has no preconditions.
-                    tid: unsafe { libc::gettid() },
-                });
-                sh.threads
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(slot.clone());
-                *c = Some(Cache {
-                    id: sh.id,
-                    heap: Arc::downgrade(sh),
-                    slot,
-                    bins: (0..CLASSES.len())
-                        .map(|c| Vec::with_capacity(cap(c)))
-                        .collect(),
-                });
-            }
-            f(c.as_mut()?)
-        })
-        .ok()
-        .flatten()
+    // SAFETY: CACHE is constant-initialised and has no destructor: its storage lives as long
+    // as this thread, so the reference outlives this call.
+    let cell: &Cell<*mut Cache> = unsafe { &*CACHE.with(|c| c as *const Cell<*mut Cache>) };
+    let mut p = cell.get();
+    // SAFETY: a cache of this thread, not in use (checked first).
+    if !is_cache(p) || unsafe { (*p).id } != sh.id {
+        p = new_cache(cell, p, sh)?;
+    }
+    cell.set(BUSY);
+    // SAFETY: this thread's cache, marked in use until `f` returns.
+    let r = f(unsafe { &mut *p });
+    cell.set(p);
+    r
+}
+
+/// Makes this thread's cache for heap `sh` (`p`: the current value of `cell`), giving back the
+/// cache of another heap; `None` while a cache operation is in progress or after the thread's
+/// thread-locals went away.
+#[cold]
+#[inline(never)]
+fn new_cache(cell: &Cell<*mut Cache>, p: *mut Cache, sh: &Arc<Shared>) -> Option<*mut Cache> {
+    if p == BUSY || p == DEAD {
+        return None;
+    }
+    // Registers the owner that drops the cache at thread exit (fails once exit has begun).
+    CACHE_OWNER.try_with(|_| ()).ok()?;
+    cell.set(BUSY);
+    if is_cache(p) {
+        // SAFETY: a cache leaked from a Box below, owned by CACHE; gives the old heap's slots
+        // back (Drop).
+        drop(unsafe { Box::from_raw(p) });
+    }
+    let slot = Arc::new(ThreadSlot {
+        busy: AtomicBool::new(false),
+        delta: AtomicIsize::new(0),
+        // SAFETY: gettid has no preconditions.
+        tid: unsafe { libc::gettid() },
+    });
+    sh.threads
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(slot.clone());
+    let c = Box::into_raw(Box::new(Cache {
+        id: sh.id,
+        heap: Arc::downgrade(sh),
+        slot,
+        bins: (0..CLASSES.len())
+            .map(|c| Vec::with_capacity(cap(c)))
+            .collect(),
+    }));
+    cell.set(c);
+    Some(c)
 }
 
 /// Enters a cache operation: false when a checkpoint runs (take the lock instead).
