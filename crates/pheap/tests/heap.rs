@@ -745,6 +745,48 @@ fn fresh_memory_is_backed_before_its_first_write() {
     );
 }
 
+/// Pages of `[addr, addr + len)` resident in memory (`mincore`: for the heap's shared memory,
+/// the pages that exist at all).
+fn resident_pages(addr: *mut u8, len: usize) -> usize {
+    let mut v = vec![0u8; len.div_ceil(PAGE)];
+    // SAFETY: a page-aligned range of the heap's mapping; v holds one byte per page.
+    assert_eq!(
+        unsafe { libc::mincore(addr.cast(), len, v.as_mut_ptr()) },
+        0
+    );
+    v.iter().filter(|&&b| b & 1 != 0).count()
+}
+
+/// A new superblock's pages are backed a few at a time as its slots are handed out, not all
+/// at once: one small object leaves at most 4 of its 16 pages in memory (all 16 before,
+/// which cost a short program a populate of 32 pages per size class it touched), and the
+/// objects that follow fill the rest as they come.
+#[test]
+fn a_new_superblock_is_backed_as_its_slots_are_handed_out() {
+    let d = dir();
+    let h = Heap::create(d.path().join("sb"), &opts(2, 4 << 20)).unwrap();
+    if h.tracking_method() != TrackingMethod::UffdWpAsync {
+        eprintln!("skipped: no userfaultfd WP_ASYNC here");
+        return;
+    }
+    let first = h.malloc(64, None).unwrap();
+    let sb = (first as usize) & !(64 * 1024 - 1);
+    let per_sb = 64 * 1024;
+    let resident = resident_pages(sb as *mut u8, per_sb);
+    assert!(
+        (1..=4).contains(&resident),
+        "{resident} of the superblock's 16 pages in memory after one 64-byte object"
+    );
+    let mut ps = vec![first];
+    for _ in 1..1024 {
+        ps.push(h.malloc(64, None).unwrap());
+    }
+    assert_eq!(resident_pages(sb as *mut u8, per_sb), 16);
+    for p in ps {
+        h.free(p).unwrap();
+    }
+}
+
 /// A freed medium object spans pages: every part that still holds live bytes afterwards (the
 /// next object's head shares the freed one's last page) gets its checksum again at the next
 /// checkpoint, and the image verifies.
