@@ -343,6 +343,34 @@ enum Owner {
     Large(u32),
 }
 
+/// The tag bit of a large object's page in [`Alloc`]'s page table.
+const OWNER_LARGE: u32 = 1 << 31;
+
+impl Owner {
+    /// The page table's word for this owner: 0 free (so that a new table is zeroed memory,
+    /// which the kernel hands out lazily: a `Vec<Owner>` was written whole at creation),
+    /// `1 + sb` a superblock's page, [`OWNER_LARGE`]` | start` a large object's. Superblock
+    /// ids and page numbers stay below 2^31 (capacity below 1 TiB).
+    fn word(self) -> u32 {
+        match self {
+            Owner::Free => 0,
+            Owner::Small(id) => id + 1,
+            Owner::Large(start) => OWNER_LARGE | start,
+        }
+    }
+
+    /// The owner a page table word stands for (see [`Owner::word`]).
+    fn of(w: u32) -> Owner {
+        if w == 0 {
+            Owner::Free
+        } else if w & OWNER_LARGE != 0 {
+            Owner::Large(w & !OWNER_LARGE)
+        } else {
+            Owner::Small(w - 1)
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Sb {
     class: usize,
@@ -449,7 +477,8 @@ pub struct Alloc {
     /// offset by a shift, not a division, on every call.
     sb_shift: Option<u32>,
     free_runs: BTreeMap<usize, usize>,
-    pages: Vec<Owner>,
+    /// Each page's owner, as [`Owner::word`]s.
+    pages: Vec<u32>,
     /// The superblock occupying each aligned run of `sb_pages` pages ([`NO_SB`] if none): the
     /// small-object lookups' first step, 4 bytes per superblock-sized region, so it stays in
     /// the cache where `pages` (8 bytes a page) does not.
@@ -514,8 +543,9 @@ pub const BACK_SB_PAGES: usize = 4;
 #[derive(Debug, Clone)]
 pub struct PartCrcs {
     unit: usize,
-    /// Per part: (live bytes, CRC-32); 0 live bytes: no checksum.
-    v: Vec<(u32, u32)>,
+    /// Per part: live bytes << 32 | CRC-32; 0 live bytes: no checksum. Plain words, so that a
+    /// new table is zeroed memory the kernel hands out as it is touched.
+    v: Vec<u64>,
     n: usize,
 }
 
@@ -525,7 +555,7 @@ impl PartCrcs {
         let unit = unit.max(1);
         PartCrcs {
             unit,
-            v: vec![(0, 0); capacity.div_ceil(unit)],
+            v: vec![0; capacity.div_ceil(unit)],
             n: 0,
         }
     }
@@ -540,10 +570,10 @@ impl PartCrcs {
     pub fn insert(&mut self, off: usize, (len, crc): (usize, u32)) -> bool {
         match self.v.get_mut(off / self.unit) {
             Some(e) if off % self.unit == 0 && len > 0 && len <= u32::MAX as usize => {
-                if e.0 == 0 {
+                if *e >> 32 == 0 {
                     self.n += 1;
                 }
-                *e = (len as u32, crc);
+                *e = (len as u64) << 32 | u64::from(crc);
                 true
             }
             _ => false,
@@ -553,8 +583,8 @@ impl PartCrcs {
     /// Drops the checksum of the part at `off`, if it has one.
     pub fn remove(&mut self, off: usize) {
         if let Some(e) = self.v.get_mut(off / self.unit) {
-            if off % self.unit == 0 && e.0 != 0 {
-                *e = (0, 0);
+            if off % self.unit == 0 && *e >> 32 != 0 {
+                *e = 0;
                 self.n -= 1;
             }
         }
@@ -571,8 +601,8 @@ impl PartCrcs {
         self.v
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.0 != 0)
-            .map(move |(i, e)| (i * u, (e.0 as usize, e.1)))
+            .filter(|(_, &e)| e >> 32 != 0)
+            .map(move |(i, &e)| (i * u, ((e >> 32) as usize, e as u32)))
     }
 }
 
@@ -592,7 +622,7 @@ impl Alloc {
                 .is_power_of_two()
                 .then(|| (sb_size / PAGE).trailing_zeros()),
             free_runs,
-            pages: vec![Owner::Free; cap_pages],
+            pages: vec![0; cap_pages],
             region_sb: vec![NO_SB; cap_pages.div_ceil((sb_size / PAGE).max(1))],
             table: Arc::new(SlotTable::new(
                 cap_pages.div_ceil((sb_size / PAGE).max(1)),
@@ -697,7 +727,7 @@ impl Alloc {
 
     /// Requested size and slot of the live object starting at heap offset `off`.
     pub fn size_slot(&self, off: usize) -> Option<(usize, usize)> {
-        match *self.pages.get(off / PAGE)? {
+        match Owner::of(*self.pages.get(off / PAGE)?) {
             Owner::Small(_) => {
                 let (id, k) = self.small_at(off)?;
                 let sb = self.sbs[id as usize].as_ref()?;
@@ -1024,7 +1054,7 @@ impl Alloc {
         }
         self.free_runs.insert(s, l);
         for p in &mut self.pages[start..start + n] {
-            *p = Owner::Free;
+            *p = Owner::Free.word();
         }
     }
 
@@ -1064,7 +1094,7 @@ impl Alloc {
             }
         };
         for p in &mut self.pages[first_page..first_page + self.sb_pages] {
-            *p = Owner::Small(id);
+            *p = Owner::Small(id).word();
         }
         self.region_sb[region] = id;
         self.table.region[region].store(class as u8 + 1, Relaxed);
@@ -1117,7 +1147,7 @@ impl Alloc {
                     capacity: self.capacity(),
                 })?;
             for p in &mut self.pages[start..start + n] {
-                *p = Owner::Large(start as u32);
+                *p = Owner::Large(start as u32).word();
             }
             self.large.insert(start * PAGE, (size, n * PAGE, 0));
             self.adopt_orphans(start, n);
@@ -1492,7 +1522,7 @@ impl Alloc {
         page: usize,
         out: &mut Vec<(usize, usize, usize)>,
     ) {
-        match self.pages.get(page).copied().unwrap_or(Owner::Free) {
+        match self.pages.get(page).map_or(Owner::Free, |&w| Owner::of(w)) {
             Owner::Free => {}
             Owner::Large(start) => {
                 if view != 0 {
@@ -1564,7 +1594,7 @@ impl Alloc {
         self.pages
             .iter()
             .enumerate()
-            .filter(|(_, o)| **o != Owner::Free)
+            .filter(|(_, &w)| w != 0)
             .map(|(i, _)| i)
     }
 
@@ -1597,12 +1627,12 @@ impl Alloc {
                 if off % PAGE != 0 || obj.slot % PAGE != 0 {
                     return Err(format!("large object at {off:#x} not page aligned"));
                 }
-                if a.pages[page..page + n].iter().any(|p| *p != Owner::Free) {
+                if a.pages[page..page + n].iter().any(|&w| w != 0) {
                     return Err(format!("large object at {off:#x} overlaps another object"));
                 }
                 a.remove_free(page, n)?;
                 for p in &mut a.pages[page..page + n] {
-                    *p = Owner::Large(page as u32);
+                    *p = Owner::Large(page as u32).word();
                 }
                 a.large.insert(off, (obj.size, obj.slot, 0));
             } else {
@@ -1631,7 +1661,7 @@ impl Alloc {
                         .and_then(|s| s.as_ref())
                         .map(|s| s.class)
                 };
-                let id = match a.pages[page] {
+                let id = match Owner::of(a.pages[page]) {
                     Owner::Small(id) if class_of(id) == Some(c) => id,
                     Owner::Free => {
                         a.remove_free(first, a.sb_pages)?;
@@ -1697,6 +1727,21 @@ impl Alloc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_owners_round_trip_through_their_words() {
+        let max = (1u32 << 31) - 2;
+        for o in [
+            Owner::Free,
+            Owner::Small(0),
+            Owner::Small(max),
+            Owner::Large(0),
+            Owner::Large(max + 1),
+        ] {
+            assert_eq!(Owner::of(o.word()), o);
+        }
+        assert_eq!(Owner::Free.word(), 0, "a zeroed table is all free");
+    }
 
     #[test]
     fn small_objects_never_cross_pages() {
