@@ -830,8 +830,8 @@ impl Heap {
     pub fn malloc(&self, size: usize, name: Option<&str>) -> Result<*mut u8> {
         // A section: a stop never parks this thread inside a cache operation, which the
         // checkpoint would wait for.
-        let _s = safepoint::section();
-        self.malloc_in_section(size, name)
+        let s = safepoint::section();
+        self.malloc_in(&s, size, name)
     }
 
     /// [`Heap::malloc`] for a caller already in a safepoint section on this thread (`_s`, not
@@ -843,12 +843,6 @@ impl Heap {
         size: usize,
         name: Option<&str>,
     ) -> Result<*mut u8> {
-        self.malloc_in_section(size, name)
-    }
-
-    /// [`Heap::malloc`] for a caller already in a safepoint section.
-    #[inline]
-    fn malloc_in_section(&self, size: usize, name: Option<&str>) -> Result<*mut u8> {
         if name.is_none() {
             if let Some(c) = crate::alloc::class_for(size) {
                 let size = size.max(1);
@@ -922,14 +916,9 @@ impl Heap {
     }
 
     /// [`Heap::realloc`] for a caller already in a safepoint section on this thread (`_s`).
-    pub fn realloc_in(
-        &self,
-        _s: &safepoint::Section,
-        ptr: *mut u8,
-        size: usize,
-    ) -> Result<*mut u8> {
+    pub fn realloc_in(&self, s: &safepoint::Section, ptr: *mut u8, size: usize) -> Result<*mut u8> {
         if ptr.is_null() {
-            return self.malloc_in_section(size, None);
+            return self.malloc_in(s, size, None);
         }
         let addr = ptr as usize;
         let Some(off) = self.offset_of(addr) else {
@@ -946,7 +935,7 @@ impl Heap {
                 // (the new object is copied whole by the next checkpoint anyway): the
                 // library view's pages would each fault in once more.
                 // Already in a section; the old object's offset is known.
-                let new = self.malloc_in_section(size, None)?;
+                let new = self.malloc_in(s, size, None)?;
                 // SAFETY: `old` live bytes at the old object's user address, `size > old`
                 // bytes at the new one; distinct live objects do not overlap.
                 unsafe { std::ptr::copy_nonoverlapping(self.user_ptr(off, CLASSES[c]), new, old) };
